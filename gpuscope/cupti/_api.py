@@ -1,0 +1,153 @@
+"""Binding CUPTI functions: prototype tables, bind on first use, one checked-call path.
+
+Each shim module declares one :class:`Functions` table per CUPTI header it wraps, every entry with its C
+prototype as a comment::
+
+    _f = Functions("cupti_profiler_host.h", {
+        # CUptiResult cuptiProfilerHostInitialize(CUpti_Profiler_Host_Initialize_Params* pParams)
+        "cuptiProfilerHostInitialize": [POINTER(T.CUpti_Profiler_Host_Initialize_Params)],
+    })
+    _f.cuptiProfilerHostInitialize(params)     # raises a CuptiError subclass on failure
+
+Nothing is loaded until the first call. A symbol that the loaded CUPTI lacks fails when called, with a message
+that names the CUPTI version that has it. A struct passed where the prototype says ``POINTER(Struct)``
+is passed by reference (ctypes does that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, c_char_p, c_int
+
+from ..errors import CuptiNotFoundError, cupti_error
+from . import _lib
+from ._types import Version
+
+__all__ = ["Functions", "params", "version", "library", "error_message", "CUPTI_SUCCESS"]
+
+CUPTI_SUCCESS = 0
+CUPTI_ERROR_NOT_READY = 13
+
+_LIBRARY_FILES = {"cupti": None, "checkpoint": "libcheckpoint.so", "pcsamplingutil": "libpcsamplingutil.so"}
+_extra_libs: dict[str, ctypes.CDLL] = {}
+_extra_lock = threading.Lock()
+
+
+def library() -> _lib.CuptiLibrary:
+    """The loaded CUPTI (loads it on first use)."""
+    return _lib.load()
+
+
+def version() -> Version:
+    """The (major, minor) version of the loaded CUPTI."""
+    return _lib.load().version
+
+
+def params(cls, **fields):
+    """A params struct with ``structSize`` set for the loaded CUPTI version."""
+    return cls.new(_lib.load().version, **fields)
+
+
+def _cdll(which: str) -> ctypes.CDLL:
+    lib = _lib.load()
+    filename = _LIBRARY_FILES[which]
+    if filename is None:
+        return lib.cdll
+    with _extra_lock:
+        if which not in _extra_libs:
+            path = lib.sibling(filename)
+            try:
+                _extra_libs[which] = ctypes.CDLL(path)
+            except OSError as exc:
+                raise CuptiNotFoundError(f"{filename} was not found beside {lib.path}: {exc}") from None
+        return _extra_libs[which]
+
+
+_message_fn = None
+
+
+def error_message(status: int) -> str:
+    """CUPTI's own text for a status (``cuptiGetErrorMessage``, else ``cuptiGetResultString``)."""
+    global _message_fn
+    cdll = _lib.load().cdll
+    if _message_fn is None:
+        name = "cuptiGetErrorMessage" if hasattr(cdll, "cuptiGetErrorMessage") else "cuptiGetResultString"
+        fn = getattr(cdll, name)
+        fn.argtypes = [c_int, POINTER(c_char_p)]
+        fn.restype = c_int
+        _message_fn = fn
+    text = c_char_p()
+    if _message_fn(int(status), ctypes.byref(text)) != CUPTI_SUCCESS or not text.value:
+        return f"CUptiResult {status}"
+    return text.value.decode(errors="replace")
+
+
+class _Bound:
+    """One CUPTI function: resolved on first call, status checked on every call."""
+
+    __slots__ = ("name", "argtypes", "since", "library", "allowed", "_fn")
+
+    def __init__(self, name, argtypes, since, library, allowed):
+        self.name, self.argtypes, self.since, self.library, self.allowed = name, argtypes, since, library, allowed
+        self._fn = None
+
+    def _resolve(self):
+        cdll = _cdll(self.library)
+        try:
+            fn = getattr(cdll, self.name)
+        except AttributeError:
+            lib = _lib.load()
+            have = f"CUPTI {self.since[0]}.{self.since[1]}" if self.since else "another CUPTI version"
+            raise CuptiNotFoundError(
+                f"{self.name} is not in the loaded CUPTI {lib.version_string} ({lib.path}); it needs {have}."
+            ) from None
+        fn.argtypes = self.argtypes
+        fn.restype = c_int
+        self._fn = fn
+        return fn
+
+    def __call__(self, *args):
+        fn = self._fn or self._resolve()
+        status = fn(*args)
+        if status != CUPTI_SUCCESS and status not in self.allowed:
+            raise cupti_error(status, self.name, error_message(status))
+        return status
+
+
+class Functions:
+    """A table of CUPTI functions from one header, bound lazily.
+
+    Parameters
+    ----------
+    header : str
+        The header the prototypes come from (for messages and docs).
+    table : dict
+        ``name -> argtypes``. Struct arguments are declared as ``POINTER(Struct)``; pass the struct itself.
+    since : dict, optional
+        ``name -> (major, minor)`` for functions that only later CUPTI versions export.
+    library : str
+        ``"cupti"`` (default), ``"checkpoint"`` or ``"pcsamplingutil"``.
+    allowed : dict, optional
+        ``name -> set of statuses`` that are returned rather than raised (e.g. NOT_READY for polling).
+    """
+
+    def __init__(self, header: str, table: dict, since=None, library: str = "cupti", allowed=None):
+        self.header = header
+        since = since or {}
+        allowed = allowed or {}
+        self._bound = {
+            name: _Bound(name, list(argtypes), since.get(name), library, frozenset(allowed.get(name, ())))
+            for name, argtypes in table.items()
+        }
+
+    def __getattr__(self, name):
+        try:
+            bound = self.__dict__["_bound"][name]
+        except KeyError:
+            raise AttributeError(f"{name} is not declared in gpuscope's table for {self.header}") from None
+        return bound
+
+    def has(self, name: str) -> bool:
+        """Whether the loaded CUPTI exports *name*."""
+        return hasattr(_cdll(self._bound[name].library), name)

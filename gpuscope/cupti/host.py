@@ -1,0 +1,329 @@
+"""The CUPTI Profiler Host API (cupti_profiler_host.h): works with no GPU and no driver on CUPTI 12.6-13.1.
+
+Chips, metric names and properties, config images, pass counts, and evaluation of counter-data images.
+The strings CUPTI returns are owned by CUPTI and live only as long as the host object, so they are copied out
+at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import weakref
+from ctypes import POINTER, c_char_p
+
+import numpy as np
+
+from ..errors import GpuscopeWarning
+from . import _types as T
+from ._api import Functions, params
+from ._types import MetricCollectionScope, MetricType, ProfilerType
+
+__all__ = [
+    "ProfilerHost",
+    "MetricProperties",
+    "supported_chips",
+    "num_passes",
+    "max_metrics_per_pass",
+    "config_image",
+    "single_pass_sets",
+    "range_name",
+]
+
+_P = POINTER
+_f = Functions(
+    "cupti_profiler_host.h",
+    {
+        # CUptiResult cuptiProfilerHostGetSupportedChips(CUpti_Profiler_Host_GetSupportedChips_Params* pParams)
+        "cuptiProfilerHostGetSupportedChips": [_P(T.CUpti_Profiler_Host_GetSupportedChips_Params)],
+        # CUptiResult cuptiProfilerHostInitialize(CUpti_Profiler_Host_Initialize_Params* pParams)
+        "cuptiProfilerHostInitialize": [_P(T.CUpti_Profiler_Host_Initialize_Params)],
+        # CUptiResult cuptiProfilerHostDeinitialize(CUpti_Profiler_Host_Deinitialize_Params* pParams)
+        "cuptiProfilerHostDeinitialize": [_P(T.CUpti_Profiler_Host_Deinitialize_Params)],
+        # CUptiResult cuptiProfilerHostGetBaseMetrics(CUpti_Profiler_Host_GetBaseMetrics_Params* pParams)
+        "cuptiProfilerHostGetBaseMetrics": [_P(T.CUpti_Profiler_Host_GetBaseMetrics_Params)],
+        # CUptiResult cuptiProfilerHostGetSubMetrics(CUpti_Profiler_Host_GetSubMetrics_Params* pParams)
+        "cuptiProfilerHostGetSubMetrics": [_P(T.CUpti_Profiler_Host_GetSubMetrics_Params)],
+        # CUptiResult cuptiProfilerHostGetMetricProperties(CUpti_Profiler_Host_GetMetricProperties_Params* pParams)
+        "cuptiProfilerHostGetMetricProperties": [_P(T.CUpti_Profiler_Host_GetMetricProperties_Params)],
+        # CUptiResult cuptiProfilerHostGetRangeName(CUpti_Profiler_Host_GetRangeName_Params* pParams)
+        "cuptiProfilerHostGetRangeName": [_P(T.CUpti_Profiler_Host_GetRangeName_Params)],
+        # CUptiResult cuptiProfilerHostEvaluateToGpuValues(CUpti_Profiler_Host_EvaluateToGpuValues_Params* pParams)
+        "cuptiProfilerHostEvaluateToGpuValues": [_P(T.CUpti_Profiler_Host_EvaluateToGpuValues_Params)],
+        # CUptiResult cuptiProfilerHostConfigAddMetrics(CUpti_Profiler_Host_ConfigAddMetrics_Params* pParams)
+        "cuptiProfilerHostConfigAddMetrics": [_P(T.CUpti_Profiler_Host_ConfigAddMetrics_Params)],
+        # CUptiResult cuptiProfilerHostGetConfigImageSize(CUpti_Profiler_Host_GetConfigImageSize_Params* pParams)
+        "cuptiProfilerHostGetConfigImageSize": [_P(T.CUpti_Profiler_Host_GetConfigImageSize_Params)],
+        # CUptiResult cuptiProfilerHostGetConfigImage(CUpti_Profiler_Host_GetConfigImage_Params* pParams)
+        "cuptiProfilerHostGetConfigImage": [_P(T.CUpti_Profiler_Host_GetConfigImage_Params)],
+        # CUptiResult cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_Host_GetNumOfPasses_Params* pParams)
+        "cuptiProfilerHostGetNumOfPasses": [_P(T.CUpti_Profiler_Host_GetNumOfPasses_Params)],
+        # CUptiResult cuptiProfilerHostGetMaxNumHardwareMetricsPerPass(
+        #     CUpti_Profiler_Host_GetMaxNumHardwareMetricsPerPass_Params* pParams)
+        "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass": [
+            _P(T.CUpti_Profiler_Host_GetMaxNumHardwareMetricsPerPass_Params)
+        ],
+        # CUptiResult cuptiProfilerHostGetSinglePassSets(CUpti_Profiler_Host_GetSinglePassSets_Params* pParams)
+        "cuptiProfilerHostGetSinglePassSets": [_P(T.CUpti_Profiler_Host_GetSinglePassSets_Params)],
+        # CUptiResult cuptiProfilerHostGetMetricsInSinglePassSet(
+        #     CUpti_Profiler_Host_GetMetricsInSinglePassSet_Params* pParams)
+        "cuptiProfilerHostGetMetricsInSinglePassSet": [_P(T.CUpti_Profiler_Host_GetMetricsInSinglePassSet_Params)],
+    },
+    since={
+        "cuptiProfilerHostGetSinglePassSets": (13, 2),
+        "cuptiProfilerHostGetMetricsInSinglePassSet": (13, 2),
+    },
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricProperties:
+    """What CUPTI says about one metric."""
+
+    name: str
+    description: str
+    hw_unit: str
+    units: str  # CUPTI's "dim unit", e.g. "percent", "nanosecond", "gpc_cycle"
+    metric_type: MetricType
+    scope: MetricCollectionScope | None  # CUPTI 13.1+; None before
+
+
+def _strings(array, count: int) -> list[str]:
+    return [array[i].decode() for i in range(count)]
+
+
+def _u8(buffer) -> int:
+    """Address of a bytes-like buffer (numpy array, ctypes array) for a ``uint8_t*`` field."""
+    if isinstance(buffer, np.ndarray):
+        return buffer.ctypes.data
+    return ctypes.addressof(buffer)
+
+
+def _as_u8_array(data) -> np.ndarray:
+    """A C-contiguous uint8 numpy view or copy of bytes-like *data*."""
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.flags.c_contiguous:
+        return data
+    return np.frombuffer(bytes(data), dtype=np.uint8).copy()
+
+
+def supported_chips() -> list[str]:
+    """Chip names the loaded CUPTI supports (e.g. ``"GH100"``)."""
+    p = params(T.CUpti_Profiler_Host_GetSupportedChips_Params)
+    _f.cuptiProfilerHostGetSupportedChips(p)
+    return _strings(p.ppChipNames, p.numChips)
+
+
+def num_passes(config: bytes | np.ndarray) -> int:
+    """How many passes a config image needs."""
+    image = _as_u8_array(config)
+    p = params(T.CUpti_Profiler_Host_GetNumOfPasses_Params, configImageSize=image.size, pConfigImage=_u8(image))
+    _f.cuptiProfilerHostGetNumOfPasses(p)
+    return int(p.numOfPasses)
+
+
+def max_metrics_per_pass(chip: str, profiler_type: ProfilerType, counter_availability=None) -> int:
+    """The most hardware metrics one pass can hold for *chip* and *profiler_type*."""
+    image = None if counter_availability is None else _as_u8_array(counter_availability)
+    p = params(
+        T.CUpti_Profiler_Host_GetMaxNumHardwareMetricsPerPass_Params,
+        profilerType=int(profiler_type),
+        pChipName=chip.encode(),
+        pCounterAvailabilityImage=None if image is None else _u8(image),
+    )
+    _f.cuptiProfilerHostGetMaxNumHardwareMetricsPerPass(p)
+    return int(p.maxMetricsPerPass)
+
+
+def single_pass_sets(chip: str) -> list[str]:
+    """Names of CUPTI's predefined single-pass metric sets for *chip* (CUPTI 13.2+)."""
+    p = params(T.CUpti_Profiler_Host_GetSinglePassSets_Params, pChipName=chip.encode())
+    _f.cuptiProfilerHostGetSinglePassSets(p)
+    names = (c_char_p * p.numOfSinglePassSets)()
+    p.ppSinglePassSets = ctypes.cast(names, POINTER(c_char_p))
+    _f.cuptiProfilerHostGetSinglePassSets(p)
+    return _strings(names, p.numOfSinglePassSets)
+
+
+def _deinitialize(handle: int) -> None:
+    try:
+        _f.cuptiProfilerHostDeinitialize(params(T.CUpti_Profiler_Host_Deinitialize_Params, pHostObject=handle))
+    except Exception as exc:  # cleanup must not raise
+        import warnings
+
+        warnings.warn(f"cuptiProfilerHostDeinitialize failed: {exc}", GpuscopeWarning, stacklevel=2)
+
+
+class ProfilerHost:
+    """A CUPTI Profiler Host object for one chip and profiler type.
+
+    Works on a machine without a GPU. Metrics added with :meth:`add_metrics` accumulate into the object's
+    configuration; :func:`config_image` makes a fresh object for each image.
+
+    Parameters
+    ----------
+    chip : str
+        CUPTI chip name, e.g. ``"GH100"`` (case-sensitive).
+    profiler_type : ProfilerType
+        ``RANGE_PROFILER`` or ``PM_SAMPLING``.
+    counter_availability : bytes-like, optional
+        The device's counter-availability image. Without it, CUPTI assumes every counter is available.
+
+    Raises
+    ------
+    CuptiValueError
+        The chip name is not one CUPTI knows.
+    """
+
+    def __init__(self, chip: str, profiler_type=ProfilerType.RANGE_PROFILER, counter_availability=None):
+        self.chip = chip
+        self.profiler_type = ProfilerType(profiler_type)
+        # CUPTI keeps the pointer; keep the buffer alive as long as the object.
+        self._availability = None if counter_availability is None else _as_u8_array(counter_availability)
+        p = params(
+            T.CUpti_Profiler_Host_Initialize_Params,
+            profilerType=int(self.profiler_type),
+            pChipName=chip.encode(),
+            pCounterAvailabilityImage=None if self._availability is None else _u8(self._availability),
+        )
+        _f.cuptiProfilerHostInitialize(p)
+        self._handle = p.pHostObject
+        self._added: set[str] = set()
+        self._finalizer = weakref.finalize(self, _deinitialize, self._handle)
+
+    # -- lifetime ---------------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Release the host object (safe to call twice)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _h(self) -> int:
+        if self.closed:
+            raise ValueError("This ProfilerHost is closed.")
+        return self._handle
+
+    # -- metric enumeration -----------------------------------------------------------------------------
+    def base_metrics(self, metric_type: MetricType) -> list[str]:
+        """Base metric names of one type (without rollup or sub-metric suffix)."""
+        p = params(T.CUpti_Profiler_Host_GetBaseMetrics_Params, pHostObject=self._h(), metricType=int(metric_type))
+        _f.cuptiProfilerHostGetBaseMetrics(p)
+        return _strings(p.ppMetricNames, p.numMetrics)
+
+    def sub_metrics(self, name: str, metric_type: MetricType) -> list[str]:
+        """Suffixes that complete a base metric of *metric_type* (e.g. ``.sum``, ``.avg.per_cycle_active``).
+
+        CUPTI 12.x wants a full name (with a suffix); 13.0+ also accepts the bare base name.
+        """
+        p = params(
+            T.CUpti_Profiler_Host_GetSubMetrics_Params,
+            pHostObject=self._h(),
+            metricType=int(metric_type),
+            pMetricName=name.encode(),
+        )
+        _f.cuptiProfilerHostGetSubMetrics(p)
+        return _strings(p.ppSubMetrics, p.numOfSubmetrics)
+
+    def metric_properties(self, name: str) -> MetricProperties:
+        """Description, units and type of a metric (full or base name)."""
+        p = params(T.CUpti_Profiler_Host_GetMetricProperties_Params, pHostObject=self._h(), pMetricName=name.encode())
+        _f.cuptiProfilerHostGetMetricProperties(p)
+        has_scope = T.CUpti_Profiler_Host_GetMetricProperties_Params.struct_size((13, 1)) <= p.structSize
+        return MetricProperties(
+            name=name,
+            description=(p.pDescription or b"").decode(),
+            hw_unit=(p.pHwUnit or b"").decode(),
+            units=(p.pDimUnit or b"").decode(),
+            metric_type=MetricType(p.metricType),
+            scope=MetricCollectionScope(p.metricCollectionScope) if has_scope else None,
+        )
+
+    # -- configuration ----------------------------------------------------------------------------------
+    def add_metrics(self, metrics) -> None:
+        """Add full metric names to this object's configuration (needed before evaluating them)."""
+        new = [m for m in metrics if m not in self._added]
+        if not new:
+            return
+        names = (c_char_p * len(new))(*[m.encode() for m in new])
+        p = params(
+            T.CUpti_Profiler_Host_ConfigAddMetrics_Params, pHostObject=self._h(), ppMetricNames=names, numMetrics=len(new)
+        )
+        _f.cuptiProfilerHostConfigAddMetrics(p)
+        self._added.update(new)
+
+    def config_image(self) -> np.ndarray:
+        """The config image of the metrics added so far (uint8 array)."""
+        p = params(T.CUpti_Profiler_Host_GetConfigImageSize_Params, pHostObject=self._h())
+        _f.cuptiProfilerHostGetConfigImageSize(p)
+        image = np.zeros(p.configImageSize, dtype=np.uint8)
+        q = params(
+            T.CUpti_Profiler_Host_GetConfigImage_Params,
+            pHostObject=self._h(),
+            configImageSize=image.size,
+            pConfigImage=_u8(image),
+        )
+        _f.cuptiProfilerHostGetConfigImage(q)
+        return image
+
+    # -- evaluation -------------------------------------------------------------------------------------
+    def evaluate(self, counter_data, range_index: int, metrics) -> np.ndarray:
+        """Metric values (float64) of one range (range profiler) or sample (PM sampling) of a counter-data image.
+
+        The metrics are added to this object's configuration first if they are not there yet.
+        """
+        metrics = list(metrics)
+        self.add_metrics(metrics)
+        image = _as_u8_array(counter_data)
+        names = (c_char_p * len(metrics))(*[m.encode() for m in metrics])
+        values = np.zeros(len(metrics), dtype=np.float64)
+        p = params(
+            T.CUpti_Profiler_Host_EvaluateToGpuValues_Params,
+            pHostObject=self._h(),
+            pCounterDataImage=_u8(image),
+            counterDataImageSize=image.size,
+            rangeIndex=range_index,
+            ppMetricNames=names,
+            numMetrics=len(metrics),
+            pMetricValues=values.ctypes.data,
+        )
+        _f.cuptiProfilerHostEvaluateToGpuValues(p)
+        return values
+
+
+def range_name(counter_data, range_index: int, delimiter: str = "/") -> str:
+    """The full name of range *range_index* in a range-profiler counter-data image, levels joined by *delimiter*."""
+    image = _as_u8_array(counter_data)
+    p = params(
+        T.CUpti_Profiler_Host_GetRangeName_Params,
+        pCounterDataImage=_u8(image),
+        counterDataImageSize=image.size,
+        rangeIndex=range_index,
+        delimiter=delimiter.encode(),
+    )
+    _f.cuptiProfilerHostGetRangeName(p)
+    try:
+        return ctypes.string_at(p.pRangeName).decode() if p.pRangeName else ""
+    finally:
+        if p.pRangeName:
+            _libc_free(p.pRangeName)  # the header: the caller owns pRangeName
+
+
+def _libc_free(address: int) -> None:
+    free = ctypes.CDLL(None).free
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+    free(address)
+
+
+def config_image(chip: str, profiler_type: ProfilerType, metrics, counter_availability=None) -> np.ndarray:
+    """A config image for *metrics* on *chip*, made on a fresh host object."""
+    with ProfilerHost(chip, profiler_type, counter_availability) as host:
+        host.add_metrics(list(metrics))
+        return host.config_image()

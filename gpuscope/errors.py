@@ -1,0 +1,149 @@
+"""The gpuscope error family.
+
+Every error gpuscope raises derives from :class:`GpuscopeError`. Errors that stand for a familiar kind of
+failure also derive from the matching builtin, so ``except PermissionError`` or ``except ValueError`` catches
+them without knowing gpuscope. Errors that come from a CUPTI call are :class:`CuptiError` and carry the
+failing function, CUPTI's status code and CUPTI's own message.
+
+Policy: a call that fails leaves nothing half made (partial setup is rolled back); trouble while cleaning up
+becomes a :class:`GpuscopeWarning`, never an exception that hides the original one.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GpuscopeError",
+    "GpuscopeWarning",
+    "CuptiNotFoundError",
+    "CuptiError",
+    "CuptiPermissionError",
+    "CuptiValueError",
+    "CuptiMemoryError",
+    "CuptiNotSupportedError",
+    "ProfilerBusyError",
+    "NoGpuError",
+    "UnknownMetricError",
+    "UnsupportedChipError",
+    "cupti_error",
+]
+
+COUNTER_PERMISSION_HELP = (
+    "This user may not read GPU performance counters. Ask an administrator to allow it "
+    "(load the nvidia module with NVreg_RestrictProfilingToAdminUsers=0, e.g. a line "
+    "'options nvidia NVreg_RestrictProfilingToAdminUsers=0' in /etc/modprobe.d/ and a reboot), "
+    "or run as root. See https://developer.nvidia.com/ERR_NVGPUCTRPERM"
+)
+
+BUSY_HELP = (
+    "Another profiler holds the GPU's counters: Nsight Compute or Nsight Systems attached to this process, "
+    "another CUPTI client, or a second gpuscope session on the same device. Close it and try again."
+)
+
+
+class GpuscopeError(Exception):
+    """Base class of every error gpuscope raises."""
+
+
+class GpuscopeWarning(UserWarning):
+    """Something went wrong that did not stop the work (cleanup trouble, lost samples, approximations)."""
+
+
+class CuptiNotFoundError(GpuscopeError, ImportError):
+    """libcupti could not be found or loaded, or it is older than gpuscope supports."""
+
+
+class NoGpuError(GpuscopeError, RuntimeError):
+    """No usable NVIDIA GPU or driver on this machine."""
+
+
+class UnknownMetricError(GpuscopeError, ValueError):
+    """A metric name that the chip does not know, or that is incomplete (a counter without a rollup)."""
+
+    def __init__(self, message: str, name: str = "", suggestions: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.name = name
+        self.suggestions = tuple(suggestions)
+
+
+class UnsupportedChipError(GpuscopeError, ValueError):
+    """A chip name that the loaded CUPTI does not support."""
+
+
+class CuptiError(GpuscopeError):
+    """A CUPTI call returned an error status.
+
+    Attributes
+    ----------
+    status : int
+        The ``CUptiResult`` value.
+    func : str
+        The CUPTI function that failed.
+    cupti_message : str
+        CUPTI's own text for the status.
+    """
+
+    def __init__(self, status: int, func: str, cupti_message: str, hint: str = ""):
+        self.status = int(status)
+        self.func = func
+        self.cupti_message = cupti_message
+        self.hint = hint
+        text = f"{func} failed: {cupti_message} (CUptiResult {self.status})"
+        if hint:
+            text += f". {hint}"
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.func, self.cupti_message, self.hint))
+
+
+class CuptiPermissionError(CuptiError, PermissionError):
+    """The user may not read GPU performance counters (CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)."""
+
+
+class CuptiValueError(CuptiError, ValueError):
+    """CUPTI rejected an argument: a bad metric name, chip name or parameter."""
+
+
+class CuptiMemoryError(CuptiError, MemoryError):
+    """CUPTI ran out of memory, or a counter-data buffer is full."""
+
+
+class CuptiNotSupportedError(CuptiError, RuntimeError):
+    """The operation is not supported on this device, driver or configuration."""
+
+
+class ProfilerBusyError(CuptiError, RuntimeError):
+    """The counters are in use by another profiler or session."""
+
+
+# CUptiResult values (cupti_result.h; values never change between versions).
+_STATUS_CLASS = {
+    1: CuptiValueError,  # INVALID_PARAMETER
+    8: CuptiMemoryError,  # OUT_OF_MEMORY
+    17: CuptiValueError,  # INVALID_METRIC_NAME
+    26: ProfilerBusyError,  # HARDWARE_BUSY
+    27: CuptiNotSupportedError,  # NOT_SUPPORTED
+    35: CuptiPermissionError,  # INSUFFICIENT_PRIVILEGES
+    36: ProfilerBusyError,  # OLD_PROFILER_API_INITIALIZED
+    38: CuptiNotSupportedError,  # LEGACY_PROFILER_NOT_SUPPORTED
+    39: ProfilerBusyError,  # MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+    43: CuptiNotSupportedError,  # MIG_DEVICE_NOT_SUPPORTED
+    44: CuptiNotSupportedError,  # SLI_DEVICE_NOT_SUPPORTED
+    45: CuptiNotSupportedError,  # WSL_DEVICE_NOT_SUPPORTED
+    46: CuptiValueError,  # INVALID_CHIP_NAME
+}
+
+_STATUS_HINT = {
+    26: BUSY_HELP,
+    35: COUNTER_PERMISSION_HELP,
+    36: "The legacy CUPTI Profiling API is already in use in this process; only one profiling API at a time.",
+    39: BUSY_HELP,
+    43: "Profiling a MIG instance is not supported by this CUPTI/driver; profile the whole GPU.",
+}
+
+
+def cupti_error(status: int, func: str, cupti_message: str, hint: str = "") -> CuptiError:
+    """Build the right :class:`CuptiError` subclass for a CUPTI status."""
+    cls = _STATUS_CLASS.get(int(status), CuptiError)
+    hint = hint or _STATUS_HINT.get(int(status), "")
+    return cls(status, func, cupti_message, hint)
