@@ -1,0 +1,140 @@
+"""Target-side basics shared by the range profiler and PM sampling (cupti_profiler_target.h, cupti_target.h).
+
+Profiler initialize/deinitialize, chip name, counter availability, and device support. These need a GPU and
+its driver; ``ctx`` arguments are ``CUcontext`` handles as integers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from ctypes import POINTER
+
+import numpy as np
+
+from . import _types as T
+from ._api import Functions, params, version
+from ._types import ProfilerApi, SupportLevel
+
+__all__ = [
+    "initialize",
+    "deinitialize",
+    "chip_name",
+    "counter_availability",
+    "pm_counter_availability",
+    "device_support",
+    "DeviceSupport",
+]
+
+_f = Functions(
+    "cupti_profiler_target.h",
+    {
+        # CUptiResult cuptiProfilerInitialize(CUpti_Profiler_Initialize_Params* pParams)
+        "cuptiProfilerInitialize": [POINTER(T.CUpti_Profiler_Initialize_Params)],
+        # CUptiResult cuptiProfilerDeInitialize(CUpti_Profiler_DeInitialize_Params* pParams)
+        "cuptiProfilerDeInitialize": [POINTER(T.CUpti_Profiler_DeInitialize_Params)],
+        # CUptiResult cuptiDeviceGetChipName(CUpti_Device_GetChipName_Params* pParams)   (cupti_target.h)
+        "cuptiDeviceGetChipName": [POINTER(T.CUpti_Device_GetChipName_Params)],
+        # CUptiResult cuptiProfilerGetCounterAvailability(CUpti_Profiler_GetCounterAvailability_Params* pParams)
+        "cuptiProfilerGetCounterAvailability": [POINTER(T.CUpti_Profiler_GetCounterAvailability_Params)],
+        # CUptiResult cuptiProfilerDeviceSupported(CUpti_Profiler_DeviceSupported_Params* pParams)
+        "cuptiProfilerDeviceSupported": [POINTER(T.CUpti_Profiler_DeviceSupported_Params)],
+    },
+)
+
+_pm = Functions(
+    "cupti_pmsampling.h",
+    {
+        # CUptiResult cuptiPmSamplingGetCounterAvailability(CUpti_PmSampling_GetCounterAvailability_Params* pParams)
+        "cuptiPmSamplingGetCounterAvailability": [POINTER(T.CUpti_PmSampling_GetCounterAvailability_Params)],
+    },
+)
+
+# cuptiProfilerInitialize is process-wide; count users so that one client's deinitialize does not pull the
+# rug from another (a range profiler and a PM sampler may be open together).
+_init_lock = threading.Lock()
+_init_count = 0
+
+
+def initialize() -> None:
+    """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`."""
+    global _init_count
+    with _init_lock:
+        if _init_count == 0:
+            _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+        _init_count += 1
+
+
+def deinitialize() -> None:
+    """Release one :func:`initialize`; the last one calls ``cuptiProfilerDeInitialize``."""
+    global _init_count
+    with _init_lock:
+        if _init_count == 0:
+            return
+        _init_count -= 1
+        if _init_count == 0:
+            _f.cuptiProfilerDeInitialize(params(T.CUpti_Profiler_DeInitialize_Params))
+
+
+def chip_name(device_index: int) -> str:
+    """CUPTI's chip name of a device (e.g. ``"GH100"``). Needs :func:`initialize`."""
+    p = params(T.CUpti_Device_GetChipName_Params, deviceIndex=device_index)
+    _f.cuptiDeviceGetChipName(p)
+    return p.pChipName.decode()
+
+
+def counter_availability(ctx: int, allow_device_level_counters: bool = False) -> np.ndarray:
+    """The range profiler's counter-availability image for a context (two calls: size, then data)."""
+    p = params(T.CUpti_Profiler_GetCounterAvailability_Params, ctx=ctx)
+    if version() >= (13, 1):
+        p.bAllowDeviceLevelCounters = int(allow_device_level_counters)
+    _f.cuptiProfilerGetCounterAvailability(p)
+    image = np.zeros(p.counterAvailabilityImageSize, dtype=np.uint8)
+    p.pCounterAvailabilityImage = image.ctypes.data
+    _f.cuptiProfilerGetCounterAvailability(p)
+    return image
+
+
+def pm_counter_availability(device_index: int) -> np.ndarray:
+    """PM sampling's counter-availability image for a device (two calls: size, then data)."""
+    p = params(T.CUpti_PmSampling_GetCounterAvailability_Params, deviceIndex=device_index)
+    _pm.cuptiPmSamplingGetCounterAvailability(p)
+    image = np.zeros(p.counterAvailabilityImageSize, dtype=np.uint8)
+    p.pCounterAvailabilityImage = image.ctypes.data
+    _pm.cuptiPmSamplingGetCounterAvailability(p)
+    return image
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSupport:
+    """``cuptiProfilerDeviceSupported``'s answer for one device and profiling API."""
+
+    api: ProfilerApi
+    overall: SupportLevel
+    details: dict  # architecture, sli, vGpu, confidentialCompute, cmp, wsl, (13.1+) sku -> SupportLevel
+
+    @property
+    def supported(self) -> bool:
+        return self.overall in (SupportLevel.SUPPORTED, SupportLevel.LIMITED_SUPPORT)
+
+    def reasons(self) -> list[str]:
+        """The aspects that are not supported, e.g. ``["vGpu: DISABLED"]``."""
+        return [
+            f"{k}: {v.name}"
+            for k, v in self.details.items()
+            if v not in (SupportLevel.SUPPORTED, SupportLevel.LIMITED_SUPPORT, SupportLevel.UNKNOWN)
+        ]
+
+
+def device_support(cu_device: int, api: ProfilerApi = ProfilerApi.RANGE_PROFILING) -> DeviceSupport:
+    """Whether CUPTI can profile *cu_device* with *api*, and which aspect stops it if not."""
+    p = params(T.CUpti_Profiler_DeviceSupported_Params, cuDevice=cu_device, api=int(api))
+    _f.cuptiProfilerDeviceSupported(p)
+    fields = ["architecture", "sli", "vGpu", "confidentialCompute", "cmp", "wsl"]
+    if version() >= (13, 1):
+        fields.append("sku")
+    details = {}
+    for name in fields:
+        value = getattr(p, name)
+        details[name] = SupportLevel(value) if value in SupportLevel._value2member_map_ else SupportLevel.UNKNOWN
+    return DeviceSupport(api=ProfilerApi(api), overall=SupportLevel(p.isSupported), details=details)
