@@ -1,1 +1,54 @@
-"""gpuscope."""
+"""gpuscope: in-process NVIDIA GPU profiling for Python research code.
+
+Mark code with ``with gpuscope.range("step"):`` or decorate a Numba/CuPy kernel, and get xarray Datasets of
+hardware metrics per launch, per named range, over time (PM sampling) and per source line (PC sampling),
+analysed with the GPU Top-Down method and phase detection.
+
+``import gpuscope`` loads neither CUDA nor CUPTI: every public name is imported from its private module on
+first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._version import __version__
+
+# public name -> module that defines it (imported lazily, PEP 562)
+_EXPORTS = {
+    # errors
+    "GpuscopeError": "gpuscope.errors",
+    "GpuscopeWarning": "gpuscope.errors",
+    "CuptiError": "gpuscope.errors",
+    "CuptiNotFoundError": "gpuscope.errors",
+    "CuptiPermissionError": "gpuscope.errors",
+    "NoGpuError": "gpuscope.errors",
+    "UnknownMetricError": "gpuscope.errors",
+    "UnsupportedChipError": "gpuscope.errors",
+    "ProfilerBusyError": "gpuscope.errors",
+    # metric catalog
+    "list_metrics": "gpuscope._catalog",
+    "search_metrics": "gpuscope._catalog",
+    "describe_metric": "gpuscope._catalog",
+    "count_passes": "gpuscope._catalog",
+    "list_chips": "gpuscope._catalog",
+    "metric_sets": "gpuscope._catalog",
+    "metric_set": "gpuscope._catalog",
+    "MetricInfo": "gpuscope._catalog",
+    "MetricSet": "gpuscope.metrics.catalog",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpuscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,27 @@
+"""GPU tests: every test here is marked ``gpu`` and skipped where no NVIDIA driver and GPU are present.
+
+Run them on a GPU machine with ``python3 -m pytest -m gpu tests/gpu``.
+"""
+
+import pytest
+
+
+def _gpu_present() -> bool:
+    try:
+        from gpuscope import _device
+
+        return _device.device_count() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    here = __file__.rsplit("/", 1)[0]
+    present = None
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+            if present is None:
+                present = _gpu_present()
+            if not present:
+                item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU/driver on this machine"))
