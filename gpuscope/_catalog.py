@@ -1,0 +1,425 @@
+"""The metric catalog: list, search and describe a chip's metrics, resolve metric sets, count passes.
+
+Works offline through CUPTI's Profiler Host API: give ``chip="GH100"`` on a machine without a GPU; with a GPU
+and no ``chip``, the chip of device 0 is used.
+
+A full metric name is a *base* name plus a *sub-metric* suffix that depends on the base metric's type:
+``smsp__inst_executed`` (a counter) + ``.avg.per_cycle_active``; ``smsp__warp_issue_stalled_wait_per_warp_active``
+(a ratio) + ``.pct``; ``sm__throughput`` (a throughput) + ``.avg.pct_of_peak_sustained_elapsed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import fnmatch
+import functools
+import re
+import threading
+from collections.abc import Iterable, Sequence
+
+from .errors import NoGpuError, UnknownMetricError, UnsupportedChipError
+from .metrics import catalog as _sets
+
+__all__ = [
+    "MetricKind",
+    "MetricInfo",
+    "list_chips",
+    "list_metrics",
+    "search_metrics",
+    "describe_metric",
+    "count_passes",
+    "max_metrics_per_pass",
+    "metric_sets",
+    "metric_set",
+    "resolve",
+    "config_image",
+    "split_name",
+    "units_of",
+]
+
+
+class MetricKind(str, enum.Enum):
+    """Which profiler a metric list is for."""
+
+    RANGE = "range"  # the Range Profiler: per kernel launch or user range, may take several passes
+    SAMPLING = "sampling"  # PM sampling: over time, must fit in one pass
+
+
+# Suffix shown in examples and used to ask CUPTI 12.x (which wants full names) about a base metric.
+_EXAMPLE_SUFFIX = {"COUNTER": ".sum", "RATIO": ".ratio", "THROUGHPUT": ".avg.pct_of_peak_sustained_elapsed"}
+_ROLLUP_HELP = {
+    "COUNTER": "a counter needs a rollup: .sum, .avg, .min or .max (then optionally .per_second, "
+    ".per_cycle_active, .pct_of_peak_sustained_elapsed, ...)",
+    "RATIO": "a ratio needs .ratio, .pct or .max_rate",
+    "THROUGHPUT": "a throughput needs a rollup and a peak, e.g. .avg.pct_of_peak_sustained_elapsed",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricInfo:
+    """One metric as the catalog describes it.
+
+    Attributes
+    ----------
+    name : str
+        The name as asked for (base name or full name).
+    base : str
+        The base metric name.
+    suffix : str
+        The sub-metric suffix ("" for a base name).
+    metric_type : str
+        ``"COUNTER"``, ``"RATIO"`` or ``"THROUGHPUT"``.
+    description, units, hw_unit : str
+        CUPTI's description, dimension unit (e.g. ``"percent"``, ``"byte"``) and hardware unit (e.g. ``"sm"``).
+    """
+
+    name: str
+    base: str
+    suffix: str
+    metric_type: str
+    description: str
+    units: str
+    hw_unit: str
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a full metric name into (base, suffix): the suffix starts at the first '.' after the '__'.
+
+    >>> split_name("smsp__inst_executed.avg.per_cycle_active")
+    ('smsp__inst_executed', '.avg.per_cycle_active')
+    """
+    unit_end = name.find("__")
+    dot = name.find(".", unit_end + 2 if unit_end >= 0 else 0)
+    return (name, "") if dot < 0 else (name[:dot], name[dot:])
+
+
+def units_of(suffix: str, cupti_units: str) -> str:
+    """The unit of a full metric: CUPTI's dimension unit, or what the suffix implies where CUPTI gives none.
+
+    CUPTI leaves ratios' unit empty and gives rates the numerator's unit; ``.pct`` and ``.pct_of_peak_*`` are
+    percentages, ``.ratio`` is a plain ratio, ``.per_second``/``.per_cycle_*`` are rates.
+    """
+    if ".pct" in suffix:
+        return "percent"
+    if cupti_units:
+        # CUPTI gives the numerator's unit for rates (".per_second" -> "byte"); say what the number is.
+        for rate, per in ((".per_second", "second"), (".per_cycle", "cycle")):
+            if rate in suffix:
+                return f"{cupti_units}/{per}"
+        return cupti_units
+    if suffix.endswith(".ratio") or suffix.endswith(".max_rate"):
+        return "ratio"
+    return ""
+
+
+class _ChipMetrics:
+    """Everything the catalog knows about one (chip, kind) pair, fetched from CUPTI once."""
+
+    def __init__(self, chip: str, kind: MetricKind):
+        from .cupti import host
+        from .cupti._types import MetricType, ProfilerType
+
+        self.chip, self.kind = chip, kind
+        profiler_type = ProfilerType.RANGE_PROFILER if kind is MetricKind.RANGE else ProfilerType.PM_SAMPLING
+        self.host = host.ProfilerHost(chip, profiler_type)
+        self.types: dict[str, str] = {}
+        for metric_type in MetricType:
+            for base in self.host.base_metrics(metric_type):
+                self.types[base] = metric_type.name
+        self._suffixes: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def suffixes(self, metric_type: str) -> frozenset[str]:
+        """Valid sub-metric suffixes for a metric type (CUPTI gives the same list for every metric of a type)."""
+        from .cupti._types import MetricType
+
+        with self._lock:
+            if metric_type not in self._suffixes:
+                example = next(b for b, t in self.types.items() if t == metric_type)
+                subs = self.host.sub_metrics(example + _EXAMPLE_SUFFIX[metric_type], MetricType[metric_type])
+                self._suffixes[metric_type] = frozenset(subs)
+            return self._suffixes[metric_type]
+
+    def full_names(self, base: str) -> list[str]:
+        return sorted(base + s for s in self.suffixes(self.types[base]))
+
+    def check(self, name: str) -> str:
+        """Return *name* if it is a complete metric name for this chip, else raise UnknownMetricError."""
+        base, suffix = split_name(name)
+        metric_type = self.types.get(base)
+        where = f"{self.chip} ({self.kind.value} profiling)"
+        if metric_type is None:
+            close = difflib.get_close_matches(base, self.types, n=5, cutoff=0.6)
+            other = self._other_kind_has(base)
+            msg = f"Unknown metric {name!r} on {where}."
+            if other:
+                msg += f" It exists for {other.value} profiling, not {self.kind.value}."
+            if close:
+                msg += " Closest metrics: " + ", ".join(close) + "."
+            msg += " Search with: gpuscope metrics --chip %s --search <part of the name>." % self.chip
+            raise UnknownMetricError(msg, name, tuple(close))
+        valid = self.suffixes(metric_type)
+        if suffix in valid:
+            return name
+        example = base + _EXAMPLE_SUFFIX[metric_type]
+        if not suffix:
+            raise UnknownMetricError(
+                f"{name!r} is a {metric_type.lower()} base name, not a complete metric: {_ROLLUP_HELP[metric_type]} "
+                f"(e.g. {example}). List them with: gpuscope metrics --chip {self.chip} --describe {base}",
+                name,
+                (example,),
+            )
+        close = [base + s for s in difflib.get_close_matches(suffix, valid, n=5, cutoff=0.5)]
+        raise UnknownMetricError(
+            f"{name!r}: {suffix!r} is not a sub-metric of the {metric_type.lower()} {base} on {where}; "
+            + ("closest: " + ", ".join(close) if close else _ROLLUP_HELP[metric_type])
+            + ".",
+            name,
+            tuple(close),
+        )
+
+    def _other_kind_has(self, base: str) -> MetricKind | None:
+        other = MetricKind.SAMPLING if self.kind is MetricKind.RANGE else MetricKind.RANGE
+        try:
+            return other if base in _chip_metrics(self.chip, other).types else None
+        except Exception:
+            return None
+
+    def info(self, name: str) -> MetricInfo:
+        base, suffix = split_name(name)
+        if suffix:
+            self.check(name)
+        elif base not in self.types:
+            self.check(name)  # raises with suggestions
+        metric_type = self.types[base]
+        props = self.host.metric_properties(name if suffix else base + _EXAMPLE_SUFFIX[metric_type])
+        units = units_of(suffix, props.units) if suffix else ""  # a base name's unit depends on the suffix
+        return MetricInfo(name, base, suffix, metric_type, props.description, units, props.hw_unit)
+
+
+@functools.lru_cache(maxsize=None)
+def _chip_metrics(chip: str, kind: MetricKind) -> _ChipMetrics:
+    return _ChipMetrics(chip, kind)
+
+
+def list_chips() -> list[str]:
+    """Chip names the loaded CUPTI can profile (e.g. ``"GH100"`` for the H100)."""
+    from .cupti import host
+
+    return host.supported_chips()
+
+
+def _check_chip(chip: str | None, device: int = 0) -> str:
+    if chip is None:
+        return _device_chip(device)
+    chips = list_chips()
+    if chip in chips:
+        return chip
+    hint = ""
+    upper = [c for c in chips if c.lower() == chip.lower()]
+    if upper:
+        hint = f" Chip names are case-sensitive: did you mean {upper[0]!r}?"
+    elif chip.upper() == "GH200":
+        hint = " The GPU of a GH200 superchip is a GH100: use chip='GH100'."
+    else:
+        close = difflib.get_close_matches(chip.upper(), chips, n=3, cutoff=0.5)
+        if close:
+            hint = " Closest: " + ", ".join(close) + "."
+    raise UnsupportedChipError(f"Chip {chip!r} is not supported by the loaded CUPTI.{hint} Supported: {', '.join(chips)}.")
+
+
+@functools.lru_cache(maxsize=None)
+def _device_chip(device: int) -> str:
+    from .cupti import profiler
+
+    try:
+        from . import _device
+
+        _device.device_count()
+    except NoGpuError as exc:
+        raise NoGpuError(f"{exc} Pass chip= (e.g. chip='GH100'); gpuscope metrics --chips lists them.") from None
+    profiler.initialize()
+    try:
+        return profiler.chip_name(device)
+    finally:
+        profiler.deinitialize()
+
+
+def _kind(kind) -> MetricKind:
+    try:
+        return MetricKind(kind)
+    except ValueError:
+        raise ValueError(f"kind={kind!r}: use 'range' (range profiler) or 'sampling' (PM sampling).") from None
+
+
+def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str | None = None, full: bool = False):
+    """Metric names of a chip.
+
+    Parameters
+    ----------
+    chip : str, optional
+        CUPTI chip name (``gpuscope.list_chips()``); default: the chip of GPU 0.
+    kind : {"range", "sampling"}
+        Range profiler or PM sampling: the two know different metrics.
+    metric_type : {"counter", "ratio", "throughput"}, optional
+        Only base metrics of this type.
+    full : bool
+        Expand every base name with all its sub-metric suffixes (about 150,000 names on GH100).
+
+    Returns
+    -------
+    list of str
+        Sorted names.
+
+    Raises
+    ------
+    UnsupportedChipError, NoGpuError, CuptiNotFoundError
+    """
+    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    wanted = None if metric_type is None else metric_type.upper()
+    if wanted is not None and wanted not in _EXAMPLE_SUFFIX:
+        raise ValueError(f"metric_type={metric_type!r}: use 'counter', 'ratio' or 'throughput'.")
+    bases = sorted(b for b, t in cm.types.items() if wanted in (None, t))
+    if not full:
+        return bases
+    return [n for b in bases for n in cm.full_names(b)]
+
+
+def search_metrics(pattern: str, chip: str | None = None, kind: str = "range") -> list[MetricInfo]:
+    """Base metrics whose name matches *pattern*, with their descriptions.
+
+    *pattern* is a case-insensitive substring, or a shell glob if it contains ``*``, ``?`` or ``[``.
+
+    Raises
+    ------
+    UnsupportedChipError, NoGpuError, CuptiNotFoundError
+    """
+    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    if any(ch in pattern for ch in "*?["):
+        rx = re.compile(fnmatch.translate(pattern), re.IGNORECASE)
+        hits = [b for b in cm.types if rx.match(b)]
+    else:
+        hits = [b for b in cm.types if pattern.lower() in b.lower()]
+    return [cm.info(b) for b in sorted(hits)]
+
+
+def describe_metric(name: str, chip: str | None = None, kind: str = "range") -> MetricInfo:
+    """Description, units and type of one metric (a base name or a full name).
+
+    Raises
+    ------
+    UnknownMetricError
+        The chip has no such metric; the message names the closest ones.
+    """
+    return _chip_metrics(_check_chip(chip), _kind(kind)).info(name)
+
+
+def sub_metrics(name: str, chip: str | None = None, kind: str = "range") -> list[str]:
+    """All complete names for a base metric (base + each valid suffix)."""
+    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    base, _ = split_name(name)
+    if base not in cm.types:
+        cm.check(base)
+    return cm.full_names(base)
+
+
+def metric_sets(kind: str | None = None):
+    """The named metric sets (optionally only those for *kind*), by name."""
+    sets = _sets.all_sets()
+    return {n: s for n, s in sets.items() if kind is None or s.kind == _kind(kind).value}
+
+
+def metric_set(name: str):
+    """One named metric set (``launch``, ``speed-of-light``, ``topdown``, ``pm-default``, ...).
+
+    Raises
+    ------
+    KeyError
+        No set has that name.
+    """
+    return _sets.get_set(name)
+
+
+def resolve(metrics: str | Iterable[str], chip: str | None = None, kind: str = "range") -> list[str]:
+    """Turn a metric-set name or a list of names into a checked list of full metric names.
+
+    Duplicates are dropped, order kept.
+
+    Raises
+    ------
+    UnknownMetricError
+        A name is unknown on *chip* for *kind*, or incomplete; the message names close matches.
+    ValueError
+        A named set is for the other kind of profiling, or the list is empty.
+    """
+    kind = _kind(kind)
+    if isinstance(metrics, str):
+        if metrics in _sets.all_sets():
+            mset = _sets.get_set(metrics)
+            if mset.kind != kind.value:
+                raise ValueError(
+                    f"Metric set {metrics!r} is for {mset.kind} profiling, not {kind.value}. "
+                    f"Sets for {kind.value}: {', '.join(metric_sets(kind.value))}."
+                )
+            names = list(mset.metrics)
+        else:
+            names = [metrics]
+    else:
+        names = list(metrics)
+    if not names:
+        raise ValueError("No metrics given.")
+    cm = _chip_metrics(_check_chip(chip), kind)
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"Metric names are strings, got {name!r}.")
+        if name not in out:
+            out.append(cm.check(name))
+    return out
+
+
+def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter_availability=None):
+    """The CUPTI config image for already-resolved *metrics* (see :func:`resolve`)."""
+    from .cupti import host
+    from .cupti._types import ProfilerType
+
+    kind = _kind(kind)
+    ptype = ProfilerType.RANGE_PROFILER if kind is MetricKind.RANGE else ProfilerType.PM_SAMPLING
+    return host.config_image(chip, ptype, list(metrics), counter_availability)
+
+
+def count_passes(metrics, chip: str | None = None, kind: str = "range", counter_availability=None) -> int:
+    """How many passes (replays) CUPTI needs to collect *metrics* (a set name or a list).
+
+    Parameters
+    ----------
+    metrics : str or list of str
+        A metric-set name or metric names.
+    chip : str, optional
+        Default: the chip of GPU 0.
+    kind : {"range", "sampling"}
+        PM sampling can only collect a one-pass list.
+    counter_availability : bytes-like, optional
+        The device's counter-availability image; without it CUPTI assumes every counter is free.
+
+    Raises
+    ------
+    UnknownMetricError, UnsupportedChipError, NoGpuError
+    """
+    from .cupti import host
+
+    chip = _check_chip(chip)
+    names = resolve(metrics, chip, kind)
+    return host.num_passes(config_image(names, chip, kind, counter_availability))
+
+
+def max_metrics_per_pass(chip: str | None = None, kind: str = "range", counter_availability=None) -> int:
+    """The most hardware metrics one pass can hold on *chip*."""
+    from .cupti import host
+    from .cupti._types import ProfilerType
+
+    chip = _check_chip(chip)
+    ptype = ProfilerType.RANGE_PROFILER if _kind(kind) is MetricKind.RANGE else ProfilerType.PM_SAMPLING
+    return host.max_metrics_per_pass(chip, ptype, counter_availability)
