@@ -17,7 +17,8 @@ from .errors import CuptiNotFoundError, GpuscopeError, NoGpuError
 EXIT_OK, EXIT_NO_GPU, EXIT_NO_CUPTI, EXIT_NO_COUNTERS, EXIT_USAGE = 0, 1, 2, 3, 4
 
 
-def _print_table(rows, header=None, out=sys.stdout):
+def _print_table(rows, header=None, out=None):
+    out = out or sys.stdout
     rows = [tuple(str(c) for c in r) for r in rows]
     if header:
         rows.insert(0, tuple(header))

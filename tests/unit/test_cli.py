@@ -1,0 +1,80 @@
+"""The gpuscope command on a machine without a GPU."""
+
+import json
+
+import pytest
+
+from gpuscope import cli
+from gpuscope.cupti import _api, _lib
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_search(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "long_scoreboard")
+    assert code == 0
+    assert "smsp__warp_issue_stalled_long_scoreboard_per_warp_active" in out
+    assert "waiting for a scoreboard dependency on L1TEX" in out
+
+
+def test_passes_of_the_papers_topdown_metrics(capsys):
+    from tests.unit.test_catalog import PAPER_TOPDOWN
+
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--passes", *PAPER_TOPDOWN)
+    assert code == 0
+    if _api.version() == (13, 1):
+        assert out.startswith("7 passes for 21 metrics (GH100, range profiler, CUPTI 13.1)")
+
+
+def test_passes_json_for_a_set(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--passes", "launch", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["passes"] == 1 and "gpu__time_duration.sum" in data["metrics"]
+
+
+def test_multi_pass_sampling_set_is_refused(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--sampling", "--passes",
+                       "sm__throughput.avg.pct_of_peak_sustained_elapsed")
+    assert code == cli.EXIT_USAGE
+    assert "needs a single pass" in out
+
+
+def test_describe_base_lists_complete_names(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--describe", "sm__cycles_elapsed")
+    assert code == 0 and "sm__cycles_elapsed.avg.per_second" in out and "# of cycles elapsed on SM" in out
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (("metrics", "--chip", "gh100", "--search", "x"), "did you mean 'GH100'"),
+        (("metrics", "--chip", "GH100", "--passes", "sm__cycles_elapsed"), "needs a rollup"),
+        (("metrics", "--chip", "GH100", "--passes", "not__a_metric.sum"), "Unknown metric"),
+    ],
+)
+def test_bad_input_is_a_clear_error(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == cli.EXIT_USAGE
+    assert err.startswith(f"gpuscope {argv[0]}: error:") and needle in err
+
+
+def test_sets_and_chips(capsys):
+    code, out, _ = run(capsys, "metrics", "--sets")
+    assert code == 0 and "topdown (range, 21 metrics)" in out and "pm-default (sampling" in out
+    code, out, _ = run(capsys, "metrics", "--chips", "--json")
+    assert "GH100" in json.loads(out)
+
+
+def test_check_without_gpu(capsys):
+    if _lib.driver_available():
+        pytest.skip("this machine has a driver")
+    code, out, _ = run(capsys, "check", "--json")
+    data = json.loads(out)
+    assert code == cli.EXIT_NO_GPU and data["ok"] is False and data["driver"] is None
+    assert data["cupti"]["version"] == "%d.%d" % _api.version()
+    code, out, _ = run(capsys, "check")
+    assert "no NVIDIA driver" in out and "NOT ready to profile" in out
