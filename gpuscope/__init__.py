@@ -36,6 +36,11 @@ _EXPORTS = {
     "metric_set": "gpuscope._catalog",
     "MetricInfo": "gpuscope._catalog",
     "MetricSet": "gpuscope.metrics.catalog",
+    # user ranges
+    "range": "gpuscope._ranges",
+    "UnbalancedRangeError": "gpuscope.errors",
+    "MultiPassRangeError": "gpuscope.errors",
+    "SessionConflictError": "gpuscope.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -25,6 +25,9 @@ __all__ = [
     "UnknownMetricError",
     "UnsupportedChipError",
     "cupti_error",
+    "UnbalancedRangeError",
+    "MultiPassRangeError",
+    "SessionConflictError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -147,3 +150,15 @@ def cupti_error(status: int, func: str, cupti_message: str, hint: str = "") -> C
     cls = _STATUS_CLASS.get(int(status), CuptiError)
     hint = hint or _STATUS_HINT.get(int(status), "")
     return cls(status, func, cupti_message, hint)
+
+
+class UnbalancedRangeError(GpuscopeError, RuntimeError):
+    """A ``gpuscope.range`` was exited out of order, or on a thread where it is not open."""
+
+
+class MultiPassRangeError(GpuscopeError, RuntimeError):
+    """A range that runs once needs more passes than one run of it can collect."""
+
+
+class SessionConflictError(GpuscopeError, RuntimeError):
+    """A second gpuscope session was opened on a device that already has one, or a session was misused."""
