@@ -25,9 +25,12 @@ __all__ = [
     "UnknownMetricError",
     "UnsupportedChipError",
     "cupti_error",
+    "MissingMetricsError",
     "UnbalancedRangeError",
     "MultiPassRangeError",
     "SessionConflictError",
+    "NotSinglePassError",
+    "SamplerBusyError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -152,6 +155,23 @@ def cupti_error(status: int, func: str, cupti_message: str, hint: str = "") -> C
     return cls(status, func, cupti_message, hint)
 
 
+class MissingMetricsError(GpuscopeError, ValueError):
+    """An analysis needs metrics that the Dataset does not hold.
+
+    Attributes
+    ----------
+    missing : tuple of str
+        The exact CUPTI metric names that are missing.
+    """
+
+    def __init__(self, message: str, missing: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing))
+
+
 class UnbalancedRangeError(GpuscopeError, RuntimeError):
     """A ``gpuscope.range`` was exited out of order, or on a thread where it is not open."""
 
@@ -162,3 +182,30 @@ class MultiPassRangeError(GpuscopeError, RuntimeError):
 
 class SessionConflictError(GpuscopeError, RuntimeError):
     """A second gpuscope session was opened on a device that already has one, or a session was misused."""
+
+
+class NotSinglePassError(GpuscopeError, ValueError):
+    """A metric list that needs more than one pass where only one is possible (PM sampling).
+
+    Attributes
+    ----------
+    passes : int
+        Passes the whole list needs.
+    drop : tuple of str
+        Metrics that need more than one pass even on their own: they cannot be sampled at all.
+    groups : tuple of tuple of str
+        The other metrics split into lists that each fit in one pass (sample them in separate runs).
+    """
+
+    def __init__(self, message: str, passes: int = 0, drop=(), groups=()):
+        super().__init__(message)
+        self.passes = int(passes)
+        self.drop = tuple(drop)
+        self.groups = tuple(tuple(g) for g in groups)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.passes, self.drop, self.groups))
+
+
+class SamplerBusyError(GpuscopeError, RuntimeError):
+    """A PM sampler is already running on this device (one per device at a time)."""

@@ -1,0 +1,464 @@
+"""Phases of a multivariate time series: change points, recurring phase labels, per-phase summaries.
+
+Method
+------
+1. **Standardise** each metric by its noise level: ``sigma = 1.4826 * MAD(diff(x)) / sqrt(2)``. Differences
+   cancel the piecewise-constant level, so this estimates the sample-to-sample noise even with many changes.
+   Metrics with no variation are ignored; NaN samples count as the metric's mean.
+2. **Change points** by binary segmentation with the L2 (change in mean) cost, computed from cumulative sums in
+   O(n * d) per pass, then refined: each change point is re-placed as the best single split between its
+   neighbours, and change points whose split no longer pays the penalty are removed. The default penalty is a
+   chi-square tail bound for ``d`` standardised metrics, ``d + 2 sqrt(2 d log n) + 4 log n``, which keeps the
+   chance of a false change in white noise near ``1/n``.
+3. **Labels**: segments are merged greedily by Ward's criterion (the increase in within-phase squared error,
+   ``n_i n_j / (n_i + n_j) * |m_i - m_j|^2``) while that is below the same penalty, or while the two means differ
+   by less than ``label_tolerance`` noise sigmas in every metric. Recurring phases thus share a label.
+   Labels are numbered in order of first appearance.
+
+Self-contained numpy: no ``ruptures`` dependency (its PELT/binseg are Python loops over samples; this is
+vectorised and meets 1e6 samples x 8 metrics in well under a second, see ``docs/phases.md``).
+
+Schema of :func:`phases`'s result: the input Dataset plus
+
+* ``phase`` (along the sample dim): phase label of every sample.
+* dim ``segment``: ``segment_phase``, ``segment_first``/``segment_stop`` (sample indices, stop exclusive),
+  ``segment_start``/``segment_end``/``segment_duration`` (in ns where the samples carry ``start_ns``/``end_ns``,
+  else in units of the sample coordinate), ``segment_mean`` (segment, metric).
+* dim ``phase_id``: ``phase_duration``, ``phase_fraction`` (of the total duration), ``phase_segments``,
+  ``phase_samples``, ``phase_mean`` (phase_id, metric; duration-weighted), and ``phase_topdown``
+  (phase_id, node) when the metrics allow Top-Down.
+* coordinate ``metric``: the metrics used for detection.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+
+import numpy as np
+import xarray as xr
+
+from ..errors import GpuscopeWarning, MissingMetricsError
+
+__all__ = ["change_points", "default_penalty", "label_segments", "phases", "standardize"]
+
+# Above this many samples the noise scale is estimated from an evenly strided subset (the estimate does not
+# need more, and medians of 1e6 values would cost a large part of the time budget).
+_SCALE_SAMPLES = 200_000
+# Split searches on segments longer than this many samples start on a grid of this size.
+_GRID = 20_000
+
+
+def default_penalty(n: int, d: int) -> float:
+    """Gain a split must exceed: chi-square tail bound for ``d`` unit-noise metrics at level ``1/n``.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    d : int
+        Number of metrics.
+
+    Returns
+    -------
+    float
+    """
+    x = 2.0 * np.log(max(n, 2))
+    return float(d + 2.0 * np.sqrt(d * x) + 2.0 * x)
+
+
+def standardize(x: np.ndarray) -> np.ndarray:
+    """Center each column and divide it by its noise sigma (MAD of first differences); drop constant columns.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Shape ``(n, d)``, or ``(n,)`` for one metric.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n, d')`` float64 with ``d' <= d`` (a transposed view of a C-ordered ``(d', n)`` array); NaNs
+        become 0 (the column mean).
+    """
+    x = np.asarray(x, dtype=float)
+    if x.ndim == 1:
+        x = x[:, None]
+    # One metric per contiguous row: the column-wise work below is several times faster that way.
+    zt = np.array(x.T, dtype=float, order="C")
+    nan = np.isnan(zt)
+    has_nan = bool(nan.any())
+    mean = np.nanmean(zt, axis=1) if has_nan else zt.mean(axis=1)
+    zt -= np.nan_to_num(mean)[:, None]
+    if has_nan:
+        zt[nan] = 0.0
+    step = max(1, (zt.shape[1] - 1) // _SCALE_SAMPLES)
+    diffs = np.diff(zt[:, ::step], axis=1)
+    scale = 1.4826 * np.median(np.abs(diffs - np.median(diffs, axis=1, keepdims=True)), axis=1) / np.sqrt(2.0)
+    # Noise-free or mostly flat metrics have MAD 0: fall back on the spread of all differences.
+    flat = ~(scale > 0)
+    if flat.any() and diffs.shape[1]:
+        scale[flat] = np.std(diffs[flat], axis=1) / np.sqrt(2.0)
+    keep = scale > 0
+    zt = zt[keep] if not keep.all() else zt
+    zt /= scale[keep][:, None]
+    return zt.T
+
+
+class _Splitter:
+    """Best single split of ``z[a:b]`` under the L2 cost, from cumulative sums (O((b - a) * d) per call)."""
+
+    def __init__(self, zt: np.ndarray, min_size: int):
+        d, n = zt.shape
+        # Metrics in rows, so that the products below run over contiguous memory.
+        self.cum = np.zeros((d, n + 1))
+        np.cumsum(zt, axis=1, out=self.cum[:, 1:])
+        # |C_t|^2 once, so a split search needs only one pass of (2 x d) @ C[:, a:b].
+        self.sq = np.einsum("ij,ij->j", self.cum, self.cum)
+        self.min_size = min_size
+
+    def gain_at(self, a: int, t: int, b: int) -> float:
+        c = self.cum
+        left, right, total = c[:, t] - c[:, a], c[:, b] - c[:, t], c[:, b] - c[:, a]
+        return float(left @ left / (t - a) + right @ right / (b - t) - total @ total / (b - a))
+
+    def _gains(self, a: int, b: int, lo: int, hi: int, step: int) -> np.ndarray:
+        """Gain of splitting ``[a, b)`` at ``t = lo, lo + step, ... <= hi``."""
+        c, ca = self.cum, self.cum[:, a]
+        total = c[:, b] - ca
+        proj = np.stack([ca, total]) @ c[:, lo : hi + 1 : step]  # C_t . C_a and C_t . T
+        # |L|^2 = |C_t|^2 - 2 C_t.C_a + |C_a|^2 ; L.T = C_t.T - C_a.T ; |R|^2 = |T|^2 - 2 L.T + |L|^2
+        left_sq = self.sq[lo : hi + 1 : step] - 2.0 * proj[0] + ca @ ca
+        left_dot = proj[1] - ca @ total
+        tt = total @ total
+        nl = np.arange(lo - a, hi - a + 1, step, dtype=float)
+        return left_sq / nl + (tt - 2.0 * left_dot + left_sq) / ((b - a) - nl) - tt / (b - a)
+
+    def best(self, a: int, b: int) -> tuple[int, float]:
+        lo, hi = a + self.min_size, b - self.min_size
+        if hi < lo:
+            return -1, 0.0
+        # Long segments: search a grid first, then every sample around the grid's best point. The gain is a
+        # smooth curve plus a random walk, so this finds the same split at a fraction of the memory traffic.
+        step = max(1, (hi - lo) // _GRID)
+        if step > 1:
+            t = lo + step * int(np.argmax(self._gains(a, b, lo, hi, step)))
+            lo, hi = max(lo, t - step), min(hi, t + step)
+        gain = self._gains(a, b, lo, hi, 1)
+        k = int(np.argmax(gain))
+        return lo + k, float(gain[k])
+
+
+def _binary_segmentation(split: _Splitter, n: int, penalty: float, max_cps: int | None) -> list[int]:
+    heap: list[tuple[float, int, int, int]] = []
+
+    def push(a: int, b: int) -> None:
+        t, g = split.best(a, b)
+        if t >= 0 and g > penalty:
+            heapq.heappush(heap, (-g, a, t, b))
+
+    push(0, n)
+    cps: list[int] = []
+    while heap and (max_cps is None or len(cps) < max_cps):
+        _, a, t, b = heapq.heappop(heap)
+        cps.append(t)
+        push(a, t)
+        push(t, b)
+    return sorted(cps)
+
+
+def _refine(split: _Splitter, cps: list[int], n: int, penalty: float, sweeps: int = 2) -> list[int]:
+    """Re-place each change point between its neighbours, then drop those that no longer pay the penalty."""
+    cps = list(cps)
+    for _ in range(sweeps):
+        for k in range(len(cps)):
+            a = cps[k - 1] if k else 0
+            b = cps[k + 1] if k + 1 < len(cps) else n
+            t, _ = split.best(a, b)
+            if t >= 0:
+                cps[k] = t
+    while cps:
+        bounds = [0, *cps, n]
+        gains = [split.gain_at(bounds[k], bounds[k + 1], bounds[k + 2]) for k in range(len(cps))]
+        k = int(np.argmin(gains))
+        if gains[k] > penalty:
+            break
+        del cps[k]
+    return cps
+
+
+def change_points(
+    x: np.ndarray,
+    *,
+    penalty: float | None = None,
+    min_size: int | None = None,
+    max_change_points: int | None = None,
+    standardized: bool = False,
+) -> np.ndarray:
+    """Indices where a new segment starts, for a multivariate series of shape ``(n, d)``.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Samples by metrics (a 1-D array is one metric).
+    penalty : float, optional
+        Minimum decrease of the squared error (in noise-sigma units) for a change point; default
+        :func:`default_penalty`. Raise it for autocorrelated or drifting data.
+    min_size : int, optional
+        Minimum segment length in samples; default ``max(2, n // 1000)``.
+    max_change_points : int, optional
+        Keep at most this many (the strongest first).
+    standardized : bool
+        ``x`` is already standardised (skip :func:`standardize`).
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted int64 indices in ``(0, n)``.
+
+    Raises
+    ------
+    ValueError
+        ``min_size`` below 1, or ``penalty`` negative.
+    """
+    z = np.asarray(x, dtype=float) if standardized else standardize(x)
+    if z.ndim == 1:
+        z = z[:, None]
+    n, d = z.shape
+    min_size = max(2, n // 1000) if min_size is None else int(min_size)
+    if min_size < 1:
+        raise ValueError(f"min_size must be at least 1, got {min_size}")
+    penalty = default_penalty(n, max(d, 1)) if penalty is None else float(penalty)
+    if penalty < 0:
+        raise ValueError(f"penalty must be >= 0, got {penalty}")
+    if d == 0 or n < 2 * min_size:
+        return np.zeros(0, dtype=np.int64)
+    # Centred, so that the cumulative sums stay small and precise (standardize() already did it; a copy of a
+    # large array costs a good part of the time budget). Metrics in rows, see _Splitter.
+    mean = z.mean(axis=0)
+    split = _Splitter(z.T - mean[:, None] if np.abs(mean).max() > 1e-9 else z.T, min_size)
+    cps = _binary_segmentation(split, n, penalty, max_change_points)
+    return np.asarray(_refine(split, cps, n, penalty), dtype=np.int64)
+
+
+def label_segments(
+    means: np.ndarray, sizes: np.ndarray, penalty: float, label_tolerance: float = 0.5
+) -> np.ndarray:
+    """Give recurring segments one label: greedy Ward merging of standardised segment means.
+
+    Parameters
+    ----------
+    means : numpy.ndarray
+        ``(k, d)`` standardised segment means.
+    sizes : numpy.ndarray
+        ``(k,)`` segment lengths in samples.
+    penalty : float
+        Merge while the Ward cost is below this.
+    label_tolerance : float
+        Also merge while every metric's means differ by less than this many noise sigmas.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(k,)`` int64 labels numbered by first appearance.
+    """
+    means = np.asarray(means, dtype=float).reshape(len(sizes), -1)
+    centers, weight = means.copy(), np.asarray(sizes, dtype=float).copy()
+    members = [[i] for i in range(len(sizes))]
+    alive = np.ones(len(sizes), dtype=bool)
+    while alive.sum() > 1:
+        idx = np.flatnonzero(alive)
+        diff = centers[idx, None, :] - centers[None, idx, :]
+        w = weight[idx]
+        ward = w[:, None] * w[None, :] / (w[:, None] + w[None, :]) * np.einsum("ijk,ijk->ij", diff, diff)
+        close = np.abs(diff).max(axis=2) < label_tolerance
+        # Pairs within tolerance go first (cost -1), then by Ward cost.
+        cost = np.where(close, -1.0, ward)
+        np.fill_diagonal(cost, np.inf)
+        i, j = np.unravel_index(int(np.argmin(cost)), cost.shape)
+        if cost[i, j] >= penalty:
+            break
+        a, b = idx[i], idx[j]
+        centers[a] = (weight[a] * centers[a] + weight[b] * centers[b]) / (weight[a] + weight[b])
+        weight[a] += weight[b]
+        members[a] += members[b]
+        alive[b] = False
+    labels = np.empty(len(sizes), dtype=np.int64)
+    for cluster in (members[i] for i in np.flatnonzero(alive)):
+        labels[cluster] = cluster[0]
+    _, first = np.unique(labels, return_index=True)
+    order = {labels[f]: rank for rank, f in enumerate(sorted(first))}
+    return np.array([order[v] for v in labels], dtype=np.int64)
+
+
+def _sample_dim(ds: xr.Dataset, dim: str | None) -> str:
+    if dim is not None:
+        if dim not in ds.dims:
+            raise ValueError(f"the Dataset has no dimension {dim!r} (dims: {list(ds.dims)})")
+        return dim
+    for name in ("time", "range"):
+        if name in ds.dims:
+            return name
+    if len(ds.dims) == 1:
+        return next(iter(ds.dims))
+    raise ValueError(f"cannot tell the sample dimension among {list(ds.dims)}; pass dim=")
+
+
+def _metric_names(ds: xr.Dataset, dim: str, metrics) -> list[str]:
+    if metrics is None:
+        names = [
+            n for n, v in ds.data_vars.items() if v.dims == (dim,) and np.issubdtype(v.dtype, np.number)
+        ]
+        if not names:
+            raise ValueError(f"no numeric 1-D metric along {dim!r} to detect phases in")
+        return names
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    missing = [n for n in names if n not in ds.data_vars]
+    if missing:
+        raise MissingMetricsError(f"metrics not in the Dataset: {', '.join(missing)}", tuple(missing))
+    bad = [n for n in names if ds[n].dims != (dim,)]
+    if bad:
+        raise ValueError(f"metrics must be 1-D along {dim!r}: {', '.join(bad)}")
+    return names
+
+
+def _extent(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every sample: start_ns/end_ns, else the coordinate (last sample as long as the one
+    before), else the index."""
+    n = ds.sizes[dim]
+    if "start_ns" in ds.coords and "end_ns" in ds.coords and ds["start_ns"].dims == (dim,):
+        return np.asarray(ds["start_ns"], dtype=float), np.asarray(ds["end_ns"], dtype=float)
+    pos = np.asarray(ds[dim], dtype=float) if dim in ds.coords and np.issubdtype(ds[dim].dtype, np.number) else None
+    if pos is None:
+        pos = np.arange(n, dtype=float)
+    step = np.diff(pos)
+    end = np.append(pos[1:], pos[-1] + (step[-1] if len(step) else 1.0))
+    return pos, end
+
+
+def _phase_topdown(ds: xr.Dataset, first, weight, labels, n_phases, mode):
+    """Duration-weighted per-phase means of the Top-Down nodes, or None when the metrics do not allow it."""
+    from .topdown import topdown  # late: topdown is only needed when the metrics allow it
+
+    try:
+        td = topdown(ds, check="ignore")
+    except (MissingMetricsError, ValueError):
+        if mode is True:
+            raise
+        return None
+    nodes = list(td.data_vars)
+    values = np.stack([np.asarray(td[n], dtype=float) for n in nodes])
+    da = xr.DataArray(_means(*_segment_sums(values, weight, first), labels, n_phases), dims=("phase_id", "node"),
+                      coords={"node": nodes})
+    da.attrs = {"units": td[nodes[0]].attrs["units"], "ipc_max": td.attrs["topdown_ipc_max"]}
+    return da
+
+
+def _segment_sums(values: np.ndarray, weight: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted sums and summed weights per segment of ``values`` (metrics x samples), ignoring NaNs."""
+    ok = np.isfinite(values)
+    if ok.all():
+        num = np.add.reduceat(values * weight, first, axis=1)
+        den = np.broadcast_to(np.add.reduceat(weight, first), num.shape)
+    else:
+        w = ok * weight
+        num = np.add.reduceat(np.where(ok, values, 0.0) * w, first, axis=1)
+        den = np.add.reduceat(w, first, axis=1)
+    return num.T, np.array(den.T)
+
+
+def _means(num: np.ndarray, den: np.ndarray, group: np.ndarray | None = None, k: int = 0) -> np.ndarray:
+    """Per-segment means, or per-group means of segment sums when ``group`` labels the segments."""
+    if group is not None:
+        num, den = (np.stack([np.bincount(group, weights=a[:, j], minlength=k) for j in range(a.shape[1])], 1)
+                    for a in (num, den))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return num / den
+
+
+def phases(
+    ds: xr.Dataset,
+    metrics=None,
+    *,
+    dim: str | None = None,
+    penalty: float | None = None,
+    min_size: int | None = None,
+    max_change_points: int | None = None,
+    label_tolerance: float = 0.5,
+    topdown="auto",
+) -> xr.Dataset:
+    """Detect change points and phases in a time series (PM samples) or per-launch range results.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        Samples along ``time`` (PM sampling) or ``range`` (e.g. one kernel's launches, see
+        :func:`gpuscope.metrics.topdown.dynamic`).
+    metrics : str or list of str, optional
+        Variables to detect phases in; default every numeric 1-D variable along the sample dimension.
+    dim : str, optional
+        Sample dimension; default ``time``, else ``range``, else the only dimension.
+    penalty, min_size, max_change_points
+        See :func:`change_points`.
+    label_tolerance : float
+        See :func:`label_segments`.
+    topdown : {"auto", True, False}
+        Add ``phase_topdown`` (per-phase Top-Down): "auto" when the metrics allow it, True to require it.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``ds`` plus the phase variables described in the module docstring.
+
+    Raises
+    ------
+    ValueError
+        No sample dimension, no usable metric, bad parameters.
+    gpuscope.errors.MissingMetricsError
+        A requested metric is not in ``ds``; with ``topdown=True``, the Top-Down metrics are missing.
+    """
+    dim = _sample_dim(ds, dim)
+    names = _metric_names(ds, dim, metrics)
+    xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
+    n = xt.shape[1]
+    z = standardize(xt.T)
+    if z.shape[1] == 0:
+        warnings.warn("every metric is constant: one phase", GpuscopeWarning, stacklevel=2)
+    pen = default_penalty(n, max(z.shape[1], 1)) if penalty is None else float(penalty)
+    cps = change_points(z, penalty=pen, min_size=min_size, max_change_points=max_change_points, standardized=True)
+
+    bounds = np.concatenate([[0], cps, [n]]).astype(np.int64)
+    first, stop = bounds[:-1], bounds[1:]
+    sizes = stop - first
+    zmeans = np.add.reduceat(z.T, first, axis=1).T / sizes[:, None]
+    labels = label_segments(zmeans, sizes, pen, label_tolerance)
+    n_phases = int(labels.max()) + 1
+
+    start, end = _extent(ds, dim)
+    durations = end - start
+    seg_start, seg_end = start[first], end[stop - 1]
+    seg_dur = seg_end - seg_start
+    phase_dur = np.bincount(labels, weights=seg_dur, minlength=n_phases)
+    sums = _segment_sums(xt, durations, first)
+
+    out = ds.assign(
+        phase=((dim,), np.repeat(labels, sizes), {"description": "phase label of each sample"}),
+        segment_phase=("segment", labels),
+        segment_first=("segment", first, {"description": "first sample index"}),
+        segment_stop=("segment", stop, {"description": "sample index after the last"}),
+        segment_start=("segment", seg_start),
+        segment_end=("segment", seg_end),
+        segment_duration=("segment", seg_dur),
+        segment_mean=(("segment", "metric"), _means(*sums)),
+        phase_duration=("phase_id", phase_dur),
+        phase_fraction=("phase_id", phase_dur / phase_dur.sum() if phase_dur.sum() else phase_dur),
+        phase_segments=("phase_id", np.bincount(labels, minlength=n_phases)),
+        phase_samples=("phase_id", np.bincount(labels, weights=sizes, minlength=n_phases).astype(np.int64)),
+        phase_mean=(("phase_id", "metric"), _means(*sums, labels, n_phases)),
+    ).assign_coords(segment=np.arange(len(sizes)), phase_id=np.arange(n_phases), metric=names)
+    if topdown is not False:
+        td = _phase_topdown(ds, first, durations, labels, n_phases, topdown)
+        if td is not None:
+            out = out.assign(phase_topdown=td)
+    out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps)}
+    return out
