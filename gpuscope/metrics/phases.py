@@ -306,8 +306,11 @@ def _sample_dim(ds: xr.Dataset, dim: str | None) -> str:
 
 def _metric_names(ds: xr.Dataset, dim: str, metrics) -> list[str]:
     if metrics is None:
+        # "phase" is this module's own output: running phases() on its result must not detect in the labels.
         names = [
-            n for n, v in ds.data_vars.items() if v.dims == (dim,) and np.issubdtype(v.dtype, np.number)
+            n
+            for n, v in ds.data_vars.items()
+            if v.dims == (dim,) and np.issubdtype(v.dtype, np.number) and n != "phase"
         ]
         if not names:
             raise ValueError(f"no numeric 1-D metric along {dim!r} to detect phases in")

@@ -37,6 +37,8 @@ def test_boundaries_and_recurring_labels():
     assert list(out.segment_phase.values) == [0, 1, 0, 2]  # the second A is phase 0 again
     assert list(out.phase.values[::1000]) == [0, 1, 0, 2]
     assert out.attrs["phases_change_points"] == 3 and out.attrs["phases_dim"] == "time"
+    again = ph.phases(out)  # re-running on the result uses the same metrics, not the labels
+    assert list(again.metric.values) == list(NAMES) and list(again.segment_phase.values) == [0, 1, 0, 2]
 
 
 def test_summary_values():
