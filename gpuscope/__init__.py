@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 
 from ._version import __version__
+from .metrics import accessor as _accessor  # registers ds.gpuscope on xarray Datasets (no CUDA, no matplotlib)
 
 # public name -> module that defines it (imported lazily, PEP 562)
 _EXPORTS = {
@@ -36,6 +37,13 @@ _EXPORTS = {
     "metric_set": "gpuscope._catalog",
     "MetricInfo": "gpuscope._catalog",
     "MetricSet": "gpuscope.metrics.catalog",
+    # analysis (pure, no GPU)
+    "topdown": "gpuscope.metrics.topdown",
+    "aggregate": "gpuscope.metrics.topdown",
+    "dynamic": "gpuscope.metrics.topdown",
+    "required_metrics": "gpuscope.metrics.topdown",
+    "phases": "gpuscope.metrics.phases",
+    "MissingMetricsError": "gpuscope.errors",
     # user ranges
     "range": "gpuscope._ranges",
     "UnbalancedRangeError": "gpuscope.errors",
