@@ -180,8 +180,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         optional_stall_reasons=("gmma",),
         source="GH100 metric list of CUPTI 13.1 (range profiler and PM sampling)",
     ),
-    # No GB100/GB202 metric list was at hand: same names as Ampere, unverified; the coverage check flags gaps.
-    Architecture("Blackwell", (10, 0), (12, 9), _VOLTA_REASONS, source="assumed as Ampere, unverified"),
+    # Blackwell has no imc_miss stall reason (GB100 and GB202 metric lists of CUPTI 13.1).
+    Architecture(
+        "Blackwell",
+        (10, 0),
+        (12, 9),
+        tuple(r for r in _VOLTA_REASONS if r != "imc_miss"),
+        source="GB100 and GB202 metric lists of CUPTI 13.1",
+    ),
 )
 
 
