@@ -1,0 +1,710 @@
+"""``gpuscope.sample``: hardware metrics over time (CUPTI PM sampling), aligned with ``gpuscope.range``.
+
+How it works: the config image is checked to fit in one pass before anything starts; then a PM sampling object
+is enabled on the device and started, and a background thread that does nothing but ``DecodeData`` moves
+samples out of the hardware buffer into counter-data images, switching to a fresh image whenever one fills
+(the full ones are kept, raw). A thread that also evaluated fell behind at 20 µs on the H100 and the hardware
+buffer overflowed, so evaluation happens afterwards, when :attr:`Sampler.dataset` is first read. User ranges
+are stamped with ``cuptiGetTimestamp``, the clock of the sample timestamps.
+
+Lost samples are never dropped silently: the decode thread counts hardware-buffer overflows, and gaps in the
+sample timestamps are counted as lost samples; both go into the Dataset's attrs (and a warning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .errors import CuptiMemoryError, GpuscopeWarning, NotSinglePassError, SamplerBusyError
+
+__all__ = [
+    "sample",
+    "Sampler",
+    "Trigger",
+    "parse_interval",
+    "choose_trigger",
+    "single_pass_groups",
+    "innermost_ranges",
+    "count_lost",
+    "MIN_INTERVAL_NS",
+]
+
+#: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:
+#: the hardware buffer fills faster than samples can be decoded (see docs/pm-sampling.md for the measurements).
+MIN_INTERVAL_NS = 1_000
+
+_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_INTERVAL_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s|cycles)\s*$")
+
+
+class Trigger(str, enum.Enum):
+    """What starts a sample: a fixed time interval, or a number of sys-clock cycles (Turing and GA100)."""
+
+    TIME = "time"
+    SYSCLK = "sysclk"
+
+
+def parse_interval(interval) -> tuple[int, str]:
+    """Parse a sampling interval into ``(value, unit)`` with unit ``"ns"`` or ``"cycles"``.
+
+    Accepts ``"20us"``, ``"0.5 ms"``, ``"100000ns"``, ``"1e-4s"``, ``"20000cycles"``, a
+    :class:`datetime.timedelta`, or a number of nanoseconds.
+
+    Raises
+    ------
+    ValueError
+        The interval is not a positive time (or cycle count) or its unit is unknown.
+    TypeError
+        The interval is neither a string, a number nor a timedelta.
+    """
+    import datetime
+
+    if isinstance(interval, datetime.timedelta):
+        value, unit = interval.total_seconds() * 1e9, "ns"
+    elif isinstance(interval, (int, float, np.integer, np.floating)) and not isinstance(interval, bool):
+        value, unit = float(interval), "ns"
+    elif isinstance(interval, str):
+        match = _INTERVAL_RE.match(interval)
+        if not match:
+            raise ValueError(
+                f"Cannot read the sampling interval {interval!r}: write a number and a unit, e.g. '20us', "
+                "'100 us', '1ms' (units: ns, us, ms, s, or cycles for the sys-clock trigger)."
+            )
+        number, unit = float(match.group(1)), match.group(2)
+        value, unit = (number, "cycles") if unit == "cycles" else (number * _UNITS_NS[unit], "ns")
+    else:
+        raise TypeError(f"A sampling interval is a string like '20us', a timedelta or ns; got {interval!r}.")
+    if not math.isfinite(value) or round(value) <= 0:
+        raise ValueError(f"The sampling interval must be positive; got {interval!r}.")
+    return int(round(value)), unit
+
+
+def choose_trigger(chip: str) -> Trigger:
+    """The trigger a chip supports: sys-clock cycles on Turing (TU*) and GA100, time everywhere else."""
+    return Trigger.SYSCLK if chip.startswith("TU") or chip == "GA100" else Trigger.TIME
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Single-pass check (host API only: works offline)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _passes(metrics: Sequence[str], chip: str, availability) -> int:
+    from .cupti import host
+    from .cupti._types import ProfilerType
+
+    return host.num_passes(host.config_image(chip, ProfilerType.PM_SAMPLING, metrics, availability))
+
+
+def single_pass_groups(metrics: Sequence[str], chip: str, counter_availability=None):
+    """Split *metrics* for PM sampling: ``(drop, groups)``.
+
+    *drop* are metrics that need more than one pass even alone (they cannot be PM-sampled); *groups* are
+    lists, in the given order, that each fit in one pass (greedy first fit).
+    """
+    drop, groups = [], []
+    for name in metrics:
+        if _passes([name], chip, counter_availability) > 1:
+            drop.append(name)
+            continue
+        for group in groups:
+            if _passes([*group, name], chip, counter_availability) == 1:
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return drop, groups
+
+
+def check_single_pass(metrics: Sequence[str], chip: str, counter_availability=None) -> None:
+    """Raise :class:`NotSinglePassError` unless *metrics* fit in one PM sampling pass on *chip*.
+
+    Raises
+    ------
+    NotSinglePassError
+        The message says which metrics to drop, and how to split the rest into one-pass lists.
+    """
+    passes = _passes(metrics, chip, counter_availability)
+    if passes == 1:
+        return
+    drop, groups = single_pass_groups(metrics, chip, counter_availability)
+    lines = [f"PM sampling collects one pass, but these {len(metrics)} metrics need {passes} passes on {chip}."]
+    if drop:
+        lines.append(
+            "Drop these, which need more than one pass on their own (profile them per range with "
+            f"gpuscope.Profiler instead): {drop}."
+        )
+    if len(groups) > 1:
+        lines.append("Or split the rest into separate sampling runs, one per list:")
+        lines.extend(f"  {g}" for g in groups)
+    elif groups:
+        lines.append(f"The rest fit in one pass: {groups[0]}.")
+    raise NotSinglePassError("\n".join(lines), passes=passes, drop=drop, groups=groups)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure helpers over timestamps (tested without a GPU)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One user range as the sampler saw it: path, thread and CUPTI timestamps (ns)."""
+
+    path: str
+    thread: int
+    start_ns: int
+    end_ns: int
+
+
+def innermost_ranges(times_ns: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    """For each time, the path of the innermost user range open then ("" where none).
+
+    "Innermost" is the most recently entered range still open; with ranges on several threads that is the
+    latest ``range_push`` of any thread.
+    """
+    times_ns = np.asarray(times_ns, dtype=np.int64)
+    out = np.full(times_ns.shape, "", dtype=object)
+    if not spans or times_ns.size == 0:
+        return out.astype(str)
+    events = sorted(
+        [(s.start_ns, 1, i) for i, s in enumerate(spans)] + [(s.end_ns, 0, i) for i, s in enumerate(spans)]
+    )  # at equal times, pops (0) before pushes (1)
+    order = np.argsort(times_ns, kind="stable")
+    open_spans: dict[int, None] = {}  # insertion-ordered: the last key is the innermost
+    k = 0
+    for idx in order:
+        t = times_ns[idx]
+        while k < len(events) and events[k][0] <= t:
+            _, is_push, i = events[k]
+            if is_push:
+                open_spans[i] = None
+            else:
+                open_spans.pop(i, None)
+            k += 1
+        if open_spans:
+            out[idx] = spans[next(reversed(open_spans))].path
+    return out.astype(str)
+
+
+def count_lost(start_ns: np.ndarray, end_ns: np.ndarray, interval_ns: float) -> int:
+    """Samples missing between consecutive samples: a gap of ``g`` ns between one sample's end and the next
+    one's start stands for ``round(g / interval)`` samples that never arrived."""
+    if len(start_ns) < 2 or interval_ns <= 0:
+        return 0
+    gaps = np.asarray(start_ns[1:], dtype=np.int64) - np.asarray(end_ns[:-1], dtype=np.int64)
+    return int(np.rint(np.clip(gaps, 0, None) / interval_ns).sum())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The decode thread
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Decoder:
+    """Drains the hardware buffer into counter-data images; does nothing else.
+
+    Double buffered: when the current image is full it is handed off (appended to ``images``) and a spare,
+    already initialised, takes its place; a new spare is made outside the hot path.
+    """
+
+    def __init__(self, handle: int, metrics: Sequence[str], samples_per_image: int, period_s: float):
+        from .cupti import pm_sampling as pm
+
+        self._pm = pm
+        self.handle = handle
+        self.metrics = list(metrics)
+        self.samples_per_image = samples_per_image
+        self.period_s = period_s
+        self.images: list[np.ndarray] = []  # full or final images, in time order
+        self.overflows = 0  # decodes that reported a hardware-buffer overflow
+        self.errors: list[str] = []
+        self.decodes = 0
+        self._current = self._new_image()
+        self._spare = self._new_image()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuscope-pm-decode", daemon=True)
+
+    def _new_image(self) -> np.ndarray:
+        return self._pm.new_counter_data(self.handle, self.metrics, self.samples_per_image)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.drain()
+
+    def _swap(self) -> None:
+        self.images.append(self._current)
+        self._current, self._spare = (self._spare if self._spare is not None else self._new_image()), None
+
+    def drain(self) -> None:
+        """Decode until the hardware buffer is empty, handing off images before they can fill."""
+        pm = self._pm
+        retried = False
+        while True:
+            if pm.counter_data_info(self._current).populated >= self.samples_per_image // 2:
+                self._swap()
+            try:
+                result = pm.decode(self.handle, self._current)
+            except CuptiMemoryError as exc:
+                # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
+                # filled: retry once on a fresh image; failing again, it was the hardware buffer.
+                if not retried and pm.counter_data_info(self._current).populated:
+                    retried = True
+                    self._swap()
+                    continue
+                self.overflows += 1
+                self.errors.append(str(exc))
+                return
+            except Exception as exc:  # keep the thread alive; reported in the result
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            self.decodes += 1
+            self.overflows += result.overflow
+            if result.stop_reason != pm.PmDecodeStopReason.COUNTER_DATA_FULL:
+                break
+            self._swap()
+        if self._spare is None:
+            self._spare = self._new_image()
+
+    def finish(self) -> None:
+        """Stop the thread, decode what is left (call after ``cuptiPmSamplingStop``) and read every sample's
+        timestamps, which CUPTI gives only while the sampling object exists."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.drain()
+        if self._pm.counter_data_info(self._current).completed:
+            self.images.append(self._current)
+        self._current = self._spare = None
+        self.timestamps = [self._read_timestamps(image) for image in self.images]
+
+    def _read_timestamps(self, image: np.ndarray) -> np.ndarray:
+        n = self._pm.counter_data_info(image).completed
+        out = np.empty((n, 2), dtype=np.int64)
+        for i in range(n):
+            out[i] = self._pm.sample_info(self.handle, image, i)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sampler
+# ---------------------------------------------------------------------------------------------------------
+
+_active: dict[int, "Sampler"] = {}
+_active_lock = threading.Lock()
+
+
+class _RangeRecorder:
+    """A ``gpuscope.range`` listener that stamps pushes and pops with the CUPTI clock."""
+
+    def __init__(self, timestamp):
+        self._timestamp = timestamp
+        self.events: list[tuple[int, bool, str, int]] = []  # (ns, is_push, path, thread id)
+
+    def range_push(self, path: str) -> None:
+        self.events.append((self._timestamp(), True, path, threading.get_ident()))
+
+    def range_pop(self, path: str) -> None:
+        self.events.append((self._timestamp(), False, path, threading.get_ident()))
+
+    def spans(self, open_until_ns: int, already_open: Iterable[str] = ()) -> list[Span]:
+        """Pair pushes with pops per thread; ranges still open end at *open_until_ns*."""
+        stacks: dict[int, list[tuple[str, int]]] = {}
+        spans = []
+        for t, is_push, path, thread in self.events:
+            stack = stacks.setdefault(thread, [])
+            if is_push:
+                stack.append((path, t))
+            elif stack:
+                p, t0 = stack.pop()
+                spans.append(Span(p, thread, t0, t))
+        for thread, stack in stacks.items():
+            spans.extend(Span(p, thread, t0, open_until_ns) for p, t0 in stack)
+        return sorted(spans, key=lambda s: (s.start_ns, -s.end_ns))
+
+
+class Sampler:
+    """PM sampling on one device; make it with :func:`sample`.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`. Read :attr:`dataset` afterwards.
+
+    Attributes
+    ----------
+    metrics : list of str
+        The sampled metrics (full CUPTI names).
+    interval_ns : int
+        The requested interval in ns (for the sys-clock trigger: the converted estimate).
+    trigger : Trigger
+        The trigger used.
+    device : int
+        CUDA device index.
+    """
+
+    def __init__(
+        self,
+        metrics="pm-default",
+        interval="20us",
+        device: int = 0,
+        *,
+        hardware_buffer_size: int = 512 << 20,
+        decode_period: float = 0.01,
+        samples_per_image: int | None = None,
+    ):
+        value, unit = parse_interval(interval)
+        if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
+            raise ValueError(f"device must be a CUDA device index (0, 1, ...); got {device!r}.")
+        if hardware_buffer_size < (1 << 20):
+            raise ValueError(f"hardware_buffer_size must be at least 1 MiB; got {hardware_buffer_size} bytes.")
+        if decode_period <= 0:
+            raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
+        self._interval_value, self._interval_unit = value, unit
+        self._requested_metrics = metrics
+        self.device = int(device)
+        self.hardware_buffer_size = int(hardware_buffer_size)
+        self.decode_period = float(decode_period)
+        self._samples_per_image = samples_per_image
+        self.metrics: list[str] = []
+        self.trigger: Trigger | None = None
+        self.interval_ns: int = value if unit == "ns" else 0
+        self._state = "new"
+        self._dataset = None
+        self._handle = None
+        self._context = None
+        self._initialized = False
+        self._decoder: _Decoder | None = None
+        self._recorder: _RangeRecorder | None = None
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.stop()
+        return False
+
+    def start(self) -> "Sampler":
+        """Check the metrics, enable PM sampling on the device and start sampling.
+
+        Raises
+        ------
+        SamplerBusyError
+            Another sampler runs on this device.
+        NotSinglePassError
+            The metrics need more than one pass; the message says which to drop or how to split them.
+        UnknownMetricError
+            A metric name that the chip cannot PM-sample (the message names close matches).
+        ValueError
+            The interval is shorter than the chip can sample.
+        CuptiPermissionError
+            This user may not read GPU performance counters.
+        CuptiNotSupportedError
+            The device does not support PM sampling (MIG, vGPU, ...).
+        ProfilerBusyError
+            Another profiler (Nsight, another CUPTI client) holds the counters.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"This sampler was already started (state: {self._state}); make a new one.")
+        with _active_lock:
+            other = _active.get(self.device)
+            if other is not None:
+                raise SamplerBusyError(
+                    f"A PM sampler is already running on device {self.device} (metrics {other.metrics[:3]}...). "
+                    "One sampler per device: stop it first, or sample all the metrics in one sampler."
+                )
+            _active[self.device] = self
+        try:
+            self._setup()
+        except BaseException:
+            self._teardown()
+            with _active_lock:
+                _active.pop(self.device, None)
+            self._state = "failed"
+            raise
+        self._state = "running"
+        return self
+
+    def _setup(self) -> None:
+        from . import _catalog, _device, _ranges
+        from .cupti import activity, host, profiler
+        from .cupti import pm_sampling as pm
+        from .cupti._types import PmTriggerMode, ProfilerApi, ProfilerType
+
+        self._context = _device.PrimaryContext(self.device)  # initialises the driver, keeps the device alive
+        info = _device.device_info(self.device)
+        support = profiler.device_support(self._context_device(), ProfilerApi.PM_SAMPLING)
+        if not support.supported:
+            from .errors import CuptiNotSupportedError
+
+            reasons = ", ".join(support.reasons()) or support.overall.name
+            raise CuptiNotSupportedError(27, "cuptiProfilerDeviceSupported", "PM sampling is not supported", reasons)
+        profiler.initialize()
+        self._initialized = True
+        self.chip = profiler.chip_name(self.device)
+        self.availability = pm.counter_availability(self.device)
+        self.metrics = _catalog.resolve(self._requested_metrics, self.chip, "sampling")
+        check_single_pass(self.metrics, self.chip, self.availability)
+        self.trigger = choose_trigger(self.chip)
+        self._check_interval(info)
+        self.device_info = info
+        self.config = host.config_image(self.chip, ProfilerType.PM_SAMPLING, self.metrics, self.availability)
+        self._handle = pm.enable(self.device)
+        trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
+        pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
+        per_image = self._samples_per_image or int(min(max(1.0e9 / self.interval_ns, 1_000), 100_000))
+        self._decoder = _Decoder(self._handle, self.metrics, per_image, self.decode_period)
+        self._recorder = _RangeRecorder(activity.timestamp)
+        self._open_at_start = [p for p in [_ranges.current_path()] if p]
+        _ranges.add_listener(self._recorder)
+        self.start_ns = activity.timestamp()
+        self._wall_start = time.time()
+        pm.start(self._handle)
+        self._started = True
+        self._decoder.start()
+
+    def _context_device(self) -> int:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuDeviceGet(self.device)
+        return int(dev)
+
+    def _check_interval(self, info) -> None:
+        if self._interval_unit == "cycles":
+            self._hw_interval = self._interval_value
+            # sys-clock rate is not exposed; the SM clock is the estimate, the measured interval is in attrs
+            self.interval_ns = max(1, round(self._interval_value * 1e6 / info.sm_clock_khz))
+            if self.trigger is Trigger.TIME:
+                raise ValueError(
+                    f"{self.chip} samples on a time interval; give the interval in time units (e.g. '20us'), "
+                    "not cycles."
+                )
+            return
+        if self.interval_ns < MIN_INTERVAL_NS:
+            raise ValueError(
+                f"Sampling interval {self.interval_ns} ns is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
+                f"{self.chip} cannot deliver samples that fast without losing them. Use interval='"
+                f"{MIN_INTERVAL_NS // 1000}us' or longer (docs/pm-sampling.md lists the shortest loss-free interval)."
+            )
+        if self.trigger is Trigger.SYSCLK:
+            self._hw_interval = max(1, round(self.interval_ns * info.sm_clock_khz / 1e6))
+        else:
+            self._hw_interval = self.interval_ns
+
+    def stop(self) -> None:
+        """Stop sampling, decode what is left and release the device (safe to call twice).
+
+        Samples stay raw until :attr:`dataset` is read.
+        """
+        if self._state != "running":
+            return
+        from .cupti import activity
+        from .cupti import pm_sampling as pm
+
+        try:
+            pm.stop(self._handle)
+            self.stop_ns = activity.timestamp()
+            self._started = False
+            self._decoder.finish()
+        finally:
+            self._teardown()
+            with _active_lock:
+                _active.pop(self.device, None)
+            self._state = "stopped"
+        if self.overflows or self._decoder.errors:
+            warnings.warn(
+                f"PM sampling on device {self.device} overflowed the hardware buffer {self.overflows} time(s); "
+                "samples were lost (see dataset.attrs['lost_samples']). Use a longer interval or a larger "
+                "hardware_buffer_size.",
+                GpuscopeWarning,
+                stacklevel=2,
+            )
+
+    def _teardown(self) -> None:
+        """Undo whatever :meth:`_setup` did, in reverse; trouble becomes warnings."""
+        from . import _ranges
+        from .cupti import pm_sampling as pm
+        from .cupti import profiler
+
+        steps = []
+        if self._recorder is not None:
+            steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
+        if self._decoder is not None and getattr(self, "_started", False):
+            steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            steps.append(("cuptiPmSamplingDisable", lambda: pm.disable(handle)))
+        if self._initialized:
+            self._initialized = False
+            steps.append(("cuptiProfilerDeInitialize", profiler.deinitialize))
+        if self._context is not None:
+            context, self._context = self._context, None
+            steps.append(("release context", context.close))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                warnings.warn(f"gpuscope PM sampling cleanup ({what}) failed: {exc}", GpuscopeWarning, stacklevel=3)
+        self._started = False
+
+    def close(self) -> None:
+        """Same as :meth:`stop` (safe to call twice)."""
+        self.stop()
+
+    # -- results ------------------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def overflows(self) -> int:
+        """Hardware-buffer overflows the decode thread saw."""
+        return self._decoder.overflows if self._decoder else 0
+
+    @property
+    def dataset(self):
+        """The samples as an :class:`xarray.Dataset` (dim ``time``); evaluated on first read.
+
+        Raises
+        ------
+        RuntimeError
+            Sampling has not been stopped yet.
+        """
+        if self._state != "stopped":
+            raise RuntimeError(
+                "No samples yet: read .dataset after the `with gpuscope.sample(...)` block (or after .stop())."
+            )
+        if self._dataset is None:
+            self._dataset = self._build()
+        return self._dataset
+
+    def _build(self):
+        from . import _results
+
+        series = evaluate_images(
+            self.chip, self.metrics, self._decoder.images, self._decoder.timestamps, self.availability
+        )
+        spans = self._recorder.spans(self.stop_ns)
+        mid = (series.start_ns + series.end_ns) // 2
+        lost = count_lost(series.start_ns, series.end_ns, self.interval_ns)
+        return _results.sampling_dataset(
+            values=series.values,
+            metrics=self.metrics,
+            properties=series.properties,
+            start_ns=series.start_ns,
+            end_ns=series.end_ns,
+            ranges=innermost_ranges(mid, spans),
+            spans=spans,
+            session_start_ns=self.start_ns,
+            device_info=self.device_info,
+            chip=self.chip,
+            attrs={
+                "interval_ns": int(self.interval_ns),
+                "trigger": self.trigger.value,
+                "hardware_interval": int(self._hw_interval),
+                "hardware_buffer_size": self.hardware_buffer_size,
+                "session_end_ns": int(self.stop_ns),
+                "lost_samples": int(lost),
+                "overflows": int(self.overflows),
+                "decode_errors": "; ".join(self._decoder.errors[:10]),
+                "counter_data_images": len(self._decoder.images),
+            },
+        )
+
+
+@dataclasses.dataclass
+class Series:
+    """Evaluated samples: values (n_metrics x n_samples), timestamps and metric properties."""
+
+    values: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    properties: dict
+
+
+def evaluate_images(
+    chip: str, metrics: Sequence[str], images: Sequence[np.ndarray], timestamps: Sequence[np.ndarray], counter_availability=None
+) -> Series:
+    """Evaluate decoded PM sampling counter-data images with the host API (works offline).
+
+    *timestamps* holds, per image, an (n, 2) array of each completed sample's start and end (CUPTI ns), as read
+    with ``cuptiPmSamplingCounterDataGetSampleInfo`` before the sampling object was disabled.
+    """
+    from . import _catalog
+    from .cupti import host
+    from .cupti._types import ProfilerType
+
+    metrics = list(metrics)
+    counts = [len(ts) for ts in timestamps]
+    values = np.empty((len(metrics), sum(counts)), dtype=np.float64)
+    stamps = np.concatenate([np.asarray(ts, dtype=np.int64).reshape(-1, 2) for ts in timestamps] or [np.empty((0, 2), np.int64)])
+    with host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, counter_availability) as h:
+        h.add_metrics(metrics)
+        properties = {}
+        for name in metrics:
+            p = h.metric_properties(name)
+            _, suffix = _catalog.split_name(name)
+            properties[name] = {
+                "units": _catalog.units_of(suffix, p.units),
+                "description": p.description,
+                "metric_type": p.metric_type.name,
+                "hw_unit": p.hw_unit,
+            }
+        k = 0
+        for image, n in zip(images, counts):
+            for i in range(n):
+                values[:, k] = h.evaluate(image, i, metrics)
+                k += 1
+    return Series(values=values, start_ns=stamps[:, 0].copy(), end_ns=stamps[:, 1].copy(), properties=properties)
+
+
+def sample(metrics="pm-default", interval="20us", device: int = 0, **options) -> Sampler:
+    """Sample hardware metrics over time on a GPU (CUPTI PM sampling): no replay, low overhead.
+
+    Parameters
+    ----------
+    metrics : str or list of str
+        A sampling metric-set name (``"pm-default"``) or full metric names. They must fit in one pass.
+    interval : str, timedelta or int
+        Time between samples: ``"20us"``, ``"100 us"``, ``"1ms"`` or ns. On Turing and GA100, which sample
+        on sys-clock cycles, a time is converted (estimate) and ``"<n>cycles"`` is taken as is.
+    device : int
+        CUDA device index.
+    hardware_buffer_size : int, optional
+        Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB).
+    decode_period : float, optional
+        Seconds between decodes by the background thread (default 0.01).
+    samples_per_image : int, optional
+        Capacity of each counter-data image (default: one second of samples, 1,000 to 100,000).
+
+    Returns
+    -------
+    Sampler
+        A context manager; ``.dataset`` after the block holds the samples (dim ``time``).
+
+    Raises
+    ------
+    ValueError
+        Bad interval or device (raised here); interval below what the chip can do (raised on start).
+    SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
+        On start: see :meth:`Sampler.start`.
+
+    Examples
+    --------
+    >>> with gpuscope.sample(metrics="pm-default", interval="20us") as s:
+    ...     with gpuscope.range("solve"):
+    ...         run_simulation()
+    >>> ts = s.dataset             # dims: time; coords start_ns, end_ns, range
+    """
+    return Sampler(metrics, interval, device, **options)

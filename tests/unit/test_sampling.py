@@ -1,0 +1,178 @@
+"""PM sampling without a GPU: interval parsing, trigger choice, single-pass check with the GH100 availability
+image, range alignment, loss counting, the Dataset schema, netCDF round trip and the Chrome-trace export."""
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from gpuscope import _io, _results, _sampling
+from gpuscope._sampling import Span
+from gpuscope.errors import NotSinglePassError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+AVAILABILITY = np.load(FIXTURES / "gh100_counter_availability_pm.npy")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("20us", (20_000, "ns")),
+        ("20 µs", (20_000, "ns")),
+        ("0.5ms", (500_000, "ns")),
+        ("1e-4s", (100_000, "ns")),
+        ("750ns", (750, "ns")),
+        (1500, (1500, "ns")),
+        (datetime.timedelta(microseconds=100), (100_000, "ns")),
+        ("20000cycles", (20_000, "cycles")),
+    ],
+)
+def test_parse_interval(text, expected):
+    assert _sampling.parse_interval(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["20", "20 parsecs", "-5us", "0us", "", float("nan")])
+def test_parse_interval_rejects(bad):
+    with pytest.raises(ValueError):
+        _sampling.parse_interval(bad)
+
+
+def test_parse_interval_type():
+    with pytest.raises(TypeError):
+        _sampling.parse_interval([20])
+
+
+def test_trigger_per_chip():
+    assert _sampling.choose_trigger("GH100") is _sampling.Trigger.TIME
+    assert _sampling.choose_trigger("GA102") is _sampling.Trigger.TIME
+    assert _sampling.choose_trigger("GA100") is _sampling.Trigger.SYSCLK
+    assert _sampling.choose_trigger("TU102") is _sampling.Trigger.SYSCLK
+
+
+def test_sampler_rejects_bad_arguments_before_touching_the_gpu():
+    with pytest.raises(ValueError, match="interval"):
+        _sampling.sample(interval="fast")
+    with pytest.raises(ValueError, match="device"):
+        _sampling.sample(device=-1)
+    with pytest.raises(ValueError, match="hardware_buffer_size"):
+        _sampling.sample(hardware_buffer_size=1024)
+    with pytest.raises(RuntimeError, match="after the"):
+        _sampling.sample().dataset
+
+
+def test_pm_default_is_single_pass_on_gh100():
+    from gpuscope import _catalog
+
+    metrics = _catalog.resolve("pm-default", "GH100", "sampling")
+    _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)  # does not raise
+    assert _catalog.count_passes(metrics, "GH100", "sampling", AVAILABILITY) == 1
+
+
+def test_multi_pass_message_says_what_to_drop_and_how_to_split():
+    metrics = [
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gr__cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    ]
+    with pytest.raises(NotSinglePassError) as info:
+        _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert err.passes > 1
+    assert err.drop == ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)
+    assert err.groups == (tuple(metrics[1:]),)
+    assert "Drop these" in str(err) and "sm__throughput" in str(err)
+
+
+def test_innermost_range_nested_and_threads():
+    spans = [Span("a", 1, 10, 100), Span("a/b", 1, 20, 50), Span("c", 2, 40, 60)]
+    times = np.array([5, 15, 25, 45, 55, 70, 200, 50])
+    assert _sampling.innermost_ranges(times, spans).tolist() == ["", "a", "a/b", "c", "c", "a", "", "c"]
+    assert _sampling.innermost_ranges(times, []).tolist() == [""] * len(times)
+
+
+def test_range_recorder_pairs_per_thread_and_closes_open_ranges():
+    clock = iter(range(100, 200, 10))
+    rec = _sampling._RangeRecorder(lambda: next(clock))
+    rec.range_push("a")  # 100
+    rec.range_push("a/b")  # 110
+    rec.range_pop("a/b")  # 120
+    rec.range_push("a/c")  # 130, never popped
+    spans = rec.spans(open_until_ns=500)
+    assert [(s.path, s.start_ns, s.end_ns) for s in spans] == [("a", 100, 500), ("a/b", 110, 120), ("a/c", 130, 500)]
+
+
+def test_count_lost_from_gaps():
+    start = np.array([0, 10, 20, 60, 70])
+    end = np.array([10, 20, 30, 70, 80])
+    assert _sampling.count_lost(start, end, 10) == 3  # 30..60 is missing
+    assert _sampling.count_lost(start[:3], end[:3], 10) == 0
+
+
+def _synthetic():
+    metrics = ["sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "pcie__read_bytes.sum.per_second"]
+    start = np.arange(5, dtype=np.int64) * 1000 + 10_000
+    end = start + 1000
+    spans = [Span("step", 7, 11_500, 14_000), Span("step/fwd", 7, 12_000, 13_000)]
+    ranges = _sampling.innermost_ranges((start + end) // 2, spans)
+    props = {
+        metrics[0]: {"units": "percent", "description": "# of cycles with at least one warp in flight"},
+        metrics[1]: {"units": "byte/second", "description": "# of bytes of PCIe read data"},
+    }
+    return _results.sampling_dataset(
+        values=np.arange(10.0).reshape(2, 5),
+        metrics=metrics,
+        properties=props,
+        start_ns=start,
+        end_ns=end,
+        ranges=ranges,
+        spans=spans,
+        session_start_ns=10_200,
+        chip="GH100",
+        attrs={"interval_ns": 1000, "trigger": "time", "lost_samples": 0, "overflows": 0, "decode_errors": ""},
+    )
+
+
+def test_dataset_schema():
+    ds = _synthetic()
+    assert ds.sizes == {"time": 5, "span": 2}
+    assert ds["time"].values.tolist() == [800, 1800, 2800, 3800, 4800]
+    assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
+    assert ds["range"].values.tolist() == ["", "step", "step/fwd", "step", ""]
+    assert ds["sm__cycles_active.avg.pct_of_peak_sustained_elapsed"].attrs["units"] == "percent"
+    assert ds["pcie__read_bytes.sum.per_second"].values.tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert ds.attrs["kind"] == "pm_sampling" and ds.attrs["chip"] == "GH100" and ds.attrs["trigger"] == "time"
+
+
+def test_netcdf_round_trip(tmp_path):
+    ds = _synthetic()
+    path = tmp_path / "series.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    with xr.open_dataset(path, engine="h5netcdf") as back:
+        xr.testing.assert_identical(back.load(), ds)
+
+
+def test_chrome_trace(tmp_path):
+    ds = _synthetic()
+    trace = _io.to_chrome_trace(ds, tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text()) == trace
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert len(counters) == 10
+    first = [e for e in counters if e["name"].startswith("sm__cycles_active")]
+    assert first[0]["name"].endswith("(percent)")
+    assert [e["ts"] for e in first] == [0.0, 0.8, 1.8, 2.8, 3.8]  # µs from the session start, clipped at 0
+    assert [e["args"]["value"] for e in first] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["ts"], e["dur"], e["args"]["path"]) for e in slices] == [
+        ("step", 1.3, 2.5, "step"),
+        ("fwd", 1.8, 1.0, "step/fwd"),
+    ]
+    only = _io.to_chrome_trace(ds, metrics=["pcie__read_bytes.sum.per_second"])
+    assert len([e for e in only["traceEvents"] if e["ph"] == "C"]) == 5
+    with pytest.raises(ValueError, match="Not in this dataset"):
+        _io.to_chrome_trace(ds, metrics=["nope"])
+    with pytest.raises(ValueError, match="PM sampling"):
+        _io.to_chrome_trace(xr.Dataset())
