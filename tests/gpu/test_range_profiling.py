@@ -1,0 +1,177 @@
+"""Range profiling on the GPU: user ranges, decorators, multi-pass, exception safety (run on the H100)."""
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+
+cuda = pytest.importorskip("numba.cuda")
+CHEAP = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
+SEVEN = ["smsp__inst_executed.avg.per_cycle_active", "smsp__thread_inst_executed_per_inst_executed.ratio",
+         "smsp__inst_issued.avg.per_cycle_active"] + [
+    f"smsp__warp_issue_stalled_{s}_per_warp_active.pct"
+    for s in ("no_instruction barrier membar branch_resolving sleeping misc dispatch_stall math_pipe_throttle "
+              "long_scoreboard imc_miss mio_throttle drain lg_throttle short_scoreboard wait tex_throttle "
+              "selected not_selected").split()]
+N = 1 << 20
+
+
+@cuda.jit
+def inc(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1.0
+
+
+@cuda.jit
+def chain(x):  # modifies its own input: replays must see the same input each pass
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        n = 0
+        while v < 64.0:
+            v = v * 2.0 + 1.0
+            n += 1
+        x[i] = v + n
+
+
+@pytest.fixture
+def x():
+    return cuda.to_device(np.zeros(N, np.float32))
+
+
+def row(ds, name):
+    sel = ds.where(ds.name == name, drop=True)
+    assert sel.sizes["range"] >= 1, f"no range {name!r} in {list(ds.name.values)}"
+    return sel
+
+
+def test_nested_ranges_and_dataset(x, tmp_path):
+    with gs.Profiler(CHEAP, max_depth=2) as prof:
+        assert prof.cycles == 2
+        for _ in range(2):
+            with gs.range("step"):
+                with gs.range("a"):
+                    inc[N // 256, 256](x)
+                with gs.range("b"):
+                    inc[N // 128, 128](x)
+    ds = prof.dataset
+    assert set(ds.name.values) == {"step", "step/a", "step/b"}
+    assert float(row(ds, "step/a")["sm__ctas_launched.sum"][0]) == N // 256
+    assert float(row(ds, "step/b")["sm__ctas_launched.sum"][0]) == N // 128
+    assert float(row(ds, "step")["sm__ctas_launched.sum"][0]) == N // 256 + N // 128
+    assert list(row(ds, "step/a").parent.values) == ["step"]
+    assert int(row(ds, "step").iterations[0]) == 2
+    assert ds["sm__ctas_launched.sum"].attrs["units"]
+    pytest.importorskip("h5netcdf")
+    path = tmp_path / "r.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    import xarray as xr
+
+    xr.testing.assert_identical(ds, gs.open_dataset(path))
+
+
+def test_numba_decorator_user_mode(x):
+    k = gs.profile(inc)
+    with gs.Profiler(CHEAP) as prof:
+        for _ in range(3):
+            k[N // 256, 256](x)
+    ds = prof.dataset
+    assert list(ds.kernel.values) == ["inc"] * 3
+    assert list(ds.launch.values) == [0, 1, 2]
+    assert ds.grid.values[0].tolist() == [N // 256, 1, 1] and ds.block.values[0].tolist() == [256, 1, 1]
+    assert ds["sm__ctas_launched.sum"].values.tolist() == [N // 256] * 3
+    assert float(x.copy_to_host()[0]) == 3.0
+
+
+def test_cupy_kernels():
+    cp = pytest.importorskip("cupy")
+    raw = gs.profile(cp.RawKernel(r'''extern "C" __global__ void twice(float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] *= 2.0f; }''', "twice"))
+    ew = gs.profile(cp.ElementwiseKernel("float32 a", "float32 b", "b = a + 1", "plus_one"))
+    red = gs.profile(cp.ReductionKernel("float32 a", "float32 s", "a", "a + b", "s = a", "0", "total"))
+    y = cp.ones(N, cp.float32)
+    with gs.Profiler(CHEAP, mode="kernel") as prof:
+        raw((N // 256,), (256,), (y, np.int32(N)))
+        z = ew(y)
+        s = red(z)
+    assert float(s) == 3.0 * N
+    ds = prof.dataset
+    kernels = list(ds.kernel.values)
+    assert kernels[:3] == ["twice", "plus_one", "total"]
+    assert ds.grid.values[0].tolist() == [N // 256, 1, 1]
+    assert ds["sm__ctas_launched.sum"].values[0] == N // 256
+    assert ds.grid.values[1][0] > 0  # CuPy chose it; the driver callback recorded it
+
+
+def test_seven_pass_set_kernel_replay(x):
+    k = gs.profile(chain)
+    with gs.Profiler(SEVEN, mode="kernel") as prof:
+        assert prof.passes >= 7
+        k[N // 256, 256](x)
+    ds = prof.dataset
+    assert ds.sizes["range"] == 1 and ds.kernel.values[0] == "chain"
+    assert not np.isnan(ds[SEVEN[0]].values[0]) and ds[SEVEN[0]].values[0] > 0
+    assert float(x.copy_to_host()[0]) == 127.0 + 7  # CUPTI restored the input between passes
+
+
+def test_user_replay_equals_single_pass(x):
+    ref_x = cuda.to_device(np.zeros(N, np.float32))
+    with gs.Profiler(CHEAP) as single:
+        with gs.range("chain"):
+            chain[N // 256, 256](ref_x)
+    multi_metrics = CHEAP + ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
+    with gs.Profiler(multi_metrics, progress=False) as prof:
+        assert prof.passes > 1
+        gs.replay(lambda: chain[N // 256, 256](x), name="chain")
+    a, b = single.dataset, prof.dataset
+    for m in CHEAP:
+        assert float(b[m][0]) == float(a[m][0])
+    assert float(x.copy_to_host()[0]) == float(ref_x.copy_to_host()[0])  # one run's effect, not `passes` runs
+
+
+def test_iteration_multiplexing(x):
+    metrics = CHEAP + ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
+    with gs.Profiler(metrics) as prof:
+        for _ in range(2 * prof.cycles + 1):
+            with gs.range("step"):
+                inc[N // 256, 256](x)
+    ds = prof.dataset
+    assert ds.pass_group.values.tolist() == [0, 1]
+    assert ds.first_iteration.values.tolist() == [0, prof.cycles]
+    assert ds.iterations.values.tolist() == [prof.cycles] * 2
+    assert ds["sm__ctas_launched.sum"].values.tolist() == [N // 256] * 2
+
+
+def test_one_shot_multipass_block_raises_and_profiler_stays_usable(x):
+    metrics = CHEAP + ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
+    with pytest.raises(gs.MultiPassRangeError, match="gpuscope.replay"):
+        with gs.Profiler(metrics):
+            with gs.range("once"):
+                inc[N // 256, 256](x)
+    with gs.Profiler(CHEAP) as prof:
+        with gs.range("after"):
+            inc[N // 256, 256](x)
+    assert prof.dataset["sm__ctas_launched.sum"].values.tolist() == [N // 256]
+
+
+def test_exception_inside_range_and_second_session(x):
+    with gs.Profiler(CHEAP) as prof:
+        with pytest.raises(gs.SessionConflictError, match="already open"):
+            gs.Profiler(CHEAP).start()
+        with pytest.raises(ZeroDivisionError):
+            with gs.range("boom"):
+                inc[N // 256, 256](x)
+                1 / 0
+        with gs.range("fine"):
+            inc[N // 256, 256](x)
+    ds = prof.dataset
+    assert set(ds.name.values) == {"boom", "fine"}
+    assert float(row(ds, "fine")["sm__ctas_launched.sum"][0]) == N // 256
+
+
+def test_unknown_metric_names_close_match():
+    with pytest.raises(gs.UnknownMetricError):
+        gs.Profiler(["smsp__inst_executd.sum"])
+    with gs.Profiler(CHEAP):
+        pass

@@ -1,0 +1,56 @@
+"""@gpuscope.profile plumbing with the Numba CUDA simulator and a stand-in session (no GPU)."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+cuda = pytest.importorskip("numba.cuda")
+
+from gpuscope import _kernels, _session  # noqa: E402
+
+
+@cuda.jit
+def add_one(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+
+class FakeSession:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, kernel, grid, block, run):
+        self.launches.append((kernel, grid, block))
+        return run()
+
+
+def test_no_session_just_launches():
+    k = _kernels.profile(add_one)
+    x = np.zeros(16, np.float32)
+    k[2, 8](x)
+    assert x.tolist() == [1.0] * 16
+    assert k.__name__ == "add_one" and k.py_func is add_one.py_func
+
+
+def test_launch_goes_through_the_session(monkeypatch):
+    fake = FakeSession()
+    monkeypatch.setattr(_session, "active_session", lambda device=None: fake)
+    k = _kernels.profile(add_one)
+    x = np.zeros(16, np.float32)
+    k[(2,), (8,)](x)
+    k[1, 16](x)
+    assert fake.launches == [("add_one", (2,), (8,)), ("add_one", 1, 16)]
+    assert x.tolist() == [2.0] * 16
+    assert _session._dim3((2,)) == (2, 1, 1) and _session._dim3(16) == (16, 1, 1)
+
+
+def test_misuse_messages():
+    with pytest.raises(TypeError, match="Numba @cuda.jit kernels and CuPy"):
+        _kernels.profile(lambda x: x)
+    with pytest.raises(TypeError, match=r"kernel\[grid, block\]"):
+        _kernels.profile(add_one)(np.zeros(4))
+    with pytest.raises(Exception, match="no session of its own"):
+        _kernels.profile(add_one).dataset
