@@ -46,6 +46,11 @@ _EXPORTS = {
     "MissingMetricsError": "gpuscope.errors",
     # user ranges
     "range": "gpuscope._ranges",
+    "Profiler": "gpuscope._session",
+    "replay": "gpuscope._session",
+    "profile": "gpuscope._kernels",
+    "open_dataset": "gpuscope._io",
+    "save_dataset": "gpuscope._io",
     "UnbalancedRangeError": "gpuscope.errors",
     "MultiPassRangeError": "gpuscope.errors",
     "SessionConflictError": "gpuscope.errors",
