@@ -54,6 +54,11 @@ _EXPORTS = {
     "UnbalancedRangeError": "gpuscope.errors",
     "MultiPassRangeError": "gpuscope.errors",
     "SessionConflictError": "gpuscope.errors",
+    # PC sampling
+    "pc_sample": "gpuscope._pcsampling",
+    "PCSampler": "gpuscope._pcsampling",
+    "fast_topdown": "gpuscope._pcsampling",
+    "SamplerBusyError": "gpuscope.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

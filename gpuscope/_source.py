@@ -1,0 +1,360 @@
+"""From PC samples to source: which cubin a PC belongs to, its file and line, and the function as written.
+
+PC records name their cubin by CRC (``cuptiGetCubinCrc``) and their function by its mangled name. gpuscope
+finds the cubins the way each library keeps them:
+
+* **Numba**: a ``@cuda.jit`` dispatcher compiles one cubin per signature (``overload.library.get_cubin(cc)``).
+  Dispatchers passed in ``kernels=`` are used, and module-level dispatchers are found from the mangled name
+  (``cudapy::<module>::<function>``) without being passed.
+* **CuPy**: ``RawKernel``/``ElementwiseKernel`` binaries are kept in CuPy's kernel cache
+  (``$CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), each file a hash followed by the cubin.
+* Anything else: ``bytes`` of a cubin, or a path to one.
+
+Lines come from ``cuptiGetSassToSourceCorrelation``, which needs the kernel compiled with line info
+(``@cuda.jit(lineinfo=True)``, CuPy ``options=("-lineinfo",)``). Without it, a PC keeps its function and offset.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import functools
+import linecache
+import os
+import re
+import sys
+from collections.abc import Iterable
+
+from .errors import CuptiError
+
+__all__ = ["CubinRegistry", "SourceMap", "demangle", "pretty_function", "numba_cubins", "cupy_cache_cubins"]
+
+_ELF_MAGIC = b"\x7fELF"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names
+
+
+@functools.cache
+def _cxa_demangle():
+    path = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
+    try:
+        fn = ctypes.CDLL(path).__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_void_p
+    return fn
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_libc.free.argtypes = [ctypes.c_void_p]
+
+
+@functools.lru_cache(maxsize=4096)
+def demangle(name: str) -> str:
+    """The C++ (Itanium ABI) demangled form of *name*; *name* itself if it is not mangled or cannot be read.
+
+    Uses ``__cxa_demangle`` from libstdc++; names of ``extern "C"`` kernels come back unchanged.
+    """
+    fn = _cxa_demangle()
+    if fn is None or not name.startswith("_Z"):
+        return name
+    status = ctypes.c_int(0)
+    out = fn(name.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not out:
+        return name
+    try:
+        return ctypes.string_at(out).decode(errors="replace")
+    finally:
+        _libc.free(out)
+
+
+_ABI_TAG = re.compile(r"\[abi:[^\]]*\]")
+
+
+def _split_scope(text: str) -> list[str]:
+    """``a::b<c::d>::e`` -> ``['a', 'b<c::d>', 'e']`` (``::`` inside brackets does not split)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "<([":
+            depth += 1
+        elif ch in ">)]":
+            depth -= 1
+        elif depth == 0 and text.startswith("::", i):
+            parts.append(text[start:i])
+            start = i + 2
+            i += 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _qualified(name: str) -> tuple[list[str], str]:
+    """(scope parts, argument list) of a demangled function name."""
+    text = _ABI_TAG.sub("", demangle(name))
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "<[":
+            depth += 1
+        elif ch in ">]":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            return _split_scope(_drop_return_type(text[:i])), text[i:]
+    return _split_scope(text), ""
+
+
+def _drop_return_type(head: str) -> str:
+    """``void ns::f<int>`` -> ``ns::f<int>`` (template functions carry their return type)."""
+    depth, cut = 0, 0
+    for i, ch in enumerate(head):
+        if ch in "<([":
+            depth += 1
+        elif ch in ">)]":
+            depth -= 1
+        elif ch == " " and depth == 0:
+            cut = i + 1
+    return head[cut:]
+
+
+def pretty_function(name: str) -> str:
+    """The function as the user wrote it.
+
+    Numba kernels (``cudapy::<module>::<function>[abi:...](Array<float, 1, C, mutable, aligned>)``) become
+    ``<module>.<function>``; other C++ names are demangled without ABI tags and argument list;
+    ``extern "C"`` names are unchanged.
+
+    Examples
+    --------
+    >>> pretty_function("_ZN6cudapy8__main__6kernelB2v1B96cw51cXTLSUwv1sCUt9Uw1VEw0NRRQPKzLTg4gaGKFsG2oMQGEYakJSQB1PQBk0Bynm21OizQ1K0UoIGvDpQE8oxrNQE_3dE5ArrayIfLi1E1C7mutable7alignedE")
+    '__main__.kernel'
+    """
+    parts, _ = _qualified(name)
+    if len(parts) > 1 and parts[0] == "cudapy":
+        return ".".join(parts[1:])
+    return "::".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cubins
+
+
+def _cubin_bytes(obj) -> bytes:
+    code = getattr(obj, "code", None)  # cuda.core ObjectCode (what numba-cuda 0.30 returns): bytes or a path
+    if code is not None and not isinstance(obj, (bytes, str)):
+        obj = code
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj)
+    if isinstance(obj, (str, os.PathLike)):
+        with open(obj, "rb") as fh:
+            return fh.read()
+    raise TypeError(f"expected cubin bytes or a path, got {type(obj).__name__}")
+
+
+def numba_cubins(dispatcher, cc: tuple[int, int] | None = None) -> list[bytes]:
+    """The cubins a Numba ``@cuda.jit`` dispatcher compiled, one per signature (none before the first launch).
+
+    Raises
+    ------
+    TypeError
+        *dispatcher* is not a Numba CUDA kernel.
+    """
+    overloads = getattr(dispatcher, "overloads", None)
+    if not isinstance(overloads, dict):
+        raise TypeError(
+            f"{dispatcher!r} is not a Numba @cuda.jit kernel (no .overloads); pass cubin bytes or a path instead"
+        )
+    cubins = []
+    for overload in overloads.values():
+        library = getattr(overload, "library", None)
+        if library is None:
+            continue
+        cubins.append(_cubin_bytes(library.get_cubin(cc=cc) if cc else library.get_cubin()))
+    return cubins
+
+
+def cupy_cache_dir() -> str:
+    """CuPy's on-disk kernel cache folder (``$CUPY_CACHE_DIR`` or ``~/.cupy/kernel_cache``)."""
+    return os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser(os.path.join("~", ".cupy", "kernel_cache"))
+
+
+def cupy_cache_cubins(directory: str | None = None) -> list[bytes]:
+    """The cubins in CuPy's kernel cache (each file: a hash, then the binary); files without an ELF are skipped."""
+    directory = directory or cupy_cache_dir()
+    cubins = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".cubin"):
+            continue
+        try:
+            with open(os.path.join(directory, name), "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        at = data.find(_ELF_MAGIC)
+        if 0 <= at <= 128:  # the prefix is a hex digest
+            cubins.append(data[at:])
+    return cubins
+
+
+def _is_numba_dispatcher(obj) -> bool:
+    return isinstance(getattr(obj, "overloads", None), dict) and hasattr(obj, "targetoptions")
+
+
+def _numba_dispatcher_for(function: str):
+    """The module-level Numba dispatcher a mangled kernel name points at (``cudapy::pkg::mod::fn``), if loaded."""
+    parts, _ = _qualified(function)
+    if len(parts) < 3 or parts[0] != "cudapy":
+        return None
+    path = parts[1:]
+    for split in range(len(path) - 1, 0, -1):
+        module = sys.modules.get(".".join(path[:split]))
+        if module is None:
+            continue
+        obj = module
+        for attr in path[split:]:
+            obj = getattr(obj, attr, None)
+        if obj is not None and _is_numba_dispatcher(obj):
+            return obj
+    return None
+
+
+class CubinRegistry:
+    """Cubins by CRC, filled from Numba dispatchers, CuPy's cache, bytes or paths, and looked up by CRC.
+
+    ``crc`` is a function ``bytes -> int`` (``cuptiGetCubinCrc``); tests can pass another.
+    """
+
+    def __init__(self, crc=None):
+        if crc is None:
+            from .cupti.pc_sampling import cubin_crc as crc
+        self._crc = crc
+        self._cubins: dict[int, bytes] = {}
+        self._cupy_scanned = False
+        self._dispatchers_seen: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._cubins)
+
+    def __contains__(self, crc: int) -> bool:
+        return int(crc) in self._cubins
+
+    def add(self, obj) -> list[int]:
+        """Add cubin bytes, a path, a Numba dispatcher or a CuPy kernel; returns the CRCs added.
+
+        Raises
+        ------
+        TypeError
+            *obj* is none of those.
+        """
+        if _is_numba_dispatcher(obj):
+            self._dispatchers_seen.add(id(obj))
+            cubins = numba_cubins(obj)
+        elif type(obj).__module__.startswith("cupy"):
+            cubins = cupy_cache_cubins()  # CuPy keeps no handle on the binary; its cache does
+            self._cupy_scanned = True
+        else:
+            cubins = [_cubin_bytes(obj)]
+        crcs = []
+        for cubin in cubins:
+            crc = int(self._crc(cubin))
+            self._cubins[crc] = cubin
+            crcs.append(crc)
+        return crcs
+
+    def get(self, crc: int, function: str = "") -> bytes | None:
+        """The cubin with this CRC; looks for the Numba dispatcher named by *function*, then CuPy's cache."""
+        crc = int(crc)
+        if crc in self._cubins:
+            return self._cubins[crc]
+        dispatcher = _numba_dispatcher_for(function) if function else None
+        if dispatcher is not None and id(dispatcher) not in self._dispatchers_seen:
+            self.add(dispatcher)
+        if crc not in self._cubins and not self._cupy_scanned:
+            self._cupy_scanned = True
+            for cubin in cupy_cache_cubins():
+                self._cubins.setdefault(int(self._crc(cubin)), cubin)
+        return self._cubins.get(crc)
+
+    def items(self) -> Iterable[tuple[int, bytes]]:
+        return self._cubins.items()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PCs to lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Source of one PC: ``file`` is the full path ("" when unknown), ``line`` 0 when unknown."""
+
+    file: str
+    line: int
+    text: str
+
+    @property
+    def known(self) -> bool:
+        return self.line > 0
+
+
+_UNKNOWN = Location("", 0, "")
+
+
+class SourceMap:
+    """Maps (cubin CRC, mangled function, PC offset) to file, line and the line's text, with caching.
+
+    ``lookup`` is ``(cubin, function, pc_offset) -> (line, file, directory)`` (``cuptiGetSassToSourceCorrelation``);
+    ``sources`` maps a file name (full path or base name) to its text, for sources that are not on disk here
+    (CuPy kernels compiled from strings, recordings made on another machine).
+    """
+
+    def __init__(self, registry: CubinRegistry, lookup=None, sources: dict[str, str] | None = None):
+        if lookup is None:
+            from .cupti.pc_sampling import sass_to_source
+
+            def lookup(cubin, function, pc_offset):
+                loc = sass_to_source(cubin, function, pc_offset)
+                return loc.line, loc.file, loc.directory
+
+        self.registry = registry
+        self._lookup = lookup
+        self._sources = {k: v.splitlines() for k, v in (sources or {}).items()}
+        self._cache: dict[tuple[int, str, int], Location] = {}
+        #: mangled names of functions whose cubin was found but has no line info
+        self.without_lineinfo: set[str] = set()
+        #: mangled names of functions whose cubin was not found
+        self.without_cubin: set[str] = set()
+
+    def _line_text(self, path: str, line: int) -> str:
+        for key in (path, os.path.basename(path)):
+            if key in self._sources:
+                lines = self._sources[key]
+                return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        return linecache.getline(path, line).strip()
+
+    def locate(self, crc: int, function: str, pc_offset: int) -> Location:
+        key = (int(crc), function, int(pc_offset))
+        if key in self._cache:
+            return self._cache[key]
+        cubin = self.registry.get(crc, function)
+        loc = _UNKNOWN
+        if cubin is None:
+            self.without_cubin.add(function)
+        else:
+            try:
+                line, file, directory = self._lookup(cubin, function, pc_offset)
+            except CuptiError:
+                line, file, directory = 0, "", ""
+            if line > 0 and file:
+                path = file if os.path.isabs(file) or not directory else os.path.join(directory, file)
+                loc = Location(path, int(line), self._line_text(path, int(line)))
+            else:
+                self.without_lineinfo.add(function)
+        self._cache[key] = loc
+        return loc

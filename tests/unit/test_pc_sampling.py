@@ -1,0 +1,174 @@
+"""PC sampling without a GPU: argument checks, the stall-reason table, records -> Dataset, fast Top-Down."""
+
+import ctypes
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from gpuscope import _pcsampling as P
+from gpuscope import _source
+from gpuscope.cupti import _types as T
+from gpuscope.cupti.pc_sampling import PCRecords, SamplingBuffer
+from gpuscope.metrics import pc_plot, topdown
+
+PREFIX = P.CUPTI_PREFIX
+NAMES = [PREFIX + "long_scoreboard", PREFIX + "long_scoreboard_not_issued", PREFIX + "selected",
+         PREFIX + "no_instructions", PREFIX + "wait", "smsp__pcsamp_sample_count"]
+INDICES = np.array([14, 15, 39, 25, 36, 0], dtype=np.uint32)
+KERNEL = "_ZN6cudapy8__main__6kernelB2v1E5ArrayIfLi1E1C7mutable7alignedE"
+
+
+@pytest.mark.parametrize("period,log2", [(None, None), (32, 5), (1024, 10), (2**31, 31)])
+def test_period_is_a_power_of_two_in_range(period, log2):
+    assert P._period_log2(period) == log2
+
+
+@pytest.mark.parametrize("period,match", [(1000, "nearest is period=1024"), (16, "out of range"),
+                                          (2**32, "out of range"), ("x", "number of cycles"), (0, "power of two")])
+def test_bad_period_says_what_to_do(period, match):
+    with pytest.raises(ValueError, match=match):
+        P.pc_sample(period=period)
+
+
+def test_other_bad_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        P.pc_sample(mode="fast")
+    with pytest.raises(ValueError, match="drain_interval"):
+        P.pc_sample(drain_interval=0)
+    with pytest.raises(ValueError, match="buffer_pcs"):
+        P.pc_sample(buffer_pcs=0)
+
+
+def test_stall_reason_categories_match_topdown():
+    for reason, (category, description) in P.STALL_REASONS.items():
+        name = "no_instruction" if reason == "no_instructions" else reason
+        assert description
+        if reason in ("selected", "not_selected"):
+            assert category == "issued"
+        elif reason == "warpgroup_arrive":  # Hopper PC-sampling state without a counter twin
+            assert category == "backend_core"
+        else:
+            assert topdown.STALL_PARENT[name] == category
+
+
+def test_reason_table_pairs_not_issued():
+    base, column = P._reason_table(NAMES)
+    assert base == ["long_scoreboard", "selected", "no_instructions", "wait"]  # sample_count is not a state
+    assert column[PREFIX + "long_scoreboard_not_issued"] == (0, True)
+    assert column[PREFIX + "long_scoreboard"] == (0, False)
+
+
+def test_pc_struct_layouts_are_the_packed_sizes():
+    assert ctypes.sizeof(T.CUpti_PCSamplingPCData) == 64
+    assert ctypes.sizeof(T.CUpti_PCSamplingData) == 80
+    assert ctypes.sizeof(T.CUpti_PCSamplingStallReason) == 8
+
+
+def test_sampling_buffer_take_copies_rows_and_empties():
+    buf = SamplingBuffer(num_pcs=3, num_stall_reasons=2)
+    pcs = buf.data.pPcData
+    buf.data.totalNumPcs = 2
+    buf.data.totalSamples = 9
+    buf.data.droppedSamples = 1
+    for i, (crc, off, counts) in enumerate([(7, 16, (4, 0)), (7, 32, (2, 3))]):
+        pcs[i].cubinCrc, pcs[i].pcOffset, pcs[i].stallReasonCount = crc, off, 2
+        for j, n in enumerate(counts):
+            pcs[i].stallReason[j].pcSamplingStallReasonIndex = 10 + j
+            pcs[i].stallReason[j].samples = n
+    rec = buf.take()
+    assert rec.pc_offset.tolist() == [16, 32, 32]  # zero-sample reasons are not rows
+    assert rec.stall_reason_index.tolist() == [10, 10, 11]
+    assert rec.samples.tolist() == [4, 2, 3]
+    assert (rec.total_samples, rec.dropped_samples) == (9, 1)
+    assert buf.data.totalNumPcs == 0 and buf.take().samples.size == 0
+
+
+def _records():
+    return PCRecords(
+        cubin_crc=np.array([5, 5, 5, 5, 5, 6], dtype=np.uint64),
+        pc_offset=np.array([16, 16, 16, 32, 32, 0], dtype=np.uint64),
+        function_index=np.zeros(6, np.uint32),
+        correlation_id=np.zeros(6, np.uint32),
+        stall_reason_index=np.array([14, 15, 39, 36, 14, 25], dtype=np.uint32),
+        samples=np.array([10, 4, 3, 6, 1, 2], dtype=np.uint32),
+        function=np.array([KERNEL] * 5 + ["saxpy"]),
+        total_samples=22,
+        dropped_samples=0,
+    )
+
+
+def _dataset():
+    reg = _source.CubinRegistry(crc=lambda b: 5)
+    reg.add(b"\x7fELF")
+    smap = _source.SourceMap(reg, lookup=lambda c, f, o: (o // 16, "k.py", "/src"),
+                             sources={"k.py": "a = 1\nx = y[i]\nz = x * 2\n"})
+    return P.records_dataset(_records(), INDICES, NAMES, smap, chip="GH100",
+                             attrs={"compute_capability": "9.0"})
+
+
+def test_records_dataset_values():
+    ds = _dataset()
+    assert ds.sizes == {"pc": 3, "stall_reason": 4, "kernel": 2}
+    assert ds.kernel.values.tolist() == ["__main__.kernel", "saxpy"]
+    first = ds.isel(pc=0)
+    assert (first.line.item(), first.line_text.item(), first.file.item()) == (1, "a = 1", "/src/k.py")
+    assert ds.samples.sel(stall_reason="long_scoreboard").values.tolist() == [10, 1, 0]
+    assert ds.samples_not_issued.sel(stall_reason="long_scoreboard").values.tolist() == [4, 0, 0]
+    assert ds.kernel_samples.sel(kernel="__main__.kernel").values.tolist() == [11, 3, 0, 6]
+    assert ds.category.sel(stall_reason="wait").item() == "backend_core"
+    assert ds.attrs["functions_without_cubin"] == "saxpy"
+    assert ds.isel(pc=2).line.item() == 0  # no cubin: function and offset only
+    assert ds.attrs["total_samples"] == 22
+
+
+def test_netcdf_round_trip(tmp_path):
+    ds = _dataset()
+    ds.to_netcdf(tmp_path / "pc.nc", engine="h5netcdf")
+    back = xr.load_dataset(tmp_path / "pc.nc", engine="h5netcdf")
+    xr.testing.assert_identical(back, ds)
+
+
+def test_stall_percentages_and_fast_topdown():
+    ds = _dataset()
+    pct = P.stall_percentages(ds)
+    k = "__main__.kernel"
+    assert pct[topdown.stall_metric("long_scoreboard")].sel(kernel=k).item() == pytest.approx(100 * 11 / 20)
+    assert pct[topdown.stall_metric("no_instruction")].sel(kernel="saxpy").item() == pytest.approx(100.0)
+    ipc = xr.Dataset(
+        {topdown.IPC_EXECUTED: ("kernel", [0.25]), topdown.IPC_ISSUED: ("kernel", [0.25]),
+         topdown.THREADS_PER_INST: ("kernel", [32.0])},
+        coords={"kernel": [k]},
+    )
+    td = P.fast_topdown(ds, ipc)
+    stall = 4.0 - 1.0  # IPC_MAX - 4 * issued
+    # shares over stall reasons only: long_scoreboard 11, wait 6 (selected is not a stall)
+    assert td["backend_memory"].sel(kernel=k).item() == pytest.approx(stall * 11 / 17)
+    assert td["backend_core"].sel(kernel=k).item() == pytest.approx(stall * 6 / 17)
+    assert td["retire"].sel(kernel=k).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no PC samples"):
+        P.fast_topdown(ds, ipc.assign_coords(kernel=["missing"]))
+
+
+def test_plot_tables():
+    ds = _dataset()
+    lines = pc_plot.line_stalls(ds, "__main__.kernel")
+    assert lines.line.values.tolist() == [1, 2]
+    assert lines.sel(stall_reason="long_scoreboard").values.tolist() == [10, 1]
+    cats = pc_plot.kernel_stalls(ds)
+    assert cats.sel(kernel="__main__.kernel", stall_category="backend_memory").item() == pytest.approx(11 / 20)
+    assert float(cats.sel(kernel="saxpy").sum()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="pass kernel="):
+        pc_plot.line_stalls(ds)
+
+
+def test_plots_draw(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ds = _dataset()
+    ax = pc_plot.plot_line_stalls(ds, "__main__.kernel")
+    assert [t.get_text().split()[0] for t in ax.get_yticklabels()] == ["1", "2"]
+    ax2 = pc_plot.plot_kernel_stalls(ds)
+    assert len(ax2.patches) == 2 * ds.category.to_series().nunique() or len(ax2.patches) > 0
+    ax2.figure.savefig(tmp_path / "k.png")

@@ -1,0 +1,74 @@
+"""Names and cubin discovery for PC-to-source mapping (no GPU)."""
+
+import pytest
+
+from gpuscope import _source
+
+NUMBA_NAME = "_ZN6cudapy5tests3gpu7test_pc10stream_addB2v1B6cw51cXE5ArrayIfLi1E1C7mutable7alignedEf"
+
+
+def test_demangle_numba_and_cxx_names():
+    assert _source.demangle(NUMBA_NAME) == (
+        "cudapy::tests::gpu::test_pc::stream_add[abi:v1][abi:cw51cX](Array<float, 1, C, mutable, aligned>, float)"
+    )
+    assert _source.demangle("_Z3fooPfi") == "foo(float*, int)"
+    assert _source.demangle("saxpy") == "saxpy"  # extern "C"
+    assert _source.demangle("_Zgarbage") == "_Zgarbage"
+
+
+@pytest.mark.parametrize(
+    "mangled,pretty",
+    [
+        (NUMBA_NAME, "tests.gpu.test_pc.stream_add"),
+        ("_ZN6cudapy8__main__6kernelB2v1E5ArrayIfLi1E1C7mutable7alignedE", "__main__.kernel"),
+        ("_ZN2ns6kernelIfEEvPT_i", "ns::kernel<float>"),
+        ("cupy_add", "cupy_add"),
+    ],
+)
+def test_pretty_function(mangled, pretty):
+    assert _source.pretty_function(mangled) == pretty
+
+
+def test_registry_adds_bytes_and_paths(tmp_path):
+    reg = _source.CubinRegistry(crc=lambda b: len(b))
+    path = tmp_path / "k.cubin"
+    path.write_bytes(b"\x7fELF12345")
+    assert reg.add(b"\x7fELF1") == [5]
+    assert reg.add(str(path)) == [9]
+    assert reg.get(9) == b"\x7fELF12345"
+    assert reg.get(7) is None
+    with pytest.raises(TypeError, match="cubin bytes or a path"):
+        reg.add(3.5)
+
+
+def test_cupy_cache_cubins_strip_the_hash_prefix(tmp_path):
+    (tmp_path / "a.cubin").write_bytes(b"0123456789abcdef0123456789abcdef01234567" + b"\x7fELFbody")
+    (tmp_path / "b.cubin").write_bytes(b"not an elf")
+    (tmp_path / "c.txt").write_bytes(b"\x7fELFother")
+    assert _source.cupy_cache_cubins(str(tmp_path)) == [b"\x7fELFbody"]
+    assert _source.cupy_cache_cubins(str(tmp_path / "missing")) == []
+
+
+def test_numba_cubins_rejects_other_objects():
+    with pytest.raises(TypeError, match="not a Numba"):
+        _source.numba_cubins(object())
+
+
+def test_source_map_without_lineinfo_keeps_function_and_counts_it():
+    reg = _source.CubinRegistry(crc=lambda b: 1)
+    reg.add(b"\x7fELF")
+    smap = _source.SourceMap(reg, lookup=lambda c, f, o: (0, "", ""))
+    loc = smap.locate(1, "kern", 32)
+    assert (loc.file, loc.line, loc.known) == ("", 0, False)
+    assert smap.without_lineinfo == {"kern"}
+    assert smap.locate(2, "other", 0).line == 0
+    assert smap.without_cubin == {"other"}
+
+
+def test_source_map_line_text_from_given_sources():
+    reg = _source.CubinRegistry(crc=lambda b: 1)
+    reg.add(b"\x7fELF")
+    smap = _source.SourceMap(reg, lookup=lambda c, f, o: (2, "k.cu", "/far/away"),
+                             sources={"k.cu": "int a;\n  y[i] = x[i];\n"})
+    loc = smap.locate(1, "k", 16)
+    assert (loc.file, loc.line, loc.text) == ("/far/away/k.cu", 2, "y[i] = x[i];")
