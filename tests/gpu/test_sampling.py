@@ -1,0 +1,155 @@
+"""PM sampling on a real GPU: short, long and idle workloads, user ranges, the overflow path, bad input."""
+
+import json
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscope
+from gpuscope import _io, _sampling
+from gpuscope.errors import GpuscopeWarning, NotSinglePassError, SamplerBusyError
+
+cuda = pytest.importorskip("numba.cuda")
+
+SM_ACTIVE = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
+GR_ACTIVE = "gr__cycles_active.avg.pct_of_peak_sustained_elapsed"
+DRAM_READ = "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed"
+
+
+@pytest.fixture(scope="module")
+def workload():
+    @cuda.jit
+    def stream(a, b, c):
+        i = cuda.grid(1)
+        if i < c.size:
+            c[i] = a[i] + 2.0 * b[i]
+
+    @cuda.jit
+    def fma(x, n):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(n):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    n = 16 << 20
+    a = cuda.to_device(np.ones(n, np.float32))
+    b = cuda.to_device(np.ones(n, np.float32))
+    c = cuda.device_array(n, np.float32)
+    x = cuda.to_device(np.ones(1 << 20, np.float32))
+
+    def run(seconds, kind="mixed"):
+        t0 = time.perf_counter()
+        k = 0
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(10):
+                if kind == "stream" or (kind == "mixed" and k % 2 == 0):
+                    stream[(n + 255) // 256, 256](a, b, c)
+                else:
+                    fma[((1 << 20) + 255) // 256, 256](x, 2000)
+                k += 1
+            cuda.synchronize()
+        return k
+
+    run(0.1)
+    return run
+
+
+def test_short_workload_with_ranges(workload, tmp_path):
+    with gpuscope.range("outside"):
+        pass
+    with _sampling.sample("pm-default", "100us") as s:
+        with gpuscope.range("stream"):
+            workload(0.2, "stream")
+        with gpuscope.range("fma"):
+            with gpuscope.range("inner"):
+                workload(0.2, "fma")
+    ds = s.dataset
+    assert ds.attrs["trigger"] == "time" and ds.attrs["interval_ns"] == 100_000
+    assert ds.attrs["chip"] == "GH100"
+    assert ds.attrs["lost_samples"] == 0 and ds.attrs["overflows"] == 0
+    assert 0.8 * 4000 <= ds.sizes["time"] <= 1.3 * 4000 + 200
+    assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
+    assert (np.diff(ds["time"].values) > 0).all()
+    assert set(np.unique(ds["range"].values)) <= {"", "stream", "fma", "fma/inner"}
+    stream_dram = ds[DRAM_READ].where(ds["range"] == "stream", drop=True)[1:].mean().item()
+    fma_dram = ds[DRAM_READ].where(ds["range"] == "fma/inner", drop=True)[1:].mean().item()
+    assert stream_dram > 30 and fma_dram < 10  # the streaming phase reads DRAM, the FMA phase does not
+    assert ds[SM_ACTIVE].where(ds["range"] == "fma/inner", drop=True).mean().item() > 50
+    assert list(ds["span_path"].values) == ["stream", "fma", "fma/inner"]
+    assert ds[SM_ACTIVE].attrs["units"] == "percent"
+    # netCDF round trip and Chrome trace
+    path = tmp_path / "pm.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    import xarray as xr
+
+    back = xr.open_dataset(path, engine="h5netcdf").load()
+    xr.testing.assert_identical(back, ds)
+    trace = _io.to_chrome_trace(back, tmp_path / "pm.json")
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["args"]["path"] for e in slices] == ["stream", "fma", "fma/inner"]
+    assert json.loads((tmp_path / "pm.json").read_text())["traceEvents"]
+
+
+def test_long_workload_20us_no_loss(workload):
+    with _sampling.sample("pm-default", "20us") as s:
+        workload(3.0)
+    ds = s.dataset
+    assert ds.attrs["lost_samples"] == 0 and ds.attrs["overflows"] == 0, ds.attrs
+    assert ds.attrs["counter_data_images"] >= 3  # images were switched while running
+    assert 0.9 * 150_000 <= ds.sizes["time"] <= 1.1 * 150_000
+    period = np.median(np.diff(ds["start_ns"].values))
+    assert 19_000 <= period <= 21_000
+
+
+def test_idle(workload):
+    with _sampling.sample("pm-default", "100us") as s:
+        time.sleep(0.3)
+    ds = s.dataset
+    assert ds.sizes["time"] >= 0.8 * 3000
+    assert ds.attrs["lost_samples"] == 0
+    assert ds[SM_ACTIVE][1:].mean().item() < 1.0
+    assert set(np.unique(ds["range"].values)) == {""}
+
+
+def test_overflow_is_counted_and_reported_then_usable(workload):
+    with pytest.warns(GpuscopeWarning, match="overflowed"):
+        with _sampling.sample("pm-default", "1us", hardware_buffer_size=1 << 20, decode_period=1.0, samples_per_image=1_000_000) as s:
+            workload(1.5)
+    ds = s.dataset
+    assert ds.attrs["overflows"] >= 1
+    assert ds.attrs["lost_samples"] > 0
+    with _sampling.sample("pm-default", "100us") as s2:  # the device is usable afterwards
+        workload(0.1)
+    assert s2.dataset.attrs["overflows"] == 0 and s2.dataset.sizes["time"] > 500
+
+
+def test_bad_input_leaves_things_usable(workload):
+    with pytest.raises(NotSinglePassError) as info:
+        _sampling.sample(["sm__throughput.avg.pct_of_peak_sustained_elapsed", GR_ACTIVE]).start()
+    assert info.value.drop == ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)
+    with pytest.raises(ValueError, match="shorter than"):
+        _sampling.sample("pm-default", "100ns").start()
+    with pytest.raises(gpuscope.UnknownMetricError):
+        _sampling.sample(["sm__cycles_active.avg.not_a_rollup"]).start()
+    with _sampling.sample("pm-default", "100us") as s:
+        with pytest.raises(SamplerBusyError, match="already running"):
+            _sampling.sample("pm-default", "100us").start()
+        workload(0.05)
+    assert s.dataset.sizes["time"] > 100
+
+
+def test_exception_inside_block_stops_cleanly(workload):
+    with pytest.raises(ZeroDivisionError):
+        with _sampling.sample("pm-default", "100us") as s:
+            with gpuscope.range("boom"):
+                workload(0.05)
+                1 / 0
+    assert not s.running
+    assert "boom" in set(s.dataset["range"].values)
+    with _sampling.sample("pm-default", "100us") as s2:
+        workload(0.05)
+    assert s2.dataset.sizes["time"] > 100

@@ -1,0 +1,67 @@
+"""Evaluate a PM sampling counter-data image recorded on the H100 (CUPTI 13.0, pm-default at 100 µs, a streaming
+then an FMA phase) with the real CUPTI host API on the CPU, and compare with the values the H100 computed."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuscope import _results, _sampling
+from gpuscope.cupti import pm_sampling as pm
+
+HERE = Path(__file__).resolve().parents[1] / "fixtures"
+PM = HERE / "pm"
+
+
+@pytest.fixture(scope="module")
+def recording():
+    meta = json.loads((PM / "gh100_pm_default.json").read_text())
+    image = np.load(PM / "gh100_pm_default_counter_data.npz")["image"]
+    stamps = np.load(PM / "gh100_pm_default_timestamps.npy")
+    return meta, image, stamps
+
+
+def test_counter_data_info_offline(recording):
+    meta, image, stamps = recording
+    info = pm.counter_data_info(image)
+    assert info.total == meta["total"] == 400
+    assert info.completed == meta["completed"] == len(stamps) == 261
+
+
+def test_evaluation_matches_the_device(recording):
+    meta, image, stamps = recording
+    availability = np.load(HERE / "gh100_counter_availability_pm.npy")
+    series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps], availability)
+    assert series.values.shape == (8, 261)
+    for i, name in enumerate(meta["metrics"]):
+        np.testing.assert_allclose(series.values[i], meta["values_device"][name], rtol=1e-9, atol=1e-9)
+    assert series.properties["sm__cycles_active.avg.pct_of_peak_sustained_elapsed"]["units"] == "percent"
+    assert series.properties["pcie__read_bytes.sum.per_second"]["units"] == "byte/second"
+    # 100 µs samples, back to back; the first one reaches back before sampling started
+    assert (series.start_ns[1:] == series.end_ns[:-1]).all()
+    assert np.median(np.diff(series.start_ns[1:])) == pytest.approx(100_000, abs=100)
+    assert series.start_ns[0] < meta["session_start_ns"] < series.end_ns[0]
+    sm = series.values[meta["metrics"].index("sm__cycles_active.avg.pct_of_peak_sustained_elapsed")]
+    assert 80 < np.median(sm[1:]) <= 100  # the GPU was busy throughout this image
+
+
+def test_dataset_from_the_recording(recording):
+    meta, image, stamps = recording
+    series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps])
+    spans = [_sampling.Span(p, 1, s, e) for p, s, e in meta["spans"]]
+    ds = _results.sampling_dataset(
+        values=series.values,
+        metrics=meta["metrics"],
+        properties=series.properties,
+        start_ns=series.start_ns,
+        end_ns=series.end_ns,
+        ranges=_sampling.innermost_ranges((series.start_ns + series.end_ns) // 2, spans),
+        spans=spans,
+        session_start_ns=meta["session_start_ns"],
+        chip=meta["chip"],
+    )
+    assert ds.sizes["time"] == 261
+    assert ds["time"].values[0] == series.end_ns[0] - meta["session_start_ns"]
+    assert set(np.unique(ds["range"].values)) <= {"", "stream", "fma"}
+    assert (ds["range"].values[5:] == "stream").sum() > 200  # this image holds the streaming phase
