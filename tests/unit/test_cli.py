@@ -64,7 +64,7 @@ def test_bad_input_is_a_clear_error(capsys, argv, needle):
 
 def test_sets_and_chips(capsys):
     code, out, _ = run(capsys, "metrics", "--sets")
-    assert code == 0 and "topdown (range, 21 metrics)" in out and "pm-default (sampling" in out
+    assert code == 0 and "topdown (range, 23 metrics)" in out and "pm-default (sampling" in out
     code, out, _ = run(capsys, "metrics", "--chips", "--json")
     assert "GH100" in json.loads(out)
 
