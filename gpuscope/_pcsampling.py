@@ -1,7 +1,7 @@
 """``gpuscope.pc_sample``: where and why warps stall, per PC and source line, from CUPTI PC sampling.
 
-Continuous mode (kernels are not serialised) with start/stop control, so only the code inside the ``with``
-block is sampled; a background thread drains CUPTI while the block runs, and the rest is drained at the end.
+Continuous mode (kernels are not serialised); PC sampling is enabled at the start of the ``with`` block and
+disabled at its end, each after a device synchronisation, so only the code inside is sampled; a background thread drains CUPTI while the block runs, and the rest is drained at the end.
 Stall reasons keep CUPTI's names and are grouped into the Top-Down categories (:data:`STALL_REASONS`).
 :func:`fast_topdown` turns the per-kernel stall fractions plus three IPC metrics from one range-profiler pass
 into the Top-Down hierarchy.
@@ -265,7 +265,7 @@ class PCSampler:
 
     def __init__(self, period=None, device: int = 0, kernels=(), sources=None, drain_interval: float = 0.1,
                  buffer_pcs: int = 10000, hardware_buffer_size: int | None = None,
-                 scratch_buffer_size: int | None = None, mode: str = "continuous", start_stop: bool = True,
+                 scratch_buffer_size: int | None = None, mode: str = "continuous", start_stop: bool = False,
                  worker_sleep_ms: int = 10):
         if mode not in ("continuous", "serialized"):
             raise ValueError(f"mode must be 'continuous' or 'serialized', got {mode!r}")
@@ -354,14 +354,13 @@ class PCSampler:
         try:
             self.device_info = _device.device_info(self.device)
             self._context = _device.PrimaryContext(self.device)
-            self._context.make_current()
+            _synchronize(self._context)  # work launched before the block is not sampled
             ctx = self._context.handle
             C.enable(ctx)
             enabled = True
             self.reason_indices, self.reason_names = C.stall_reasons(ctx)
             self._buffer = C.SamplingBuffer(self.buffer_pcs, len(self.reason_names))
             C.set_attributes(ctx, self._config())
-            _synchronize(self._context)  # work launched before the block is not sampled
             if self.start_stop:
                 C.start(ctx)
         except BaseException:
@@ -527,7 +526,7 @@ def _emergency_disable(ctx: int, device: int) -> None:
 
 def pc_sample(period=None, device: int = 0, *, kernels=(), sources=None, drain_interval: float | None = 0.1,
               buffer_pcs: int = 10000, hardware_buffer_size: int | None = None,
-              scratch_buffer_size: int | None = None, mode: str = "continuous", start_stop: bool = True,
+              scratch_buffer_size: int | None = None, mode: str = "continuous", start_stop: bool = False,
               worker_sleep_ms: int = 10) -> PCSampler:
     """Sample warp program counters and stall reasons of the kernels launched inside a ``with`` block.
 
@@ -555,7 +554,9 @@ def pc_sample(period=None, device: int = 0, *, kernels=(), sources=None, drain_i
     mode : {"continuous", "serialized"}
         ``"serialized"`` runs one kernel at a time.
     start_stop : bool
-        Use CUPTI's start/stop control inside the enabled period (the block's extent either way).
+        Also use CUPTI's start/stop control inside the enabled period. Off by default: on the H100 with CUPTI
+        13.0 it gave no samples at all, while enabling at the block's start and disabling at its end (after a
+        device synchronisation each) samples exactly the block.
     worker_sleep_ms : int
         How often CUPTI's decode threads wake (CUPTI's default is 100 ms); the end of the block waits a few of
         these periods for the last samples.

@@ -5,7 +5,7 @@ finds the cubins the way each library keeps them:
 
 * **Numba**: a ``@cuda.jit`` dispatcher compiles one cubin per signature (``overload.library.get_cubin(cc)``).
   Dispatchers passed in ``kernels=`` are used, and module-level dispatchers are found from the mangled name
-  (``cudapy::<module>::<function>``) without being passed.
+  (``<module>::<function>``) without being passed.
 * **CuPy**: ``RawKernel``/``ElementwiseKernel`` binaries are kept in CuPy's kernel cache
   (``$CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), each file a hash followed by the cubin.
 * Anything else: ``bytes`` of a cubin, or a path to one.
@@ -123,19 +123,30 @@ def _drop_return_type(head: str) -> str:
 def pretty_function(name: str) -> str:
     """The function as the user wrote it.
 
-    Numba kernels (``cudapy::<module>::<function>[abi:...](Array<float, 1, C, mutable, aligned>)``) become
+    Numba kernels (``<module>::<function>[abi:v1][abi:cw...](Array<float, 1, C, mutable, aligned>)``) become
     ``<module>.<function>``; other C++ names are demangled without ABI tags and argument list;
     ``extern "C"`` names are unchanged.
 
     Examples
     --------
-    >>> pretty_function("_ZN6cudapy8__main__6kernelB2v1B96cw51cXTLSUwv1sCUt9Uw1VEw0NRRQPKzLTg4gaGKFsG2oMQGEYakJSQB1PQBk0Bynm21OizQ1K0UoIGvDpQE8oxrNQE_3dE5ArrayIfLi1E1C7mutable7alignedE")
+    >>> pretty_function("_ZN6cudapy8__main__6kernelB2v1E5ArrayIfLi1E1C7mutable7alignedE")
     '__main__.kernel'
     """
+    parts = _numba_path(name)
+    return ".".join(parts) if parts else "::".join(_qualified(name)[0])
+
+
+def _numba_path(name: str) -> list[str]:
+    """``[module..., function]`` of a Numba kernel name, or ``[]`` for other names.
+
+    Numba mangles ``<module>.<qualname>`` as nested names (prefixed ``cudapy::`` for ``__main__`` in some
+    versions) and tags the function with ABI tags ``[abi:v<n>][abi:cw<closure hash>]``.
+    """
+    text = demangle(name)
+    if "[abi:cw" not in text and not text.startswith("cudapy::"):
+        return []
     parts, _ = _qualified(name)
-    if len(parts) > 1 and parts[0] == "cudapy":
-        return ".".join(parts[1:])
-    return "::".join(parts)
+    return parts[1:] if parts and parts[0] == "cudapy" else parts
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -209,10 +220,9 @@ def _is_numba_dispatcher(obj) -> bool:
 
 def _numba_dispatcher_for(function: str):
     """The module-level Numba dispatcher a mangled kernel name points at (``cudapy::pkg::mod::fn``), if loaded."""
-    parts, _ = _qualified(function)
-    if len(parts) < 3 or parts[0] != "cudapy":
+    path = _numba_path(function)
+    if len(path) < 2:
         return None
-    path = parts[1:]
     for split in range(len(path) - 1, 0, -1):
         module = sys.modules.get(".".join(path[:split]))
         if module is None:

@@ -23,7 +23,7 @@ from ctypes import POINTER, c_char_p, c_size_t, c_void_p
 
 import numpy as np
 
-from ..errors import CuptiError
+from ..errors import CuptiError  # noqa: F401  (re-exported for callers)
 from . import _types as T
 from ._api import Functions, params
 from ._types import PCSamplingAttribute, PCSamplingCollectionMode, PCSamplingOutputDataFormat

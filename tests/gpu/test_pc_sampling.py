@@ -1,0 +1,63 @@
+"""PC sampling on the GPU: the hottest stall of a memory-bound and a compute-bound Numba kernel lands on the
+source line that does the work, with the stall reason the kernel's bound predicts."""
+
+import pytest
+
+import gpuscope
+from benchmarks import bench_pc_sampling as B
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    work = B.Workload()
+    with gpuscope.pc_sample(period=2**10, kernels=[B.stream, B.fma]) as pcs:
+        work.run(20)
+    return work, pcs.dataset
+
+
+def _hot(ds, suffix):
+    kernel = next(k for k in ds.kernel.values.tolist() if k.endswith(suffix))
+    sub = ds.where(ds.function == kernel, drop=True)
+    by_line = sub.samples.groupby("line").sum("pc")
+    line = int(by_line.sum("stall_reason").idxmax())
+    reasons = by_line.sel(line=line)
+    stalls = reasons.drop_sel(stall_reason=["selected", "not_selected"])
+    return line, str(stalls.idxmax().item()), reasons
+
+
+def test_samples_were_collected(sampled):
+    _, ds = sampled
+    assert ds.attrs["total_samples"] > 1000
+    assert ds.attrs["dropped_samples"] == 0
+    assert int(ds.samples.sum()) > 0.5 * ds.attrs["total_samples"]
+
+
+def test_stream_waits_on_memory_at_its_load_line(sampled):
+    _, ds = sampled
+    line, top, _ = _hot(ds, ".stream")
+    assert line == B.source_line("STREAM_LINE")
+    assert top == "long_scoreboard"
+
+
+def test_fma_waits_on_the_math_pipe_at_its_fma_lines(sampled):
+    _, ds = sampled
+    line, top, _ = _hot(ds, ".fma")
+    first = B.source_line("FMA_LINE")
+    assert first - 1 <= line <= first + 3
+    assert top in ("math_pipe_throttle", "wait")
+
+
+def test_second_sampler_and_exceptions_leave_cupti_usable(sampled):
+    work, _ = sampled
+    with gpuscope.pc_sample(period=2**14):
+        with pytest.raises(gpuscope.SamplerBusyError, match="already open"):
+            with gpuscope.pc_sample():
+                pass
+        work.run(2)
+    with pytest.raises(KeyError):
+        with gpuscope.pc_sample(period=2**14):
+            work.run(2)
+            raise KeyError("inside")
+    with gpuscope.pc_sample(period=2**12) as again:
+        work.run(4)
+    assert again.records.total_samples > 0
