@@ -759,7 +759,8 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
     if by is not None and by not in ds.coords:
         raise ValueError(f"no coordinate {by!r} to group by; coordinates: {list(ds.coords)}")
     w = _weights(ds, weight, dim)
-    data = ds.drop_vars([c for c in ds.coords if c != by and dim in ds[c].dims])
+    # per-range coords (and axes such as the launch shape's 'xyz' that only they use) do not survive averaging
+    data = ds.drop_vars([c for c in ds.coords if c != by])
     weighted = data * w
     if by is None:
         total, wsum, count = weighted.sum(dim), w.sum(dim), ds.sizes[dim]
