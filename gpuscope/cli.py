@@ -2,6 +2,7 @@
 
 ``gpuscope metrics``  list, search and describe a chip's metrics, the named sets, and pass counts (works offline)
 ``gpuscope check``    is this machine ready: CUPTI, driver, GPU, chip, profiler support, counter permission
+``gpuscope demo``     the main job: Top-Down per kernel, PM time series and phases of a built-in workload
 """
 
 from __future__ import annotations
@@ -252,6 +253,12 @@ def _finish(args, report, lines, code) -> int:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _demo(args) -> int:
+    from . import _demo
+
+    return _demo.main(args.out, record_to=args.record_to, force_recorded=args.recorded)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuscope", description="In-process NVIDIA GPU profiling for Python.")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
@@ -282,6 +289,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_check)
+
+    d = sub.add_parser(
+        "demo",
+        help="profile a built-in Numba workload with three phases: Top-Down per kernel, PM sampling, phases",
+        description="On a machine without a GPU, runs the same analysis on H100 recordings shipped with gpuscope.",
+    )
+    d.add_argument("--out", default="gpuscope-demo", help="folder for the figures and netCDF files")
+    d.add_argument("--recorded", action="store_true", help="analyse the shipped recordings even with a GPU")
+    d.add_argument("--record-to", metavar="DIR", help="also save the new recordings (thinned) into DIR")
+    d.set_defaults(func=_demo)
     return parser
 
 

@@ -1,0 +1,271 @@
+"""``gpuscope demo``: gpuscope's main job on a built-in workload.
+
+A Numba workload with three distinct phases — a streaming kernel (memory-bound), a long FMA chain (core-bound)
+and a kernel with heavy branch divergence — is profiled twice on the GPU:
+
+1. per launch with the ``topdown`` metric set (the range profiler replays each launch for its 7 passes), then
+   analysed with the Top-Down method, aggregated per kernel;
+2. over time with PM sampling (``pm-default``) while the phases run inside ``gpuscope.range`` blocks, then split
+   into phases by change-point detection.
+
+It prints a compact report and writes two figures and two netCDF files. On a machine without a GPU it runs the
+same analysis on recordings made with this command on an H100, shipped in ``gpuscope/data/``, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data"
+RECORDED_LAUNCHES = DATA / "demo_launches.nc"
+RECORDED_SERIES = DATA / "demo_timeseries.nc"
+PHASES = ("stream", "fma", "divergent")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The workload (Numba kernels, compiled on first use)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Workload:
+    """Device arrays and the three kernels, launched through ``kernel[grid, block](...)``."""
+
+    kernels: dict
+    args: dict
+    grids: dict
+    block: int = 256
+
+    def launch(self, name: str) -> None:
+        self.kernels[name][self.grids[name], self.block](*self.args[name])
+
+
+def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Workload:
+    """Compile the demo kernels and allocate their data (about 200 MB of device memory).
+
+    *decorate*, if given, wraps each kernel (e.g. ``gpuscope.profile(...)``).
+    """
+    from numba import cuda
+
+    @cuda.jit(lineinfo=True)
+    def stream(a, b, c):
+        i = cuda.grid(1)
+        if i < c.size:
+            c[i] = a[i] + 2.0 * b[i]
+
+    @cuda.jit(lineinfo=True)
+    def fma(x, iters):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(iters):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    @cuda.jit(lineinfo=True)
+    def divergent(x, iters):
+        # Each lane of a warp takes its own path: 32-way divergence, the warp executes all of them in turn.
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            lane = i % 32
+            for k in range(iters):
+                if lane == k % 32:
+                    v = v * 1.5 + 1.0
+                else:
+                    v = v * 0.999
+            x[i] = v
+
+    rng = np.random.default_rng(0)
+    a = cuda.to_device(rng.random(n, dtype=np.float32))
+    b = cuda.to_device(rng.random(n, dtype=np.float32))
+    c = cuda.device_array(n, np.float32)
+    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
+    y = cuda.to_device(rng.random(n // 16, dtype=np.float32))
+    kernels = {"stream": stream, "fma": fma, "divergent": divergent}
+    if decorate is not None:
+        kernels = {k: decorate(v) for k, v in kernels.items()}
+    block = 256
+    return Workload(
+        kernels=kernels,
+        args={"stream": (a, b, c), "fma": (x, fma_iters), "divergent": (y, 256)},
+        grids={"stream": (n + block - 1) // block, "fma": (n // 16 + block - 1) // block,
+               "divergent": (n // 16 + block - 1) // block},
+        block=block,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collection on the GPU
+# ---------------------------------------------------------------------------------------------------------
+
+#: The paper's Top-Down metrics, the cycle weight and duration, plus Hopper's gmma stall: 7 passes on GH100.
+DEMO_METRICS_EXTRA = ("smsp__warp_issue_stalled_gmma_per_warp_active.pct",)
+
+
+def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: str = "100us", log=print):
+    """Run the workload under the range profiler and then under PM sampling; return the two Datasets."""
+    import gpuscope as gs
+    from numba import cuda
+
+    from .metrics import topdown as td
+
+    log("compiling the workload ...")
+    work = build_workload(decorate=gs.profile)
+    for name in PHASES:
+        work.launch(name)
+    cuda.synchronize()
+
+    cc = "%d.%d" % cuda.get_current_device().compute_capability
+    metrics = list(gs.metric_set("topdown").metrics)
+    if td.architecture(cc).optional_stall_reasons:
+        metrics += [td.stall_metric(r) for r in td.architecture(cc).optional_stall_reasons]
+    with gs.Profiler(metrics=metrics, mode="kernel") as prof:
+        log(f"Top-Down per launch: {len(metrics)} metrics, {prof.passes} passes, kernel replay ...")
+        for _ in range(launches_per_kernel):
+            for name in PHASES:
+                work.launch(name)
+        cuda.synchronize()
+    launches = prof.dataset
+
+    log(f"PM sampling every {interval} while the three phases run ({phase_seconds:.1f} s each) ...")
+    with gs.sample(metrics="pm-default", interval=interval) as sampler:
+        for name in PHASES:
+            with gs.range(name):
+                start = time.perf_counter()
+                while time.perf_counter() - start < phase_seconds:
+                    for _ in range(10):
+                        work.launch(name)
+                    cuda.synchronize()
+    return launches, sampler.dataset
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Analysis and report (the same for live and recorded data)
+# ---------------------------------------------------------------------------------------------------------
+
+
+#: Column labels for the pm-default metrics in the report.
+_SHORT = {
+    "gr__cycles_active.avg.pct_of_peak_sustained_elapsed": "GR active",
+    "sm__cycles_active.avg.pct_of_peak_sustained_elapsed": "SM active",
+    "sm__inst_executed_realtime.avg.pct_of_peak_sustained_elapsed": "SM issue",
+    "sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed": "tensor",
+    "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read",
+    "dramc__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write",
+    "pcie__read_bytes.sum.per_second": "PCIe read",
+    "pcie__write_bytes.sum.per_second": "PCIe write",
+}
+
+
+def _scaled(metric: str, value: float) -> float:
+    return value / 1e9 if metric.endswith(".per_second") else value
+
+
+def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> dict:
+    """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import gpuscope as gs
+
+    from .metrics import topdown as td
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    w = out.write
+    attrs = launches.attrs
+    where = "RECORDED" if recorded else "measured now"
+    w(f"gpuscope demo — {where} on {attrs.get('device_name', attrs.get('device', '?'))} "
+      f"(chip {attrs.get('chip', '?')}, CUPTI {attrs.get('cupti_version', '?')}, "
+      f"recorded {attrs.get('created', '?')})\n")
+    if recorded:
+        w("  No GPU here: this is gpuscope's analysis of recordings shipped with the package "
+          f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).\n")
+
+    nodes = td.topdown(launches)
+    per_kernel = td.aggregate(nodes, by="kernel")
+    ipc_max = float(nodes[td.level_cut(1)[0]].attrs.get("ipc_max", 4.0))
+    level1 = td.level_cut(1)
+    level2 = td.level_cut(2)
+    w(f"\nTop-Down per kernel ({launches.sizes['range']} launches, weighted by cycles; IPC per SM, max {ipc_max:g})\n")
+    w(f"  {'kernel':<12}" + "".join(f"{n:>12}" for n in level1) + "   bound by\n")
+    verdicts = {}
+    for k in per_kernel["kernel"].values:
+        row = per_kernel.sel(kernel=k)
+        values = {n: float(row[n]) for n in level1}
+        stalls = {n: float(row[n]) for n in level2 if n not in level1 and n in row}
+        lost = {n: v for n, v in {**values, **stalls}.items() if n != "retire"}
+        worst_l2 = max(stalls, key=stalls.get) if stalls else max(lost, key=lost.get)
+        verdicts[str(k)] = worst_l2
+        w(f"  {str(k):<12}" + "".join(f"{values[n]:>12.2f}" for n in level1) + f"   {worst_l2}\n")
+
+    ph = gs.phases(series)
+    n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
+    metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
+    labels = [_SHORT.get(m, m.split(".")[0][-14:]) for m in metrics]
+    w(f"\nPM sampling: {series.sizes['time']} samples, {n_phases} phases found (mean per phase; % of peak, "
+      "PCIe in GB/s)\n")
+    w(f"  {'phase':<6}{'samples':>8}{'ms':>8}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
+    t_all = series["time"].values
+    ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
+    for p in range(n_phases):
+        mask = (ph["phase"] == p).values
+        names, counts = np.unique(ranges_all[mask], return_counts=True)
+        main_range = str(names[np.argmax(counts)]) if len(names) else ""
+        span_ms = (t_all[mask].max() - t_all[mask].min()) / 1e6
+        cells = "".join(f"{_scaled(m, float(series[m].values[mask].mean())):>11.1f}" for m in metrics)
+        w(f"  {p:<6}{int(mask.sum()):>8}{span_ms:>8.1f}  {main_range:<12}{cells}\n")
+
+    launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
+    gs.save_dataset(launches, launches_nc)
+    gs.save_dataset(series, series_nc)
+    ax = per_kernel.gpuscope.plot.topdown(level=2)
+    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
+    fig = ax.figure
+    fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig = ph.gpuscope.plot.timeline(metrics[:6])
+    fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
+    fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    w(f"\nwrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}\n")
+    return {"verdicts": verdicts, "phases": n_phases}
+
+
+def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:
+    """Entry point of ``gpuscope demo``."""
+    import gpuscope as gs
+
+    from . import _device
+
+    outdir = Path(outdir)
+    live = False
+    if not force_recorded:
+        try:
+            live = _device.device_count() > 0
+        except gs.NoGpuError as exc:
+            print(f"No GPU: {exc.args[0].split('.')[0]}.")
+    if live:
+        launches, series = collect()
+        if record_to:
+            Path(record_to).mkdir(parents=True, exist_ok=True)
+            gs.save_dataset(launches, Path(record_to) / RECORDED_LAUNCHES.name)
+            gs.save_dataset(_thin(series), Path(record_to) / RECORDED_SERIES.name)
+    else:
+        launches, series = gs.open_dataset(RECORDED_LAUNCHES), gs.open_dataset(RECORDED_SERIES)
+    analyse(launches, series, outdir, recorded=not live)
+    return 0
+
+
+def _thin(series, max_samples: int = 20000):
+    """Keep a recording small enough to ship: every k-th sample."""
+    step = max(1, int(np.ceil(series.sizes["time"] / max_samples)))
+    return series.isel(time=slice(None, None, step))
