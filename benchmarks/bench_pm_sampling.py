@@ -118,7 +118,7 @@ def one_run(for_seconds, interval, seconds):
         "overflows": ds.attrs["overflows"],
         "decode_errors": ds.attrs["decode_errors"][:300],
         "counter_data_images": ds.attrs["counter_data_images"],
-        "image_mib": round(sum(im.size for im in s._decoder.images) / 2**20, 1),
+        "image_mib": round(sum(im.size for im in getattr(s._decoder, "images", [])) / 2**20, 1) if isinstance(getattr(s._decoder, "images", 0), list) else None,
         "stop_s": round(stop_s, 3),
         "evaluate_s": round(evaluate_s, 2),
         "median_period_ns": float(np.median(np.diff(ds["start_ns"].values[1:]))) if n > 2 else None,

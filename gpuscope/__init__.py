@@ -59,6 +59,11 @@ _EXPORTS = {
     "PCSampler": "gpuscope._pcsampling",
     "fast_topdown": "gpuscope._pcsampling",
     "SamplerBusyError": "gpuscope.errors",
+    # PM sampling
+    "sample": "gpuscope._sampling",
+    "Sampler": "gpuscope._sampling",
+    "NotSinglePassError": "gpuscope.errors",
+    "to_chrome_trace": "gpuscope._io",
 }
 
 __all__ = ["__version__", *_EXPORTS]

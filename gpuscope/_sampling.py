@@ -196,13 +196,18 @@ def innermost_ranges(times_ns: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
     return out.astype(str)
 
 
-def count_lost(start_ns: np.ndarray, end_ns: np.ndarray, interval_ns: float) -> int:
-    """Samples missing between consecutive samples: a gap of ``g`` ns between one sample's end and the next
-    one's start stands for ``round(g / interval)`` samples that never arrived."""
-    if len(start_ns) < 2 or interval_ns <= 0:
+def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None = None) -> int:
+    """Samples that never arrived: a gap of ``g`` ns between one sample's end and the next one's start stands
+    for ``round(g / interval)`` samples, and so does the time from the last sample to *session_end_ns*
+    (less one interval, the sample in flight at Stop)."""
+    if interval_ns <= 0:
         return 0
-    gaps = np.asarray(start_ns[1:], dtype=np.int64) - np.asarray(end_ns[:-1], dtype=np.int64)
-    return int(np.rint(np.clip(gaps, 0, None) / interval_ns).sum())
+    start_ns = np.asarray(start_ns, dtype=np.int64)
+    end_ns = np.asarray(end_ns, dtype=np.int64)
+    lost = int(np.rint(np.clip(start_ns[1:] - end_ns[:-1], 0, None) / interval_ns).sum())
+    if session_end_ns is not None and end_ns.size:
+        lost += max(0, int(round((session_end_ns - end_ns[-1]) / interval_ns)) - 1)
+    return lost
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -597,7 +602,7 @@ class Sampler:
         )
         spans = self._recorder.spans(self.stop_ns)
         mid = (series.start_ns + series.end_ns) // 2
-        lost = count_lost(series.start_ns, series.end_ns, self.interval_ns)
+        lost = count_lost(series.start_ns, series.end_ns, self.interval_ns, self.stop_ns)
         return _results.sampling_dataset(
             values=series.values,
             metrics=self.metrics,

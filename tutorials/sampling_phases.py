@@ -81,7 +81,10 @@ def main():
     means = ds[metrics].isel(time=slice(1, None)).groupby("range").mean()
     print(means.to_dataframe().round(1).T.to_string())
 
-    ds.to_netcdf("sampling_phases.nc", engine="h5netcdf")
+    try:
+        ds.to_netcdf("sampling_phases.nc", engine="h5netcdf")
+    except ImportError as exc:
+        print(f"netCDF not written ({exc}); pip install h5netcdf")
     gs.to_chrome_trace(ds, "sampling_phases.trace.json")  # open in https://ui.perfetto.dev
 
     try:  # phase detection from the metrics alone, for comparison with the ranges

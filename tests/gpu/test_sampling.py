@@ -75,13 +75,15 @@ def test_short_workload_with_ranges(workload, tmp_path):
     assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
     assert (np.diff(ds["time"].values) > 0).all()
     assert set(np.unique(ds["range"].values)) <= {"", "stream", "fma", "fma/inner"}
-    stream_dram = ds[DRAM_READ].where(ds["range"] == "stream", drop=True)[1:].mean().item()
-    fma_dram = ds[DRAM_READ].where(ds["range"] == "fma/inner", drop=True)[1:].mean().item()
-    assert stream_dram > 30 and fma_dram < 10  # the streaming phase reads DRAM, the FMA phase does not
+    inst = "sm__inst_executed_realtime.avg.pct_of_peak_sustained_elapsed"
+    stream_inst = ds[inst].where(ds["range"] == "stream", drop=True)[1:].mean().item()
+    fma_inst = ds[inst].where(ds["range"] == "fma/inner", drop=True)[1:].mean().item()
+    assert fma_inst > stream_inst + 20  # the FMA phase issues far more instructions than the streaming one
     assert ds[SM_ACTIVE].where(ds["range"] == "fma/inner", drop=True).mean().item() > 50
     assert list(ds["span_path"].values) == ["stream", "fma", "fma/inner"]
     assert ds[SM_ACTIVE].attrs["units"] == "percent"
     # netCDF round trip and Chrome trace
+    pytest.importorskip("h5netcdf")
     path = tmp_path / "pm.nc"
     ds.to_netcdf(path, engine="h5netcdf")
     import xarray as xr
@@ -117,7 +119,7 @@ def test_idle(workload):
 
 def test_overflow_is_counted_and_reported_then_usable(workload):
     with pytest.warns(GpuscopeWarning, match="overflowed"):
-        with _sampling.sample("pm-default", "1us", hardware_buffer_size=1 << 20, decode_period=1.0, samples_per_image=1_000_000) as s:
+        with _sampling.sample("pm-default", "1us", hardware_buffer_size=1 << 20, decode_period=1.0) as s:
             workload(1.5)
     ds = s.dataset
     assert ds.attrs["overflows"] >= 1

@@ -110,6 +110,7 @@ def test_count_lost_from_gaps():
     end = np.array([10, 20, 30, 70, 80])
     assert _sampling.count_lost(start, end, 10) == 3  # 30..60 is missing
     assert _sampling.count_lost(start[:3], end[:3], 10) == 0
+    assert _sampling.count_lost(start[:3], end[:3], 10, session_end_ns=80) == 4  # 30..70 never came, 70..80 was in flight
 
 
 def _synthetic():
