@@ -2,8 +2,12 @@
 
 Method
 ------
-1. **Standardise** each metric by its noise level: ``sigma = 1.4826 * MAD(diff(x)) / sqrt(2)``. Differences
-   cancel the piecewise-constant level, so this estimates the sample-to-sample noise even with many changes.
+0. **Blocks** (:func:`phases`): detection runs on block means of ``resolution`` samples (default ``n // 1000``),
+   so variation faster than a block (launch gaps, synchronisation dips of real PM samples) is noise; change
+   points are then re-placed at the best sample within a block and near-duplicates dropped.
+1. **Standardise** each metric by its noise level: the RMS of ``diff(x)`` without the largest 2%, over ``sqrt(2)``.
+   Differences cancel the piecewise-constant level and trimming drops the few that straddle a change, so this
+   estimates the noise even with many changes; unlike a median, it counts frequent short dips as noise.
    Metrics with no variation are ignored; NaN samples count as the metric's mean.
 2. **Change points** by binary segmentation with the L2 (change in mean) cost, computed from cumulative sums in
    O(n * d) per pass, then refined: each change point is re-placed as the best single split between its
@@ -94,7 +98,7 @@ def standardize(x: np.ndarray) -> np.ndarray:
         zt[nan] = 0.0
     step = max(1, (zt.shape[1] - 1) // _SCALE_SAMPLES)
     diffs = np.diff(zt[:, ::step], axis=1)
-    scale = 1.4826 * np.median(np.abs(diffs - np.median(diffs, axis=1, keepdims=True)), axis=1) / np.sqrt(2.0)
+    scale = _trimmed_scale(diffs) / np.sqrt(2.0)
     # Noise-free or mostly flat metrics have MAD 0: fall back on the spread of all differences.
     flat = ~(scale > 0)
     if flat.any() and diffs.shape[1]:
@@ -103,6 +107,29 @@ def standardize(x: np.ndarray) -> np.ndarray:
     zt = zt[keep] if not keep.all() else zt
     zt /= scale[keep][:, None]
     return zt.T
+
+
+# Fraction of the largest |differences| left out of the noise estimate (they straddle level changes), and the
+# factor that makes the trimmed RMS of Gaussian noise unbiased (E[d^2 | |d| < z_0.99 sigma] = 0.873 sigma^2).
+_TRIM = 0.02
+_TRIM_BIAS = np.sqrt(0.8733)
+
+
+def _trimmed_scale(diffs: np.ndarray) -> np.ndarray:
+    """Noise sigma of each row of first differences: RMS without the largest 2%.
+
+    Not the median absolute deviation: real PM samples have frequent short dips (synchronisation gaps between
+    launches) that a median ignores but that are noise at the scale of phases. Only the rare differences that
+    straddle a level change are left out.
+    """
+    if diffs.shape[1] == 0:
+        return np.zeros(diffs.shape[0])
+    centred = diffs - np.median(diffs, axis=1, keepdims=True)
+    mag = np.abs(centred)
+    cut = np.quantile(mag, 1.0 - _TRIM, axis=1, keepdims=True)
+    kept = np.where(mag <= cut, centred, 0.0)
+    count = np.maximum((mag <= cut).sum(axis=1), 1)
+    return np.sqrt((kept**2).sum(axis=1) / count) / _TRIM_BIAS
 
 
 class _Splitter:
@@ -185,6 +212,35 @@ def _refine(split: _Splitter, cps: list[int], n: int, penalty: float, sweeps: in
             break
         del cps[k]
     return cps
+
+
+def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndarray:
+    """Move change points found on block means to the best sample within a block of where they were found.
+
+    A level change inside a block gives that block an intermediate mean, so it can be found on both sides of
+    it, up to the minimum segment length (two blocks) further: of two change points within three blocks of
+    each other, the weaker goes.
+    """
+    n = zt.shape[1]
+    mean = zt.mean(axis=1, keepdims=True)
+    split = _Splitter(zt - mean, 1)
+    cps = [int(c) for c in cps]
+    for k in range(len(cps)):
+        a = cps[k - 1] if k else 0
+        b = cps[k + 1] if k + 1 < len(cps) else n
+        lo, hi = max(a + 1, cps[k] - block), min(b - 1, cps[k] + block)
+        if lo <= hi:
+            cps[k] = lo + int(np.argmax(split._gains(a, b, lo, hi, 1)))
+    k = 0
+    while k + 1 < len(cps):
+        if cps[k + 1] - cps[k] <= 3 * block:
+            bounds = [0, *cps, n]
+            first = split.gain_at(bounds[k], bounds[k + 1], bounds[k + 2])
+            second = split.gain_at(bounds[k + 1], bounds[k + 2], bounds[k + 3])
+            del cps[k + 1 if first >= second else k]
+        else:
+            k += 1
+    return np.asarray(cps, dtype=np.int64)
 
 
 def change_points(
@@ -388,6 +444,7 @@ def phases(
     min_size: int | None = None,
     max_change_points: int | None = None,
     label_tolerance: float = 0.5,
+    resolution: int | None = None,
     topdown="auto",
 ) -> xr.Dataset:
     """Detect change points and phases in a time series (PM samples) or per-launch range results.
@@ -405,6 +462,9 @@ def phases(
         See :func:`change_points`.
     label_tolerance : float
         See :func:`label_segments`.
+    resolution : int, optional
+        Samples per block: change points are found on block means, so phases are at least this coarse and
+        variation faster than a block counts as noise. Default ``max(1, n // 1000)``, 0.1% of the run.
     topdown : {"auto", True, False}
         Add ``phase_topdown`` (per-phase Top-Down): "auto" when the metrics allow it, True to require it.
 
@@ -424,17 +484,34 @@ def phases(
     names = _metric_names(ds, dim, metrics)
     xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
     n = xt.shape[1]
-    z = standardize(xt.T)
+    block = max(1, n // 1000) if resolution is None else int(resolution)
+    if block < 1:
+        raise ValueError(f"resolution must be at least 1 sample, got {resolution}")
+    # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
+    # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
+    nb = max(n // block, 1)
+    xb = xt[:, : nb * block].reshape(len(names), nb, block).mean(axis=2) if block > 1 else xt
+    z = standardize(xb.T)
     if z.shape[1] == 0:
         warnings.warn("every metric is constant: one phase", GpuscopeWarning, stacklevel=2)
-    pen = default_penalty(n, max(z.shape[1], 1)) if penalty is None else float(penalty)
-    cps = change_points(z, penalty=pen, min_size=min_size, max_change_points=max_change_points, standardized=True)
+    pen = default_penalty(nb, max(z.shape[1], 1)) if penalty is None else float(penalty)
+    block_min = None if min_size is None else max(1, -(-int(min_size) // block))
+    cps_b = change_points(z, penalty=pen, min_size=block_min, max_change_points=max_change_points, standardized=True)
 
+    cps = cps_b * block
+    if block > 1 and len(cps):
+        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block)
+    # Labels from the block means of the final segments (change points at least a block apart map to
+    # distinct blocks).
+    bounds_b = np.concatenate([[0], np.clip(np.rint(cps / block), 1, nb - 1), [nb]]).astype(np.int64)
+    steps = np.arange(bounds_b.size)
+    bounds_b = np.maximum.accumulate(bounds_b - steps) + steps  # strictly increasing, even at the edges
+    sizes_b = np.diff(bounds_b)
+    zmeans = np.add.reduceat(z.T, bounds_b[:-1], axis=1).T / sizes_b[:, None]
+    labels = label_segments(zmeans, sizes_b, pen, label_tolerance)
     bounds = np.concatenate([[0], cps, [n]]).astype(np.int64)
     first, stop = bounds[:-1], bounds[1:]
     sizes = stop - first
-    zmeans = np.add.reduceat(z.T, first, axis=1).T / sizes[:, None]
-    labels = label_segments(zmeans, sizes, pen, label_tolerance)
     n_phases = int(labels.max()) + 1
 
     start, end = _extent(ds, dim)
@@ -463,5 +540,6 @@ def phases(
         td = _phase_topdown(ds, first, durations, labels, n_phases, topdown)
         if td is not None:
             out = out.assign(phase_topdown=td)
-    out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps)}
+    out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps),
+                 "phases_resolution": block}
     return out
