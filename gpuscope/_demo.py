@@ -207,7 +207,8 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
         verdicts[str(k)] = worst_l2
         w(f"  {str(k):<12}" + "".join(f"{values[n]:>12.2f}" for n in level1) + f"   {worst_l2}\n")
 
-    ph = gs.phases(series)
+    # Phases that differ by less than 2 noise sigmas in every metric are one phase (see docs/phases.md).
+    ph = gs.phases(series, label_tolerance=2.0)
     n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
     labels = [_SHORT.get(m, m.split(".")[0][-14:]) for m in metrics]
@@ -216,13 +217,19 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
     w(f"  {'phase':<6}{'samples':>8}{'ms':>8}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
     t_all = series["time"].values
     ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
+    transient = []
     for p in range(n_phases):
         mask = (ph["phase"] == p).values
+        if mask.sum() < 0.01 * t_all.size:  # shorter than 1% of the run: a transient, summarised below
+            transient.append(int(mask.sum()))
+            continue
         names, counts = np.unique(ranges_all[mask], return_counts=True)
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
-        span_ms = (t_all[mask].max() - t_all[mask].min()) / 1e6
+        span_ms = float(ph["phase_duration"].values[p]) / 1e6
         cells = "".join(f"{_scaled(m, float(series[m].values[mask].mean())):>11.1f}" for m in metrics)
         w(f"  {p:<6}{int(mask.sum()):>8}{span_ms:>8.1f}  {main_range:<12}{cells}\n")
+    if transient:
+        w(f"  and {len(transient)} transient phases of {sum(transient)} samples in all (each under 1% of the run)\n")
 
     launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
     gs.save_dataset(launches, launches_nc)
