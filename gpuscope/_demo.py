@@ -1,7 +1,7 @@
 """``gpuscope demo``: gpuscope's main job on a built-in workload.
 
 A Numba workload with three distinct phases — a streaming kernel (memory-bound), a long FMA chain (core-bound)
-and a kernel with heavy branch divergence — is profiled twice on the GPU:
+and the same chain run by one thread of each warp (divergence-bound) — is profiled twice on the GPU:
 
 1. per launch with the ``topdown`` metric set (the range profiler replays each launch for its 7 passes), then
    analysed with the Top-Down method, aggregated per kernel;
@@ -70,16 +70,13 @@ def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Wo
 
     @cuda.jit(lineinfo=True)
     def divergent(x, iters):
-        # Each lane of a warp takes its own path: 32-way divergence, the warp executes all of them in turn.
+        # Only lane 0 of each warp runs the loop: the warp issues every instruction for one active thread.
         i = cuda.grid(1)
         if i < x.size:
             v = x[i]
-            lane = i % 32
-            for k in range(iters):
-                if lane == k % 32:
-                    v = v * 1.5 + 1.0
-                else:
-                    v = v * 0.999
+            if i % 32 == 0:
+                for _ in range(iters):
+                    v = v * 1.000001 + 0.5
             x[i] = v
 
     rng = np.random.default_rng(0)
@@ -94,7 +91,7 @@ def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Wo
     block = 256
     return Workload(
         kernels=kernels,
-        args={"stream": (a, b, c), "fma": (x, fma_iters), "divergent": (y, 256)},
+        args={"stream": (a, b, c), "fma": (x, fma_iters), "divergent": (y, fma_iters)},
         grids={"stream": (n + block - 1) // block, "fma": (n // 16 + block - 1) // block,
                "divergent": (n // 16 + block - 1) // block},
         block=block,
