@@ -1,11 +1,10 @@
 """``gpuscope.sample``: hardware metrics over time (CUPTI PM sampling), aligned with ``gpuscope.range``.
 
 How it works: the config image is checked to fit in one pass before anything starts; then a PM sampling object
-is enabled on the device and started, and a background thread that does nothing but ``DecodeData`` moves
-samples out of the hardware buffer into counter-data images, switching to a fresh image whenever one fills
-(the full ones are kept, raw). A thread that also evaluated fell behind at 20 µs on the H100 and the hardware
-buffer overflowed, so evaluation happens afterwards, when :attr:`Sampler.dataset` is first read. User ranges
-are stamped with ``cuptiGetTimestamp``, the clock of the sample timestamps.
+is enabled on the device and started. A background thread that does nothing but ``DecodeData`` moves samples out
+of the hardware buffer into a small, fixed pool of counter-data images; evaluator threads evaluate each image
+while sampling runs (raw images cost ~21.7 KB per sample, far too much to keep) and return it to the pool. User
+ranges are stamped with ``cuptiGetTimestamp``, the clock of the sample timestamps.
 
 Lost samples are never dropped silently: the decode thread counts hardware-buffer overflows, and gaps in the
 sample timestamps are counted as lost samples; both go into the Dataset's attrs (and a warning).
@@ -16,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import queue
 import re
 import threading
 import time
@@ -37,6 +37,11 @@ __all__ = [
     "count_lost",
     "MIN_INTERVAL_NS",
 ]
+
+def default_samples_per_image(interval_ns: int) -> int:
+    """Capacity of each counter-data image: about 50 ms of samples, 256 to 4,096 (~21.7 KB each on GH100)."""
+    return int(min(max(50e6 / max(interval_ns, 1), 256), 4_096))
+
 
 #: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:
 #: the hardware buffer fills faster than samples can be decoded (see docs/pm-sampling.md for the measurements).
@@ -211,63 +216,99 @@ def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The decode thread
+# The decode and evaluate threads
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _Decoder:
-    """Drains the hardware buffer into counter-data images; does nothing else.
+class _Pipeline:
+    """Decodes samples into a fixed pool of counter-data images and evaluates them while sampling runs.
 
-    Double buffered: when the current image is full it is handed off (appended to ``images``) and a spare,
-    already initialised, takes its place; a new spare is made outside the hot path.
+    A raw image costs about 21.7 KB per sample (pm-default, GH100), so images are small, made up front, and
+    recycled: the decode thread only decodes into the current image and, once it is half full (or full), queues it
+    and takes a free one. Evaluator threads (each with its own host object) read the samples' timestamps, evaluate
+    them into numpy arrays, re-initialise the image and put it back in the pool. The decode thread never waits for
+    an image or allocates one: if the pool is empty it decodes into a discard image, whose samples are counted in
+    :attr:`discarded` (and show as lost). Calls that take the PM sampling object (decode, sample info, image
+    initialisation) are serialised by one lock, as CUPTI does not say they are thread-safe.
     """
 
-    def __init__(self, handle: int, metrics: Sequence[str], samples_per_image: int, period_s: float):
+    def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
+                 pool_size: int, evaluate_threads: int, period_s: float):
+        from .cupti import host
         from .cupti import pm_sampling as pm
+        from .cupti._types import ProfilerType
 
         self._pm = pm
         self.handle = handle
         self.metrics = list(metrics)
         self.samples_per_image = samples_per_image
+        self.pool_size = pool_size
         self.period_s = period_s
-        self.images: list[np.ndarray] = []  # full or final images, in time order
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
         self.decodes = 0
-        self._current = self._new_image()
-        self._spare = self._new_image()
+        self.handed_off = 0  # images queued for evaluation
+        self.discarded = 0  # samples decoded into the discard image because no image was free
+        self._lock = threading.Lock()  # serialises calls that take the PM sampling object
+        self._free: queue.Queue = queue.Queue()
+        self._full: queue.Queue = queue.Queue()  # (sequence number, image); None stops an evaluator
+        self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
+        self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluate_threads)]
+        evaluators = [h.evaluator(self.metrics) for h in self._hosts]
+        for _ in range(pool_size):
+            self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+        self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
+        self._current = self._free.get_nowait()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuscope-pm-decode", daemon=True)
-
-    def _new_image(self) -> np.ndarray:
-        return self._pm.new_counter_data(self.handle, self.metrics, self.samples_per_image)
+        self._threads = [threading.Thread(target=self._decode_loop, name="gpuscope-pm-decode", daemon=True)] + [
+            threading.Thread(target=self._evaluate_loop, args=(ev,), name=f"gpuscope-pm-evaluate-{i}", daemon=True)
+            for i, ev in enumerate(evaluators)
+        ]
+        self._finished = False
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    # -- decode thread ------------------------------------------------------------------------------------
+    def _decode_loop(self) -> None:
         while not self._stop.wait(self.period_s):
             self.drain()
 
-    def _swap(self) -> None:
-        self.images.append(self._current)
-        self._current, self._spare = (self._spare if self._spare is not None else self._new_image()), None
+    def _hand_off(self, wait: bool = False) -> None:
+        """Queue the current image for evaluation (the discard image: count and empty it) and take a free one,
+        or the discard image if none is free (*wait*: wait for one, after Stop only)."""
+        pm = self._pm
+        if self._current is self._discard:
+            self.discarded += pm.counter_data_info(self._discard).completed
+            with self._lock:
+                pm.initialize_counter_data(self.handle, self._discard)
+        else:
+            self._full.put((self.handed_off, self._current))
+            self.handed_off += 1
+        try:
+            self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
+        except queue.Empty:
+            self._current = self._discard
 
-    def drain(self) -> None:
+    def drain(self, wait: bool = False) -> None:
         """Decode until the hardware buffer is empty, handing off images before they can fill."""
         pm = self._pm
         retried = False
         while True:
-            if pm.counter_data_info(self._current).populated >= self.samples_per_image // 2:
-                self._swap()
+            if pm.counter_data_info(self._current).populated >= max(1, self.samples_per_image // 2) or (
+                self._current is self._discard and not self._free.empty()
+            ):
+                self._hand_off(wait)
             try:
-                result = pm.decode(self.handle, self._current)
+                with self._lock:
+                    result = pm.decode(self.handle, self._current)
             except CuptiMemoryError as exc:
                 # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
-                # filled: retry once on a fresh image; failing again, it was the hardware buffer.
+                # filled: retry once on another image; failing again, it was the hardware buffer.
                 if not retried and pm.counter_data_info(self._current).populated:
                     retried = True
-                    self._swap()
+                    self._hand_off(wait)
                     continue
                 self.overflows += 1
                 self.errors.append(str(exc))
@@ -279,28 +320,61 @@ class _Decoder:
             self.overflows += result.overflow
             if result.stop_reason != pm.PmDecodeStopReason.COUNTER_DATA_FULL:
                 break
-            self._swap()
-        if self._spare is None:
-            self._spare = self._new_image()
+            self._hand_off(wait)
 
+    # -- evaluator threads --------------------------------------------------------------------------------
+    def _evaluate_loop(self, evaluator) -> None:
+        pm = self._pm
+        while (item := self._full.get()) is not None:
+            seq, image = item
+            try:
+                n = pm.counter_data_info(image).completed
+                stamps = np.empty((n, 2), dtype=np.int64)
+                values = np.empty((n, len(self.metrics)), dtype=np.float64)
+                with self._lock:
+                    pm.sample_times_into(self.handle, image, 0, n, stamps)
+                evaluator.evaluate_into(image, 0, n, values)
+                self._results[seq] = (values, stamps)
+            except Exception as exc:  # the samples are lost (and counted as such); the thread goes on
+                self.errors.append(f"evaluate: {type(exc).__name__}: {exc}")
+            try:
+                with self._lock:
+                    pm.initialize_counter_data(self.handle, image)
+                self._free.put(image)
+            except Exception as exc:  # the pool shrinks by one image
+                self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
+
+    # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Stop the thread, decode what is left (call after ``cuptiPmSamplingStop``) and read every sample's
-        timestamps, which CUPTI gives only while the sampling object exists."""
+        """Stop the decode thread, decode what is left (call after ``cuptiPmSamplingStop``) and wait for the
+        evaluators, which need the sampling object for the timestamps (safe to call twice)."""
+        if self._finished:
+            return
+        self._finished = True
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.drain()
-        if self._pm.counter_data_info(self._current).completed:
-            self.images.append(self._current)
-        self._current = self._spare = None
-        self.timestamps = [self._read_timestamps(image) for image in self.images]
+        decode, *evaluate = self._threads
+        if decode.is_alive():
+            decode.join()
+        self.drain(wait=True)
+        self._hand_off(wait=False)  # the last, partly filled image
+        for _ in evaluate:
+            self._full.put(None)
+        for thread in evaluate:
+            if thread.is_alive():
+                thread.join()
+        while not self._full.empty():  # evaluators never started (start failed): nothing to evaluate
+            self._full.get_nowait()
+        self._current = self._discard = None
+        self._free = queue.Queue()
+        for h in self._hosts:
+            h.close()
 
-    def _read_timestamps(self, image: np.ndarray) -> np.ndarray:
-        n = self._pm.counter_data_info(image).completed
-        out = np.empty((n, 2), dtype=np.int64)
-        for i in range(n):
-            out[i] = self._pm.sample_info(self.handle, image, i)
-        return out
+    def series(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, stamps)``: (n, metrics) float64 and (n, 2) int64, in sample order."""
+        parts = [self._results[k] for k in sorted(self._results)]
+        values = np.concatenate([v for v, _ in parts]) if parts else np.empty((0, len(self.metrics)))
+        stamps = np.concatenate([t for _, t in parts]) if parts else np.empty((0, 2), dtype=np.int64)
+        return values, stamps
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -366,6 +440,8 @@ class Sampler:
         hardware_buffer_size: int = 512 << 20,
         decode_period: float = 0.01,
         samples_per_image: int | None = None,
+        image_pool: int = 8,
+        evaluate_threads: int = 2,
     ):
         value, unit = parse_interval(interval)
         if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
@@ -374,6 +450,14 @@ class Sampler:
             raise ValueError(f"hardware_buffer_size must be at least 1 MiB; got {hardware_buffer_size} bytes.")
         if decode_period <= 0:
             raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
+        if samples_per_image is not None and samples_per_image < 2:
+            raise ValueError(f"samples_per_image must be at least 2; got {samples_per_image!r}.")
+        if image_pool < 1 or evaluate_threads < 1:
+            raise ValueError(
+                f"image_pool and evaluate_threads must be at least 1; got {image_pool!r} and {evaluate_threads!r}."
+            )
+        self.image_pool = int(image_pool)
+        self.evaluate_threads = int(evaluate_threads)
         self._interval_value, self._interval_unit = value, unit
         self._requested_metrics = metrics
         self.device = int(device)
@@ -388,7 +472,7 @@ class Sampler:
         self._handle = None
         self._context = None
         self._initialized = False
-        self._decoder: _Decoder | None = None
+        self._decoder: _Pipeline | None = None
         self._recorder: _RangeRecorder | None = None
 
     # -- lifetime -----------------------------------------------------------------------------------------
@@ -468,8 +552,16 @@ class Sampler:
         self._handle = pm.enable(self.device)
         trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
         pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
-        per_image = self._samples_per_image or int(min(max(1.0e9 / self.interval_ns, 1_000), 100_000))
-        self._decoder = _Decoder(self._handle, self.metrics, per_image, self.decode_period)
+        self._decoder = _Pipeline(
+            self._handle,
+            self.chip,
+            self.metrics,
+            self.availability,
+            samples_per_image=self._samples_per_image or default_samples_per_image(self.interval_ns),
+            pool_size=self.image_pool,
+            evaluate_threads=self.evaluate_threads,
+            period_s=self.decode_period,
+        )
         self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
         _ranges.add_listener(self._recorder)
@@ -510,7 +602,7 @@ class Sampler:
     def stop(self) -> None:
         """Stop sampling, decode what is left and release the device (safe to call twice).
 
-        Samples stay raw until :attr:`dataset` is read.
+        Waits for the evaluator threads to finish the last images.
         """
         if self._state != "running":
             return
@@ -532,6 +624,14 @@ class Sampler:
                 f"PM sampling on device {self.device} overflowed the hardware buffer {self.overflows} time(s); "
                 "samples were lost (see dataset.attrs['lost_samples']). Use a longer interval or a larger "
                 "hardware_buffer_size.",
+                GpuscopeWarning,
+                stacklevel=2,
+            )
+        if self.discarded_samples:
+            warnings.warn(
+                f"PM sampling on device {self.device} discarded {self.discarded_samples} samples: evaluation fell "
+                "behind and no counter-data image was free. Use a longer interval, or more image_pool or "
+                "evaluate_threads.",
                 GpuscopeWarning,
                 stacklevel=2,
             )
@@ -578,8 +678,13 @@ class Sampler:
         return self._decoder.overflows if self._decoder else 0
 
     @property
+    def discarded_samples(self) -> int:
+        """Samples decoded while no counter-data image was free (the evaluators fell behind): thrown away."""
+        return self._decoder.discarded if self._decoder else 0
+
+    @property
     def dataset(self):
-        """The samples as an :class:`xarray.Dataset` (dim ``time``); evaluated on first read.
+        """The samples as an :class:`xarray.Dataset` (dim ``time``); built on first read.
 
         Raises
         ------
@@ -597,8 +702,12 @@ class Sampler:
     def _build(self):
         from . import _results
 
-        series = evaluate_images(
-            self.chip, self.metrics, self._decoder.images, self._decoder.timestamps, self.availability
+        values, stamps = self._decoder.series()
+        series = Series(
+            values=values.T,
+            start_ns=stamps[:, 0].copy(),
+            end_ns=stamps[:, 1].copy(),
+            properties=metric_properties(self.chip, self.metrics, self.availability),
         )
         spans = self._recorder.spans(self.stop_ns)
         mid = (series.start_ns + series.end_ns) // 2
@@ -623,7 +732,10 @@ class Sampler:
                 "lost_samples": int(lost),
                 "overflows": int(self.overflows),
                 "decode_errors": "; ".join(self._decoder.errors[:10]),
-                "counter_data_images": len(self._decoder.images),
+                "counter_data_images": int(self._decoder.handed_off),
+                "counter_data_pool": int(self.image_pool),
+                "samples_per_image": int(self._decoder.samples_per_image),
+                "discarded_samples": int(self.discarded_samples),
             },
         )
 
@@ -638,25 +750,14 @@ class Series:
     properties: dict
 
 
-def evaluate_images(
-    chip: str, metrics: Sequence[str], images: Sequence[np.ndarray], timestamps: Sequence[np.ndarray], counter_availability=None
-) -> Series:
-    """Evaluate decoded PM sampling counter-data images with the host API (works offline).
-
-    *timestamps* holds, per image, an (n, 2) array of each completed sample's start and end (CUPTI ns), as read
-    with ``cuptiPmSamplingCounterDataGetSampleInfo`` before the sampling object was disabled.
-    """
+def metric_properties(chip: str, metrics: Sequence[str], counter_availability=None) -> dict:
+    """Per metric: the Dataset attrs ``units``, ``description``, ``metric_type``, ``hw_unit`` (host API, offline)."""
     from . import _catalog
     from .cupti import host
     from .cupti._types import ProfilerType
 
-    metrics = list(metrics)
-    counts = [len(ts) for ts in timestamps]
-    values = np.empty((len(metrics), sum(counts)), dtype=np.float64)
-    stamps = np.concatenate([np.asarray(ts, dtype=np.int64).reshape(-1, 2) for ts in timestamps] or [np.empty((0, 2), np.int64)])
+    properties = {}
     with host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, counter_availability) as h:
-        h.add_metrics(metrics)
-        properties = {}
         for name in metrics:
             p = h.metric_properties(name)
             _, suffix = _catalog.split_name(name)
@@ -666,12 +767,36 @@ def evaluate_images(
                 "metric_type": p.metric_type.name,
                 "hw_unit": p.hw_unit,
             }
+    return properties
+
+
+def evaluate_images(
+    chip: str, metrics: Sequence[str], images: Sequence[np.ndarray], timestamps: Sequence[np.ndarray], counter_availability=None
+) -> Series:
+    """Evaluate decoded PM sampling counter-data images with the host API (works offline).
+
+    *timestamps* holds, per image, an (n, 2) array of each completed sample's start and end (CUPTI ns), as read
+    with ``cuptiPmSamplingCounterDataGetSampleInfo`` before the sampling object was disabled.
+    """
+    from .cupti import host
+    from .cupti._types import ProfilerType
+
+    metrics = list(metrics)
+    counts = [len(ts) for ts in timestamps]
+    values = np.empty((sum(counts), len(metrics)), dtype=np.float64)
+    stamps = np.concatenate([np.asarray(ts, dtype=np.int64).reshape(-1, 2) for ts in timestamps] or [np.empty((0, 2), np.int64)])
+    with host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, counter_availability) as h:
+        evaluator = h.evaluator(metrics)
         k = 0
         for image, n in zip(images, counts):
-            for i in range(n):
-                values[:, k] = h.evaluate(image, i, metrics)
-                k += 1
-    return Series(values=values, start_ns=stamps[:, 0].copy(), end_ns=stamps[:, 1].copy(), properties=properties)
+            evaluator.evaluate_into(image, 0, n, values[k : k + n])
+            k += n
+    return Series(
+        values=values.T,
+        start_ns=stamps[:, 0].copy(),
+        end_ns=stamps[:, 1].copy(),
+        properties=metric_properties(chip, metrics, counter_availability),
+    )
 
 
 def sample(metrics="pm-default", interval="20us", device: int = 0, **options) -> Sampler:
@@ -691,7 +816,13 @@ def sample(metrics="pm-default", interval="20us", device: int = 0, **options) ->
     decode_period : float, optional
         Seconds between decodes by the background thread (default 0.01).
     samples_per_image : int, optional
-        Capacity of each counter-data image (default: one second of samples, 1,000 to 100,000).
+        Capacity of each counter-data image (default: 50 ms of samples, 256 to 4,096; an image is handed to the
+        evaluators when half full).
+    image_pool : int, optional
+        Counter-data images made up front and recycled (default 8). If evaluation falls behind and none is free,
+        samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
+    evaluate_threads : int, optional
+        Threads that evaluate samples while sampling runs (default 2).
 
     Returns
     -------

@@ -7,6 +7,7 @@
     image = new_counter_data(h, metrics, max_samples)      # GetCounterDataSize + CounterDataImageInitialize
     start(h) ... workload ... decode(h, image) ... stop(h)
     counter_data_info(image); sample_info(h, image, i)     # then evaluate with host.ProfilerHost(PM_SAMPLING)
+    sample_times_into(h, image, 0, n, out)                 # many samples' timestamps at once
     disable(h)
 
 ``h`` is the ``CUpti_PmSampling_Object*`` as an integer. ``decode`` moves samples from the hardware buffer into
@@ -41,6 +42,7 @@ __all__ = [
     "counter_data_info",
     "CounterDataInfo",
     "sample_info",
+    "sample_times_into",
     "has_append_mode",
 ]
 
@@ -223,3 +225,30 @@ def sample_info(handle: int | None, image: np.ndarray, index: int) -> tuple[int,
     )
     _f.cuptiPmSamplingCounterDataGetSampleInfo(p)
     return int(p.startTimestamp), int(p.endTimestamp)
+
+
+def sample_times_into(handle: int, image: np.ndarray, first: int, count: int, out: np.ndarray) -> None:
+    """``cuptiPmSamplingCounterDataGetSampleInfo`` for samples ``first .. first+count-1``, one params struct reused:
+    row ``k`` of *out* (int64, shape ``(>= count, 2)``) gets the (start, end) CUPTI timestamps of ``first + k``.
+
+    Raises
+    ------
+    ValueError
+        *out* is not a C-contiguous int64 array of shape ``(>= count, 2)``.
+    """
+    if not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.flags.c_contiguous):
+        raise ValueError("out must be a C-contiguous int64 numpy array.")
+    if out.ndim != 2 or out.shape[1] != 2 or out.shape[0] < count:
+        raise ValueError(f"out must have shape (>= {count}, 2); got {out.shape}.")
+    p = params(
+        T.CUpti_PmSampling_CounterData_GetSampleInfo_Params,
+        pPmSamplingObject=handle,
+        pCounterDataImage=_address(image),
+        counterDataImageSize=image.size,
+    )
+    get = _f.cuptiPmSamplingCounterDataGetSampleInfo
+    for k in range(count):
+        p.sampleIndex = first + k
+        get(p)
+        out[k, 0] = p.startTimestamp
+        out[k, 1] = p.endTimestamp

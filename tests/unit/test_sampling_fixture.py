@@ -65,3 +65,36 @@ def test_dataset_from_the_recording(recording):
     assert ds["time"].values[0] == series.end_ns[0] - meta["session_start_ns"]
     assert set(np.unique(ds["range"].values)) <= {"", "stream", "fma"}
     assert (ds["range"].values[5:] == "stream").sum() > 200  # this image holds the streaming phase
+
+
+def test_fast_evaluator_matches_evaluate(recording):
+    from gpuscope.cupti import host
+    from gpuscope.cupti._types import ProfilerType
+
+    meta, image, stamps = recording
+    metrics = meta["metrics"]
+    with host.ProfilerHost(meta["chip"], ProfilerType.PM_SAMPLING) as h:
+        expected = np.array([h.evaluate(image, i, metrics) for i in range(261)])
+        out = np.full((300, len(metrics)), -1.0)
+        evaluator = h.evaluator(metrics)
+        evaluator.evaluate_into(image, 0, 200, out)
+        evaluator.evaluate_into(image, 200, 61, out[200:])
+        np.testing.assert_array_equal(out[:261], expected)  # bit for bit
+        assert (out[261:] == -1.0).all()  # nothing written past count
+        part = np.empty((5, len(metrics)))
+        evaluator.evaluate_into(image, 17, 5, part)
+        np.testing.assert_array_equal(part, expected[17:22])
+        with pytest.raises(ValueError, match="shape"):
+            evaluator.evaluate_into(image, 0, 10, np.empty((5, len(metrics))))
+        with pytest.raises(ValueError, match="float64"):
+            evaluator.evaluate_into(image, 0, 1, np.empty((1, len(metrics)), dtype=np.float32))
+    with pytest.raises(ValueError, match="closed"):
+        evaluator.evaluate_into(image, 0, 1, part)
+
+
+def test_sample_times_into_checks_out(recording):
+    _, image, _ = recording
+    with pytest.raises(ValueError, match="shape"):
+        pm.sample_times_into(0, image, 0, 3, np.empty((2, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match="int64"):
+        pm.sample_times_into(0, image, 0, 1, np.empty((1, 2)))
