@@ -165,7 +165,7 @@ def _scaled(metric: str, value: float) -> float:
     return value / 1e9 if metric.endswith(".per_second") else value
 
 
-def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> dict:
+def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
     """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report."""
     import matplotlib
 
@@ -177,7 +177,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
     from .metrics import topdown as td
 
     outdir.mkdir(parents=True, exist_ok=True)
-    w = out.write
+    w = (out or sys.stdout).write
     attrs = launches.attrs
     where = "RECORDED" if recorded else "measured now"
     w(f"gpuscope demo — {where} on {attrs.get('device_name', attrs.get('device', '?'))} "
@@ -214,7 +214,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
     w(f"  {'phase':<6}{'samples':>8}{'ms':>8}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
     t_all = series["time"].values
     ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
-    transient = []
+    transient, main_phases = [], {}
     for p in range(n_phases):
         mask = (ph["phase"] == p).values
         if mask.sum() < 0.01 * t_all.size:  # shorter than 1% of the run: a transient, summarised below
@@ -223,6 +223,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
         names, counts = np.unique(ranges_all[mask], return_counts=True)
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
         span_ms = float(ph["phase_duration"].values[p]) / 1e6
+        main_phases[p] = main_range
         cells = "".join(f"{_scaled(m, float(series[m].values[mask].mean())):>11.1f}" for m in metrics)
         w(f"  {p:<6}{int(mask.sum()):>8}{span_ms:>8.1f}  {main_range:<12}{cells}\n")
     if transient:
@@ -241,7 +242,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=sys.stdout) -> d
     fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     w(f"\nwrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}\n")
-    return {"verdicts": verdicts, "phases": n_phases}
+    return {"verdicts": verdicts, "phases": n_phases, "main_phases": main_phases}
 
 
 def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:

@@ -1,0 +1,33 @@
+"""`gpuscope demo` without a GPU: the same analysis on the H100 recordings shipped with the package."""
+
+import io
+
+import gpuscope as gs
+from gpuscope import _demo, cli
+
+
+def test_recorded_demo_report_and_files(tmp_path):
+    out = io.StringIO()
+    launches = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    series = gs.open_dataset(_demo.RECORDED_SERIES)
+    result = _demo.analyse(launches, series, tmp_path, recorded=True, out=out)
+    text = out.getvalue()
+    assert "RECORDED on NVIDIA H100" in text and "No GPU here" in text
+    assert result["verdicts"]["stream"] == "backend_memory"
+    assert result["verdicts"]["fma"] == "backend_core"
+    # three 0.6 s phases were run inside gs.range blocks; each is found as a phase of its own
+    assert {"stream", "fma", "divergent"} <= set(result["main_phases"].values())
+    for name in ("topdown.png", "timeline.png", "launches.nc", "timeseries.nc"):
+        assert (tmp_path / name).stat().st_size > 1000
+    again = gs.open_dataset(tmp_path / "launches.nc")
+    assert again.sizes == launches.sizes and again.attrs["chip"] == "GH100"
+
+
+def test_demo_command_without_gpu(tmp_path, capsys):
+    from gpuscope.cupti import _lib
+
+    code = cli.main(["demo", "--recorded", "--out", str(tmp_path)])
+    assert code == 0
+    assert "Top-Down per kernel" in capsys.readouterr().out
+    if not _lib.driver_available():
+        assert cli.main(["demo", "--out", str(tmp_path / "auto")]) == 0
