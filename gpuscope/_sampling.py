@@ -249,7 +249,10 @@ class _Pipeline:
         self.decodes = 0
         self.handed_off = 0  # images queued for evaluation
         self.discarded = 0  # samples decoded into the discard image because no image was free
+        self.longest_drain_gap_s = 0.0  # the longest time between two drains: how late the decode thread got
+        self._last_drain: float | None = None
         self._lock = threading.Lock()  # serialises calls that take the PM sampling object
+        self._sample_info_lock = self._lock
         self._free: queue.Queue = queue.Queue()
         self._full: queue.Queue = queue.Queue()  # (sequence number, image); None stops an evaluator
         self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
@@ -294,6 +297,10 @@ class _Pipeline:
     def drain(self, wait: bool = False) -> None:
         """Decode until the hardware buffer is empty, handing off images before they can fill."""
         pm = self._pm
+        now = time.perf_counter()
+        if self._last_drain is not None:
+            self.longest_drain_gap_s = max(self.longest_drain_gap_s, now - self._last_drain)
+        self._last_drain = now
         retried = False
         while True:
             if pm.counter_data_info(self._current).populated >= max(1, self.samples_per_image // 2) or (
@@ -331,7 +338,7 @@ class _Pipeline:
                 n = pm.counter_data_info(image).completed
                 stamps = np.empty((n, 2), dtype=np.int64)
                 values = np.empty((n, len(self.metrics)), dtype=np.float64)
-                with self._lock:
+                with self._sample_info_lock:
                     pm.sample_times_into(self.handle, image, 0, n, stamps)
                 evaluator.evaluate_into(image, 0, n, values)
                 self._results[seq] = (values, stamps)
@@ -712,6 +719,8 @@ class Sampler:
         spans = self._recorder.spans(self.stop_ns)
         mid = (series.start_ns + series.end_ns) // 2
         lost = count_lost(series.start_ns, series.end_ns, self.interval_ns, self.stop_ns)
+        if not series.end_ns.size:  # nothing arrived: every sample of the session was lost
+            lost = max(0, round((self.stop_ns - self.start_ns) / self.interval_ns))
         return _results.sampling_dataset(
             values=series.values,
             metrics=self.metrics,

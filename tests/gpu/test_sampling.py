@@ -15,7 +15,7 @@ cuda = pytest.importorskip("numba.cuda")
 
 SM_ACTIVE = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
 GR_ACTIVE = "gr__cycles_active.avg.pct_of_peak_sustained_elapsed"
-DRAM_READ = "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM_READ = "dram__read_throughput.avg.pct_of_peak_sustained_elapsed"
 
 
 @pytest.fixture(scope="module")
