@@ -154,8 +154,8 @@ _SHORT = {
     "sm__cycles_active.avg.pct_of_peak_sustained_elapsed": "SM active",
     "sm__inst_executed_realtime.avg.pct_of_peak_sustained_elapsed": "SM issue",
     "sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed": "tensor",
-    "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read",
-    "dramc__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write",
+    "dram__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read",
+    "dram__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write",
     "pcie__read_bytes.sum.per_second": "PCIe read",
     "pcie__write_bytes.sum.per_second": "PCIe write",
 }
