@@ -4,9 +4,10 @@ Call order (CUPTI user guide 2.10.6): ``enable(ctx)``, then ``set_attributes`` (
 them), ``start``, work, ``stop``, then ``get_data`` until ``remaining_pcs == 0``, then ``disable``. Every call
 takes the ``CUcontext`` as an integer. PC sampling can be enabled on one context per GPU at a time.
 
-Memory: the PC records are written into a buffer the caller allocates (:class:`SamplingBuffer`); CUPTI
-``malloc``\\s each record's ``functionName`` (possibly shared among records: :meth:`SamplingBuffer.release`
-frees them once, at the end) and the ``fileName``/``dirName`` of a SASS-to-source lookup (freed at once).
+Memory: the PC records are written into a buffer the caller allocates (:class:`SamplingBuffer`). CUPTI keeps
+each record's ``functionName`` (shared among records and reused across sessions: freeing it led to a double
+free, so it is only read); the ``fileName``/``dirName`` of a SASS-to-source lookup are the caller's and are
+freed at once.
 
 CUPTI decodes the hardware buffer in worker threads that wake every WORKER_THREAD_PERIODIC_SLEEP_SPAN (default
 100 ms): ``get_data`` right after the kernels finish may return nothing yet.
@@ -293,7 +294,9 @@ class SamplingBuffer:
         self._names: dict[int, str] = {}
 
     def _name(self, address: int | None) -> str:
-        # CUPTI may share one functionName string among many records: read it once, free it in release()
+        # CUPTI shares one functionName string among many records, and keeps handing out the same pointer in
+        # later sessions of the process: freeing it at the end of one session crashed a later one with a double
+        # free on the H100 (CUPTI 13.0), after names read back as garbage. So names are read, never freed.
         if not address:
             return ""
         if address not in self._names:
@@ -301,9 +304,7 @@ class SamplingBuffer:
         return self._names[address]
 
     def release(self) -> None:
-        """Free the function names CUPTI allocated (after the last :func:`get_data` and disable). Safe twice."""
-        for address in self._names:
-            _libc.free(address)
+        """Forget the function names read so far (CUPTI keeps ownership of them). Safe twice."""
         self._names.clear()
 
     @property
