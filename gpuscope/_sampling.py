@@ -39,13 +39,8 @@ __all__ = [
 ]
 
 def default_samples_per_image(interval_ns: int) -> int:
-    """Capacity of each counter-data image: about 0.5 s of samples, 1,000 to 25,000 (~21.7 KB each on GH100).
-
-    A decode that fills its image loses the rest of what it read from the hardware buffer (CUPTI reports no
-    overflow; measured on the H100), and the decode thread can fall 180 ms behind, so an image handed off at
-    half full must still hold well over that.
-    """
-    return int(min(max(5e8 / max(interval_ns, 1), 1_000), 25_000))
+    """Capacity of each counter-data image: about 50 ms of samples, 256 to 4,096 (~21.7 KB each on GH100)."""
+    return int(min(max(50e6 / max(interval_ns, 1), 256), 4_096))
 
 
 #: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:

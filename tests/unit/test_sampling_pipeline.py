@@ -120,6 +120,6 @@ def test_finish_twice_and_series_before_any_sample(monkeypatch):
     assert values.shape == (0, 2) and stamps.shape == (0, 2)
 
 
-@pytest.mark.parametrize("interval_ns, expected", [(20_000, 25_000), (100_000, 5_000), (1_000, 25_000), (1_000_000, 1_000)])
+@pytest.mark.parametrize("interval_ns, expected", [(20_000, 2_500), (1_000, 4_096), (1_000_000, 256)])
 def test_default_samples_per_image(interval_ns, expected):
     assert _sampling.default_samples_per_image(interval_ns) == expected
