@@ -233,7 +233,7 @@ class _Pipeline:
     """
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
-                 pool_size: int | None, evaluate_threads: int, period_s: float, memory_budget: int = 2 << 30):
+                 pool_size: int, evaluate_threads: int, period_s: float):
         from .cupti import host
         from .cupti import pm_sampling as pm
         from .cupti._types import ProfilerType
@@ -242,6 +242,7 @@ class _Pipeline:
         self.handle = handle
         self.metrics = list(metrics)
         self.samples_per_image = samples_per_image
+        self.pool_size = pool_size
         self.period_s = period_s
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
@@ -257,16 +258,8 @@ class _Pipeline:
         self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
         self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluate_threads)]
         evaluators = [h.evaluator(self.metrics) for h in self._hosts]
-        first = pm.new_counter_data(handle, self.metrics, samples_per_image)
-        if pool_size is None:  # as many images as the memory budget holds
-            pool_size = int(min(max(memory_budget // max(first.nbytes, 1), 4), 4096))
-        self.pool_size = pool_size
-        self._free.put(first)
-        for _ in range(pool_size - 1):
+        for _ in range(pool_size):
             self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
-        # Evaluation waits until the pool runs low (or sampling stops): evaluating ~19 us per sample in Python
-        # threads competes for the GIL with the decode thread, which then falls behind (measured on the H100).
-        self._low_water = max(1, pool_size // 4)
         self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self._stop = threading.Event()
@@ -340,8 +333,6 @@ class _Pipeline:
     def _evaluate_loop(self, evaluator) -> None:
         pm = self._pm
         while (item := self._full.get()) is not None:
-            while self._free.qsize() > self._low_water and not self._stop.is_set():
-                time.sleep(self.period_s)
             seq, image = item
             try:
                 n = pm.counter_data_info(image).completed
@@ -456,9 +447,8 @@ class Sampler:
         hardware_buffer_size: int = 512 << 20,
         decode_period: float = 0.01,
         samples_per_image: int | None = None,
-        image_pool: int | None = None,
+        image_pool: int = 8,
         evaluate_threads: int = 2,
-        memory_budget: int = 2 << 30,
     ):
         value, unit = parse_interval(interval)
         if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
@@ -469,14 +459,11 @@ class Sampler:
             raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
         if samples_per_image is not None and samples_per_image < 2:
             raise ValueError(f"samples_per_image must be at least 2; got {samples_per_image!r}.")
-        if (image_pool is not None and image_pool < 1) or evaluate_threads < 1:
+        if image_pool < 1 or evaluate_threads < 1:
             raise ValueError(
                 f"image_pool and evaluate_threads must be at least 1; got {image_pool!r} and {evaluate_threads!r}."
             )
-        if memory_budget < (64 << 20):
-            raise ValueError(f"memory_budget must be at least 64 MiB; got {memory_budget} bytes.")
-        self.image_pool = None if image_pool is None else int(image_pool)
-        self.memory_budget = int(memory_budget)
+        self.image_pool = int(image_pool)
         self.evaluate_threads = int(evaluate_threads)
         self._interval_value, self._interval_unit = value, unit
         self._requested_metrics = metrics
@@ -581,7 +568,6 @@ class Sampler:
             pool_size=self.image_pool,
             evaluate_threads=self.evaluate_threads,
             period_s=self.decode_period,
-            memory_budget=self.memory_budget,
         )
         self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
@@ -756,7 +742,7 @@ class Sampler:
                 "overflows": int(self.overflows),
                 "decode_errors": "; ".join(self._decoder.errors[:10]),
                 "counter_data_images": int(self._decoder.handed_off),
-                "counter_data_pool": int(self._decoder.pool_size),
+                "counter_data_pool": int(self.image_pool),
                 "samples_per_image": int(self._decoder.samples_per_image),
                 "discarded_samples": int(self.discarded_samples),
             },
@@ -842,15 +828,10 @@ def sample(metrics="pm-default", interval="20us", device: int = 0, **options) ->
         Capacity of each counter-data image (default: 50 ms of samples, 256 to 4,096; an image is handed to the
         evaluators when half full).
     image_pool : int, optional
-        Counter-data images made up front and recycled (default: as many as ``memory_budget`` holds). If
-        evaluation falls behind and none is free, samples are discarded and counted
-        (``attrs["discarded_samples"]``, part of ``lost_samples``).
+        Counter-data images made up front and recycled (default 8). If evaluation falls behind and none is free,
+        samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
     evaluate_threads : int, optional
-        Threads that evaluate samples (default 2). They start once three quarters of the pool is in use, or when
-        sampling stops: evaluating in Python threads while sampling slows the decode thread (GIL).
-    memory_budget : int, optional
-        Bytes of host memory for counter-data images (default 2 GiB: about 1.9 s of pm-default samples at 20 us,
-        10 s at 100 us, on GH100). Runs that fit are evaluated after sampling stops, with nothing lost.
+        Threads that evaluate samples while sampling runs (default 2).
 
     Returns
     -------
