@@ -17,7 +17,6 @@ import enum
 import math
 import queue
 import re
-import sys
 import threading
 import time
 import warnings
@@ -43,9 +42,6 @@ def default_samples_per_image(interval_ns: int) -> int:
     """Capacity of each counter-data image: about 50 ms of samples, 256 to 4,096 (~21.7 KB each on GH100)."""
     return int(min(max(50e6 / max(interval_ns, 1), 256), 4_096))
 
-
-#: Python's thread switch interval while sampling runs (s): short, so the decode thread gets the GIL in time.
-SWITCH_INTERVAL_S = 1e-4
 
 #: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:
 #: the hardware buffer fills faster than samples can be decoded (see docs/pm-sampling.md for the measurements).
@@ -580,11 +576,6 @@ class Sampler:
         self._wall_start = time.time()
         pm.start(self._handle)
         self._started = True
-        # The decode thread needs the GIL for every CUPTI call; a Python loop launching kernels holds it for up
-        # to the switch interval (5 ms by default) each time, and the decode thread falls behind. A short
-        # interval while sampling lets it in; restored in _teardown.
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._decoder.start()
 
     def _context_device(self) -> int:
@@ -654,9 +645,6 @@ class Sampler:
 
     def _teardown(self) -> None:
         """Undo whatever :meth:`_setup` did, in reverse; trouble becomes warnings."""
-        if getattr(self, "_switch_interval", None) is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
         from . import _ranges
         from .cupti import pm_sampling as pm
         from .cupti import profiler
