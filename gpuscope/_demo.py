@@ -204,30 +204,35 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
         verdicts[str(k)] = worst_l2
         w(f"  {str(k):<12}" + "".join(f"{values[n]:>12.2f}" for n in level1) + f"   {worst_l2}\n")
 
-    # Phases that differ by less than 2 noise sigmas in every metric are one phase (see docs/phases.md).
+    # Segments within 2 noise sigmas of each other in every metric share a phase label (see docs/phases.md).
     ph = gs.phases(series, label_tolerance=2.0)
     n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
     labels = [_SHORT.get(m, m.split(".")[0][-14:]) for m in metrics]
-    w(f"\nPM sampling: {series.sizes['time']} samples, {n_phases} phases found (mean per phase; % of peak, "
-      "PCIe in GB/s)\n")
-    w(f"  {'phase':<6}{'samples':>8}{'ms':>8}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
+    w(f"\nPM sampling: {series.sizes['time']} samples, {ph.sizes['segment']} segments between change points, "
+      f"{n_phases} distinct phases (mean per segment; % of peak, PCIe in GB/s)\n")
+    w(f"  {'from ms':>8}{'to ms':>8}{'phase':>6}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
     t_all = series["time"].values
     ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
-    transient, main_phases = [], {}
-    for p in range(n_phases):
-        mask = (ph["phase"] == p).values
-        if mask.sum() < 0.01 * t_all.size:  # shorter than 1% of the run: a transient, summarised below
-            transient.append(int(mask.sum()))
+    short, segments = [], []
+    for seg in range(ph.sizes["segment"]):
+        first, stop = int(ph["segment_first"][seg]), int(ph["segment_stop"][seg])
+        label = int(ph["segment_phase"][seg])
+        if stop - first < 0.01 * t_all.size:  # under 1% of the run: a transient, counted below
+            short.append(stop - first)
             continue
-        names, counts = np.unique(ranges_all[mask], return_counts=True)
+        names, counts = np.unique(ranges_all[first:stop], return_counts=True)
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
-        span_ms = float(ph["phase_duration"].values[p]) / 1e6
-        main_phases[p] = main_range
-        cells = "".join(f"{_scaled(m, float(series[m].values[mask].mean())):>11.1f}" for m in metrics)
-        w(f"  {p:<6}{int(mask.sum()):>8}{span_ms:>8.1f}  {main_range:<12}{cells}\n")
-    if transient:
-        w(f"  and {len(transient)} transient phases of {sum(transient)} samples in all (each under 1% of the run)\n")
+        segments.append((label, main_range))
+        cells = "".join(f"{_scaled(m, float(series[m].values[first:stop].mean())):>11.1f}" for m in metrics)
+        w(f"  {t_all[first] / 1e6:>8.1f}{t_all[stop - 1] / 1e6:>8.1f}{label:>6}  {main_range:<12}{cells}\n")
+    if short:
+        w(f"  and {len(short)} short segments of {sum(short)} samples in all (each under 1% of the run)\n")
+    for label in sorted({lab for lab, _ in segments}):
+        alike = sorted({r for lab, r in segments if lab == label and r})
+        if len(alike) > 1:
+            w(f"  user ranges {', '.join(alike)} look alike in these metrics (phase {label}): PM counters count "
+              "warp instructions and cannot see divergence; the per-kernel Top-Down above can.\n")
 
     launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
     gs.save_dataset(launches, launches_nc)
@@ -242,7 +247,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
     fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     w(f"\nwrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}\n")
-    return {"verdicts": verdicts, "phases": n_phases, "main_phases": main_phases}
+    return {"verdicts": verdicts, "phases": n_phases, "segments": segments}
 
 
 def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:

@@ -15,8 +15,13 @@ def test_recorded_demo_report_and_files(tmp_path):
     assert "RECORDED on NVIDIA H100" in text and "No GPU here" in text
     assert result["verdicts"]["stream"] == "backend_memory"
     assert result["verdicts"]["fma"] == "backend_core"
-    # three 0.6 s phases were run inside gs.range blocks; each is found as a phase of its own
-    assert {"stream", "fma", "divergent"} <= set(result["main_phases"].values())
+    assert result["verdicts"]["divergent"] == "divergence_branch"
+    # three 0.6 s stretches ran inside gs.range blocks: each is found, and the memory-bound one is its own phase
+    ranges = {r for _, r in result["segments"]}
+    assert {"stream", "fma", "divergent"} <= ranges
+    stream = {lab for lab, r in result["segments"] if r == "stream"}
+    others = {lab for lab, r in result["segments"] if r in ("fma", "divergent")}
+    assert stream and others and not stream & others
     for name in ("topdown.png", "timeline.png", "launches.nc", "timeseries.nc"):
         assert (tmp_path / name).stat().st_size > 1000
     again = gs.open_dataset(tmp_path / "launches.nc")
