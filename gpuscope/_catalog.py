@@ -189,10 +189,8 @@ class _ChipMetrics:
 
     def info(self, name: str) -> MetricInfo:
         base, suffix = split_name(name)
-        if suffix:
-            self.check(name)
-        elif base not in self.types:
-            self.check(name)  # raises with suggestions
+        if suffix or base not in self.types:
+            self.check(name)  # a complete name must be valid; an unknown base raises with suggestions
         metric_type = self.types[base]
         props = self.host.metric_properties(name if suffix else base + _EXAMPLE_SUFFIX[metric_type])
         units = units_of(suffix, props.units) if suffix else ""  # a base name's unit depends on the suffix

@@ -15,7 +15,6 @@ same analysis on recordings made with this command on an H100, shipped in ``gpus
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -101,9 +100,6 @@ def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Wo
 # ---------------------------------------------------------------------------------------------------------
 # Collection on the GPU
 # ---------------------------------------------------------------------------------------------------------
-
-#: The paper's Top-Down metrics, the cycle weight and duration, plus Hopper's gmma stall: 7 passes on GH100.
-DEMO_METRICS_EXTRA = ("smsp__warp_issue_stalled_gmma_per_warp_active.pct",)
 
 
 def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: str = "100us", log=print):
