@@ -38,6 +38,15 @@ __all__ = [
     "MIN_INTERVAL_NS",
 ]
 
+def suggest_interval_us(decode_us_per_sample: float) -> int:
+    """The interval (µs, rounded up to a 1-2-5 step) that leaves decoding half the time between samples."""
+    need = 2.0 * decode_us_per_sample
+    for step in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000):
+        if step >= need:
+            return step
+    return int(math.ceil(need))
+
+
 def default_samples_per_image(interval_ns: int) -> int:
     """Capacity of each counter-data image: about 50 ms of samples, 256 to 4,096 (~21.7 KB each on GH100)."""
     return int(min(max(50e6 / max(interval_ns, 1), 256), 4_096))
@@ -224,16 +233,29 @@ class _Pipeline:
     """Decodes samples into a fixed pool of counter-data images and evaluates them while sampling runs.
 
     A raw image costs about 21.7 KB per sample (pm-default, GH100), so images are small, made up front, and
-    recycled: the decode thread only decodes into the current image and, once it is half full (or full), queues it
-    and takes a free one. Evaluator threads (each with its own host object) read the samples' timestamps, evaluate
-    them into numpy arrays, re-initialise the image and put it back in the pool. The decode thread never waits for
-    an image or allocates one: if the pool is empty it decodes into a discard image, whose samples are counted in
+    recycled: the decode thread only decodes into the current image and queues it for evaluation before a decode
+    could fill it, then takes a free one. **A decode must never fill its image**: when ``cuptiPmSamplingDecodeData``
+    stops with ``COUNTER_DATA_FULL``, the samples it had read beyond the image's capacity are gone (measured on the
+    H100: every gap in the samples sat at such an image boundary). Each decode reads the samples waiting in the
+    hardware buffer when it starts, so before each decode the thread estimates that backlog from the time since the
+    last decoded sample ended, and hands the image over first if the backlog might not fit.
+
+    Evaluator threads (each with its own host object) read the samples' timestamps, evaluate them into numpy
+    arrays, re-initialise the image and put it back in the pool. The decode thread never waits for an image or
+    allocates one: if the pool is empty it decodes into a discard image, whose samples are counted in
     :attr:`discarded` (and show as lost). Calls that take the PM sampling object (decode, sample info, image
     initialisation) are serialised by one lock, as CUPTI does not say they are thread-safe.
+
+    The time spent inside ``DecodeData`` and the samples it produced are recorded (:attr:`decode_seconds`,
+    :attr:`decoded_samples`): decoding costs tens of µs per pm-default sample on the H100's host, which is what
+    limits the shortest interval that runs without loss.
     """
 
+    #: Margin on the estimated backlog before a decode (samples), on top of 25%.
+    BACKLOG_MARGIN = 32
+
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
-                 pool_size: int, evaluate_threads: int, period_s: float):
+                 pool_size: int, evaluate_threads: int, period_s: float, interval_ns: int = 0, clock=None):
         from .cupti import host
         from .cupti import pm_sampling as pm
         from .cupti._types import ProfilerType
@@ -244,13 +266,23 @@ class _Pipeline:
         self.samples_per_image = samples_per_image
         self.pool_size = pool_size
         self.period_s = period_s
+        self.interval_ns = int(interval_ns)
+        if clock is None:
+            from .cupti import activity
+
+            clock = activity.timestamp
+        self._clock = clock  # CUPTI's clock (ns), the clock of the sample timestamps
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
         self.decodes = 0
+        self.full_stops = 0  # decodes that stopped because the image was full (samples beyond it were lost)
         self.handed_off = 0  # images queued for evaluation
         self.discarded = 0  # samples decoded into the discard image because no image was free
+        self.decode_seconds = 0.0  # time spent inside cuptiPmSamplingDecodeData
+        self.decoded_samples = 0
         self.longest_drain_gap_s = 0.0  # the longest time between two drains: how late the decode thread got
         self._last_drain: float | None = None
+        self._last_end_ns: int | None = None  # end of the last decoded sample
         self._lock = threading.Lock()  # serialises calls that take the PM sampling object
         self._sample_info_lock = self._lock
         self._free: queue.Queue = queue.Queue()
@@ -269,13 +301,19 @@ class _Pipeline:
         ]
         self._finished = False
 
-    def start(self) -> None:
+    def start(self, start_ns: int | None = None) -> None:
+        """Start the threads; *start_ns* (CUPTI clock) is when sampling started, the origin of the first backlog."""
+        self._last_end_ns = start_ns
         for thread in self._threads:
             thread.start()
 
     # -- decode thread ------------------------------------------------------------------------------------
     def _decode_loop(self) -> None:
-        while not self._stop.wait(self.period_s):
+        # one drain every period_s, counted from the start of the previous one: a drain that took longer than
+        # the period is followed at once by the next, which keeps the backlog of each decode near one period
+        started = time.perf_counter()
+        while not self._stop.wait(max(0.0, self.period_s - (time.perf_counter() - started))):
+            started = time.perf_counter()
             self.drain()
 
     def _hand_off(self, wait: bool = False) -> None:
@@ -294,8 +332,16 @@ class _Pipeline:
         except queue.Empty:
             self._current = self._discard
 
+    def expected_backlog(self) -> int:
+        """Samples expected in the hardware buffer now: the time since the last decoded sample ended, in
+        intervals, plus 25% and :attr:`BACKLOG_MARGIN` (0 when the interval is unknown)."""
+        if not self.interval_ns or self._last_end_ns is None:
+            return 0
+        waiting = max(0, self._clock() - self._last_end_ns) / self.interval_ns
+        return int(math.ceil(1.25 * waiting)) + self.BACKLOG_MARGIN
+
     def drain(self, wait: bool = False) -> None:
-        """Decode until the hardware buffer is empty, handing off images before they can fill."""
+        """Decode until the hardware buffer is empty, handing images over before a decode could fill them."""
         pm = self._pm
         now = time.perf_counter()
         if self._last_drain is not None:
@@ -303,13 +349,19 @@ class _Pipeline:
         self._last_drain = now
         retried = False
         while True:
-            if pm.counter_data_info(self._current).populated >= max(1, self.samples_per_image // 2) or (
-                self._current is self._discard and not self._free.empty()
-            ):
+            populated = pm.counter_data_info(self._current).populated
+            backlog = self.expected_backlog()
+            if self._current is self._discard:
+                if not self._free.empty():
+                    self._hand_off(wait)
+            elif populated and self.samples_per_image - populated < backlog:
                 self._hand_off(wait)
+            before = pm.counter_data_info(self._current).populated
             try:
                 with self._lock:
+                    t0 = time.perf_counter()
                     result = pm.decode(self.handle, self._current)
+                    self.decode_seconds += time.perf_counter() - t0
             except CuptiMemoryError as exc:
                 # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
                 # filled: retry once on another image; failing again, it was the hardware buffer.
@@ -325,8 +377,17 @@ class _Pipeline:
                 return
             self.decodes += 1
             self.overflows += result.overflow
+            after = pm.counter_data_info(self._current).populated
+            if after > before:
+                self.decoded_samples += after - before
+                try:
+                    with self._lock:
+                        self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
+                except Exception as exc:  # only the backlog estimate suffers
+                    self.errors.append(f"sample info: {type(exc).__name__}: {exc}")
             if result.stop_reason != pm.PmDecodeStopReason.COUNTER_DATA_FULL:
                 break
+            self.full_stops += 1
             self._hand_off(wait)
 
     # -- evaluator threads --------------------------------------------------------------------------------
@@ -480,6 +541,8 @@ class Sampler:
         self._context = None
         self._initialized = False
         self._decoder: _Pipeline | None = None
+        self.lost_samples = 0
+        self.stop_call_ns = 0
         self._recorder: _RangeRecorder | None = None
 
     # -- lifetime -----------------------------------------------------------------------------------------
@@ -568,6 +631,7 @@ class Sampler:
             pool_size=self.image_pool,
             evaluate_threads=self.evaluate_threads,
             period_s=self.decode_period,
+            interval_ns=self.interval_ns,
         )
         self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
@@ -576,7 +640,7 @@ class Sampler:
         self._wall_start = time.time()
         pm.start(self._handle)
         self._started = True
-        self._decoder.start()
+        self._decoder.start(self.start_ns)
 
     def _context_device(self) -> int:
         from cuda.bindings import driver
@@ -609,7 +673,8 @@ class Sampler:
     def stop(self) -> None:
         """Stop sampling, decode what is left and release the device (safe to call twice).
 
-        Waits for the evaluator threads to finish the last images.
+        Waits for the evaluator threads to finish the last images. Warns (:class:`GpuscopeWarning`) if samples
+        were lost, saying why and what to change.
         """
         if self._state != "running":
             return
@@ -617,8 +682,9 @@ class Sampler:
         from .cupti import pm_sampling as pm
 
         try:
+            self.stop_ns = activity.timestamp()  # no sample can be expected after this
             pm.stop(self._handle)
-            self.stop_ns = activity.timestamp()
+            self.stop_call_ns = activity.timestamp() - self.stop_ns
             self._started = False
             self._decoder.finish()
         finally:
@@ -626,22 +692,56 @@ class Sampler:
             with _active_lock:
                 _active.pop(self.device, None)
             self._state = "stopped"
-        if self.overflows or self._decoder.errors:
-            warnings.warn(
-                f"PM sampling on device {self.device} overflowed the hardware buffer {self.overflows} time(s); "
-                "samples were lost (see dataset.attrs['lost_samples']). Use a longer interval or a larger "
-                "hardware_buffer_size.",
-                GpuscopeWarning,
-                stacklevel=2,
+            self._values, self._stamps = self._decoder.series()
+            self.lost_samples = self._count_lost()
+        message = self._loss_message()
+        if message:
+            warnings.warn(message, GpuscopeWarning, stacklevel=2)
+
+    def _count_lost(self) -> int:
+        starts, ends = self._stamps[:, 0], self._stamps[:, 1]
+        if not ends.size:  # nothing arrived: every sample of the session was lost
+            return max(0, round((self.stop_ns - self.start_ns) / self.interval_ns))
+        return count_lost(starts, ends, self.interval_ns, self.stop_ns)
+
+    @property
+    def decode_us_per_sample(self) -> float:
+        """Time spent inside ``cuptiPmSamplingDecodeData`` per decoded sample (µs; NaN before any sample)."""
+        d = self._decoder
+        return d.decode_seconds / d.decoded_samples * 1e6 if d and d.decoded_samples else float("nan")
+
+    def _loss_message(self) -> str:
+        """Why samples were lost and what to do, or "" if none were."""
+        d = self._decoder
+        if not (self.lost_samples or d.overflows or d.errors or d.discarded):
+            return ""
+        kept = len(self._stamps)
+        lines = [
+            f"PM sampling on device {self.device} lost {self.lost_samples} of {kept + self.lost_samples} samples "
+            f"(interval {self.interval_ns / 1000:g} us, {len(self.metrics)} metrics; "
+            "dataset.attrs['lost_samples'])."
+        ]
+        cost = self.decode_us_per_sample
+        if math.isfinite(cost) and cost > 0.7 * self.interval_ns / 1000:
+            lines.append(
+                f"Decoding is the limit: cuptiPmSamplingDecodeData took {cost:.1f} us per sample of these metrics on "
+                f"this machine, {100 * cost * 1000 / self.interval_ns:.0f}% of the interval, and it cannot run in "
+                f"parallel. Use interval='{suggest_interval_us(cost)}us' or longer, or fewer metrics "
+                "(the 'pm-fast' set decodes several times faster)."
             )
-        if self.discarded_samples:
-            warnings.warn(
-                f"PM sampling on device {self.device} discarded {self.discarded_samples} samples: evaluation fell "
-                "behind and no counter-data image was free. Use a longer interval, or more image_pool or "
-                "evaluate_threads.",
-                GpuscopeWarning,
-                stacklevel=2,
+        if d.overflows:
+            lines.append(
+                f"The hardware buffer overflowed {d.overflows} time(s): use a longer interval or a larger "
+                "hardware_buffer_size."
             )
+        if d.discarded:
+            lines.append(
+                f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
+                "free: use a longer interval, or more image_pool or evaluate_threads."
+            )
+        if d.errors:
+            lines.append(f"Decode errors: {'; '.join(d.errors[:3])}.")
+        return " ".join(lines)
 
     def _teardown(self) -> None:
         """Undo whatever :meth:`_setup` did, in reverse; trouble becomes warnings."""
@@ -709,7 +809,7 @@ class Sampler:
     def _build(self):
         from . import _results
 
-        values, stamps = self._decoder.series()
+        values, stamps = self._values, self._stamps
         series = Series(
             values=values.T,
             start_ns=stamps[:, 0].copy(),
@@ -718,9 +818,6 @@ class Sampler:
         )
         spans = self._recorder.spans(self.stop_ns)
         mid = (series.start_ns + series.end_ns) // 2
-        lost = count_lost(series.start_ns, series.end_ns, self.interval_ns, self.stop_ns)
-        if not series.end_ns.size:  # nothing arrived: every sample of the session was lost
-            lost = max(0, round((self.stop_ns - self.start_ns) / self.interval_ns))
         return _results.sampling_dataset(
             values=series.values,
             metrics=self.metrics,
@@ -738,13 +835,17 @@ class Sampler:
                 "hardware_interval": int(self._hw_interval),
                 "hardware_buffer_size": self.hardware_buffer_size,
                 "session_end_ns": int(self.stop_ns),
-                "lost_samples": int(lost),
+                "lost_samples": int(self.lost_samples),
                 "overflows": int(self.overflows),
                 "decode_errors": "; ".join(self._decoder.errors[:10]),
                 "counter_data_images": int(self._decoder.handed_off),
                 "counter_data_pool": int(self.image_pool),
                 "samples_per_image": int(self._decoder.samples_per_image),
                 "discarded_samples": int(self.discarded_samples),
+                "full_decodes": int(self._decoder.full_stops),
+                "decode_us_per_sample": float(round(self.decode_us_per_sample, 3)),
+                "decode_seconds": float(round(self._decoder.decode_seconds, 6)),
+                "stop_call_ns": int(self.stop_call_ns),
             },
         )
 

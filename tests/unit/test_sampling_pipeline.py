@@ -14,15 +14,25 @@ from gpuscope.cupti import pm_sampling as pm
 
 
 class FakePm:
-    """A hardware buffer that gains *per_decode* samples per decode; sample ``i`` spans ``[20 i, 20 i + 20)``."""
+    """A hardware buffer as CUPTI's behaves on the H100: sample ``i`` spans ``[20 i, 20 i + 20)`` ns, and
+    *per_tick* samples are made each time the pipeline reads the clock. A decode takes the samples waiting when it
+    starts; if they do not fit in the image it stops with ``COUNTER_DATA_FULL`` and the rest are gone."""
 
-    def __init__(self, per_decode):
-        self.per_decode = per_decode
-        self.produced = 0
-        self.pending = 0
+    def __init__(self, per_tick, tick_on_decode=False):
+        self.per_tick = per_tick
+        self.tick_on_decode = tick_on_decode  # also make samples at each decode (when the clock is not read)
+        self.made = 0  # samples made so far
+        self.next_id = 0  # first sample not yet decoded (or dropped)
+        self.dropped = 0  # samples lost at a full image
+        self.producing = True  # False after cuptiPmSamplingStop
         self.content = {}  # image address -> (capacity, list of sample ids)
         self.in_object = 0  # calls inside the sampling object at once (must stay <= 1)
         self.lock = threading.Lock()
+
+    def clock(self):
+        with self.lock:
+            self.made += self.per_tick * self.producing
+            return 20 * self.made
 
     def _enter(self):
         with self.lock:
@@ -45,16 +55,26 @@ class FakePm:
 
     def decode(self, handle, image):
         self._enter()
-        self.pending += self.per_decode
+        if self.tick_on_decode:
+            self.made += self.per_tick * self.producing
         capacity, ids = self.content[image.ctypes.data]
-        take = min(self.pending, capacity - len(ids))
-        ids.extend(range(self.produced, self.produced + take))
-        self.produced += take
-        self.pending -= take
+        waiting = self.made - self.next_id
+        take = min(waiting, capacity - len(ids))
+        ids.extend(range(self.next_id, self.next_id + take))
+        self.next_id += take
+        full = take < waiting or (len(ids) == capacity and waiting)
+        if take < waiting:  # what did not fit is gone
+            self.dropped += waiting - take
+            self.next_id = self.made
         self._leave()
-        full = len(ids) == capacity and self.pending
         reason = pm.PmDecodeStopReason.COUNTER_DATA_FULL if full else pm.PmDecodeStopReason.END_OF_RECORDS
         return pm.Decoded(stop_reason=reason, overflow=False)
+
+    def sample_info(self, handle, image, index):
+        self._enter()
+        i = self.content[image.ctypes.data][1][index]
+        self._leave()
+        return 20 * i, 20 * i + 20
 
     def counter_data_info(self, image):
         capacity, ids = self.content[image.ctypes.data]
@@ -78,46 +98,77 @@ class FakePm:
         return Evaluator()
 
 
-def run_pipeline(monkeypatch, *, per_decode, delay, seconds=0.3, pool=3, threads=2):
-    fake = FakePm(per_decode)
-    for name in ("new_counter_data", "initialize_counter_data", "decode", "counter_data_info", "sample_times_into"):
+def run_pipeline(monkeypatch, *, per_tick, delay, seconds=0.3, pool=3, threads=2, samples_per_image=40,
+                 interval_ns=20):
+    fake = FakePm(per_tick, tick_on_decode=not interval_ns)
+    for name in ("new_counter_data", "initialize_counter_data", "decode", "counter_data_info", "sample_times_into",
+                 "sample_info"):
         monkeypatch.setattr(pm, name, getattr(fake, name))
     monkeypatch.setattr(host.ProfilerHost, "evaluator", lambda self, metrics: fake.evaluator(delay))
     pipe = _sampling._Pipeline(
-        1, "GH100", ["a", "b"], None, samples_per_image=40, pool_size=pool, evaluate_threads=threads, period_s=0.001
+        1, "GH100", ["a", "b"], None, samples_per_image=samples_per_image, pool_size=pool, evaluate_threads=threads,
+        period_s=0.001, interval_ns=interval_ns, clock=fake.clock,
     )
-    pipe.start()
+    pipe.start(0)
     time.sleep(seconds)
+    fake.producing = False  # cuptiPmSamplingStop
     pipe.finish()
     values, stamps = pipe.series()
     return fake, pipe, values, stamps
 
 
 def test_every_sample_is_evaluated_once_in_order(monkeypatch):
-    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_decode=7, delay=0.0)
+    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=7, delay=0.0, samples_per_image=100)
     assert pipe.errors == [] and pipe.discarded == 0
-    assert fake.produced > 500
-    np.testing.assert_array_equal(values[:, 0], np.arange(fake.produced))  # nothing lost, nothing twice
+    assert pipe.full_stops == 0 and fake.dropped == 0  # images were handed over before a decode could fill one
+    assert fake.made > 500
+    np.testing.assert_array_equal(values[:, 0], np.arange(fake.made))  # nothing lost, nothing twice
     assert (values[:, 1] == -1).all()
-    np.testing.assert_array_equal(stamps[:, 0], 20 * np.arange(fake.produced))
+    np.testing.assert_array_equal(stamps[:, 0], 20 * np.arange(fake.made))
     assert pipe.handed_off > 3 * pipe.pool_size  # images were recycled
     assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == 0
+    assert pipe.decoded_samples == fake.made and pipe.decode_seconds > 0
+
+
+def test_without_the_backlog_estimate_full_images_lose_samples_and_the_loss_is_counted(monkeypatch):
+    # interval unknown: no estimate, so images are handed over only when a decode filled them, losing the rest
+    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=7, delay=0.0, samples_per_image=100, interval_ns=0)
+    assert pipe.full_stops > 0 and fake.dropped > 0
+    kept = values[:, 0].astype(np.int64)
+    assert (np.diff(kept) > 0).all()
+    assert kept.size + fake.dropped == fake.made
+    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == fake.dropped - kept[0]
+
+
+def test_backlog_larger_than_an_image_is_lost_and_counted(monkeypatch):
+    # decoding cannot keep up: more samples wait than an image holds; each decode fills a fresh image, loses the rest
+    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=150, delay=0.0, samples_per_image=100, pool=4)
+    assert pipe.full_stops > 0 and fake.dropped > 0 and pipe.errors == []
+    kept = values[:, 0].astype(np.int64)
+    assert kept.size + fake.dropped + pipe.discarded == fake.made
+    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
 
 
 def test_slow_evaluation_discards_and_counts(monkeypatch):
     # evaluation far slower than sampling: the pool runs dry, the decode thread discards instead of waiting
-    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_decode=30, delay=2e-4, pool=2, threads=1)
+    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=30, delay=2e-4, pool=2, threads=1,
+                                              samples_per_image=100)
     assert pipe.discarded > 0 and pipe.errors == []
     kept = values[:, 0].astype(np.int64)
     assert (np.diff(kept) > 0).all()  # in order, no duplicates
-    assert kept.size + pipe.discarded == fake.produced
-    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == fake.produced - kept.size - kept[0]
+    assert kept.size + pipe.discarded + fake.dropped == fake.made
+    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
 
 
 def test_finish_twice_and_series_before_any_sample(monkeypatch):
-    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_decode=0, delay=0.0, seconds=0.02)
+    fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=0, delay=0.0, seconds=0.02)
     pipe.finish()
     assert values.shape == (0, 2) and stamps.shape == (0, 2)
+
+
+@pytest.mark.parametrize("decode_us, expected", [(0.3, 1), (8.0, 20), (16.9, 50), (45.0, 100), (120.0, 500)])
+def test_suggested_interval_leaves_decoding_half_the_time(decode_us, expected):
+    assert _sampling.suggest_interval_us(decode_us) == expected
 
 
 @pytest.mark.parametrize("interval_ns, expected", [(20_000, 2_500), (1_000, 4_096), (1_000_000, 256)])
