@@ -1,15 +1,17 @@
-"""PM sampling benchmark (run on the GPU): overhead against the plain workload, loss on a long run, and the
-shortest interval that samples without loss.
+"""PM sampling benchmark (run on the GPU): overhead against the plain workload, loss on long runs, the shortest
+interval that samples without loss, and what decoding costs per metric.
 
     source tests/gpu/device_env.sh
     python3 benchmarks/bench_pm_sampling.py --out results.json
 
-Workload: a Numba loop alternating a streaming kernel (3 x 64 MB) and an FMA-chain kernel, synchronising every
-20 launches. Overhead: median time per launch over --reps interleaved repetitions of --launches launches, plain
-and under gpuscope.sample("pm-default") at each interval. Long run: --long-seconds at 20 us, plain and sampled
-(the overhead of a long run). Sweep: each of --sweep intervals for --sweep-seconds, counting lost and discarded
-samples and hardware-buffer overflows. Evaluation cost per sample on this CPU (the recorded fixture), and DRAM
-metrics of both families (dramc__, dram__) over a streaming kernel whose bandwidth is timed.
+A configuration is ``SET@INTERVAL`` (``pm-default@100us``, ``pm-fast@20us``). Workload: a Numba loop alternating a
+streaming kernel (3 x 64 MB) and an FMA-chain kernel, synchronising every 20 launches. Overhead: median time per
+launch over --reps interleaved repetitions of --launches launches, plain and under each of --configs. Long runs:
+each of --long for --long-seconds, with a plain run of the same length first. Sweep: each of --sweep for
+--sweep-seconds, counting lost and discarded samples and hardware-buffer overflows. Decode cost: each metric of
+pm-default and pm-fast alone (idle GPU, 50 us): counter-data bytes per sample and the time CUPTI's DecodeData
+took per sample. Evaluation cost per sample on this CPU (the recorded fixture), and DRAM metrics of both families
+(dramc__, dram__) over a streaming kernel whose bandwidth is timed.
 """
 
 from __future__ import annotations
@@ -75,9 +77,18 @@ def make_workload():
     return launches, for_seconds, stream_only, 3 * n * 4  # bytes moved per streaming launch (2 read, 1 written)
 
 
-def overhead(launches, intervals, count, reps):
+def parse_config(config):
+    """``"pm-fast@20us"`` -> ``("pm-fast", "20us")``."""
+    metrics, _, interval = config.partition("@")
+    if not interval:
+        raise SystemExit(f"A configuration is SET@INTERVAL, e.g. pm-fast@20us; got {config!r}.")
+    return metrics, interval
+
+
+def overhead(launches, configs, count, reps):
     import gpuscope
 
+    intervals = configs
     times = {"plain": [], **{iv: [] for iv in intervals}}
     lost = {iv: 0 for iv in intervals}
     for _ in range(reps):
@@ -85,7 +96,7 @@ def overhead(launches, intervals, count, reps):
         launches(count)
         times["plain"].append((time.perf_counter() - t0) / count)
         for iv in intervals:
-            with gpuscope.sample("pm-default", iv) as s:
+            with gpuscope.sample(*parse_config(iv)) as s:
                 t0 = time.perf_counter()
                 launches(count)
                 times[iv].append((time.perf_counter() - t0) / count)
@@ -103,14 +114,15 @@ def overhead(launches, intervals, count, reps):
     return rows
 
 
-def one_run(for_seconds, interval, seconds, plain=False):
+def one_run(for_seconds, config, seconds, plain=False):
     import gpuscope
 
+    metrics, interval = parse_config(config)
     plain_launches = None
     if plain:
         k, work = for_seconds(seconds)
         plain_launches = {"launches": k, "seconds": round(work, 3), "ms_per_launch": 1e3 * work / k}
-    with gpuscope.sample("pm-default", interval) as s:
+    with gpuscope.sample(metrics, interval) as s:
         t_run = time.perf_counter()
         k, work = for_seconds(seconds)
         t_stop = time.perf_counter()
@@ -121,7 +133,9 @@ def one_run(for_seconds, interval, seconds, plain=False):
     n = ds.sizes["time"]
     span_ns = int(ds["end_ns"][-1] - ds["start_ns"][1]) if n > 1 else 0  # the first sample reaches back
     return {
+        "config": config,
         "interval": interval,
+        "metrics": len(s.metrics),
         "seconds": round(work, 3),
         "launches": k,
         "samples": n,
@@ -130,6 +144,9 @@ def one_run(for_seconds, interval, seconds, plain=False):
         "lost_samples": ds.attrs["lost_samples"],
         "overflows": ds.attrs["overflows"],
         "discarded_samples": ds.attrs["discarded_samples"],
+        "full_decodes": ds.attrs["full_decodes"],
+        "decode_us_per_sample": ds.attrs["decode_us_per_sample"],
+        "decode_load_pct": 100 * ds.attrs["decode_us_per_sample"] * 1e3 / s.interval_ns,
         "decode_errors": ds.attrs["decode_errors"][:300],
         "counter_data_images": ds.attrs["counter_data_images"],
         "samples_per_image": ds.attrs["samples_per_image"],
@@ -169,6 +186,41 @@ def evaluation_cost(reps=20):
     return {"evaluate_us": slow * 1e6, "evaluator_us": fast * 1e6}
 
 
+def decode_cost(seconds=0.5, interval="50us"):
+    """Per metric of pm-default and pm-fast, alone on an idle GPU: counter-data bytes per sample and µs that
+    cuptiPmSamplingDecodeData took per sample."""
+    import warnings
+
+    import gpuscope
+    from gpuscope import _catalog
+    from gpuscope.cupti import pm_sampling as pm
+    from gpuscope.cupti import profiler
+
+    sets = {name: _catalog.resolve(name, "GH100", "sampling") for name in ("pm-default", "pm-fast")}
+    metrics = list(dict.fromkeys(sets["pm-default"] + sets["pm-fast"]))
+    profiler.initialize()
+    handle = pm.enable(0)
+    try:
+        size = {m: (pm.counter_data_size(handle, [m], 1001) - pm.counter_data_size(handle, [m], 1)) / 1000
+                for m in [*metrics, *sets]}
+        size.update({name: (pm.counter_data_size(handle, ms, 1001) - pm.counter_data_size(handle, ms, 1)) / 1000
+                     for name, ms in sets.items()})
+    finally:
+        pm.disable(handle)
+        profiler.deinitialize()
+    rows = []
+    for name in [*metrics, *sets]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with gpuscope.sample(sets.get(name, [name]), interval) as s:
+                time.sleep(seconds)
+        a = s.dataset.attrs
+        rows.append({"metrics": name, "bytes_per_sample": size[name], "decode_us_per_sample": a["decode_us_per_sample"],
+                     "lost_samples": a["lost_samples"]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 DRAM_METRICS = [
     "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed",
     "dramc__write_throughput.avg.pct_of_peak_sustained_elapsed",
@@ -206,11 +258,14 @@ def main():
     ap.add_argument("--out", default="bench_pm_sampling.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--launches", type=int, default=2000)
-    ap.add_argument("--intervals", nargs="*", default=["100us", "20us"])
+    ap.add_argument("--configs", nargs="*", default=["pm-default@100us", "pm-fast@20us", "pm-default@20us"])
+    ap.add_argument("--long", nargs="*", default=["pm-fast@20us", "pm-default@100us"])
     ap.add_argument("--long-seconds", type=float, default=60.0)
-    ap.add_argument("--sweep", nargs="*", default=["10us", "5us", "2us", "1us"])
-    ap.add_argument("--sweep-seconds", type=float, default=5.0)
+    ap.add_argument("--sweep", nargs="*",
+                    default=["pm-default@50us", "pm-default@20us", "pm-fast@10us", "pm-fast@5us"])
+    ap.add_argument("--sweep-seconds", type=float, default=3.0)
     ap.add_argument("--no-dram", action="store_true", help="skip the DRAM metric comparison")
+    ap.add_argument("--no-decode-cost", action="store_true", help="skip the per-metric decode cost")
     args = ap.parse_args()
 
     import gpuscope
@@ -221,27 +276,49 @@ def main():
     results = {"device": info.name, "driver_cuda": "%d.%d" % _device.driver_version(), "args": vars(args)}
     results["evaluation_cost"] = evaluation_cost()
     print(json.dumps(results["evaluation_cost"]), flush=True)
+    if not args.no_decode_cost:
+        results["decode_cost"] = decode_cost()
+        save(args.out, results)
     if not args.no_dram:
         results["dram"] = dram_check(stream_only, bytes_per_launch)
         print(json.dumps(results["dram"], indent=1), flush=True)
-    results["overhead"] = overhead(launches, args.intervals, args.launches, args.reps)
+    results["overhead"] = overhead(launches, args.configs, args.launches, args.reps)
     print(json.dumps(results["overhead"], indent=1), flush=True)
     save(args.out, results)
-    if args.long_seconds > 0:
-        results["long"] = one_run(for_seconds, "20us", args.long_seconds, plain=True)
-        print(json.dumps(results["long"], indent=1), flush=True)
+    results["long"] = []
+    for i, config in enumerate(args.long if args.long_seconds > 0 else []):
+        results["long"].append(one_run(for_seconds, config, args.long_seconds, plain=i == 0))
+        print(json.dumps(results["long"][-1], indent=1), flush=True)
         save(args.out, results)
-    _sampling.MIN_INTERVAL_NS = 1  # the sweep probes below gpuscope's floor on purpose
+    _sampling.MIN_INTERVAL_NS = 1  # the sweep may probe below gpuscope's floor on purpose
     results["sweep"] = []
-    for iv in args.sweep:
+    for config in args.sweep:
         try:
-            row = one_run(for_seconds, iv, args.sweep_seconds)
+            row = one_run(for_seconds, config, args.sweep_seconds)
         except gpuscope.GpuscopeError as exc:
-            row = {"interval": iv, "error": str(exc)[:300]}
+            row = {"config": config, "error": str(exc)[:300]}
         results["sweep"].append(row)
         print(json.dumps(row), flush=True)
         save(args.out, results)
     save(args.out, results)
+    summary(results)
+
+
+def summary(results):
+    """One line per run: what was kept and lost, and the decode load."""
+    print("\nSUMMARY")
+    for name, row in results.get("overhead", {}).items():
+        print(f"overhead {name:18s} {row['ms_per_launch']:.4f} ms/launch {row['overhead_pct']:+.2f}% "
+              f"lost {row.get('lost_samples', 0)}")
+    for row in [*results.get("long", []), *results.get("sweep", [])]:
+        if "error" in row:
+            print(f"{row['config']:18s} error {row['error'][:120]}")
+            continue
+        print(f"{row['config']:18s} {row['seconds']:6.1f} s kept {row['samples']:8d} of {row['expected_samples']:8d} "
+              f"lost {row['lost_samples']:7d} overflows {row['overflows']} discarded {row['discarded_samples']} "
+              f"full {row['full_decodes']} decode {row['decode_us_per_sample']:.1f} us/sample "
+              f"({row['decode_load_pct']:.0f}% of the interval)"
+              + (f" overhead {row['overhead_pct']:+.2f}%" if row.get("overhead_pct") is not None else ""))
 
 
 def save(path, results):

@@ -166,8 +166,8 @@ def test_finish_twice_and_series_before_any_sample(monkeypatch):
     assert values.shape == (0, 2) and stamps.shape == (0, 2)
 
 
-@pytest.mark.parametrize("decode_us, expected", [(0.3, 1), (8.0, 20), (16.9, 50), (45.0, 100), (120.0, 500)])
-def test_suggested_interval_leaves_decoding_half_the_time(decode_us, expected):
+@pytest.mark.parametrize("decode_us, expected", [(0.3, 1), (8.0, 20), (12.6, 20), (16.9, 50), (45.0, 100), (140.0, 500)])
+def test_suggested_interval_leaves_decoding_a_third_of_the_time_free(decode_us, expected):
     assert _sampling.suggest_interval_us(decode_us) == expected
 
 
