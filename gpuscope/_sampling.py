@@ -17,6 +17,7 @@ import enum
 import math
 import queue
 import re
+import sys
 import threading
 import time
 import warnings
@@ -48,6 +49,17 @@ def suggest_interval_us(decode_us_per_sample: float) -> int:
         if step >= need:
             return step
     return int(math.ceil(need))
+
+
+#: Memory the default pool of counter-data images may take (bytes).
+POOL_MEMORY = 1 << 30
+
+
+def default_image_pool(samples_per_image: int, interval_ns: int, image_bytes: int) -> int:
+    """Images in the default pool: one second of samples (so evaluation may fall behind for a second without
+    losing any), at least 8, and no more than :data:`POOL_MEMORY` allows beyond those 8."""
+    second = math.ceil(1e9 / (max(interval_ns, 1) * samples_per_image))
+    return max(8, min(second, POOL_MEMORY // max(image_bytes, 1)))
 
 
 def default_samples_per_image(interval_ns: int) -> int:
@@ -275,6 +287,7 @@ class _Pipeline:
 
             clock = activity.timestamp
         self._clock = clock  # CUPTI's clock (ns), the clock of the sample timestamps
+        self.gil_wait_s = sys.getswitchinterval()  # the longest wait for the GIL after reading the clock
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
         self.decodes = 0
@@ -287,7 +300,6 @@ class _Pipeline:
         self._last_drain: float | None = None
         self._last_end_ns: int | None = None  # end of the last decoded sample
         self._lock = threading.Lock()  # serialises calls that take the PM sampling object
-        self._sample_info_lock = self._lock
         self._free: queue.Queue = queue.Queue()
         self._full: queue.Queue = queue.Queue()  # (sequence number, image); None stops an evaluator
         self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
@@ -341,12 +353,14 @@ class _Pipeline:
             return call()
 
     def expected_backlog(self) -> int:
-        """Samples expected in the hardware buffer now: the time since the last decoded sample ended, in
-        intervals, plus 25% and :attr:`BACKLOG_MARGIN` (0 when the interval is unknown)."""
+        """Samples that may be waiting in the hardware buffer when the next decode starts: the time since the last
+        decoded sample ended, plus one Python thread switch interval (the longest this thread may wait for the GIL
+        between reading the clock and starting the decode), in intervals, plus 25% and :attr:`BACKLOG_MARGIN`
+        (0 when the interval is unknown)."""
         if not self.interval_ns or self._last_end_ns is None:
             return 0
-        waiting = max(0, self._clock() - self._last_end_ns) / self.interval_ns
-        return int(math.ceil(1.25 * waiting)) + self.BACKLOG_MARGIN
+        waiting = max(0, self._clock() - self._last_end_ns) + self.gil_wait_s * 1e9
+        return math.ceil(1.25 * waiting / self.interval_ns) + self.BACKLOG_MARGIN
 
     def drain(self, wait: bool = False) -> None:
         """Decode until the hardware buffer is empty, handing images over before a decode could fill them."""
@@ -357,19 +371,30 @@ class _Pipeline:
         self._last_drain = now
         retried = False
         while True:
-            populated = pm.counter_data_info(self._current).populated
-            backlog = self.expected_backlog()
-            if self._current is self._discard:
-                if not self._free.empty():
-                    self._hand_off(wait)
-            elif populated and self.samples_per_image - populated < backlog:
+            if self._current is self._discard and not self._free.empty():
                 self._hand_off(wait)
-            before = pm.counter_data_info(self._current).populated
             try:
                 with self._lock:
+                    # the backlog is estimated here, under the lock, just before the decode: an evaluator holding
+                    # the lock would otherwise let the backlog outgrow the estimate
+                    before = pm.counter_data_info(self._current).populated
+                    backlog = self.expected_backlog()
+                    if before and self._current is not self._discard:
+                        if self.samples_per_image - before < backlog:
+                            self._full.put((self.handed_off, self._current))
+                            self.handed_off += 1
+                            try:
+                                self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
+                            except queue.Empty:
+                                self._current = self._discard
+                            before = pm.counter_data_info(self._current).populated
                     t0 = time.perf_counter()
                     result = pm.decode(self.handle, self._current)
                     self.decode_seconds += time.perf_counter() - t0
+                    after = pm.counter_data_info(self._current).populated
+                    if after > before:
+                        self.decoded_samples += after - before
+                        self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
             except CuptiMemoryError as exc:
                 # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
                 # filled: retry once on another image; failing again, it was the hardware buffer.
@@ -385,18 +410,14 @@ class _Pipeline:
                 return
             self.decodes += 1
             self.overflows += result.overflow
-            after = pm.counter_data_info(self._current).populated
-            if after > before:
-                self.decoded_samples += after - before
-                try:
-                    with self._lock:
-                        self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
-                except Exception as exc:  # only the backlog estimate suffers
-                    self.errors.append(f"sample info: {type(exc).__name__}: {exc}")
             if result.stop_reason != pm.PmDecodeStopReason.COUNTER_DATA_FULL:
                 break
             self.full_stops += 1
             self._hand_off(wait)
+
+    #: Samples whose timestamps an evaluator reads per hold of the object lock (keeps the decode thread's waits
+    #: short: reading a timestamp took 2-9 µs on the H100's host).
+    TIMESTAMP_CHUNK = 64
 
     # -- evaluator threads --------------------------------------------------------------------------------
     def _evaluate_loop(self, evaluator) -> None:
@@ -407,8 +428,10 @@ class _Pipeline:
                 n = pm.counter_data_info(image).completed
                 stamps = np.empty((n, 2), dtype=np.int64)
                 values = np.empty((n, len(self.metrics)), dtype=np.float64)
-                with self._sample_info_lock:
-                    pm.sample_times_into(self.handle, image, 0, n, stamps)
+                for first in range(0, n, self.TIMESTAMP_CHUNK):
+                    count = min(self.TIMESTAMP_CHUNK, n - first)
+                    with self._lock:
+                        pm.sample_times_into(self.handle, image, first, count, stamps[first:])
                 evaluator.evaluate_into(image, 0, n, values)
                 self._results[seq] = (values, stamps)
             except Exception as exc:  # the samples are lost (and counted as such); the thread goes on
@@ -516,8 +539,8 @@ class Sampler:
         hardware_buffer_size: int = 512 << 20,
         decode_period: float = 0.01,
         samples_per_image: int | None = None,
-        image_pool: int = 8,
-        evaluate_threads: int = 2,
+        image_pool: int | None = None,
+        evaluate_threads: int = 3,
     ):
         value, unit = parse_interval(interval)
         if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
@@ -528,11 +551,11 @@ class Sampler:
             raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
         if samples_per_image is not None and samples_per_image < 2:
             raise ValueError(f"samples_per_image must be at least 2; got {samples_per_image!r}.")
-        if image_pool < 1 or evaluate_threads < 1:
+        if (image_pool is not None and image_pool < 1) or evaluate_threads < 1:
             raise ValueError(
                 f"image_pool and evaluate_threads must be at least 1; got {image_pool!r} and {evaluate_threads!r}."
             )
-        self.image_pool = int(image_pool)
+        self.image_pool = None if image_pool is None else int(image_pool)
         self.evaluate_threads = int(evaluate_threads)
         self._interval_value, self._interval_unit = value, unit
         self._requested_metrics = metrics
@@ -630,12 +653,16 @@ class Sampler:
         self._handle = pm.enable(self.device)
         trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
         pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
+        samples_per_image = self._samples_per_image or default_samples_per_image(self.interval_ns)
+        if self.image_pool is None:
+            image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
+            self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
         self._decoder = _Pipeline(
             self._handle,
             self.chip,
             self.metrics,
             self.availability,
-            samples_per_image=self._samples_per_image or default_samples_per_image(self.interval_ns),
+            samples_per_image=samples_per_image,
             pool_size=self.image_pool,
             evaluate_threads=self.evaluate_threads,
             period_s=self.decode_period,
@@ -948,10 +975,11 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         Capacity of each counter-data image (default: 50 ms of samples, 256 to 4,096). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
     image_pool : int, optional
-        Counter-data images made up front and recycled (default 8). If evaluation falls behind and none is free,
+        Counter-data images made up front and recycled (default: one second of samples, at least 8, within
+        1 GiB). If evaluation falls behind and none is free,
         samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
     evaluate_threads : int, optional
-        Threads that evaluate samples while sampling runs (default 2).
+        Threads that evaluate samples while sampling runs (default 3).
 
     Returns
     -------

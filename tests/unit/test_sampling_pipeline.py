@@ -109,6 +109,7 @@ def run_pipeline(monkeypatch, *, per_tick, delay, seconds=0.3, pool=3, threads=2
         1, "GH100", ["a", "b"], None, samples_per_image=samples_per_image, pool_size=pool, evaluate_threads=threads,
         period_s=0.001, interval_ns=interval_ns, clock=fake.clock,
     )
+    pipe.gil_wait_s = 0.0  # the simulated clock does not run while a thread waits
     pipe.start(0)
     time.sleep(seconds)
     fake.producing = False  # cuptiPmSamplingStop
@@ -174,3 +175,16 @@ def test_suggested_interval_leaves_decoding_a_third_of_the_time_free(decode_us, 
 @pytest.mark.parametrize("interval_ns, expected", [(20_000, 2_500), (1_000, 4_096), (1_000_000, 256)])
 def test_default_samples_per_image(interval_ns, expected):
     assert _sampling.default_samples_per_image(interval_ns) == expected
+
+
+@pytest.mark.parametrize(
+    "samples_per_image, interval_ns, image_bytes, expected",
+    [
+        (2_500, 20_000, 16_000_000, 20),  # pm-fast at 20 us: one second of samples
+        (500, 100_000, 10_800_000, 20),  # pm-default at 100 us
+        (256, 1_000_000, 5_500_000, 8),  # long intervals: at least 8
+        (4_096, 1_000, 88_700_000, 12),  # 1 us: one second would be 245 images; 1 GiB allows 12
+    ],
+)
+def test_default_image_pool(samples_per_image, interval_ns, image_bytes, expected):
+    assert _sampling.default_image_pool(samples_per_image, interval_ns, image_bytes) == expected
