@@ -56,9 +56,9 @@ POOL_MEMORY = 1 << 30
 
 
 def default_image_pool(samples_per_image: int, interval_ns: int, image_bytes: int) -> int:
-    """Images in the default pool: one second of samples (so evaluation may fall behind for a second without
+    """Images in the default pool: two seconds of samples (so evaluation may fall behind for two seconds without
     losing any), at least 8, and no more than :data:`POOL_MEMORY` allows beyond those 8."""
-    second = math.ceil(1e9 / (max(interval_ns, 1) * samples_per_image))
+    second = math.ceil(2e9 / (max(interval_ns, 1) * samples_per_image))
     return max(8, min(second, POOL_MEMORY // max(image_bytes, 1)))
 
 
@@ -287,7 +287,9 @@ class _Pipeline:
 
             clock = activity.timestamp
         self._clock = clock  # CUPTI's clock (ns), the clock of the sample timestamps
-        self.gil_wait_s = sys.getswitchinterval()  # the longest wait for the GIL after reading the clock
+        # how long this thread may wait for the GIL between reading the clock and starting the decode: a forced
+        # switch comes after one switch interval, but another waiting thread may take the GIL first
+        self.gil_wait_s = 4 * sys.getswitchinterval()
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
         self.decodes = 0
@@ -310,6 +312,7 @@ class _Pipeline:
         self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # Stop is waiting for the lock: no more decodes until finish()
         self._threads = [threading.Thread(target=self._decode_loop, name="gpuscope-pm-decode", daemon=True)] + [
             threading.Thread(target=self._evaluate_loop, args=(ev,), name=f"gpuscope-pm-evaluate-{i}", daemon=True)
             for i, ev in enumerate(evaluators)
@@ -347,15 +350,18 @@ class _Pipeline:
         except queue.Empty:
             self._current = self._discard
 
-    def locked(self, call):
-        """Run *call* holding the lock of the PM sampling object (no decode runs meanwhile)."""
+    def stop_sampling(self, call):
+        """Run *call* (``cuptiPmSamplingStop``) holding the lock of the PM sampling object, after the decode
+        thread's current decode: the thread stops decoding until :meth:`finish` (a decode thread that cannot keep
+        up would otherwise take the lock again and again, and Stop would wait for seconds)."""
+        self._stopping.set()
         with self._lock:
             return call()
 
     def expected_backlog(self) -> int:
         """Samples that may be waiting in the hardware buffer when the next decode starts: the time since the last
-        decoded sample ended, plus one Python thread switch interval (the longest this thread may wait for the GIL
-        between reading the clock and starting the decode), in intervals, plus 25% and :attr:`BACKLOG_MARGIN`
+        decoded sample ended, plus :attr:`gil_wait_s` (four Python thread switch intervals: how long this thread may
+        wait for the GIL between reading the clock and starting the decode), in intervals, plus 25% and :attr:`BACKLOG_MARGIN`
         (0 when the interval is unknown)."""
         if not self.interval_ns or self._last_end_ns is None:
             return 0
@@ -370,7 +376,7 @@ class _Pipeline:
             self.longest_drain_gap_s = max(self.longest_drain_gap_s, now - self._last_drain)
         self._last_drain = now
         retried = False
-        while True:
+        while not (self._stopping.is_set() and not wait):
             if self._current is self._discard and not self._free.empty():
                 self._hand_off(wait)
             try:
@@ -723,7 +729,7 @@ class Sampler:
 
         try:
             # not while a decode runs: a Stop during DecodeData lost the samples still in the hardware buffer
-            self._decoder.locked(stop_sampling)
+            self._decoder.stop_sampling(stop_sampling)
             self._started = False
             self._decoder.finish()
         finally:
@@ -975,7 +981,7 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         Capacity of each counter-data image (default: 50 ms of samples, 256 to 4,096). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
     image_pool : int, optional
-        Counter-data images made up front and recycled (default: one second of samples, at least 8, within
+        Counter-data images made up front and recycled (default: two seconds of samples, at least 8, within
         1 GiB). If evaluation falls behind and none is free,
         samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
     evaluate_threads : int, optional

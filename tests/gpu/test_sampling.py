@@ -97,27 +97,52 @@ def test_short_workload_with_ranges(workload, tmp_path):
     assert json.loads((tmp_path / "pm.json").read_text())["traceEvents"]
 
 
+def _loss(ds):
+    keys = ("lost_samples", "overflows", "discarded_samples", "full_decodes", "decode_us_per_sample",
+            "counter_data_images", "counter_data_pool", "session_start_ns", "session_end_ns", "stop_call_ns")
+    return {k: ds.attrs[k] for k in keys} | {"kept": ds.sizes["time"]}
+
+
 def test_pm_fast_every_20us_for_3s_loses_nothing(workload):
-    with _sampling.sample("pm-fast", "20us") as s:
-        with gpuscope.range("stream"):
-            workload(1.5, "stream")
-        with gpuscope.range("fma"):
-            workload(1.5, "fma")
+    # a workload that keeps the GPU busy (it waits for the GPU every 10 launches)
+    with _sampling.sample("pm-fast", "20us") as s, gpuscope.range("mixed"):
+        workload(3.0)
     ds = s.dataset
-    assert ds.attrs["lost_samples"] == 0 and ds.attrs["overflows"] == 0, ds.attrs
-    assert ds.attrs["discarded_samples"] == 0 and ds.attrs["full_decodes"] == 0
+    assert ds.attrs["lost_samples"] == 0 and ds.attrs["overflows"] == 0, _loss(ds)
+    assert ds.attrs["discarded_samples"] == 0 and ds.attrs["full_decodes"] == 0, _loss(ds)
     assert ds.attrs["counter_data_images"] > ds.attrs["counter_data_pool"]  # images were recycled while running
     assert 0.95 * 150_000 <= ds.sizes["time"] <= 1.05 * 150_000
     period = np.median(np.diff(ds["start_ns"].values))
     assert 19_000 <= period <= 21_000
     assert 0 < ds.attrs["decode_us_per_sample"] < 20
-    stream = ds.where(ds["range"] == "stream", drop=True).isel(time=slice(5, -5))
-    fma = ds.where(ds["range"] == "fma", drop=True).isel(time=slice(5, -5))
+    assert (ds["range"].values[5:-5] == "mixed").all()
+
+
+def test_pm_fast_values(workload):
+    with _sampling.sample("pm-fast", "100us") as s:
+        with gpuscope.range("stream"):
+            workload(0.3, "stream")
+        with gpuscope.range("fma"):
+            workload(0.3, "fma")
+    ds = s.dataset
+    assert ds.attrs["lost_samples"] == 0, _loss(ds)
+    stream = ds.where(ds["range"] == "stream", drop=True).isel(time=slice(3, -3))
+    fma = ds.where(ds["range"] == "fma", drop=True).isel(time=slice(3, -3))
     read = "dram__bytes_read.sum.per_second"
     assert stream[read].median().item() > 1e12  # the streaming kernel reads well over 1 TB/s
     assert fma[read].median().item() < 0.1 * stream[read].median().item()
     assert fma["tpc__cycles_active.avg.pct_of_peak_sustained_elapsed"].median().item() > 50
     assert ds[read].attrs["units"] == "byte/second"
+
+
+def test_launch_bound_python_loop_losses_are_accounted_for(workload):
+    # a Python loop launching ~12,000 short kernels per second holds the GIL that the evaluator threads need:
+    # whatever is lost must be counted, and kept + lost must cover the session
+    with _sampling.sample("pm-fast", "20us") as s:
+        workload(1.5, "stream")
+    ds = s.dataset
+    expected = (ds.attrs["session_end_ns"] - ds.attrs["session_start_ns"]) / 20_000
+    assert ds.sizes["time"] + ds.attrs["lost_samples"] == pytest.approx(expected, rel=0.02), _loss(ds)
 
 
 def test_decoding_slower_than_the_interval_is_counted_and_explained(workload):
@@ -127,8 +152,10 @@ def test_decoding_slower_than_the_interval_is_counted_and_explained(workload):
             workload(1.5)
     ds = s.dataset
     assert ds.attrs["decode_us_per_sample"] > 20
-    assert ds.attrs["lost_samples"] > 0.2 * 75_000
-    assert ds.attrs["lost_samples"] + ds.sizes["time"] == pytest.approx(75_000, rel=0.1)
+    expected = (ds.attrs["session_end_ns"] - ds.attrs["session_start_ns"]) / 20_000
+    assert 75_000 <= expected <= 85_000, _loss(ds)  # Stop was not held up by the decode thread
+    assert ds.attrs["lost_samples"] > 0.2 * expected
+    assert ds.attrs["lost_samples"] + ds.sizes["time"] == pytest.approx(expected, rel=0.02), _loss(ds)
     message = next(str(r.message) for r in record if "Decoding is the limit" in str(r.message))
     assert re.search(r"interval='(100|200)us' or longer", message), message
 

@@ -25,6 +25,7 @@ class FakePm:
         self.next_id = 0  # first sample not yet decoded (or dropped)
         self.dropped = 0  # samples lost at a full image
         self.producing = True  # False after cuptiPmSamplingStop
+        self.decode_s = 0.0  # how long a decode takes (the GIL is released meanwhile, as in ctypes)
         self.content = {}  # image address -> (capacity, list of sample ids)
         self.in_object = 0  # calls inside the sampling object at once (must stay <= 1)
         self.lock = threading.Lock()
@@ -55,6 +56,7 @@ class FakePm:
 
     def decode(self, handle, image):
         self._enter()
+        time.sleep(self.decode_s)
         if self.tick_on_decode:
             self.made += self.per_tick * self.producing
         capacity, ids = self.content[image.ctypes.data]
@@ -150,6 +152,33 @@ def test_backlog_larger_than_an_image_is_lost_and_counted(monkeypatch):
     assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
 
 
+def test_stop_gets_the_lock_from_a_decode_thread_that_cannot_keep_up(monkeypatch):
+    fake = FakePm(150)
+    fake.decode_s = 0.002
+    for name in ("new_counter_data", "initialize_counter_data", "decode", "counter_data_info", "sample_times_into",
+                 "sample_info"):
+        monkeypatch.setattr(pm, name, getattr(fake, name))
+    monkeypatch.setattr(host.ProfilerHost, "evaluator", lambda self, metrics: fake.evaluator(0.0))
+    pipe = _sampling._Pipeline(1, "GH100", ["a", "b"], None, samples_per_image=100, pool_size=4, evaluate_threads=1,
+                               period_s=0.001, interval_ns=20, clock=fake.clock)
+    pipe.gil_wait_s = 0.0
+    pipe.start(0)
+    time.sleep(0.1)
+    stopped = threading.Event()
+
+    def stop():
+        fake.producing = False
+        stopped.set()
+
+    caller = threading.Thread(target=pipe.stop_sampling, args=(stop,))
+    caller.start()
+    caller.join(timeout=20)  # a liveness check, not a timing: without the stop flag this waits for ever
+    assert stopped.is_set()
+    pipe.finish()
+    kept = pipe.series()[0][:, 0].astype(np.int64)
+    assert kept.size + fake.dropped + pipe.discarded == fake.made
+
+
 def test_slow_evaluation_discards_and_counts(monkeypatch):
     # evaluation far slower than sampling: the pool runs dry, the decode thread discards instead of waiting
     fake, pipe, values, stamps = run_pipeline(monkeypatch, per_tick=30, delay=2e-4, pool=2, threads=1,
@@ -180,10 +209,10 @@ def test_default_samples_per_image(interval_ns, expected):
 @pytest.mark.parametrize(
     "samples_per_image, interval_ns, image_bytes, expected",
     [
-        (2_500, 20_000, 16_000_000, 20),  # pm-fast at 20 us: one second of samples
-        (500, 100_000, 10_800_000, 20),  # pm-default at 100 us
+        (2_500, 20_000, 16_000_000, 40),  # pm-fast at 20 us: two seconds of samples
+        (500, 100_000, 10_800_000, 40),  # pm-default at 100 us
         (256, 1_000_000, 5_500_000, 8),  # long intervals: at least 8
-        (4_096, 1_000, 88_700_000, 12),  # 1 us: one second would be 245 images; 1 GiB allows 12
+        (4_096, 1_000, 88_700_000, 12),  # 1 us: two seconds would be 489 images; 1 GiB allows 12
     ],
 )
 def test_default_image_pool(samples_per_image, interval_ns, image_bytes, expected):
