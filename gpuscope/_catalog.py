@@ -104,9 +104,10 @@ def units_of(suffix: str, cupti_units: str) -> str:
     if ".pct" in suffix:
         return "percent"
     if cupti_units:
-        # CUPTI gives the numerator's unit for rates (".per_second" -> "byte"); say what the number is.
+        # CUPTI 13.1 gives the numerator's unit for rates (".per_second" -> "byte"), CUPTI 13.0 on the H100 gave
+        # "byte/second" for some: say what the number is, once.
         for rate, per in ((".per_second", "second"), (".per_cycle", "cycle")):
-            if rate in suffix:
+            if rate in suffix and not cupti_units.endswith(f"/{per}"):
                 return f"{cupti_units}/{per}"
         return cupti_units
     if suffix.endswith(".ratio") or suffix.endswith(".max_rate"):

@@ -63,8 +63,10 @@ def default_image_pool(samples_per_image: int, interval_ns: int, image_bytes: in
 
 
 def default_samples_per_image(interval_ns: int) -> int:
-    """Capacity of each counter-data image: about 50 ms of samples, 256 to 4,096 (~21.7 KB each on GH100)."""
-    return int(min(max(50e6 / max(interval_ns, 1), 256), 4_096))
+    """Capacity of each counter-data image: about 100 ms of samples, 256 to 8,192 (pm-default: ~21.7 KB a sample
+    on GH100, pm-fast ~6.4 KB). A decode must fit in one image, and a decode under load reads up to a few tens of
+    ms of samples."""
+    return int(min(max(100e6 / max(interval_ns, 1), 256), 8_192))
 
 
 #: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:
@@ -361,12 +363,16 @@ class _Pipeline:
     def expected_backlog(self) -> int:
         """Samples that may be waiting in the hardware buffer when the next decode starts: the time since the last
         decoded sample ended, plus :attr:`gil_wait_s` (four Python thread switch intervals: how long this thread may
-        wait for the GIL between reading the clock and starting the decode), in intervals, plus 25% and :attr:`BACKLOG_MARGIN`
-        (0 when the interval is unknown)."""
+        wait for the GIL between reading the clock and starting the decode), in intervals, times ``1 / (1 - load)``
+        (at least 1.25) where ``load`` is the share of an interval that decoding a sample has taken so far, plus
+        :attr:`BACKLOG_MARGIN` (0 when the interval is unknown)."""
         if not self.interval_ns or self._last_end_ns is None:
             return 0
         waiting = max(0, self._clock() - self._last_end_ns) + self.gil_wait_s * 1e9
-        return math.ceil(1.25 * waiting / self.interval_ns) + self.BACKLOG_MARGIN
+        # samples that arrive while the decode runs may be decoded too: with decoding taking a fraction `load` of
+        # each interval, a backlog B grows to B / (1 - load) by the time the decode is done
+        load = min(0.8, self.decode_seconds * 1e9 / self.decoded_samples / self.interval_ns) if self.decoded_samples else 0
+        return math.ceil(max(1.25, 1 / (1 - load)) * waiting / self.interval_ns) + self.BACKLOG_MARGIN
 
     def drain(self, wait: bool = False) -> None:
         """Decode until the hardware buffer is empty, handing images over before a decode could fill them."""
@@ -978,7 +984,7 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
     decode_period : float, optional
         Seconds between decodes by the background thread (default 0.01).
     samples_per_image : int, optional
-        Capacity of each counter-data image (default: 50 ms of samples, 256 to 4,096). An image is handed to the
+        Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
     image_pool : int, optional
         Counter-data images made up front and recycled (default: two seconds of samples, at least 8, within

@@ -121,3 +121,18 @@ def test_no_chip_without_gpu_says_pass_chip():
         pytest.skip("this machine has a driver")
     with pytest.raises(NoGpuError, match="chip="):
         gs.list_metrics()
+
+
+@pytest.mark.parametrize(
+    "suffix, cupti_units, expected",
+    [
+        (".sum.per_second", "byte", "byte/second"),  # CUPTI 13.1: the numerator's unit
+        (".sum.per_second", "byte/second", "byte/second"),  # CUPTI 13.0 on the H100 already says per second
+        (".avg.per_cycle_active", "inst", "inst/cycle"),
+        (".avg.pct_of_peak_sustained_elapsed", "cycle", "percent"),
+        (".ratio", "", "ratio"),
+        (".sum", "byte", "byte"),
+    ],
+)
+def test_units_of(suffix, cupti_units, expected):
+    assert _catalog.units_of(suffix, cupti_units) == expected

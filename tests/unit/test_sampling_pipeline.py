@@ -201,7 +201,7 @@ def test_suggested_interval_leaves_decoding_a_third_of_the_time_free(decode_us, 
     assert _sampling.suggest_interval_us(decode_us) == expected
 
 
-@pytest.mark.parametrize("interval_ns, expected", [(20_000, 2_500), (1_000, 4_096), (1_000_000, 256)])
+@pytest.mark.parametrize("interval_ns, expected", [(20_000, 5_000), (100_000, 1_000), (1_000, 8_192), (1_000_000, 256)])
 def test_default_samples_per_image(interval_ns, expected):
     assert _sampling.default_samples_per_image(interval_ns) == expected
 
