@@ -202,7 +202,7 @@ def decode_cost(seconds=0.5, interval="50us"):
     handle = pm.enable(0)
     try:
         size = {m: (pm.counter_data_size(handle, [m], 1001) - pm.counter_data_size(handle, [m], 1)) / 1000
-                for m in [*metrics, *sets]}
+                for m in metrics}
         size.update({name: (pm.counter_data_size(handle, ms, 1001) - pm.counter_data_size(handle, ms, 1)) / 1000
                      for name, ms in sets.items()})
     finally:

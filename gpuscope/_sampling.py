@@ -56,9 +56,9 @@ POOL_MEMORY = 1 << 30
 
 
 def default_image_pool(samples_per_image: int, interval_ns: int, image_bytes: int) -> int:
-    """Images in the default pool: two seconds of samples (so evaluation may fall behind for two seconds without
-    losing any), at least 8, and no more than :data:`POOL_MEMORY` allows beyond those 8."""
-    second = math.ceil(2e9 / (max(interval_ns, 1) * samples_per_image))
+    """Images in the default pool: two seconds of samples in images filled to 60% (so evaluation may fall behind
+    for two seconds without losing any), at least 8, and no more than :data:`POOL_MEMORY` allows beyond those 8."""
+    second = math.ceil(2e9 / (max(interval_ns, 1) * 0.6 * samples_per_image))
     return max(8, min(second, POOL_MEMORY // max(image_bytes, 1)))
 
 
@@ -290,8 +290,8 @@ class _Pipeline:
             clock = activity.timestamp
         self._clock = clock  # CUPTI's clock (ns), the clock of the sample timestamps
         # how long this thread may wait for the GIL between reading the clock and starting the decode: a forced
-        # switch comes after one switch interval, but another waiting thread may take the GIL first
-        self.gil_wait_s = 4 * sys.getswitchinterval()
+        # switch comes after one switch interval
+        self.gil_wait_s = sys.getswitchinterval()
         self.overflows = 0  # decodes that reported a hardware-buffer overflow
         self.errors: list[str] = []
         self.decodes = 0
@@ -362,7 +362,7 @@ class _Pipeline:
 
     def expected_backlog(self) -> int:
         """Samples that may be waiting in the hardware buffer when the next decode starts: the time since the last
-        decoded sample ended, plus :attr:`gil_wait_s` (four Python thread switch intervals: how long this thread may
+        decoded sample ended, plus :attr:`gil_wait_s` (one Python thread switch interval: how long this thread may
         wait for the GIL between reading the clock and starting the decode), in intervals, times ``1 / (1 - load)``
         (at least 1.25) where ``load`` is the share of an interval that decoding a sample has taken so far, plus
         :attr:`BACKLOG_MARGIN` (0 when the interval is unknown)."""
