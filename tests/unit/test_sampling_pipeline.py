@@ -209,10 +209,11 @@ def test_default_samples_per_image(interval_ns, expected):
 @pytest.mark.parametrize(
     "samples_per_image, interval_ns, image_bytes, expected",
     [
-        (5_000, 20_000, 32_000_000, 34),  # pm-fast at 20 us: two seconds of samples in images 60% full
+        (5_000, 20_000, 32_000_000, 33),  # pm-fast at 20 us: two seconds would be 34 images; 1 GiB allows 33
         (1_000, 100_000, 21_700_000, 34),  # pm-default at 100 us
         (5_000, 20_000, 110_000_000, 9),  # pm-default at 20 us: 1 GiB allows 9
-        (256, 1_000_000, 5_500_000, 8),  # long intervals: at least 8
+        (256, 1_000_000, 5_500_000, 14),  # 1 ms: two seconds of samples in 14 images
+        (256, 10_000_000, 5_500_000, 8),  # long intervals: at least 8
         (4_096, 1_000, 88_700_000, 12),  # 1 us: two seconds would be 489 images; 1 GiB allows 12
     ],
 )
