@@ -23,7 +23,7 @@ import numpy as np
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sampling_phases.png")
-    ap.add_argument("--interval", default="50us")
+    ap.add_argument("--interval", default="100us")
     ap.add_argument("--seconds", type=float, default=0.5, help="length of each phase")
     args = ap.parse_args()
 
