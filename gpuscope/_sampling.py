@@ -272,7 +272,8 @@ class _Pipeline:
     BACKLOG_MARGIN = 32
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
-                 pool_size: int, evaluate_threads: int, period_s: float, interval_ns: int = 0, clock=None):
+                 pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
+                 evaluate_in: str = "thread"):
         from .cupti import host
         from .cupti import pm_sampling as pm
         from .cupti._types import ProfilerType
@@ -307,23 +308,41 @@ class _Pipeline:
         self._free: queue.Queue = queue.Queue()
         self._full: queue.Queue = queue.Queue()  # (sequence number, image); None stops an evaluator
         self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
-        self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluate_threads)]
-        evaluators = [h.evaluator(self.metrics) for h in self._hosts]
-        for _ in range(pool_size):
-            self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+        self._batches: dict[int, list] = {}  # id(image) -> the decodes' batches in it (first, last, anchors)
+        self.inexact_batches = 0  # batches whose timestamps workers could not rebuild (read with GetSampleInfo)
+        self.evaluate_in = evaluate_in
+        self._hosts, evaluator_objects, self._backend = [], [], None
+        if evaluate_in == "process":
+            from ._pm_workers import ProcessEvaluation
+
+            image_bytes = pm.counter_data_size(handle, self.metrics, samples_per_image)
+            self._backend = ProcessEvaluation(self, chip, self.metrics, availability, image_bytes=image_bytes,
+                                              pool_size=pool_size, workers=evaluators)
+            for image in self._backend.images:
+                pm.initialize_counter_data(handle, image)
+                self._free.put(image)
+        elif evaluate_in == "thread":
+            self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
+            evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
+            for _ in range(pool_size):
+                self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+        else:
+            raise ValueError(f"evaluate_in is 'process' or 'thread'; got {evaluate_in!r}.")
         self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self._stop = threading.Event()
         self._stopping = threading.Event()  # Stop is waiting for the lock: no more decodes until finish()
         self._threads = [threading.Thread(target=self._decode_loop, name="gpuscope-pm-decode", daemon=True)] + [
             threading.Thread(target=self._evaluate_loop, args=(ev,), name=f"gpuscope-pm-evaluate-{i}", daemon=True)
-            for i, ev in enumerate(evaluators)
+            for i, ev in enumerate(evaluator_objects)
         ]
         self._finished = False
 
     def start(self, start_ns: int | None = None) -> None:
         """Start the threads; *start_ns* (CUPTI clock) is when sampling started, the origin of the first backlog."""
         self._last_end_ns = start_ns
+        if self._backend is not None:
+            self._backend.start()
         for thread in self._threads:
             thread.start()
 
@@ -342,15 +361,24 @@ class _Pipeline:
         pm = self._pm
         if self._current is self._discard:
             self.discarded += pm.counter_data_info(self._discard).completed
+            self._batches.pop(id(self._discard), None)
             with self._lock:
                 pm.initialize_counter_data(self.handle, self._discard)
         else:
-            self._full.put((self.handed_off, self._current))
-            self.handed_off += 1
+            self._queue(self._current)
         try:
             self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
         except queue.Empty:
             self._current = self._discard
+
+    def _queue(self, image) -> None:
+        """Hand *image* to the evaluators, with its sequence number and its decodes' batches."""
+        batches = self._batches.pop(id(image), [])
+        if self._backend is not None:
+            self._backend.submit(self.handed_off, image, self._pm.counter_data_info(image).completed, batches)
+        else:
+            self._full.put((self.handed_off, image))
+        self.handed_off += 1
 
     def stop_sampling(self, call):
         """Run *call* (``cuptiPmSamplingStop``) holding the lock of the PM sampling object, after the decode
@@ -393,8 +421,7 @@ class _Pipeline:
                     backlog = self.expected_backlog()
                     if before and self._current is not self._discard:
                         if self.samples_per_image - before < backlog:
-                            self._full.put((self.handed_off, self._current))
-                            self.handed_off += 1
+                            self._queue(self._current)
                             try:
                                 self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
                             except queue.Empty:
@@ -407,6 +434,11 @@ class _Pipeline:
                     if after > before:
                         self.decoded_samples += after - before
                         self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
+                        if self._backend is not None:  # anchors for rebuilding the timestamps
+                            first = pm.sample_info(self.handle, self._current, before)
+                            self._batches.setdefault(id(self._current), []).append(
+                                (before, after - 1, first[0], first[1], self._last_end_ns, bool(result.overflow))
+                            )
             except CuptiMemoryError as exc:
                 # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
                 # filled: retry once on another image; failing again, it was the hardware buffer.
@@ -468,6 +500,8 @@ class _Pipeline:
             decode.join()
         self.drain(wait=True)
         self._hand_off(wait=False)  # the last, partly filled image
+        if self._backend is not None:
+            self._backend.close()
         for _ in evaluate:
             self._full.put(None)
         for thread in evaluate:
@@ -552,7 +586,8 @@ class Sampler:
         decode_period: float = 0.01,
         samples_per_image: int | None = None,
         image_pool: int | None = None,
-        evaluate_threads: int = 3,
+        evaluators: int = 2,
+        evaluate_in: str = "process",
     ):
         value, unit = parse_interval(interval)
         if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
@@ -563,12 +598,15 @@ class Sampler:
             raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
         if samples_per_image is not None and samples_per_image < 2:
             raise ValueError(f"samples_per_image must be at least 2; got {samples_per_image!r}.")
-        if (image_pool is not None and image_pool < 1) or evaluate_threads < 1:
+        if evaluate_in not in ("process", "thread"):
+            raise ValueError(f"evaluate_in is 'process' or 'thread'; got {evaluate_in!r}.")
+        if (image_pool is not None and image_pool < 1) or evaluators < 1:
             raise ValueError(
-                f"image_pool and evaluate_threads must be at least 1; got {image_pool!r} and {evaluate_threads!r}."
+                f"image_pool and evaluators must be at least 1; got {image_pool!r} and {evaluators!r}."
             )
         self.image_pool = None if image_pool is None else int(image_pool)
-        self.evaluate_threads = int(evaluate_threads)
+        self.evaluators = int(evaluators)
+        self.evaluate_in = evaluate_in
         self._interval_value, self._interval_unit = value, unit
         self._requested_metrics = metrics
         self.device = int(device)
@@ -676,7 +714,8 @@ class Sampler:
             self.availability,
             samples_per_image=samples_per_image,
             pool_size=self.image_pool,
-            evaluate_threads=self.evaluate_threads,
+            evaluators=self.evaluators,
+            evaluate_in=self.evaluate_in,
             period_s=self.decode_period,
             interval_ns=self.interval_ns,
         )
@@ -788,7 +827,7 @@ class Sampler:
         if d.discarded:
             lines.append(
                 f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
-                "free: use a longer interval, or more image_pool or evaluate_threads."
+                "free: use a longer interval, or more image_pool or evaluators."
             )
         if d.errors:
             lines.append(f"Decode errors: {'; '.join(d.errors[:3])}.")
@@ -894,6 +933,10 @@ class Sampler:
                 "samples_per_image": int(self._decoder.samples_per_image),
                 "discarded_samples": int(self.discarded_samples),
                 "full_decodes": int(self._decoder.full_stops),
+                "evaluate_in": self.evaluate_in,
+                "evaluators": int(self.evaluators),
+                "evaluation_workers_ready": int(self._decoder._backend.ready_workers) if self._decoder._backend else 0,
+                "inexact_batches": int(self._decoder.inexact_batches),
                 "decode_us_per_sample": float(round(self.decode_us_per_sample, 3)),
                 "decode_seconds": float(round(self._decoder.decode_seconds, 6)),
                 "stop_call_ns": int(self.stop_call_ns),
@@ -990,8 +1033,15 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         Counter-data images made up front and recycled (default: two seconds of samples, at least 8, within
         1 GiB). If evaluation falls behind and none is free,
         samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
-    evaluate_threads : int, optional
-        Threads that evaluate samples while sampling runs (default 3).
+    evaluators : int, optional
+        Worker processes (or threads, with ``evaluate_in="thread"``) that evaluate samples while sampling runs
+        (default 2).
+    evaluate_in : {"process", "thread"}, optional
+        Where samples are evaluated (default ``"process"``): worker processes with their own host object, which
+        never compete with your Python threads for the GIL (timestamps rebuilt from each sample's duration and
+        anchors read on the device; ``attrs["inexact_batches"]`` counts batches read exactly instead), or threads
+        of this process (timestamps from ``GetSampleInfo``), which fall behind a Python loop that launches kernels
+        at 20 µs intervals. Images then live in files in ``/dev/shm``, unlinked once the workers have mapped them.
 
     Returns
     -------

@@ -108,7 +108,7 @@ def run_pipeline(monkeypatch, *, per_tick, delay, seconds=0.3, pool=3, threads=2
         monkeypatch.setattr(pm, name, getattr(fake, name))
     monkeypatch.setattr(host.ProfilerHost, "evaluator", lambda self, metrics: fake.evaluator(delay))
     pipe = _sampling._Pipeline(
-        1, "GH100", ["a", "b"], None, samples_per_image=samples_per_image, pool_size=pool, evaluate_threads=threads,
+        1, "GH100", ["a", "b"], None, samples_per_image=samples_per_image, pool_size=pool, evaluators=threads,
         period_s=0.001, interval_ns=interval_ns, clock=fake.clock,
     )
     pipe.gil_wait_s = 0.0  # the simulated clock does not run while a thread waits
@@ -159,7 +159,7 @@ def test_stop_gets_the_lock_from_a_decode_thread_that_cannot_keep_up(monkeypatch
                  "sample_info"):
         monkeypatch.setattr(pm, name, getattr(fake, name))
     monkeypatch.setattr(host.ProfilerHost, "evaluator", lambda self, metrics: fake.evaluator(0.0))
-    pipe = _sampling._Pipeline(1, "GH100", ["a", "b"], None, samples_per_image=100, pool_size=4, evaluate_threads=1,
+    pipe = _sampling._Pipeline(1, "GH100", ["a", "b"], None, samples_per_image=100, pool_size=4, evaluators=1,
                                period_s=0.001, interval_ns=20, clock=fake.clock)
     pipe.gil_wait_s = 0.0
     pipe.start(0)

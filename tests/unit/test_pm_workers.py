@@ -1,0 +1,137 @@
+"""Evaluation in worker processes (gpuscope._pm_workers) without a GPU: the H100 recording evaluated by real worker
+processes with CUPTI's host API, timestamps rebuilt from durations and anchors, and the rebuilding rules."""
+
+import json
+import queue
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuscope import _pm_workers
+
+PM = Path(__file__).resolve().parents[1] / "fixtures" / "pm"
+AVAILABILITY = Path(__file__).resolve().parents[1] / "fixtures" / "gh100_counter_availability_pm.npy"
+
+
+def batch(stamps, first, last, overflow=False):
+    return (first, last, int(stamps[first, 0]), int(stamps[first, 1]), int(stamps[last, 1]), overflow)
+
+
+def contiguous(n, period=20_000, jitter=0):
+    rng = np.random.default_rng(1)
+    ends = 10**18 + np.cumsum(period + rng.integers(-jitter, jitter + 1, n))
+    starts = np.concatenate([[ends[0] - 510_000_000], ends[:-1]])  # the first sample reaches back
+    return np.stack([starts, ends], axis=1)
+
+
+def test_stamps_are_exact_when_durations_are():
+    stamps = contiguous(1000, jitter=40)
+    durations = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)
+    batches = [batch(stamps, 0, 399), batch(stamps, 400, 999)]
+    rebuilt, inexact = _pm_workers.stamps_from_durations(durations, batches, 1000)
+    assert inexact == []
+    np.testing.assert_array_equal(rebuilt, stamps)
+
+
+def test_a_short_duration_per_sample_is_spread_and_anchors_stay_exact():
+    stamps = contiguous(2000, jitter=40)
+    durations = (stamps[:, 1] - stamps[:, 0] - np.tile([1, 2], 1000)).astype(np.float64)  # as CUPTI 13 on the H100
+    rebuilt, inexact = _pm_workers.stamps_from_durations(durations, [batch(stamps, 0, 1999)], 2000)
+    assert inexact == []
+    assert rebuilt[0, 0] == stamps[0, 0] and rebuilt[0, 1] == stamps[0, 1] and rebuilt[-1, 1] == stamps[-1, 1]
+    assert np.abs(rebuilt - stamps).max() <= 2
+    assert (rebuilt[1:, 0] == rebuilt[:-1, 1]).all()
+
+
+def test_batches_that_do_not_add_up_are_left_for_get_sample_info():
+    stamps = contiguous(600)
+    stamps[300:] += 40_000  # two samples missing inside the second batch
+    durations = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)
+    batches = [batch(stamps, 0, 199), batch(stamps, 200, 449), batch(stamps, 450, 549, overflow=True)]
+    rebuilt, inexact = _pm_workers.stamps_from_durations(durations, batches, 600)
+    assert inexact == [(200, 449), (450, 549), (550, 599)]  # a gap, an overflow, samples no batch covers
+    np.testing.assert_array_equal(rebuilt[:200], stamps[:200])
+
+
+class FakePipeline:
+    """What ProcessEvaluation uses of the pipeline; GetSampleInfo answers from the recorded timestamps."""
+
+    def __init__(self, stamps):
+        self.errors, self._results, self.inexact_batches = [], {}, 0
+        self._lock, self.handle, self._free = threading.Lock(), None, queue.Queue()
+        recorded = stamps
+
+        class Pm:
+            initialized = 0
+
+            @staticmethod
+            def initialize_counter_data(handle, image):
+                Pm.initialized += 1
+
+            @staticmethod
+            def sample_times_into(handle, image, first, count, out):
+                out[:count] = recorded[first : first + count]
+
+        self._pm = Pm
+
+
+@pytest.fixture(scope="module")
+def recording():
+    meta = json.loads((PM / "gh100_pm_default.json").read_text())
+    image = np.load(PM / "gh100_pm_default_counter_data.npz")["image"]
+    stamps = np.load(PM / "gh100_pm_default_timestamps.npy")
+    return meta, image, stamps
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_evaluate_the_h100_recording(recording, workers):
+    meta, image, stamps = recording
+    n = meta["completed"]
+    pipe = FakePipeline(stamps)
+    backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),
+                                            image_bytes=image.size, pool_size=2, workers=workers)
+    for target in backend.images:
+        target[:] = image
+    backend.start()
+    batches = [batch(stamps, 0, 99), batch(stamps, 100, n - 1)]
+    backend.submit(0, backend.images[0], n, batches)
+    backend.submit(1, backend.images[1], n, [batch(stamps, 0, n - 1, overflow=True)])
+    backend.close()
+    assert pipe.errors == []
+    assert backend.ready_workers == workers
+    assert pipe._pm.initialized == 2 and pipe._free.qsize() == 2  # both images came back, re-initialised
+    for seq in (0, 1):
+        values, rebuilt = pipe._results[seq]
+        for i, name in enumerate(meta["metrics"]):
+            np.testing.assert_allclose(values[:, i], meta["values_device"][name], rtol=1e-9, atol=1e-9)
+        assert np.abs(rebuilt - stamps).max() <= 1_000  # rebuilt from durations: within a µs of GetSampleInfo
+    assert pipe.inexact_batches == 1  # the overflowed batch was read with GetSampleInfo
+    np.testing.assert_array_equal(pipe._results[1][1], stamps)
+    rebuilt = pipe._results[0][1]
+    for first, last in ((0, 99), (100, n - 1)):  # anchors are exact
+        assert rebuilt[first, 0] == stamps[first, 0] and rebuilt[first, 1] == stamps[first, 1]
+        assert rebuilt[last, 1] == stamps[last, 1]
+    assert not any(Path(backend._dir).glob("*"))  # no file outlives the run
+
+
+def test_no_worker_means_evaluation_in_this_process(recording, monkeypatch):
+    meta, image, stamps = recording
+    n = meta["completed"]
+    pipe = FakePipeline(stamps)
+    backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),
+                                            image_bytes=image.size, pool_size=1, workers=1)
+    backend.images[0][:] = image
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "executable", shutil.which("false"))
+        backend.start()  # the worker exits at once
+    backend.submit(0, backend.images[0], n, [batch(stamps, 0, n - 1)])
+    backend.close()
+    assert backend.ready_workers == 0
+    assert any("did not start" in e for e in pipe.errors)
+    values, rebuilt = pipe._results[0]
+    np.testing.assert_array_equal(rebuilt, stamps)
+    np.testing.assert_allclose(values[:, 0], meta["values_device"][meta["metrics"][0]], rtol=1e-9, atol=1e-9)
