@@ -171,6 +171,12 @@ class ProcessEvaluation:
         self._local = None  # an in-process evaluator, made if no worker is available
         self._dispatcher = threading.Thread(target=self._dispatch, name="gpuscope-pm-dispatch", daemon=True)
         self.ready_workers = 0
+        self._connected = threading.Event()
+
+    def wait_ready(self, timeout: float | None = None) -> int:
+        """Wait until every worker has connected (or failed to); returns how many are ready."""
+        self._connected.wait(self.CONNECT_TIMEOUT_S if timeout is None else timeout)
+        return self.ready_workers
 
     def start(self) -> None:
         import subprocess
@@ -233,6 +239,7 @@ class ProcessEvaluation:
             self._conns.append(slot)
             threading.Thread(target=self._read, args=(slot,), name="gpuscope-pm-results", daemon=True).start()
         self.ready_workers = len(self._conns)
+        self._connected.set()
         self._listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # mapped everywhere: no file outlives the run
 

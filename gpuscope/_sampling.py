@@ -321,6 +321,9 @@ class _Pipeline:
             for image in self._backend.images:
                 pm.initialize_counter_data(handle, image)
                 self._free.put(image)
+            # workers take ~1 s to start (Python, NumPy, CUPTI): before sampling, so that no sample waits for them
+            self._backend.start()
+            self._backend.wait_ready()
         elif evaluate_in == "thread":
             self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
             evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
@@ -341,8 +344,6 @@ class _Pipeline:
     def start(self, start_ns: int | None = None) -> None:
         """Start the threads; *start_ns* (CUPTI clock) is when sampling started, the origin of the first backlog."""
         self._last_end_ns = start_ns
-        if self._backend is not None:
-            self._backend.start()
         for thread in self._threads:
             thread.start()
 
@@ -513,6 +514,11 @@ class _Pipeline:
         self._free = queue.Queue()
         for h in self._hosts:
             h.close()
+
+    def close_workers(self) -> None:
+        """Stop the evaluation workers, if any (safe to call twice; :meth:`finish` does it too)."""
+        if self._backend is not None:
+            self._backend.close()
 
     def series(self) -> tuple[np.ndarray, np.ndarray]:
         """``(values, stamps)``: (n, metrics) float64 and (n, 2) int64, in sample order."""
@@ -844,6 +850,8 @@ class Sampler:
             steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
         if self._decoder is not None and getattr(self, "_started", False):
             steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
+        elif self._decoder is not None:
+            steps.append(("evaluation workers", self._decoder.close_workers))
         if self._handle is not None:
             handle, self._handle = self._handle, None
             steps.append(("cuptiPmSamplingDisable", lambda: pm.disable(handle)))

@@ -97,6 +97,7 @@ def test_workers_evaluate_the_h100_recording(recording, workers):
     for target in backend.images:
         target[:] = image
     backend.start()
+    assert backend.wait_ready() == workers
     batches = [batch(stamps, 0, 99), batch(stamps, 100, n - 1)]
     backend.submit(0, backend.images[0], n, batches)
     backend.submit(1, backend.images[1], n, [batch(stamps, 0, n - 1, overflow=True)])
