@@ -20,7 +20,6 @@ import csv
 import io
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path

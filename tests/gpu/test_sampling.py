@@ -3,7 +3,6 @@
 import json
 import re
 import time
-import warnings
 
 import numpy as np
 import pytest
