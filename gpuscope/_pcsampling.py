@@ -462,6 +462,15 @@ class PCSampler:
                 GpuscopeWarning,
                 stacklevel=3,
             )
+        if self.records.total_samples and not np.size(self.records.samples):
+            warnings.warn(
+                f"CUPTI counted {self.records.total_samples} PC samples but delivered no PC records. On the H100 "
+                "(CUPTI 13.0) this happens in a process that called cuptiProfilerGetCounterAvailability earlier, as "
+                "gpuscope.Profiler (range profiling) does: run PC sampling in a separate process, or before range "
+                "profiling.",
+                GpuscopeWarning,
+                stacklevel=3,
+            )
         if not failed:
             self.dataset = self.build()
 

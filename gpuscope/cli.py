@@ -215,9 +215,11 @@ def _check(args) -> int:
                 lines.append((label, text))
             admin_only = _admin_only()
             try:
-                image = profiler.counter_availability(ctx.handle)
+                # PM sampling's availability query, by device: the range profiler's (by context) leaves CUPTI 13.0
+                # unable to deliver PC-sampling records later in the same process (seen on the H100)
+                image = profiler.pm_counter_availability(int(args.device))
                 readable = not (admin_only and os.geteuid() != 0)
-                detail = f"counter-availability image {image.size} bytes"
+                detail = f"PM counter-availability image {image.size} bytes"
             except PermissionError as exc:
                 readable, detail = False, str(exc)
             if admin_only is not None:
