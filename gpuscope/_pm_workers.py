@@ -184,7 +184,10 @@ class ProcessEvaluation:
 
         package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, GPUSCOPE_PM_WORKER_KEY=self._key.hex())
-        env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [env.get("PYTHONPATH")])])
+        if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
+            # gpuscope run from a source tree: let the worker import the same copy (an installed one is found
+            # anyway, and putting site-packages on PYTHONPATH would put it ahead of the standard library)
+            env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [env.get("PYTHONPATH")])])
         address = self._listener.address
         for _ in range(self._workers):
             self._procs.append(subprocess.Popen(
