@@ -128,7 +128,7 @@ class ProcessEvaluation:
     Parameters
     ----------
     pipeline
-        The ``_Pipeline``: its lock (the sampling object), handle, free queue, results and errors are used.
+        The ``_Pipeline``: its ``read_timestamps`` and ``recycle``, results and errors are used.
     image_bytes, pool_size
         The pool: *pool_size* images of *image_bytes*, made here as shared files (``self.images``).
     workers
@@ -164,7 +164,7 @@ class ProcessEvaluation:
         self._index = {id(image): i for i, image in enumerate(self.images)}
         self._workers = workers
         self._procs: list = []
-        self._conns: list = []  # connected workers: [connection, pending count]
+        self._conns: list = []  # connected workers: [connection (None once lost), pending count, lock]
         self._tasks: queue.Queue = queue.Queue()  # from the decode thread; None ends the dispatcher
         self._pending = 0  # tasks submitted and not yet returned
         self._done = threading.Condition()
@@ -205,7 +205,6 @@ class ProcessEvaluation:
     def _connect(self) -> None:
         """Accept the workers (in this thread), hand them the set-up and start a reader per worker."""
         import socket
-
         import time
 
         self._listener._listener._socket.settimeout(0.5)
@@ -278,24 +277,17 @@ class ProcessEvaluation:
         slot[0] = None
 
     def _finish_task(self, message) -> None:
-        pipe, pm = self._pipe, self._pipe._pm
-        index = message[2]
-        image = self.images[index]
+        pipe = self._pipe
+        image = self.images[message[2]]
         if message[0] == "error":
             pipe.errors.append(f"evaluate: {message[3]}")
         else:
             _, seq, _, values, stamps, inexact = message
             for first, last in inexact:  # read these with the sampling object
-                with pipe._lock:
-                    pm.sample_times_into(pipe.handle, image, first, last - first + 1, stamps[first:])
+                pipe.read_timestamps(image, first, last - first + 1, stamps[first:])
             pipe.inexact_batches += len(inexact)
             pipe._results[seq] = (values, stamps)
-        try:
-            with pipe._lock:
-                pm.initialize_counter_data(pipe.handle, image)
-            pipe._free.put(image)
-        except Exception as exc:  # the pool shrinks by one image
-            pipe.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
+        pipe.recycle(image)
         with self._done:
             self._pending -= 1
             self._done.notify_all()

@@ -367,10 +367,14 @@ class _Pipeline:
                 pm.initialize_counter_data(self.handle, self._discard)
         else:
             self._queue(self._current)
+        self._current = self._take_free(wait)
+
+    def _take_free(self, wait: bool = False):
+        """A free image, or the discard image if none is free (*wait*: wait for one, after Stop only)."""
         try:
-            self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
+            return self._free.get(timeout=30.0) if wait else self._free.get_nowait()
         except queue.Empty:
-            self._current = self._discard
+            return self._discard
 
     def _queue(self, image) -> None:
         """Hand *image* to the evaluators, with its sequence number and its decodes' batches."""
@@ -423,10 +427,7 @@ class _Pipeline:
                     if before and self._current is not self._discard:
                         if self.samples_per_image - before < backlog:
                             self._queue(self._current)
-                            try:
-                                self._current = self._free.get(timeout=30.0) if wait else self._free.get_nowait()
-                            except queue.Empty:
-                                self._current = self._discard
+                            self._current = self._take_free(wait)
                             before = pm.counter_data_info(self._current).populated
                     t0 = time.perf_counter()
                     result = pm.decode(self.handle, self._current)
@@ -464,29 +465,36 @@ class _Pipeline:
     #: short: reading a timestamp took 2-9 µs on the H100's host).
     TIMESTAMP_CHUNK = 64
 
+    def read_timestamps(self, image, first: int, count: int, out: np.ndarray) -> None:
+        """``GetSampleInfo`` of samples ``first .. first+count-1`` into rows ``0 .. count-1`` of *out*, holding the
+        object lock for :attr:`TIMESTAMP_CHUNK` samples at a time."""
+        for k in range(0, count, self.TIMESTAMP_CHUNK):
+            with self._lock:
+                self._pm.sample_times_into(self.handle, image, first + k, min(self.TIMESTAMP_CHUNK, count - k), out[k:])
+
+    def recycle(self, image) -> None:
+        """Re-initialise an evaluated image and put it back in the pool (if that fails, the pool shrinks by one)."""
+        try:
+            with self._lock:
+                self._pm.initialize_counter_data(self.handle, image)
+            self._free.put(image)
+        except Exception as exc:
+            self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
+
     # -- evaluator threads --------------------------------------------------------------------------------
     def _evaluate_loop(self, evaluator) -> None:
-        pm = self._pm
         while (item := self._full.get()) is not None:
             seq, image = item
             try:
-                n = pm.counter_data_info(image).completed
+                n = self._pm.counter_data_info(image).completed
                 stamps = np.empty((n, 2), dtype=np.int64)
                 values = np.empty((n, len(self.metrics)), dtype=np.float64)
-                for first in range(0, n, self.TIMESTAMP_CHUNK):
-                    count = min(self.TIMESTAMP_CHUNK, n - first)
-                    with self._lock:
-                        pm.sample_times_into(self.handle, image, first, count, stamps[first:])
+                self.read_timestamps(image, 0, n, stamps)
                 evaluator.evaluate_into(image, 0, n, values)
                 self._results[seq] = (values, stamps)
             except Exception as exc:  # the samples are lost (and counted as such); the thread goes on
                 self.errors.append(f"evaluate: {type(exc).__name__}: {exc}")
-            try:
-                with self._lock:
-                    pm.initialize_counter_data(self.handle, image)
-                self._free.put(image)
-            except Exception as exc:  # the pool shrinks by one image
-                self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
+            self.recycle(image)
 
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:

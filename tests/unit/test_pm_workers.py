@@ -1,7 +1,6 @@
 """Evaluation in worker processes (gpuscope._pm_workers) without a GPU: the H100 recording evaluated by real worker
 processes with CUPTI's host API, timestamps rebuilt from durations and anchors, and the rebuilding rules."""
 
-import json
 import queue
 import shutil
 import sys
@@ -11,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope import _pm_workers
+from gpuscope import _pm_workers, _sampling
 
-PM = Path(__file__).resolve().parents[1] / "fixtures" / "pm"
 AVAILABILITY = Path(__file__).resolve().parents[1] / "fixtures" / "gh100_counter_availability_pm.npy"
 
 
@@ -58,7 +56,12 @@ def test_batches_that_do_not_add_up_are_left_for_get_sample_info():
 
 
 class FakePipeline:
-    """What ProcessEvaluation uses of the pipeline; GetSampleInfo answers from the recorded timestamps."""
+    """What ProcessEvaluation uses of the pipeline (its own timestamp and recycling code, over a fake CUPTI):
+    GetSampleInfo answers from the recorded timestamps."""
+
+    TIMESTAMP_CHUNK = _sampling._Pipeline.TIMESTAMP_CHUNK
+    read_timestamps = _sampling._Pipeline.read_timestamps
+    recycle = _sampling._Pipeline.recycle
 
     def __init__(self, stamps):
         self.errors, self._results, self.inexact_batches = [], {}, 0
@@ -79,17 +82,9 @@ class FakePipeline:
         self._pm = Pm
 
 
-@pytest.fixture(scope="module")
-def recording():
-    meta = json.loads((PM / "gh100_pm_default.json").read_text())
-    image = np.load(PM / "gh100_pm_default_counter_data.npz")["image"]
-    stamps = np.load(PM / "gh100_pm_default_timestamps.npy")
-    return meta, image, stamps
-
-
 @pytest.mark.parametrize("workers", [1, 2])
-def test_workers_evaluate_the_h100_recording(recording, workers):
-    meta, image, stamps = recording
+def test_workers_evaluate_the_h100_recording(pm_recording, workers):
+    meta, image, stamps = pm_recording
     n = meta["completed"]
     pipe = FakePipeline(stamps)
     backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),
@@ -119,8 +114,8 @@ def test_workers_evaluate_the_h100_recording(recording, workers):
     assert not any(Path(backend._dir).glob("*"))  # no file outlives the run
 
 
-def test_no_worker_means_evaluation_in_this_process(recording, monkeypatch):
-    meta, image, stamps = recording
+def test_no_worker_means_evaluation_in_this_process(pm_recording, monkeypatch):
+    meta, image, stamps = pm_recording
     n = meta["completed"]
     pipe = FakePipeline(stamps)
     backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),

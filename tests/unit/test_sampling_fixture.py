@@ -1,7 +1,6 @@
 """Evaluate a PM sampling counter-data image recorded on the H100 (CUPTI 13.0, pm-default at 100 µs, a streaming
 then an FMA phase) with the real CUPTI host API on the CPU, and compare with the values the H100 computed."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,26 +10,17 @@ from gpuscope import _results, _sampling
 from gpuscope.cupti import pm_sampling as pm
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures"
-PM = HERE / "pm"
 
 
-@pytest.fixture(scope="module")
-def recording():
-    meta = json.loads((PM / "gh100_pm_default.json").read_text())
-    image = np.load(PM / "gh100_pm_default_counter_data.npz")["image"]
-    stamps = np.load(PM / "gh100_pm_default_timestamps.npy")
-    return meta, image, stamps
-
-
-def test_counter_data_info_offline(recording):
-    meta, image, stamps = recording
+def test_counter_data_info_offline(pm_recording):
+    meta, image, stamps = pm_recording
     info = pm.counter_data_info(image)
     assert info.total == meta["total"] == 400
     assert info.completed == meta["completed"] == len(stamps) == 261
 
 
-def test_evaluation_matches_the_device(recording):
-    meta, image, stamps = recording
+def test_evaluation_matches_the_device(pm_recording):
+    meta, image, stamps = pm_recording
     availability = np.load(HERE / "gh100_counter_availability_pm.npy")
     series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps], availability)
     assert series.values.shape == (8, 261)
@@ -46,8 +36,8 @@ def test_evaluation_matches_the_device(recording):
     assert 80 < np.median(sm[1:]) <= 100  # the GPU was busy throughout this image
 
 
-def test_dataset_from_the_recording(recording):
-    meta, image, stamps = recording
+def test_dataset_from_the_recording(pm_recording):
+    meta, image, stamps = pm_recording
     series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps])
     spans = [_sampling.Span(p, 1, s, e) for p, s, e in meta["spans"]]
     ds = _results.sampling_dataset(
@@ -67,11 +57,11 @@ def test_dataset_from_the_recording(recording):
     assert (ds["range"].values[5:] == "stream").sum() > 200  # this image holds the streaming phase
 
 
-def test_fast_evaluator_matches_evaluate(recording):
+def test_fast_evaluator_matches_evaluate(pm_recording):
     from gpuscope.cupti import host
     from gpuscope.cupti._types import ProfilerType
 
-    meta, image, stamps = recording
+    meta, image, stamps = pm_recording
     metrics = meta["metrics"]
     with host.ProfilerHost(meta["chip"], ProfilerType.PM_SAMPLING) as h:
         expected = np.array([h.evaluate(image, i, metrics) for i in range(261)])
@@ -92,8 +82,8 @@ def test_fast_evaluator_matches_evaluate(recording):
         evaluator.evaluate_into(image, 0, 1, part)
 
 
-def test_sample_times_into_checks_out(recording):
-    _, image, _ = recording
+def test_sample_times_into_checks_out(pm_recording):
+    _, image, _ = pm_recording
     with pytest.raises(ValueError, match="shape"):
         pm.sample_times_into(0, image, 0, 3, np.empty((2, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="int64"):
