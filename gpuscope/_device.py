@@ -10,7 +10,7 @@ import functools
 
 from .errors import GpuscopeError, NoGpuError
 
-__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "PrimaryContext"]
+__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "PrimaryContext"]
 
 
 def _driver():
@@ -121,6 +121,14 @@ def device_info(index: int = 0) -> DeviceInfo:
         memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
         pci_bus_id=bus,
     )
+
+
+def memory_used_gib(index: int = 0) -> float:
+    """Device memory in use on device *index* (every process's), in GiB (``cuMemGetInfo`` in its primary context)."""
+    with PrimaryContext(index) as ctx:
+        ctx.make_current()
+        free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+    return (int(total) - int(free)) / 2**30
 
 
 class PrimaryContext:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import os
 import threading
 import warnings
 
@@ -55,6 +56,16 @@ def remove_listener(listener) -> None:
     global _listeners
     with _listeners_lock:
         _listeners = tuple(item for item in _listeners if item is not listener)
+
+
+def _forget_listeners_in_child() -> None:
+    """After ``os.fork`` the child starts with no listeners: the parent's sessions and samplers are not its own."""
+    global _listeners, _listeners_lock
+    _listeners = ()
+    _listeners_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_listeners_in_child)
 
 
 def listeners() -> tuple:
@@ -180,10 +191,10 @@ class Range:
     def __init__(self, name: str = "", *, replay: bool = False):
         if not isinstance(name, str):
             raise TypeError(f"a range name must be a str, not {type(name).__name__} ({name!r})")
-        if not name or "/" in name:
+        if not name or "/" in name or "\0" in name:
             raise ValueError(
-                f"invalid range name {name!r}: use a non-empty name without '/'; nest ranges to make paths "
-                "such as 'step/fwd'"
+                f"invalid range name {name!r}: use a non-empty name without '/' or NUL characters; nest ranges "
+                "to make paths such as 'step/fwd'"
             )
         self.name = name
         self.replay = bool(replay)

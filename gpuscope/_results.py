@@ -169,7 +169,9 @@ RANGE_COORDS = {
     "depth": (np.int64, 0, {"description": "nesting depth, 1 for a top-level range"}),
     "parent": (str, "", {"description": "path of the enclosing range, '' at top level"}),
     "kernel": (str, "", {"description": "kernel name of an auto range or decorated launch, '' otherwise"}),
-    "launch": (np.int64, -1, {"description": "launch index of the kernel in the session, -1 for user ranges"}),
+    "symbol": (str, "", {"description": "the kernel's symbol as the driver reports it (kernel and iteration modes)"}),
+    "launch": (np.int64, -1, {"description": "launch index: in the session (kernel mode) or in the iteration "
+                                             "(iteration mode); -1 for user ranges"}),
     "start_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "end_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "pass_group": (np.int64, 0, {"description": "which group of passes (replays or loop iterations) gave the values"}),

@@ -10,13 +10,21 @@ Two collection modes (measured on an H100, see docs/range-profiling.md):
     (iteration multiplexing), or :func:`replay` re-runs a callable ``cycles`` times, restoring device memory
     with the Checkpoint API in between.
 ``"kernel"``
-    CUPTI auto ranges with kernel replay: every kernel launched in the session is a range, CUPTI replays each
-    launch as often as the metric set needs. User ranges only name the launches' parents.
+    CUPTI auto ranges with kernel replay: every selected kernel launch in the session is a range, CUPTI replays
+    each launch as often as the metric set needs. User ranges only name the launches' parents.
+``"iteration"``
+    Per-kernel metrics across repeated iterations (the repeated top-level range, or :meth:`Profiler.step`):
+    pass k on the k-th iteration of a pass group, launches matched across iterations; no memory saved or
+    restored (see :mod:`gpuscope._launches`).
+``"auto"``
+    ``"iteration"`` if the session first sees a top-level range, ``"kernel"`` if it first sees a launch outside
+    every range. ``Profiler.mode_used`` and the Dataset's ``mode`` attribute say which.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import threading
 import warnings
 
@@ -32,10 +40,12 @@ _active_lock = threading.Lock()
 
 
 class Mode(str, enum.Enum):
-    """How a :class:`Profiler` collects: ``"user"`` ranges with user replay, or ``"kernel"`` auto ranges."""
+    """How a :class:`Profiler` collects: ``"user"``, ``"kernel"``, ``"iteration"`` or ``"auto"`` (module docstring)."""
 
     USER = "user"
     KERNEL = "kernel"
+    ITERATION = "iteration"
+    AUTO = "auto"
 
 
 def active_session(device: int | None = None) -> Profiler | None:
@@ -73,8 +83,8 @@ class _Row:
 class Profiler:
     """A range-profiling session on one GPU.
 
-    Use it as a context manager. While it is open, ``gpuscope.range`` blocks and ``@gpuscope.profile``
-    kernels on its device are profiled; after it closes, :attr:`dataset` holds the results.
+    Use it as a context manager. While it is open, ``gpuscope.range`` blocks and kernel launches on its device
+    are profiled as the mode says; after it closes, :attr:`dataset` holds the results.
 
     Parameters
     ----------
@@ -83,14 +93,19 @@ class Profiler:
         CUPTI metric names.
     device : int
         CUDA device index.
-    mode : {"user", "kernel"}
+    mode : {"user", "kernel", "iteration", "auto"}
         ``"user"``: user ranges + user replay (also for decorated kernels: one range per launch, replayed with
-        checkpoint restore when the set needs several passes). ``"kernel"``: CUPTI auto ranges + kernel replay.
+        checkpoint restore when the set needs several passes). ``"kernel"``: every selected launch is a range,
+        CUPTI kernel replay (CUPTI saves and restores device memory for every pass: the cost grows with the
+        memory the process holds). ``"iteration"``: every selected launch is a range; pass k runs on the k-th
+        execution of the repeated top-level range (or between :meth:`step` calls); nothing is replayed.
+        ``"auto"``: ``"iteration"`` if a top-level range comes first, else ``"kernel"``.
     max_depth : int
         Range nesting levels CUPTI profiles (user mode). Each level costs one more cycle per pass; deeper
         ranges are not profiled (a warning says so).
     max_ranges : int
-        Ranges the counter-data image holds per pass group (its size grows with it).
+        Ranges the counter-data image holds per pass group (its size grows with it): in kernel mode the
+        launches of the whole session, in iteration mode the selected launches of one iteration.
     progress : bool or None
         Show a tqdm bar for replays; None shows it on a terminal when a replay needs more than 4 cycles.
     sample_every : int
@@ -98,6 +113,14 @@ class Profiler:
         others run unprofiled, at full speed. CUPTI costs about 1.2 ms per profiled range on an H100 (it waits
         for the GPU at range boundaries), so for short regions in a long loop this is how to keep the
         overhead small; the values describe the profiled executions (coordinate ``iterations``).
+    kernels, exclude : str or list of str, optional
+        Kernel and iteration modes: profile only launches whose name matches one of *kernels*, and none that
+        matches *exclude*. An entry is a name (readable ``module.function``, the bare function name, or the
+        raw symbol) or ``"regex:<pattern>"`` (searched in the readable name and the symbol). Launches left out
+        run unprofiled, at full speed.
+    launch_skip, launch_count : int
+        Kernel and iteration modes: of the launches that pass the name filters, skip the first *launch_skip*
+        and profile the next *launch_count* (None: all). In iteration mode they count within each iteration.
 
     Attributes
     ----------
@@ -105,7 +128,9 @@ class Profiler:
     passes : int
         Passes the metric set needs (from the host API, known before anything runs).
     cycles : int
-        Executions per pass group in user mode: ``passes * max_depth``.
+        Executions per pass group in user mode: ``passes * max_depth``; in iteration mode: ``passes``.
+    mode_used : Mode
+        The mode collecting (for ``"auto"``: the one it chose, or AUTO until it has chosen).
 
     Raises
     ------
@@ -117,24 +142,38 @@ class Profiler:
         This user may not read the GPU's performance counters.
     MultiPassRangeError
         (on exit) No top-level range ran often enough to fill one pass group (see the message for options).
+    ValueError, TypeError
+        A bad option (the message says which and what is allowed).
     """
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
-                 max_ranges: int = 1024, progress: bool | None = None, sample_every: int = 1):
+                 max_ranges: int = 1024, progress: bool | None = None, sample_every: int = 1,
+                 kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None):
         from . import _catalog, _device
+        from ._filters import KernelFilter
         from .cupti import host, profiler
         from .cupti._types import ProfilerType
 
-        self.mode = Mode(mode)
-        if int(max_depth) < 1:
-            raise ValueError(f"max_depth must be at least 1, not {max_depth}")
-        self.device = int(device)
-        self.max_depth = 1 if self.mode is Mode.KERNEL else int(max_depth)
-        self.max_ranges = int(max_ranges)
+        try:
+            self.mode = Mode(mode)
+        except ValueError:
+            raise ValueError(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from None
+        self.mode_used = self.mode
+        self.max_depth = _positive(max_depth, "max_depth")
+        self.device = _positive(device, "device", minimum=0)
+        if self.mode is not Mode.USER:
+            self.max_depth = 1
+        self.max_ranges = _positive(max_ranges, "max_ranges", maximum=1 << 20)
         self.progress = progress
-        if int(sample_every) < 1:
-            raise ValueError(f"sample_every must be at least 1, not {sample_every}")
-        self.sample_every = int(sample_every)
+        self.sample_every = _positive(sample_every, "sample_every")
+        self.filter = KernelFilter.build(kernels, exclude, launch_skip, launch_count)
+        if self.filter.active and self.mode is Mode.USER:
+            raise ValueError("kernels=, exclude=, launch_skip= and launch_count= select kernel launches: use them "
+                             "with mode='kernel', 'iteration' or 'auto' (user mode profiles gpuscope ranges and "
+                             "decorated kernels only).")
+        if self.sample_every > 1 and self.mode is not Mode.USER:
+            raise ValueError("sample_every applies to mode='user'; in kernel and iteration modes use "
+                             "launch_skip=/launch_count= or kernels= to profile fewer launches.")
         self._seen: dict[str, int] = {}
         self.metric_set = metrics if isinstance(metrics, str) else ""
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
@@ -158,6 +197,7 @@ class Profiler:
         self._state = "new"
         self._dataset = None
         self._rows: list[dict] = []
+        self._notes: dict = {}
 
     def _properties(self, metric: str) -> dict:
         from . import _catalog
@@ -167,14 +207,19 @@ class Profiler:
                 "hw_unit": p.hw_unit}
 
     def __repr__(self):
+        mode = self.mode.value if self.mode_used is self.mode else f"{self.mode.value}->{self.mode_used.value}"
         return (f"gpuscope.Profiler(metrics={self.metric_set or self.metrics!r}, device={self.device}, "
-                f"mode={self.mode.value!r}, passes={self.passes}, state={self._state!r})")
+                f"mode={mode!r}, passes={self.passes}, state={self._state!r})")
 
     # -- lifecycle --------------------------------------------------------------------------------------
     @property
     def continuous(self) -> bool:
         """Whether one CUPTI pass spans the whole session (kernel mode, or one cycle in user mode)."""
-        return self.mode is Mode.KERNEL or self.cycles == 1
+        return self.mode_used is Mode.KERNEL or (self.mode_used is Mode.USER and self.cycles == 1)
+
+    @property
+    def _per_launch(self) -> bool:
+        return self.mode is not Mode.USER
 
     def start(self) -> Profiler:
         """Arm the session (``with`` does it). Raises SessionConflictError if this device has one."""
@@ -187,27 +232,36 @@ class Profiler:
             _check_free(self.device)
             _active[self.device] = self
         self._thread = threading.get_ident()
+        self._pid = os.getpid()
         self._stack: list[bool] = []  # per open gpuscope range: was it pushed to CUPTI?
         self._open_rows: list[_Row] = []
         self._launch = 0
-        self._recorder = self._rp = None
+        self._recorder = self._rp = self._collector = None
+        self._pending = threading.local()  # decorated kernel name of the launch about to happen
+        self._other_threads: set[int] = set()
+        self._iter_path = None
+        self._steps = False
+        self._new_group()
+        self._group_index = 0
+        self._iteration: dict[str, int] = {}
         try:
             self._context.make_current()
             self._rp = range_profiler.RangeProfiler(self._context.handle)
             self._image = self._rp.counter_data_image(self.metrics, self.max_ranges)
-            if self.mode is Mode.KERNEL:
-                self._recorder = callbacks.LaunchRecorder(annotate=self._annotate)
-                self._pending_kernel = None
-                self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
-            else:
+            if self.mode is Mode.USER:
                 self._rp.set_config(self._config, self._image, ProfilerRange.USER, ReplayMode.USER, self.max_ranges,
                                     self.max_depth, 1, 0, 1)
-            self._new_group()
-            self._group_index = 0
-            self._iteration: dict[str, int] = {}
-            if self.continuous:
+            elif self.mode is Mode.ITERATION:
+                self._use_iteration()
+            else:  # kernel, or auto until it chooses
+                self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+                if self.mode is Mode.KERNEL:
+                    self._use_kernel()
+            if self.mode is Mode.USER and self.continuous:
                 self._rp.start()
                 self._running = True
+            if self._per_launch:
+                self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit)
             _ranges.add_listener(self)
         except BaseException:
             self._state = "failed"
@@ -215,6 +269,39 @@ class Profiler:
             raise
         self._state = "open"
         return self
+
+    def _use_kernel(self) -> None:
+        from . import _launches
+        from .cupti.activity import timestamp
+
+        self.mode_used = Mode.KERNEL
+        self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
+                                                 self._annotate, timestamp)
+        self._rp.start()
+        self._running = self._collector.running = True
+
+    def _use_iteration(self) -> None:
+        from . import _launches
+        from .cupti._types import ProfilerRange, ReplayMode
+        from .cupti.activity import timestamp
+
+        self.mode_used = Mode.ITERATION
+        self.cycles = self.passes
+        self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges, 1, 1, 0, 1)
+        self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
+                                                    self._annotate, timestamp)
+
+    def _on_enter(self, launch):
+        collector = self._collector
+        if collector is None:  # auto, undecided: a launch outside every range chooses kernel replay
+            if launch.context != self._context.handle or _ranges.current_path() is not None:
+                return None
+            self._use_kernel()
+            collector = self._collector
+        return collector.on_enter(launch)
+
+    def _on_exit(self, token):
+        self._collector.on_exit(token)
 
     def _new_group(self):
         self._running = False
@@ -233,23 +320,39 @@ class Profiler:
         Raises
         ------
         MultiPassRangeError
-            Nothing was collected because no top-level range completed a pass group.
+            Nothing was collected because no top-level range (or iteration) completed a pass group.
         """
         if self._state == "new":  # never started: release the context and CUPTI's initialization only
             self._state = "closed"
             self._teardown()
         if self._state != "open":
             return
+        if os.getpid() != self._pid:  # a forked child: the session and its CUPTI state are the parent's
+            self._state = "closed"
+            return
         error = None
         try:
             if self._stack:
                 _warn(f"gpuscope.Profiler closed inside open ranges ({_ranges.current_path()!r}); they are dropped.")
-            if self.continuous and self._running:
+            if self._recorder is not None:
+                self._recorder.close()  # no launch callback from here on
+            if self.mode_used is Mode.KERNEL:
+                if self._running:
+                    self._rp.stop()
+                    self._running = self._collector.running = False
+                self._collect_kernels()
+            elif self.mode_used is Mode.ITERATION:
+                if self._collector.in_iteration:
+                    self._end_iteration()
+                if self._collector.group is not None or not self._rows:
+                    error = self._incomplete_iterations()
+            elif self.continuous and self._running:
                 self._rp.stop()
                 self._running = False
                 self._collect(self._group_index)
             elif self._group_cycles:
                 error = self._incomplete_group()
+            self._report_selection()
         finally:
             self._teardown()
             self._state = "closed"
@@ -271,15 +374,49 @@ class Profiler:
             return None
         return MultiPassRangeError(message)
 
+    def _incomplete_iterations(self):
+        group = self._collector.group
+        ran = group.passes_run if group is not None else 0
+        what = (f"the top-level range {self._iter_path!r}" if self._iter_path else
+                "Profiler.step()" if self._steps else "no top-level range and no Profiler.step()")
+        message = (
+            f"Iteration mode: the metric set needs {self.passes} iterations per result (one pass each), and "
+            f"{what} gave {ran} in the last pass group. Run the repeated work at least {self.passes} times "
+            "inside the session: a loop whose body is one top-level gpuscope.range, or call prof.step() between "
+            "iterations. For code that does not repeat use mode='kernel' (CUPTI kernel replay) or a one-pass "
+            "metric set."
+        )
+        self._collector.take_group()
+        if self._rows:
+            if ran:
+                _warn(message + " The last, incomplete group was dropped.")
+            return None
+        return MultiPassRangeError(message)
+
+    def _report_selection(self) -> None:
+        c = self._collector
+        if c is None:
+            return
+        self._notes.update(launches_left_out=c.left_out, launches_other_contexts=c.other_context)
+        if self.filter.active and not any(r.get("launch", -1) >= 0 for r in self._rows) and c.left_out:
+            _warn(f"No launch matched the kernel filters ({self.filter.describe()}); {c.left_out} launch(es) ran "
+                  "unprofiled. Kernel names are shown by gpuscope.Profiler(mode='kernel') without filters, or "
+                  "use 'regex:<pattern>'.")
+        errors = getattr(c, "errors", None)
+        if errors:
+            _warn(f"{len(errors)} launch(es) could not be left out cleanly: {errors[0]}")
+
     def _teardown(self) -> None:
         from .cupti import profiler
 
         _ranges.remove_listener(self)
+        collector = getattr(self, "_collector", None)
+        started = getattr(self, "_running", False) or getattr(collector, "in_iteration", False)
         for name in ("_recorder", "_rp"):
             obj = getattr(self, name, None)
             if obj is not None:
                 try:
-                    if name == "_rp" and getattr(self, "_running", False):
+                    if name == "_rp" and started:  # disabling a started range profiler breaks later sessions
                         obj.stop()
                 except Exception as exc:
                     _warn(f"cuptiRangeProfilerStop during cleanup failed: {exc}")
@@ -320,20 +457,42 @@ class Profiler:
         if self._dataset is None:
             from . import _results
 
-            attrs = {"metric_set": self.metric_set, "mode": self.mode.value, "passes": self.passes,
-                     "cycles": self.cycles, "max_depth": self.max_depth, "sample_every": self.sample_every}
+            attrs = {"metric_set": self.metric_set, "mode": self.mode_used.value, "mode_requested": self.mode.value,
+                     "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
+                     "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._notes}
             self._dataset = _results.range_dataset(self._rows, self.metrics, self.properties, self.device_info,
                                                    self.chip, attrs)
         return self._dataset
 
-    # -- the range listener (user mode) -----------------------------------------------------------------
+    # -- the range listener -----------------------------------------------------------------------------
+    def _foreign(self) -> bool:
+        """A range or launch on another thread than the session's (user mode profiles the session's thread)."""
+        ident = threading.get_ident()
+        if ident == self._thread:
+            return False
+        if ident not in self._other_threads:
+            self._other_threads.add(ident)
+            if self.mode is Mode.USER:
+                _warn(f"gpuscope.range and decorated launches on thread {threading.current_thread().name!r} are "
+                      "not profiled: a user-mode session profiles the thread that opened it. Open the session on "
+                      "that thread, or use mode='kernel' or 'iteration', which profile launches from every thread.")
+        return True
+
     def range_push(self, path: str) -> None:
-        if threading.get_ident() != self._thread or self.mode is Mode.KERNEL:
+        if os.getpid() != self._pid or self._foreign():
+            return
+        if self._per_launch:
+            if "/" not in path:
+                self._iteration_push(path)
             return
         self._push(path, _Row(path))
 
     def range_pop(self, path: str) -> None:
-        if threading.get_ident() != self._thread or self.mode is Mode.KERNEL:
+        if os.getpid() != self._pid or self._foreign():
+            return
+        if self._per_launch:
+            if "/" not in path and path == self._iter_path and not self._steps and self._collector.in_iteration:
+                self._end_iteration()
             return
         self._pop(path)
 
@@ -343,16 +502,24 @@ class Profiler:
         if forward and depth == 1 and self.sample_every > 1:
             seen = self._seen[path] = self._seen.get(path, 0) + 1
             forward = (seen - 1) % self.sample_every == 0
+        began = False
         if forward and depth == 1 and not self.continuous:
-            forward = self._begin_cycle(path)
+            forward = began = self._begin_cycle(path)
         elif depth > self.max_depth and not getattr(self, "_warned_depth", False):
             self._warned_depth = True
             _warn(f"Range {path!r} is deeper than max_depth={self.max_depth} and is not profiled. Pass "
                   f"gpuscope.Profiler(max_depth={depth}) to profile it (each level needs one more cycle per pass).")
-        self._stack.append(forward)
+        self._stack.append(False)  # True only once CUPTI has the range, so a refused push leaves the stacks whole
         if not forward:
             return
-        self._rp.push_range(cupti_name or path.rsplit("/", 1)[-1])
+        try:
+            self._rp.push_range(cupti_name or path.rsplit("/", 1)[-1])
+        except BaseException:
+            if began:  # end the cycle just begun; its group cannot be complete
+                self._bad_group = True
+                self._end_cycle()
+            raise
+        self._stack[-1] = True
         self._cycle_pushes += 1
         key = path if cupti_name is None else f"{path.rsplit('/', 1)[0]}/{cupti_name}" if depth > 1 else cupti_name
         known = self._group_rows.setdefault(key, row)
@@ -427,8 +594,6 @@ class Profiler:
         self._new_group()
 
     def _record(self, cupti_name: str, values, group: int) -> dict:
-        if self.mode is Mode.KERNEL:
-            return self._kernel_record(int(cupti_name), values)
         row = self._group_rows.get(cupti_name) or _Row(cupti_name)
         name = row.name
         depth = name.count("/") + 1
@@ -441,38 +606,150 @@ class Profiler:
             "values": values,
         }
 
-    # -- kernels ----------------------------------------------------------------------------------------
+    # -- per-launch modes: kernel and iteration ---------------------------------------------------------
     def _annotate(self):
-        """Called by the launch recorder for every launch (kernel mode): parent path and decorated name."""
-        name, self._pending_kernel = self._pending_kernel, None
+        """For the launch about to happen on this thread: (parent range path, decorated kernel name or None)."""
+        name = getattr(self._pending, "kernel", None)
+        self._pending.kernel = None
         return (_ranges.current_path() or "", name)
 
-    def _kernel_record(self, index: int, values) -> dict:
-        launches = self._launches
-        if index < len(launches):
-            launch = launches[index]
-            parent, label = launch.tag or ("", None)
-            kernel = label or launch.symbol
-            info = dict(kernel=kernel, grid=launch.grid, block=launch.block, start_ns=launch.enter_ns,
-                        end_ns=launch.exit_ns)
-        else:
-            parent, kernel, info = "", str(index), {}
-        name = f"{parent}/{kernel}" if parent else kernel
-        return {"name": name, "depth": name.count("/") + 1, "parent": parent, "launch": index, "pass_group": 0,
-                "first_iteration": 0, "iterations": 1, "values": values, **info}
+    def _iteration_push(self, path: str) -> None:
+        if self.mode_used is Mode.AUTO:
+            self._use_iteration()
+        if self.mode_used is not Mode.ITERATION or self._steps:
+            return
+        if self._iter_path is None:
+            self._iter_path = path
+        if path == self._iter_path:
+            self._collector.begin(self._group_index)
 
-    @property
-    def _launches(self):
-        if not hasattr(self, "_launch_list"):
-            self._launch_list = self._recorder.take() if self._recorder is not None else []
-        return self._launch_list
+    def step(self) -> None:
+        """Mark an iteration boundary (iteration mode): end the running iteration, if any, and begin the next.
+
+        Use it when the repeated work is not one top-level ``gpuscope.range``: call it at the top of each
+        iteration of the loop; the session's close ends the last iteration.
+
+        Raises
+        ------
+        SessionConflictError
+            The session is not open, its mode is not iteration (or auto), or a top-level range already
+            delimits the iterations.
+        """
+        if self._state != "open":
+            raise SessionConflictError("Profiler.step() needs an open session (inside the with block).")
+        if self.mode_used is Mode.AUTO:
+            self._use_iteration()
+        if self.mode_used is not Mode.ITERATION:
+            raise SessionConflictError(f"Profiler.step() marks iterations of mode='iteration'; this session "
+                                       f"collects in mode={self.mode_used.value!r}.")
+        if self._iter_path is not None:
+            raise SessionConflictError(f"The top-level range {self._iter_path!r} already delimits the iterations; "
+                                       "use either a repeated top-level range or Profiler.step(), not both.")
+        self._steps = True
+        if self._collector.in_iteration:
+            self._end_iteration()
+        self._collector.begin(self._group_index)
+
+    def _end_iteration(self) -> None:
+        result = self._collector.end()
+        if result.all_passes_submitted:
+            self._collect_iterations()
+
+    def _collect_iterations(self) -> None:
+        from . import _launches
+        from .cupti import range_profiler
+
+        dropped = self._rp.decode()
+        group = self._collector.take_group()
+        image = self._image
+        count = range_profiler.num_ranges(image)
+        reference = group.passes[0]
+        keep = min(_launches.matched_prefix(group.passes), count)
+        for index in range(keep):
+            launch = reference[index]
+            if launch.wanted:
+                self._rows.append(self._launch_row(launch, index, self._host.evaluate(image, index, self.metrics),
+                                                   group.index, group.first_iteration, self.passes))
+        self._rp.initialize_counter_data(image)
+        self._group_index += 1
+        lost = [s.kernel for s in reference[keep:] if s.wanted]
+        unmatched = sum(max(len(p) - keep, 0) for p in group.passes[1:])
+        self._notes["launches_incomplete"] = self._notes.get("launches_incomplete", 0) + len(lost)
+        self._notes["launches_unmatched"] = self._notes.get("launches_unmatched", 0) + unmatched
+        if dropped:
+            _warn(f"{dropped} launch range(s) of iteration group {group.index} did not fit the counter-data image "
+                  f"and were dropped; pass gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+        if keep < max(len(p) for p in group.passes):
+            k, first, other = _divergence(group.passes, keep)
+            _warn(f"Iterations {group.first_iteration}-{group.first_iteration + group.passes_run - 1} did not launch "
+                  f"the same kernels: launch {keep} was {first} in iteration {group.first_iteration} but {other} in "
+                  f"iteration {group.first_iteration + k}. Kept the {keep} leading launch(es) common to all "
+                  f"iterations; dropped {len(lost)} launch(es) from there ({sorted(set(lost))[:5]}) and "
+                  f"{unmatched} launch(es) of later iterations. Values of kept launches are complete.")
+
+    def _collect_kernels(self) -> None:
+        from .cupti import range_profiler
+
+        dropped = self._rp.decode()
+        image = self._image
+        launches = self._collector.selected
+        count = range_profiler.num_ranges(image)
+        if dropped:
+            _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
+                  f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+        if count != len(launches) - dropped:
+            _warn(f"CUPTI returned {count} kernel ranges for {len(launches)} recorded launches; the launches cannot "
+                  "be told apart, so rows are named by CUPTI's range names without kernel names.")
+            launches = None
+        for index in range(count):
+            values = self._host.evaluate(image, index, self.metrics)
+            if launches is None:
+                name = range_profiler.range_name(image, index, "/")
+                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": index, "values": values,
+                                   "pass_group": 0, "first_iteration": 0, "iterations": 1})
+            else:
+                self._rows.append(self._launch_row(launches[index], index, values, 0, 0, 1))
+        self._rp.initialize_counter_data(image)
+        replay_ms = [(s.exit_ns - s.enter_ns) / 1e6 for s in self._collector.selected if s.exit_ns > 0]
+        if replay_ms:
+            self._notes["replay_ms_per_launch"] = float(np.median(replay_ms))
+            self._warn_replay_cost(float(np.median(replay_ms)))
+
+    def _warn_replay_cost(self, ms: float) -> None:
+        """Kernel replay that costs well over CUPTI's usual ~7 ms per pass: say why, and what is cheaper."""
+        per_pass = ms / max(self.passes, 1)
+        if per_pass < KERNEL_REPLAY_WARN_MS_PER_PASS:
+            return
+        from . import _device
+
+        held = _device.memory_used_gib(self.device)
+        cause = (f"this process holds {held:.1f} GiB of device memory, which CUPTI saves and restores for every pass"
+                 if held >= 2 else
+                 "a loaded module linked with the CUDA device runtime (cooperative groups, e.g. CuPy "
+                 "RawModule(enable_cooperative_groups=True)) makes CUPTI's replay dearer, and the device memory held "
+                 f"({held:.1f} GiB) adds to it")
+        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes, {per_pass:.1f} ms per pass): "
+              f"{cause}. mode='iteration' (pass k on the k-th iteration of a repeated top-level range or "
+              "Profiler.step(); about 1.2 ms per launch per pass on an H100) does not save or restore memory; "
+              "kernels=/launch_count= profile fewer launches.")
+
+    def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int) -> dict:
+        parent = launch.parent
+        name = f"{parent}/{launch.kernel}" if parent else launch.kernel
+        return {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
+                "symbol": launch.symbol, "launch": index, "grid": launch.grid, "block": launch.block,
+                "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
+                "first_iteration": first_iteration, "iterations": iterations, "values": values}
 
     def launch(self, kernel: str, grid, block, run):
         """Run one decorated kernel launch *run()* as a profiled range (used by ``gpuscope.profile``)."""
-        if threading.get_ident() != self._thread:
-            return run()
-        if self.mode is Mode.KERNEL:
-            self._pending_kernel = kernel
+        if self._per_launch:  # the launch callback names the launch after the decorated kernel
+            self._pending.kernel = kernel
+            try:
+                return run()
+            finally:
+                self._pending.kernel = None
+        if self._foreign() or os.getpid() != self._pid:
             return run()
         parent = _ranges.current_path()
         path = f"{parent}/{kernel}" if parent else kernel
@@ -493,7 +770,8 @@ class Profiler:
     def replay(self, fn, *args, name: str | None = None, _launch=None, **kwargs):
         """Run ``fn(*args, **kwargs)`` as a top-level range once per cycle, restoring device memory between.
 
-        Returns what the last run returned. With a one-cycle set, *fn* runs once.
+        Returns what the last run returned. With a one-cycle set, or in kernel and iteration modes, *fn* runs
+        once.
 
         Raises
         ------
@@ -503,7 +781,7 @@ class Profiler:
         from .cupti.checkpoint import Checkpoint
 
         name = name or getattr(fn, "__qualname__", "replay")
-        if self.mode is Mode.KERNEL or self.continuous:
+        if self._per_launch or self.continuous:
             with _ranges.Range(name):
                 return fn(*args, **kwargs) if _launch is None else self._launch_in_range(fn, name, _launch)
         if _ranges.current_path() is not None or threading.get_ident() != self._thread:
@@ -527,6 +805,8 @@ class Profiler:
 
     def _launch_in_range(self, run, kernel, dims):
         """The body of a replayed top-level kernel launch: the launch coordinates go on the range's row."""
+        if self._per_launch:
+            return self.launch(kernel, dims[0], dims[1], run)
         row = self._group_rows.get(kernel)
         if row is not None and row.launch < 0:
             row.kernel, row.launch, row.grid, row.block = kernel, self._launch, _dim3(dims[0]), _dim3(dims[1])
@@ -537,6 +817,59 @@ class Profiler:
         if self.progress is not None:
             return bool(self.progress)
         return None if self.cycles > 4 else False
+
+    def report(self, **options):
+        """The readable per-kernel (and per-range) summary of :attr:`dataset` (see :func:`gpuscope.report`)."""
+        from ._report import report
+
+        return report(self.dataset, **options)
+
+
+# Kernel replay on an H100 costs about 7 ms per pass per launch in a process holding ~0.7 GB (CUPTI 13.0); twice
+# that is a sign of memory held or a device-runtime module (docs/range-profiling.md).
+KERNEL_REPLAY_WARN_MS_PER_PASS = 12.0
+
+
+def _divergence(passes, position: int):
+    """(pass index, what the first pass launched, what that pass launched) at the first differing *position*."""
+    def at(p):
+        if position >= len(p):
+            return "nothing", None
+        s = p[position]
+        return f"{s.kernel} grid={s.grid} block={s.block}", s.signature
+
+    first, signature = at(passes[0])
+    for k, p in enumerate(passes[1:], 1):
+        text, sig = at(p)
+        if sig != signature:
+            return k, first, text
+    return 0, first, first
+
+
+def _readable(symbol: str) -> str:
+    from ._names import demangle
+
+    return demangle(symbol)
+
+
+def _positive(value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be an integer, not {value!r}")
+    value = int(value)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise ValueError(f"{what} must be {bound}, not {value}")
+    return value
+
+
+def _forget_sessions_in_child() -> None:
+    """After ``os.fork``: the child must never drive the parent's CUPTI sessions (they stay the parent's)."""
+    global _active_lock
+    _active_lock = threading.Lock()
+    _active.clear()
+
+
+os.register_at_fork(after_in_child=_forget_sessions_in_child)
 
 
 def _dim3(value):

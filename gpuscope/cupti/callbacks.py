@@ -1,20 +1,20 @@
-"""CUPTI Callback API (cupti_callbacks.h) for kernel launches: names, grid, block and CUPTI times of each launch.
+"""CUPTI Callback API (cupti_callbacks.h) for kernel launches: names, grid, block and context of each launch.
 
 :class:`LaunchRecorder` subscribes to the driver's launch entry points (``cuLaunchKernel``,
-``cuLaunchKernelEx``, ``cuLaunchCooperativeKernel`` and their per-thread-stream variants) and records one
-:class:`Launch` per call, in call order: auto ranges "0", "1", ... of the range profiler are these launches in
-the same order. CUPTI allows one subscriber per process.
+``cuLaunchKernelEx``, ``cuLaunchCooperativeKernel`` and their per-thread-stream variants) and calls back on
+entry and exit of each, on the launching thread. CUPTI allows one subscriber per process.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import threading
 import warnings
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uint32, c_uint64, c_void_p
 
-from ..errors import GpuscopeWarning
+from ..errors import GpuscopeError, GpuscopeWarning
 from ._api import Functions
 from .activity import timestamp
 
@@ -27,10 +27,13 @@ CUPTI_API_ENTER, CUPTI_API_EXIT = 0, 1
 CBID_cuLaunchKernel = 307
 CBID_cuLaunchKernel_ptsz = 442
 CBID_cuLaunchCooperativeKernel = 477
+CBID_cuLaunchCooperativeKernel_ptsz = 478
 CBID_cuLaunchKernelEx = 652
 CBID_cuLaunchKernelEx_ptsz = 653
-_CLASSIC = (CBID_cuLaunchKernel, CBID_cuLaunchKernel_ptsz, CBID_cuLaunchCooperativeKernel)
+_CLASSIC = (CBID_cuLaunchKernel, CBID_cuLaunchKernel_ptsz, CBID_cuLaunchCooperativeKernel,
+            CBID_cuLaunchCooperativeKernel_ptsz)
 _EX = (CBID_cuLaunchKernelEx, CBID_cuLaunchKernelEx_ptsz)
+LAUNCH_CBIDS = _CLASSIC + _EX
 
 
 class CUpti_CallbackData(Structure):
@@ -60,7 +63,8 @@ class _LaunchExParams(Structure):  # cuLaunchKernelEx_params
 
 
 # void CUPTIAPI callback(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* cbdata)
-_CALLBACK = CFUNCTYPE(None, c_void_p, c_int, c_uint32, POINTER(CUpti_CallbackData))
+# cbdata is taken as an address: CUpti_CallbackData.from_address is cheaper than a POINTER argument per call.
+_CALLBACK = CFUNCTYPE(None, c_void_p, c_int, c_uint32, c_void_p)
 
 _f = Functions(
     "cupti_callbacks.h",
@@ -78,88 +82,125 @@ _f = Functions(
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """One kernel launch seen by the driver: symbol, grid, block and CUPTI timestamps of the launch call."""
+    """One kernel launch seen by the driver: symbol, grid, block, context and CUPTI time of the launch call."""
 
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    context: int
     enter_ns: int
-    exit_ns: int
-    tag: object = None  # what the recorder's ``annotate`` returned for this launch
+
+
+_lock = threading.Lock()
+_subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
+_current = None  # the open LaunchRecorder
+
+
+def _dispatch(userdata, domain, cbid, address):
+    recorder = _current
+    if recorder is not None:
+        recorder._on_callback(cbid, address)
+
+
+def _enable(flag: int) -> None:
+    for cbid in LAUNCH_CBIDS:
+        _f.cuptiEnableCallback(flag, _subscription[0], CUPTI_CB_DOMAIN_DRIVER_API, cbid)
+
+
+def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
+    global _current, _lock
+    _lock = threading.Lock()
+    _current = None
+    _subscription.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class LaunchRecorder:
-    """Record every kernel launch in this process while open (``cuptiSubscribe``; :meth:`close` unsubscribes).
+    """Hear every kernel launch in this process while open (:meth:`close` stops it).
+
+    At the launch call's entry, ``on_enter(launch)`` gets a :class:`Launch`; whatever it returns other than None
+    is handed to ``on_exit(token)`` when the same call returns (on the same thread). The driver waits for both,
+    so they must be quick, and they must not raise (an exception becomes a warning).
+
+    gpuscope subscribes to CUPTI's callbacks once per process (``cuptiSubscribe``) and keeps the subscription,
+    enabling the launch callbacks while a recorder is open and disabling them at :meth:`close`: on the H100
+    (CUPTI 13.0), subscribing again after a kernel-replay session and pushing a range from a launch callback
+    crashed the process.
 
     Parameters
     ----------
-    annotate : callable, optional
-        Called with no arguments on the launching thread after each launch; its result is the launch's ``tag``.
+    on_enter : callable
+        ``on_enter(launch) -> token or None``.
+    on_exit : callable, optional
+        ``on_exit(token)``, called only for a token that is not None.
 
     Raises
     ------
     ProfilerBusyError
         Another CUPTI callback subscriber exists in this process (CUPTI allows one).
+    GpuscopeError
+        Another LaunchRecorder is open.
     """
 
-    def __init__(self, annotate=None):
-        self.launches: list[Launch] = []
-        self._annotate = annotate
-        self._lock = threading.Lock()
-        self._enter = threading.local()
-        self._callback = _CALLBACK(self._on_callback)  # kept alive as long as the subscription
-        handle = c_void_p()
-        _f.cuptiSubscribe(ctypes.byref(handle), self._callback, None)
-        self._handle = handle.value
-        try:
-            for cbid in _CLASSIC + _EX:
-                _f.cuptiEnableCallback(1, self._handle, CUPTI_CB_DOMAIN_DRIVER_API, cbid)
-        except BaseException:
-            _f.cuptiUnsubscribe(self._handle)
-            raise
+    def __init__(self, on_enter, on_exit=None):
+        global _current
+        self._on_enter, self._on_exit = on_enter, on_exit
+        self._pending = threading.local()
+        with _lock:
+            if _current is not None:
+                raise GpuscopeError("Another gpuscope launch recorder is open in this process; close it first.")
+            if not _subscription:
+                callback = _CALLBACK(_dispatch)
+                handle = c_void_p()
+                _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
+                _subscription[:] = [handle.value, callback]
+            _current = self
+            try:
+                _enable(1)
+            except BaseException:
+                _current = None
+                raise
+        self._open = True
 
-    def _on_callback(self, userdata, domain, cbid, data):
+    def _on_callback(self, cbid, address):
         try:
-            d = data.contents
-            if d.callbackSite == CUPTI_API_ENTER:
-                self._enter.ns = timestamp()
+            d = CUpti_CallbackData.from_address(address)
+            if d.callbackSite != CUPTI_API_ENTER:
+                token, self._pending.token = getattr(self._pending, "token", None), None
+                if token is not None:
+                    self._on_exit(token)
                 return
             if cbid in _EX:
-                ex = ctypes.cast(d.functionParams, POINTER(_LaunchExParams)).contents
-                g = ex.config.contents
+                g = ctypes.cast(d.functionParams, POINTER(_LaunchExParams)).contents.config.contents
             else:
-                g = ctypes.cast(d.functionParams, POINTER(_LaunchParams)).contents
-            launch = Launch(
-                symbol=(d.symbolName or b"").decode(errors="replace"),
-                grid=(g.gx, g.gy, g.gz),
-                block=(g.bx, g.by, g.bz),
-                enter_ns=getattr(self._enter, "ns", 0),
-                exit_ns=timestamp(),
-                tag=self._annotate() if self._annotate is not None else None,
-            )
-            with self._lock:
-                self.launches.append(launch)
+                g = _LaunchParams.from_address(d.functionParams)
+            launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
+                            d.context or 0, timestamp())
+            token = self._on_enter(launch)
+            if token is not None and self._on_exit is not None:
+                self._pending.token = token
         except Exception as exc:  # never raise into the driver
-            warnings.warn(f"gpuscope launch callback failed: {exc}", GpuscopeWarning, stacklevel=1)
-
-    def take(self) -> list[Launch]:
-        """The launches recorded so far, removing them from the recorder."""
-        with self._lock:
-            out, self.launches = self.launches, []
-        return out
+            warnings.warn(f"gpuscope launch callback failed: {exc!r}", GpuscopeWarning, stacklevel=1)
 
     @property
     def closed(self) -> bool:
-        return self._handle is None
+        return not self._open
 
     def close(self) -> None:
-        """``cuptiUnsubscribe`` (safe to call twice)."""
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            try:
-                _f.cuptiUnsubscribe(handle)
-            except Exception as exc:
-                warnings.warn(f"cuptiUnsubscribe failed: {exc}", GpuscopeWarning, stacklevel=2)
+        """Stop hearing launches: the launch callbacks are disabled (safe to call twice)."""
+        global _current
+        if not self._open:
+            return
+        self._open = False
+        with _lock:
+            if _current is self:
+                _current = None
+                try:
+                    _enable(0)
+                except Exception as exc:
+                    warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
 
     def __enter__(self):
         return self

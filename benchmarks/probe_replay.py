@@ -1,0 +1,496 @@
+"""Probe: what makes CUPTI kernel replay dear, and what auto range + user replay costs (issue 10 investigation).
+
+Each case runs in its own process (a CuPy module, once loaded, stays loaded)::
+
+    python3 benchmarks/probe_replay.py all --out probe.json      # every case, one subprocess each
+    python3 benchmarks/probe_replay.py case cupy_cg               # one case, in this process
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+TOPDOWN = None  # the "topdown" metric set, resolved by gpuscope
+
+CG_SRC = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void cgk(float* x, int* counter, int n) {
+    cg::grid_group g = cg::this_grid();
+    int i = g.thread_rank();
+    if (i < n) { x[i] += 1.0f; atomicAdd(counter, 1); }
+    g.sync();
+}
+"""
+PLAIN_SRC = r"""
+extern "C" __global__ void plain(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+"""
+
+
+def workload():
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit
+    def stream(a, b, c):
+        i = cuda.grid(1)
+        if i < c.size:
+            c[i] = a[i] + 2.0 * b[i]
+
+    @cuda.jit
+    def fma(x, iters):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(iters):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    @cuda.jit
+    def tiny(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] += 1.0
+
+    n = 1 << 24
+    rng = np.random.default_rng(0)
+    a = cuda.to_device(rng.random(n, dtype=np.float32))
+    b = cuda.to_device(rng.random(n, dtype=np.float32))
+    c = cuda.device_array(n, np.float32)
+    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
+    t = cuda.to_device(np.zeros(1024, np.float32))
+    g, gx = (n + 255) // 256, (n // 16 + 255) // 256
+
+    def run(launches):
+        for k in range(launches):
+            if k % 2 == 0:
+                stream[g, 256](a, b, c)
+            else:
+                fma[gx, 256](x, 2000)
+        cuda.synchronize()
+
+    def run_stream(launches):
+        for _ in range(launches):
+            stream[g // 16, 256](a, b, c)
+        cuda.synchronize()
+
+    def run_tiny(launches):
+        for _ in range(launches):
+            tiny[4, 256](t)
+        cuda.synchronize()
+
+    run(2)
+    run_tiny(2)
+    run_stream(2)
+    return run, run_tiny, run_stream
+
+
+def setup(kind: str):
+    """Put the process into the state the case names."""
+    if kind == "base":
+        return
+    if kind.startswith("mem"):
+        import numpy as np
+        from numba import cuda
+
+        gb = int(kind[3:])
+        held = [cuda.device_array(1 << 30, np.uint8) for _ in range(gb)]
+        for h in held:
+            h[:1] = 1
+        globals()["_held"] = held
+        return
+    if kind == "numba_cg":
+        import numpy as np
+        from numba import cuda
+
+        @cuda.jit
+        def gsync(x):
+            g = cuda.cg.this_grid()
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] += 1.0
+            g.sync()
+
+        x = cuda.to_device(np.zeros(4096, np.float32))
+        gsync[16, 256](x)
+        cuda.synchronize()
+        return
+    import cupy as cp
+
+    if kind == "cupy_import":
+        cp.zeros(1)
+    elif kind == "cupy_elementwise":
+        k = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2", "dbl")
+        k(cp.ones(1024, cp.float32))
+    elif kind == "cupy_plain":
+        m = cp.RawModule(code=PLAIN_SRC)
+        x = cp.zeros(4096, cp.float32)
+        m.get_function("plain")((16,), (256,), (x, cp.int32(4096)))
+    elif kind in ("cupy_cg", "cupy_cg_noop"):
+        m = cp.RawModule(code=CG_SRC, options=("-std=c++17",), enable_cooperative_groups=True)
+        f = m.get_function("cgk")
+        if kind == "cupy_cg":
+            x = cp.zeros(4096, cp.float32)
+            cnt = cp.zeros(1, cp.int32)
+            f((16,), (256,), (x, cnt, cp.int32(4096)))
+    elif kind == "cupy_gemm":
+        a = cp.random.rand(1024, 1024, dtype=cp.float32)
+        (a @ a).sum()
+    else:
+        raise SystemExit(f"unknown setup {kind}")
+    cp.cuda.Device().synchronize()
+
+
+def kernel_mode(run, launches, mode="kernel"):
+    import gpuscope as gs
+
+    t0 = time.perf_counter()
+    prof = gs.Profiler("topdown", mode=mode, max_ranges=launches + 8, progress=False)
+    prof.start()
+    t1 = time.perf_counter()
+    run(launches)
+    t2 = time.perf_counter()
+    prof.close()
+    t3 = time.perf_counter()
+    ds = prof.dataset
+    td = gs.topdown(ds)
+    t4 = time.perf_counter()
+    return {"start_s": t1 - t0, "loop_s": t2 - t1, "close_s": t3 - t2, "dataset_topdown_s": t4 - t3,
+            "total_s": t4 - t0, "rows": int(ds.sizes["range"]), "td_vars": len(td.data_vars)}
+
+
+def auto_user(run, iter_launches, iterations):
+    """Auto ranges + user replay driven by hand: pass k on iteration k (the iteration-mode mechanism)."""
+    from gpuscope import _catalog, _device
+    from gpuscope.cupti import host, profiler, range_profiler
+    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
+
+    t0 = time.perf_counter()
+    ctx = _device.PrimaryContext(0)
+    profiler.initialize()
+    chip = profiler.chip_name(0)
+    metrics = _catalog.resolve("topdown", chip, "range")
+    avail = profiler.counter_availability(ctx.handle)
+    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
+    h.add_metrics(metrics)
+    cfg = h.config_image()
+    passes = host.num_passes(cfg)
+    ctx.make_current()
+    rp = range_profiler.RangeProfiler(ctx.handle)
+    img = rp.counter_data_image(metrics, iter_launches + 8)
+    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, iter_launches + 8, 1, 1, 0, 1)
+    t1 = time.perf_counter()
+    results, pass_s, decode_s, eval_s = 0, [], 0.0, 0.0
+    for it in range(iterations):
+        a = time.perf_counter()
+        rp.start()
+        run(iter_launches)
+        r = rp.stop()
+        pass_s.append(time.perf_counter() - a)
+        if r.all_passes_submitted:
+            a = time.perf_counter()
+            rp.decode()
+            b = time.perf_counter()
+            for i in range(range_profiler.num_ranges(img)):
+                h.evaluate(img, i, metrics)
+                results += 1
+            rp.initialize_counter_data(img)
+            decode_s += b - a
+            eval_s += time.perf_counter() - b
+    t2 = time.perf_counter()
+    rp.close()
+    h.close()
+    profiler.deinitialize()
+    ctx.close()
+    t3 = time.perf_counter()
+    return {"passes": passes, "start_s": t1 - t0, "loop_s": t2 - t1, "close_s": t3 - t2, "total_s": t3 - t0,
+            "results": results, "pass_median_s": sorted(pass_s)[len(pass_s) // 2], "decode_s": decode_s,
+            "eval_s": eval_s}
+
+
+def unprofiled_floor(run_tiny, launches=2000):
+    """Per-launch cost of unprofiled launches: nothing, Python launch callback, user-range profiler started."""
+    from gpuscope import _device
+    from gpuscope.cupti import callbacks, profiler, range_profiler, host
+    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
+    from gpuscope import _catalog
+
+    def per(fn):
+        best = []
+        for _ in range(3):
+            t = time.perf_counter(); fn(launches); best.append(time.perf_counter() - t)
+        return min(best) / launches * 1e6
+
+    out = {"plain_us": per(run_tiny)}
+    rec = callbacks.LaunchRecorder()
+    out["callback_us"] = per(run_tiny)
+    rec.close()
+    ctx = _device.PrimaryContext(0)
+    profiler.initialize()
+    chip = profiler.chip_name(0)
+    metrics = _catalog.resolve(["smsp__inst_executed.sum", "sm__ctas_launched.sum"], chip, "range")
+    avail = profiler.counter_availability(ctx.handle)
+    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
+    h.add_metrics(metrics)
+    cfg = h.config_image()
+    rp = range_profiler.RangeProfiler(ctx.handle)
+    img = rp.counter_data_image(metrics, 64)
+    rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, 64, 1, 1, 0, 1)
+    out["enabled_not_started_us"] = per(run_tiny)
+    rp.start()
+    out["user_started_us"] = per(run_tiny)
+    rp.stop()
+    rp.decode()
+    out["after_stop_us"] = per(run_tiny)
+    # cost of one start/push/pop/stop/decode cycle on a 1-pass config, around one tiny launch
+    cyc = []
+    for _ in range(10):
+        a = time.perf_counter()
+        rp.start(); rp.push_range("r"); run_tiny(1); rp.pop_range(); rp.stop(); rp.decode()
+        rp.initialize_counter_data(img)
+        cyc.append(time.perf_counter() - a)
+    out["user_cycle_ms"] = sorted(cyc)[5] * 1e3
+    rp.close()
+    # kernel replay, auto range, started
+    rp = range_profiler.RangeProfiler(ctx.handle)
+    img = rp.counter_data_image(metrics, 8192)
+    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.KERNEL, 8192)
+    rp.start()
+    out["kernel_started_us_per_profiled"] = per(run_tiny)
+    rp.stop()
+    ss = []
+    for _ in range(10):
+        a = time.perf_counter(); rp.start(); rp.stop(); ss.append(time.perf_counter() - a)
+    out["kernel_startstop_ms"] = sorted(ss)[5] * 1e3
+    rp.close()
+    h.close()
+    profiler.deinitialize()
+    ctx.close()
+    return out
+
+
+def callback_stop(run, launches=20):
+    """Can the range profiler be stopped/started from inside a launch callback (kernel filters)?"""
+    import ctypes
+    from gpuscope import _device, _catalog
+    from gpuscope.cupti import callbacks, profiler, range_profiler, host
+    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
+
+    ctx = _device.PrimaryContext(0)
+    profiler.initialize()
+    chip = profiler.chip_name(0)
+    metrics = _catalog.resolve("topdown", chip, "range")
+    avail = profiler.counter_availability(ctx.handle)
+    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
+    h.add_metrics(metrics)
+    cfg = h.config_image()
+    rp = range_profiler.RangeProfiler(ctx.handle)
+    img = rp.counter_data_image(metrics, 256)
+    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.KERNEL, 256)
+    state = {"n": 0, "errors": []}
+
+    class Rec(callbacks.LaunchRecorder):
+        def _on_callback(self, userdata, domain, cbid, data):
+            d = data.contents
+            name = (d.symbolName or b"").decode()
+            try:
+                if "fma" in name:  # filter out fma
+                    if d.callbackSite == callbacks.CUPTI_API_ENTER:
+                        rp.stop()
+                    else:
+                        rp.start()
+                state["n"] += 1
+            except Exception as exc:
+                state["errors"].append(repr(exc))
+
+    rp.start()
+    rec = Rec()
+    t = time.perf_counter()
+    run(launches)
+    loop = time.perf_counter() - t
+    rec.close()
+    rp.stop()
+    rp.decode()
+    n = range_profiler.num_ranges(img)
+    vals = [h.evaluate(img, i, metrics)[0] for i in range(n)]
+    rp.close(); h.close(); profiler.deinitialize(); ctx.close()
+    return {"ranges": n, "launches": launches, "loop_s": loop, "callbacks": state["n"], "errors": state["errors"][:3],
+            "ipc_first": [float(v) for v in vals[:4]]}
+
+
+def _session(metrics):
+    from gpuscope import _catalog, _device
+    from gpuscope.cupti import host, profiler
+    from gpuscope.cupti._types import ProfilerType
+
+    ctx = _device.PrimaryContext(0)
+    profiler.initialize()
+    chip = profiler.chip_name(0)
+    metrics = _catalog.resolve(metrics, chip, "range")
+    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, profiler.counter_availability(ctx.handle))
+    h.add_metrics(metrics)
+    cfg = h.config_image()
+    ctx.make_current()
+    return ctx, h, cfg, metrics, host.num_passes(cfg)
+
+
+def _close(ctx, h, *rps):
+    from gpuscope.cupti import profiler
+
+    for rp in rps:
+        rp.close()
+    h.close(); profiler.deinitialize(); ctx.close()
+
+
+def mem_used():
+    from cuda.bindings import driver
+
+    _, free, total = driver.cuMemGetInfo()
+    return (total - free) / 2**30
+
+
+def breakdown(run, run_tiny, run_stream):
+    """Per-pass and per-range costs of auto range + user replay and user range + user replay."""
+    from gpuscope.cupti import range_profiler
+    from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+    out = {}
+    for label, metrics in (("topdown", "topdown"), ("onepass", ["smsp__inst_executed.sum", "sm__ctas_launched.sum"])):
+        ctx, h, cfg, metrics, passes = _session(metrics)
+        for per_pass, fn, kname in ((10, run, "sf"), (2, run, "sf"), (10, run_tiny, "tiny"), (10, run_stream, "stream")):
+            rp = range_profiler.RangeProfiler(ctx.handle)
+            img = rp.counter_data_image(metrics, 64)
+            rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, 64, 1, 1, 0, 1)
+            times, starts, stops, decs = [], [], [], []
+            for it in range(2 * passes):
+                a = time.perf_counter(); rp.start(); b = time.perf_counter()
+                fn(per_pass)
+                c = time.perf_counter(); r = rp.stop(); d = time.perf_counter()
+                times.append(c - b); starts.append(b - a); stops.append(d - c)
+                if r.all_passes_submitted:
+                    e = time.perf_counter(); rp.decode(); rp.initialize_counter_data(img); decs.append(time.perf_counter() - e)
+            rp.close()
+            plain_t = min(plain(fn, per_pass) for _ in range(3))
+            out[f"{label}_auto_{kname}{per_pass}"] = {
+                "passes": passes, "plain_ms": plain_t * 1e3,
+                "pass_ms": [round(t * 1e3, 2) for t in times[:passes]],
+                "start_ms": round(sorted(starts)[len(starts) // 2] * 1e3, 3),
+                "stop_ms": round(sorted(stops)[len(stops) // 2] * 1e3, 3),
+                "decode_ms": round(sorted(decs)[len(decs) // 2] * 1e3, 3) if decs else None,
+                "per_launch_pass_ms": round((sorted(times)[len(times) // 2] - plain_t) / per_pass * 1e3, 3)}
+        # user ranges around each launch, user replay
+        rp = range_profiler.RangeProfiler(ctx.handle)
+        img = rp.counter_data_image(metrics, 64)
+        rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, 64, 1, 1, 0, 1)
+        times = []
+        for it in range(2 * passes):
+            rp.start()
+            b = time.perf_counter()
+            for k in range(10):
+                rp.push_range(f"k{k}"); run_stream(1) if k % 2 == 0 else run_tiny(1); rp.pop_range()
+            times.append(time.perf_counter() - b)
+            if rp.stop().all_passes_submitted:
+                rp.decode(); rp.initialize_counter_data(img)
+        rp.close()
+        out[f"{label}_user_pushpop10"] = {"pass_ms": [round(t * 1e3, 2) for t in times[:passes]]}
+        _close(ctx, h)
+    return out
+
+
+def stream_floor(run_stream, launches=400):
+    """Unprofiled 40-us kernels while a user-range profiler is started (the sample_every floor)."""
+    from gpuscope.cupti import range_profiler
+    from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+    def per():
+        best = []
+        for _ in range(3):
+            t = time.perf_counter(); run_stream(launches); best.append(time.perf_counter() - t)
+        return min(best) / launches * 1e6
+
+    out = {"plain_us": per()}
+    ctx, h, cfg, metrics, passes = _session(["smsp__inst_executed.sum", "sm__ctas_launched.sum"])
+    rp = range_profiler.RangeProfiler(ctx.handle)
+    img = rp.counter_data_image(metrics, 64)
+    rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, 64, 1, 1, 0, 1)
+    out["enabled_us"] = per()
+    rp.start()
+    out["started_us"] = per()
+    rp.push_range("r"); run_stream(1); rp.pop_range()
+    out["started_after_range_us"] = per()
+    rp.stop(); rp.decode(); rp.initialize_counter_data(img)
+    out["stopped_us"] = per()
+    _close(ctx, h, rp)
+    return out
+
+
+def plain(run, launches):
+    t = time.perf_counter(); run(launches); return time.perf_counter() - t
+
+
+def case(name: str, launches: int) -> dict:
+    kind, _, what = name.partition(":")
+    run, run_tiny, run_stream = workload()
+    before = mem_used()
+    setup(kind)
+    out = {"case": name, "plain_s": plain(run, launches), "mem_before_gib": before, "mem_after_gib": mem_used()}
+    if what in ("", "kernel"):
+        out["kernel"] = kernel_mode(run, launches)
+    if what in ("", "auto_user"):
+        out["auto_user"] = auto_user(run, 10, 7 * 3)
+        out["plain10_s"] = plain(run, 10)
+    if what == "floor":
+        out["floor"] = unprofiled_floor(run_tiny)
+    if what == "breakdown":
+        out["breakdown"] = breakdown(run, run_tiny, run_stream)
+    if what == "sfloor":
+        out["sfloor"] = stream_floor(run_stream)
+    if what == "mem":
+        pass
+    if what == "cbstop":
+        out["cbstop"] = callback_stop(run)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["all", "case"])
+    ap.add_argument("name", nargs="?")
+    ap.add_argument("--launches", type=int, default=40)
+    ap.add_argument("--out", default="probe.json")
+    ap.add_argument("--cases", default="base,cupy_import:kernel,cupy_elementwise:kernel,cupy_plain:kernel,"
+                    "cupy_cg_noop:kernel,cupy_cg,numba_cg,cupy_gemm:kernel,mem4:kernel,mem16,base:floor,base:cbstop")
+    args = ap.parse_args()
+    if args.what == "case":
+        print("RESULT " + json.dumps(case(args.name, args.launches)), flush=True)
+        return
+    results = []
+    for name in args.cases.split(","):
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, __file__, "case", name, "--launches", str(args.launches)],
+                           capture_output=True, text=True, timeout=300)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        r = json.loads(line[7:]) if line else {"case": name, "rc": p.returncode, "stderr": p.stderr[-1500:]}
+        r["wall_s"] = time.perf_counter() - t
+        results.append(r)
+        summary = {k: r.get(k) for k in ("case", "plain_s", "mem_before_gib", "mem_after_gib")}
+        for k in ("kernel", "auto_user"):
+            if k in r:
+                summary[k] = {kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in r[k].items()}
+        for k in ("floor", "cbstop", "stderr", "breakdown", "sfloor"):
+            if k in r:
+                summary[k] = r[k]
+        print(json.dumps(summary), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Kernel filters and the matching of launches across iterations (pure logic, no GPU)."""
+
+import threading
+
+import pytest
+
+from gpuscope._filters import KernelFilter
+from gpuscope._launches import IterationReplay, KernelReplay, Selected, matched_prefix
+from gpuscope.cupti.callbacks import Launch
+
+NUMBA_STREAM = "_ZN8__main__6streamB2v1B94cw51cXTLSUwv1sCUt9Uw1VEw0NRRQPKzLTg4gaGAFA_2bUH0ZUMPEPg2QA2gBnQfEUwIPBMB0Tx6XBiEBQPaQQgE"
+CTX = 0x1234
+
+
+def test_plain_names_match_readable_function_or_symbol():
+    f = KernelFilter.build(kernels=["stream"])
+    assert f.name_matches("__main__.stream", NUMBA_STREAM)
+    assert f.name_matches("stream", "stream")
+    assert not f.name_matches("__main__.fma", "x")
+    assert not f.name_matches("__main__.streamer", "x")  # a plain name is exact, not a substring
+    assert KernelFilter.build(kernels=NUMBA_STREAM).name_matches("whatever", NUMBA_STREAM)
+
+
+def test_regex_and_exclude():
+    f = KernelFilter.build(kernels="regex:stream|fma", exclude=["regex:^__main__\\.fma$"])
+    assert f.name_matches("__main__.stream", "s")
+    assert not f.name_matches("__main__.fma", "s")
+    assert f.name_matches("mod.fma_v2", "s")
+    assert not f.name_matches("cupy_gemm", "s")
+    assert KernelFilter.build(exclude="cupy_copy").name_matches("mine", "s")
+    assert not KernelFilter.build(exclude="cupy_copy").name_matches("cupy_copy", "cupy_copy")
+
+
+def test_launch_window():
+    f = KernelFilter.build(launch_skip=2, launch_count=3)
+    assert [f.in_window(i) for i in range(7)] == [False, False, True, True, True, False, False]
+    assert f.done(5) and not f.done(4)
+    g = KernelFilter.build(launch_skip=1)
+    assert not g.in_window(0) and g.in_window(10**6) and not g.done(10**6)
+    assert not KernelFilter.build().active and g.active
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"launch_count": 0}, ValueError, "launch_count=0 would profile nothing"),
+    ({"launch_skip": -1}, ValueError, "launch_skip must be at least 0"),
+    ({"launch_count": 2.5}, TypeError, "launch_count must be an integer"),
+    ({"launch_skip": True}, TypeError, "launch_skip must be an integer"),
+    ({"kernels": ["regex:("]}, ValueError, "not a valid regular expression"),
+    ({"kernels": [""]}, TypeError, "non-empty strings"),
+    ({"exclude": 3}, TypeError, "kernel name, 'regex:<pattern>' or a list"),
+])
+def test_bad_filters_say_what_to_do(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        KernelFilter.build(**kwargs)
+
+
+def test_describe():
+    assert KernelFilter.build().describe() == "every launch"
+    text = KernelFilter.build(kernels=["a", "regex:b.*"], launch_count=4).describe()
+    assert "kernels=['a', 'regex:b.*']" in text and "launch_count=4" in text
+
+
+def _sel(symbol, grid=(1, 1, 1)):
+    return Selected(symbol, symbol, "", grid, (32, 1, 1), 0)
+
+
+def test_matched_prefix_same_iterations():
+    seq = [_sel("a"), _sel("b"), _sel("a")]
+    assert matched_prefix([seq, list(seq), list(seq)]) == 3
+    assert matched_prefix([]) == 0
+
+
+def test_matched_prefix_stops_at_the_first_difference_never_mislabels():
+    a, b, c, x = _sel("a"), _sel("b"), _sel("c"), _sel("x")
+    assert matched_prefix([[a, b, c], [a, x, b, c], [a, b, c]]) == 1  # an extra kernel shifts what follows
+    assert matched_prefix([[a, b, c], [a, b]]) == 2  # a later iteration stops early
+    assert matched_prefix([[a, b], [a, b, c]]) == 2  # or launches more
+    assert matched_prefix([[_sel("k", (4, 1, 1))], [_sel("k", (8, 1, 1))]]) == 0  # same kernel, other grid
+
+
+class FakeRangeProfiler:
+    """Records the CUPTI calls a collector makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self):
+        self.calls.append("start")
+
+    def stop(self):
+        self.calls.append("stop")
+        return "stopped"
+
+    def push_range(self, name):
+        self.calls.append(f"push {name}")
+
+    def pop_range(self):
+        self.calls.append("pop")
+
+
+def _launch(symbol, grid=(1, 1, 1), context=CTX):
+    return Launch(symbol, grid, (128, 1, 1), context, 100)
+
+
+def _run(collector, launches):
+    for launch in launches:
+        token = collector.on_enter(launch)
+        if token is not None:
+            collector.on_exit(token)
+
+
+def test_kernel_replay_runs_left_out_launches_with_the_profiler_stopped():
+    rp = FakeRangeProfiler()
+    kr = KernelReplay(rp, CTX, KernelFilter.build(kernels="regex:stream"), lambda s: f"m.{s}", lambda: ("step", None),
+                      lambda: 200)
+    kr.running = True
+    _run(kr, [_launch("stream"), _launch("fma"), _launch("stream", context=99), _launch("stream")])
+    assert rp.calls == ["stop", "start"]  # around fma only; the other context's launch is not this session's
+    assert [(s.kernel, s.parent, s.exit_ns) for s in kr.selected] == [("m.stream", "step", 200)] * 2
+    assert kr.left_out == 1 and kr.other_context == 1
+
+
+def test_kernel_replay_launch_window_counts_matching_launches_only():
+    kr = KernelReplay(FakeRangeProfiler(), CTX, KernelFilter.build(kernels="k", launch_skip=1, launch_count=2),
+                      str, lambda: ("", None), lambda: 0)
+    _run(kr, [_launch("k"), _launch("z"), _launch("k", (2, 1, 1)), _launch("k", (3, 1, 1)), _launch("k", (4, 1, 1))])
+    assert [s.grid for s in kr.selected] == [(2, 1, 1), (3, 1, 1)]
+
+
+def test_iteration_replay_records_every_launch_of_each_iteration():
+    rp = FakeRangeProfiler()
+    it = IterationReplay(rp, CTX, KernelFilter.build(exclude="noise"), str, lambda: ("step", "decorated"), lambda: 5)
+    it.begin(0)
+    _run(it, [_launch("a"), _launch("noise"), _launch("b"), _launch("a", context=99)])
+    assert it.end() == "stopped"
+    it.begin(0)
+    _run(it, [_launch("a"), _launch("noise"), _launch("b")])
+    it.end()
+    assert rp.calls == ["start", "stop", "start", "stop"]  # auto ranges: nothing pushed, nothing stopped mid-pass
+    group = it.take_group()
+    assert group.passes_run == 2 and group.first_iteration == 0
+    assert [[(s.symbol, s.wanted, s.exit_ns) for s in p] for p in group.passes] == [
+        [("a", True, 5), ("noise", False, 5), ("b", True, 5)]] * 2
+    assert matched_prefix(group.passes) == 3
+    assert it.left_out == 2 and it.other_context == 1
+    it.on_enter(_launch("a"))  # between iterations: nothing happens
+    assert it.group is None and rp.calls[-1] == "stop"
+
+
+def test_iteration_window_is_per_iteration():
+    it = IterationReplay(FakeRangeProfiler(), CTX, KernelFilter.build(launch_skip=1, launch_count=1), str,
+                         lambda: ("", None), lambda: 0)
+    for _ in range(2):
+        it.begin(0)
+        _run(it, [_launch("a"), _launch("b"), _launch("c")])
+        it.end()
+    assert [[s.wanted for s in p] for p in it.take_group().passes] == [[False, True, False]] * 2
+
+
+def test_selected_launches_are_serialised_between_threads():
+    rp = FakeRangeProfiler()
+    kr = KernelReplay(rp, CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0)
+    token = kr.on_enter(_launch("first"))
+    entered = threading.Event()
+
+    def other():
+        t = kr.on_enter(_launch("second"))
+        entered.set()
+        kr.on_exit(t)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert not entered.wait(0.2)  # the second launch waits until the first has returned
+    kr.on_exit(token)
+    thread.join(5)
+    assert [s.symbol for s in kr.selected] == ["first", "second"]
