@@ -55,8 +55,9 @@ class Selected:
 class _Base:
     """Launch selection shared by both modes: context, thread-safety, name filters, skip/count window."""
 
-    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate):
+    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp):
         self.rp = rp
+        self._timestamp = timestamp
         self.context = context
         self.filter = kfilter
         self._name_of = name_of  # symbol -> readable name, cached
@@ -96,42 +97,41 @@ class _Base:
             self.left_out += 1
             if not keep_rejected:
                 return None
-        return Selected(launch.symbol, name, parent, launch.grid, launch.block, launch.enter_ns, wanted=wanted)
+        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted)
 
 
 class KernelReplay(_Base):
     """``"kernel"`` mode: CUPTI kernel replay of each selected launch; left-out launches run unprofiled."""
 
     def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
-        super().__init__(rp, context, kfilter, name_of, annotate)
-        self._timestamp = timestamp
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
         self.selected: list[Selected] = []
-        self.running = False  # whether the range profiler is started (set by the session)
+        self.running = False  # whether the session has started the range profiler (set by the session)
+        self.paused = False  # stopped for left-out launches, to start again before the next selected one
         self.errors: list[str] = []
 
     def on_enter(self, launch):
         chosen = self._choose(launch)
         if chosen is None:
-            if launch.context == self.context and self.running:
-                try:  # run this launch unprofiled: stopped, CUPTI neither replays nor counts it
+            if launch.context == self.context and self.running and not self.paused:
+                try:  # run left-out launches unprofiled: stopped, CUPTI neither replays nor counts them
                     self.rp.stop()
+                    self.paused = True
                 except Exception as exc:
                     self.errors.append(f"cuptiRangeProfilerStop before a left-out launch: {exc}")
-                    return None
-                return "restart"
             return None
         self._serial.acquire()
+        if self.paused:  # started again only when a selected launch comes: a run of left-out launches pays once
+            try:
+                self.rp.start()
+                self.paused = False
+            except BaseException:
+                self._serial.release()
+                raise
         self.selected.append(chosen)
         return chosen
 
     def on_exit(self, token):
-        if token == "restart":
-            try:
-                self.rp.start()
-            except Exception as exc:
-                self.running = False
-                self.errors.append(f"cuptiRangeProfilerStart after a left-out launch: {exc}")
-            return
         token.exit_ns = self._timestamp()
         self._serial.release()
 
@@ -167,8 +167,7 @@ class IterationReplay(_Base):
     """``"iteration"`` mode: pass k on the k-th iteration of a group; every launch in an iteration is an auto range."""
 
     def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
-        super().__init__(rp, context, kfilter, name_of, annotate)
-        self._timestamp = timestamp
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
         self.in_iteration = False
         self.iteration = 0  # iterations begun so far
         self.group: _Group | None = None

@@ -262,6 +262,8 @@ class Profiler:
                 self._running = True
             if self._per_launch:
                 self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit)
+                if self.mode_used is Mode.ITERATION:
+                    self._recorder.pause()  # launches between iterations cost nothing extra
             _ranges.add_listener(self)
         except BaseException:
             self._state = "failed"
@@ -338,7 +340,8 @@ class Profiler:
                 self._recorder.close()  # no launch callback from here on
             if self.mode_used is Mode.KERNEL:
                 if self._running:
-                    self._rp.stop()
+                    if not self._collector.paused:
+                        self._rp.stop()
                     self._running = self._collector.running = False
                 self._collect_kernels()
             elif self.mode_used is Mode.ITERATION:
@@ -411,7 +414,8 @@ class Profiler:
 
         _ranges.remove_listener(self)
         collector = getattr(self, "_collector", None)
-        started = getattr(self, "_running", False) or getattr(collector, "in_iteration", False)
+        started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
+                   or getattr(collector, "in_iteration", False))
         for name in ("_recorder", "_rp"):
             obj = getattr(self, name, None)
             if obj is not None:
@@ -621,7 +625,7 @@ class Profiler:
         if self._iter_path is None:
             self._iter_path = path
         if path == self._iter_path:
-            self._collector.begin(self._group_index)
+            self._begin_iteration()
 
     def step(self) -> None:
         """Mark an iteration boundary (iteration mode): end the running iteration, if any, and begin the next.
@@ -648,10 +652,15 @@ class Profiler:
         self._steps = True
         if self._collector.in_iteration:
             self._end_iteration()
+        self._begin_iteration()
+
+    def _begin_iteration(self) -> None:
+        self._recorder.resume()
         self._collector.begin(self._group_index)
 
     def _end_iteration(self) -> None:
         result = self._collector.end()
+        self._recorder.pause()
         if result.all_passes_submitted:
             self._collect_iterations()
 
@@ -716,22 +725,26 @@ class Profiler:
             self._warn_replay_cost(float(np.median(replay_ms)))
 
     def _warn_replay_cost(self, ms: float) -> None:
-        """Kernel replay that costs well over CUPTI's usual ~7 ms per pass: say why, and what is cheaper."""
-        per_pass = ms / max(self.passes, 1)
-        if per_pass < KERNEL_REPLAY_WARN_MS_PER_PASS:
+        """Kernel replay that is dear for a reason gpuscope can name: say which, and what is cheaper."""
+        if self.passes < 2:
             return
         from . import _device
 
         held = _device.memory_used_gib(self.device)
-        cause = (f"this process holds {held:.1f} GiB of device memory, which CUPTI saves and restores for every pass"
-                 if held >= 2 else
-                 "a loaded module linked with the CUDA device runtime (cooperative groups, e.g. CuPy "
-                 "RawModule(enable_cooperative_groups=True)) makes CUPTI's replay dearer, and the device memory held "
-                 f"({held:.1f} GiB) adds to it")
-        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes, {per_pass:.1f} ms per pass): "
-              f"{cause}. mode='iteration' (pass k on the k-th iteration of a repeated top-level range or "
-              "Profiler.step(); about 1.2 ms per launch per pass on an H100) does not save or restore memory; "
-              "kernels=/launch_count= profile fewer launches.")
+        expected = (_REPLAY_FIXED_MS + _REPLAY_PASS_MS * self.passes
+                    + _REPLAY_RESTORE_MS_PER_GIB * held * (self.passes - 1))
+        if held >= _REPLAY_WARN_GIB:
+            cause = (f"the device holds {held:.1f} GiB, which CUPTI's kernel replay restores before each of the "
+                     f"{self.passes - 1} passes after the first")
+        elif ms > 1.8 * expected:
+            cause = ("a module built with relocatable device code is loaded in this process (cooperative groups, "
+                     "e.g. CuPy RawModule(enable_cooperative_groups=True), or -rdc=true): with one loaded, even "
+                     "unused, CUPTI's kernel replay restores much more per pass")
+        else:
+            return
+        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes): {cause}. mode='iteration' "
+              "(pass k on the k-th iteration of a repeated top-level range, or between Profiler.step() calls) saves "
+              "and restores nothing: about 1.1 ms per launch per pass on an H100, whatever the memory held.")
 
     def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int) -> dict:
         parent = launch.parent
@@ -825,9 +838,10 @@ class Profiler:
         return report(self.dataset, **options)
 
 
-# Kernel replay on an H100 costs about 7 ms per pass per launch in a process holding ~0.7 GB (CUPTI 13.0); twice
-# that is a sign of memory held or a device-runtime module (docs/range-profiling.md).
-KERNEL_REPLAY_WARN_MS_PER_PASS = 12.0
+# CUPTI kernel replay per launch on an H100 (CUPTI 13.0; docs/measurements.md): about 11 ms, plus 3.5 ms per
+# pass, plus a restore of the device memory in use before every pass after the first (about 0.6 ms per GiB).
+_REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
+_REPLAY_WARN_GIB = 4.0
 
 
 def _divergence(passes, position: int):

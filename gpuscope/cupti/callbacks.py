@@ -16,7 +16,6 @@ from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uin
 
 from ..errors import GpuscopeError, GpuscopeWarning
 from ._api import Functions
-from .activity import timestamp
 
 __all__ = ["Launch", "LaunchRecorder"]
 
@@ -82,13 +81,12 @@ _f = Functions(
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """One kernel launch seen by the driver: symbol, grid, block, context and CUPTI time of the launch call."""
+    """One kernel launch seen by the driver, at the entry of the launch call: symbol, grid, block, context."""
 
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     context: int
-    enter_ns: int
 
 
 _lock = threading.Lock()
@@ -177,7 +175,7 @@ class LaunchRecorder:
             else:
                 g = _LaunchParams.from_address(d.functionParams)
             launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
-                            d.context or 0, timestamp())
+                            d.context or 0)
             token = self._on_enter(launch)
             if token is not None and self._on_exit is not None:
                 self._pending.token = token
@@ -187,6 +185,18 @@ class LaunchRecorder:
     @property
     def closed(self) -> bool:
         return not self._open
+
+    def pause(self) -> None:
+        """Disable the launch callbacks until :meth:`resume` (launches then cost nothing extra)."""
+        with _lock:
+            if _current is self:
+                _enable(0)
+
+    def resume(self) -> None:
+        """Enable the launch callbacks again after :meth:`pause`."""
+        with _lock:
+            if _current is self:
+                _enable(1)
 
     def close(self) -> None:
         """Stop hearing launches: the launch callbacks are disabled (safe to call twice)."""

@@ -99,7 +99,7 @@ class FakeRangeProfiler:
 
 
 def _launch(symbol, grid=(1, 1, 1), context=CTX):
-    return Launch(symbol, grid, (128, 1, 1), context, 100)
+    return Launch(symbol, grid, (128, 1, 1), context)
 
 
 def _run(collector, launches):
