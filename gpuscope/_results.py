@@ -296,9 +296,6 @@ SHAPE_COORDS = {
     for axis in "xyz"
 }
 
-#: Coords of a range dataset that get an index, so ``ds.sel(name=...)`` and ``ds.sel(kernel=...)`` work.
-RANGE_INDEXES = ("name", "kernel")
-
 _RECORD_KEYS = {"values", "grid", "block"}
 
 
@@ -326,8 +323,9 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
     ``ds.to_dataframe()`` has one row per range; one variable per metric (exact CUPTI name, float64) with attrs
     ``units``, ``description``, ``metric_type``, ``hw_unit``; one scalar coord per range for each of
     :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``) and any other scalar key the
-    records carry. ``name`` and ``kernel`` are indexed (:data:`RANGE_INDEXES`): ``ds.sel(kernel="saxpy")``
-    returns every launch of that kernel. Attrs: device and versions, ``kind="range"``, ``metrics``, plus
+    records carry. The ``range`` dimension coordinate repeats ``name`` as an index: ``ds.sel(range="step/fwd")``
+    returns every row of that path (several for a kernel launched several times), and ``ds.to_dataframe()`` is
+    indexed by path like a pandas table (the other coords, ``name`` and ``kernel`` included, are columns). Attrs: device and versions, ``kind="range"``, ``metrics``, plus
     *attrs* (metric set, mode, passes, ...).
 
     Parameters
@@ -373,17 +371,16 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
 
 
 def index(ds):
-    """*ds* with the indexes its schema promises (netCDF files do not store indexes of non-dimension coords).
-
-    Range datasets get a (non-unique) index on each of :data:`RANGE_INDEXES` along ``range``. Other datasets,
-    and coords that already have one, are left as they are.
+    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate (the
+    ``name`` of each row; non-unique). Other datasets, and range results that have it, are returned as they are.
     """
-    if "range" not in ds.dims:
-        return ds
-    for name in RANGE_INDEXES:
-        if name in ds.coords and ds[name].dims == ("range",) and name not in ds.xindexes:
-            ds = ds.set_xindex(name)
+    if "range" in ds.dims and "range" not in ds.coords and "name" in ds.coords and ds["name"].dims == ("range",):
+        ds = ds.assign_coords(range=("range", ds["name"].values, _RANGE_INDEX_ATTRS))
     return ds
+
+
+_RANGE_INDEX_ATTRS = {"description": "range path (the name coordinate) as an index: sel(range=path) gives every "
+                                     "row of that path"}
 
 
 def upgrade(ds):
@@ -473,8 +470,6 @@ def to_dataframe(ds, metrics=None):
             wide = sub.to_dataframe().reset_index()
         else:
             wide = pd.DataFrame({**{c: [sub[c].item()] for c in sub.coords}, **{v: [sub[v].item()] for v in group}})
-        if "range" in dims and "range" not in ds.coords:
-            wide = wide.rename(columns={"index": "range"}) if "index" in wide else wide
         ids = [c for c in wide.columns if c not in group]
         long = wide.melt(id_vars=ids, value_vars=group, var_name="metric", value_name="value")
         long["unit"] = long["metric"].map({v: str(ds[v].attrs.get("units", "")) for v in group})
