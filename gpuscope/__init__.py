@@ -64,6 +64,9 @@ _EXPORTS = {
     "Sampler": "gpuscope._sampling",
     "NotSinglePassError": "gpuscope.errors",
     "to_chrome_trace": "gpuscope._io",
+    # tables
+    "to_dataframe": "gpuscope._results",
+    "spans": "gpuscope._results",
 }
 
 __all__ = ["__version__", *_EXPORTS]

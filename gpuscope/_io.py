@@ -8,6 +8,8 @@ import os
 
 import numpy as np
 
+from . import _results
+
 # ---------------------------------------------------------------------------------------------------------
 # Perfetto / Chrome trace (JSON "Trace Event Format"): PM sampling series as counters, user ranges as slices
 # ---------------------------------------------------------------------------------------------------------
@@ -40,10 +42,11 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
     """
     if ds.attrs.get("kind") != "pm_sampling" or "time" not in ds.dims:
         raise ValueError("to_chrome_trace exports PM sampling datasets (from gpuscope.sample); this one is not.")
-    names = list(metrics) if metrics is not None else list(ds.attrs["metrics"])
+    known = _results._as_list(ds.attrs["metrics"])  # a file read without gpuscope has one metric as a str
+    names = ([metrics] if isinstance(metrics, str) else list(metrics)) if metrics is not None else known
     missing = [m for m in names if m not in ds.data_vars]
     if missing:
-        raise ValueError(f"Not in this dataset: {missing}. It has: {list(ds.attrs['metrics'])}.")
+        raise ValueError(f"Not in this dataset: {missing}. It has: {known}.")
     t0 = int(ds.attrs["session_start_ns"])
     pid = int(ds.attrs.get("device_index", 0))
     label = f"gpuscope: {ds.attrs.get('device_name', ds.attrs.get('chip', 'GPU'))}"
@@ -57,28 +60,14 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
             events.append(
                 {"name": track, "ph": "C", "pid": pid, "tid": 0, "ts": ts, "args": {"value": None if math.isnan(value) else value}}
             )
-    threads = sorted(set(ds["span_thread"].values.tolist())) if "span" in ds.dims else []
-    tids = {thread: i + 1 for i, thread in enumerate(threads)}
+    table = _results.spans(ds)
+    tids = {thread: i + 1 for i, thread in enumerate(sorted(set(table["thread"].tolist())))}
     for thread, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"ranges (thread {thread})"}})
-    if "span" in ds.dims:
-        for p, thread, s, e in zip(
-            ds["span_path"].values.tolist(),
-            ds["span_thread"].values.tolist(),
-            ds["span_start_ns"].values.tolist(),
-            ds["span_end_ns"].values.tolist(),
-        ):
-            events.append(
-                {
-                    "name": p.rsplit("/", 1)[-1],
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": tids[thread],
-                    "ts": (s - t0) / 1e3,
-                    "dur": (e - s) / 1e3,
-                    "args": {"path": p},
-                }
-            )
+    for p, thread, s, e in zip(table["path"].tolist(), table["thread"].tolist(), table["start_ns"].tolist(),
+                               table["end_ns"].tolist()):
+        events.append({"name": p.rsplit("/", 1)[-1], "ph": "X", "pid": pid, "tid": tids[thread],
+                       "ts": (s - t0) / 1e3, "dur": (e - s) / 1e3, "args": {"path": p}})
     trace = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"gpuscope": "pm_sampling"}}
     if path is not None:
         with open(path, "w") as f:
@@ -91,35 +80,138 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: Dataset attr in which :func:`save_dataset` records the attrs netCDF cannot store as they are.
+ATTR_TYPES = "gpuscope_attr_types"
+
+
+def _encode_attr(value):
+    """(netCDF-safe value, type tag or None when stored as it is)."""
+    if value is None:
+        return "", "none"
+    if isinstance(value, (bool, np.bool_)):
+        return int(value), "bool"
+    if isinstance(value, dict):
+        return json.dumps(value), "json"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value.tolist() if isinstance(value, np.ndarray) else value)
+        if not items:
+            return "", "list"
+        if all(isinstance(v, (bool, np.bool_)) for v in items):
+            return np.asarray(items, dtype=np.int8), "bool_list"
+        if all(isinstance(v, str) for v in items):
+            return items, "list"
+        if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) for v in items):
+            return np.asarray(items), "list"
+        raise ValueError(f"a list attr must hold only str, only numbers or only bools, got {items[:5]!r}; "
+                         "convert it (e.g. to a JSON string) before saving")
+    if isinstance(value, (str, int, float, np.integer, np.floating)):
+        return value, None
+    raise ValueError(f"netCDF cannot store an attr of type {type(value).__name__} ({value!r}); use str, numbers, "
+                     "bool, None, lists of those, or a dict (saved as JSON)")
+
+
+def _decode_attr(value, tag: str):
+    if tag == "none":
+        return None
+    if tag == "bool":
+        return bool(value)
+    if tag == "json":
+        return json.loads(value)
+    items = _results._as_list(value)
+    return [bool(v) for v in items] if tag == "bool_list" else items
+
+
 def save_dataset(ds, path: str | os.PathLike) -> None:
-    """Write a gpuscope Dataset to netCDF-4 (the same as ``ds.to_netcdf(path, engine="h5netcdf")``).
+    """Write a gpuscope Dataset to a netCDF-4 file (HDF5, through h5netcdf), losslessly.
+
+    :func:`open_dataset` reads it back identical, indexes and attrs included. Attrs that netCDF cannot store
+    as they are (bool, None, lists, which come back as a scalar when they have one element, dicts) are encoded,
+    and the Dataset attr ``gpuscope_attr_types`` (a JSON dict ``{variable or "": {attr: type}}``) records how
+    to decode them; other readers see ``0``/``1`` for bools, ``""`` for None and ``[]``, and JSON text for
+    dicts.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        Any Dataset; gpuscope's own are the usual case.
+    path : str or PathLike
+        File to write (overwritten).
 
     Raises
     ------
     ValueError
-        An attribute holds a value netCDF cannot store (gpuscope's own datasets never do).
+        *ds* is not a Dataset, or an attribute holds a value that cannot be stored (an object, a list of
+        mixed types); the message names it.
     """
-    ds.to_netcdf(path, engine="h5netcdf")
+    import xarray as xr
+
+    if not isinstance(ds, xr.Dataset):
+        raise ValueError(f"save_dataset writes an xarray.Dataset, got {type(ds).__name__}")
+    if path is None:
+        raise ValueError("save_dataset needs a path to write to, got None")
+    out = ds.copy(deep=False)
+    tags = {}
+    for owner, attrs in [("", out.attrs)] + [(str(k), out[k].attrs) for k in out.variables]:
+        encoded = {}
+        for key, value in attrs.items():
+            if key == ATTR_TYPES and owner == "":
+                continue
+            try:
+                encoded[key], tag = _encode_attr(value)
+            except ValueError as err:
+                raise ValueError(f"attr {key!r} of {owner or 'the Dataset'}: {err}") from None
+            if tag:
+                tags.setdefault(owner, {})[key] = tag
+        if owner == "":
+            out.attrs = encoded
+        else:
+            out[owner].attrs = encoded
+    if tags:
+        out.attrs[ATTR_TYPES] = json.dumps(tags, sort_keys=True)
+    out.to_netcdf(path, engine="h5netcdf")
 
 
 def open_dataset(path: str | os.PathLike):
-    """Load a Dataset saved with :func:`save_dataset` or ``ds.to_netcdf``, fully into memory.
+    """Load a Dataset saved with :func:`save_dataset` (or ``ds.to_netcdf``), fully into memory.
 
-    List attributes (e.g. ``metrics``) come back as lists, so ``xr.testing.assert_identical`` holds between the
-    saved and the loaded Dataset.
+    Attrs come back with the types they were saved with (see :func:`save_dataset`); the indexes of the
+    schema (``name`` and ``kernel`` of range results) are restored; files of an older gpuscope layout (grid and
+    block along an ``xyz`` dim, user ranges along a ``span`` dim: gpuscope 0.1) are converted to the current
+    one, exactly (:func:`gpuscope._results.upgrade`). So ``xr.testing.assert_identical`` holds between a saved
+    and the loaded Dataset.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        A netCDF-4 file.
+
+    Returns
+    -------
+    xarray.Dataset
 
     Raises
     ------
     FileNotFoundError
         No file at *path*.
+    ValueError
+        *path* is None.
     """
     import xarray as xr
 
+    if path is None:
+        raise ValueError("open_dataset needs a path, got None")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No gpuscope dataset at {os.fspath(path)!r}.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
-    for key, value in list(ds.attrs.items()):
-        if isinstance(value, np.ndarray):
-            ds.attrs[key] = value.tolist()
-    return ds
+    tags = json.loads(ds.attrs.pop(ATTR_TYPES, "{}"))
+    for owner, attrs in [("", ds.attrs)] + [(str(k), ds[k].attrs) for k in ds.variables]:
+        for key, value in list(attrs.items()):
+            tag = tags.get(owner, {}).get(key)
+            if tag:
+                attrs[key] = _decode_attr(value, tag)
+            elif isinstance(value, np.ndarray):
+                attrs[key] = value.tolist()
+    if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str
+        ds.attrs["metrics"] = _results._as_list(ds.attrs["metrics"])
+    return _results.upgrade(ds)

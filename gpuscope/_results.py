@@ -41,6 +41,44 @@ def _pm_device_attrs(device_info, chip: str) -> dict:
     return attrs
 
 
+#: Attrs of a PM sampling dataset that hold the user-range table, one list entry per range ("span").
+SPAN_ATTRS = ("span_path", "span_thread", "span_start_ns", "span_end_ns")
+
+#: Version of the Dataset layout, stored in ``attrs["gpuscope_schema"]``. Files without it (version 1) hold
+#: grid/block along an ``xyz`` dim and user ranges along a ``span`` dim; :func:`upgrade` converts them.
+SCHEMA_VERSION = 2
+
+
+def innermost_span(times_ns, starts_ns, ends_ns) -> np.ndarray:
+    """For each time, the index of the innermost span open then (-1 where none).
+
+    "Innermost" is the most recently entered span still open (with spans on several threads, the latest push of
+    any thread). At equal times a span that ends is closed before one that starts is opened, and a time sees
+    the events at that time. The loop runs over spans, not times, so millions of samples cost one
+    ``searchsorted``.
+    """
+    times_ns = np.asarray(times_ns, dtype=np.int64)
+    starts_ns = np.asarray(starts_ns, dtype=np.int64)
+    ends_ns = np.asarray(ends_ns, dtype=np.int64)
+    n = starts_ns.size
+    if n == 0:
+        return np.full(times_ns.shape, -1, dtype=np.int64)
+    # events sorted by (time, pop before push, span)
+    when = np.concatenate([starts_ns, ends_ns])
+    is_push = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
+    which = np.concatenate([np.arange(n), np.arange(n)])
+    order = np.lexsort((which, is_push, when))
+    state = np.full(2 * n + 1, -1, dtype=np.int64)  # innermost span after the first k events
+    open_spans: dict[int, None] = {}  # insertion-ordered: the last key is the innermost
+    for k, e in enumerate(order, start=1):
+        if is_push[e]:
+            open_spans[int(which[e])] = None
+        else:
+            open_spans.pop(int(which[e]), None)
+        state[k] = next(reversed(open_spans)) if open_spans else -1
+    return state[np.searchsorted(when[order], times_ns, side="right")]
+
+
 def sampling_dataset(
     values,
     metrics,
@@ -56,41 +94,114 @@ def sampling_dataset(
 ):
     """A PM sampling time series.
 
-    Schema: dim ``time`` (int64 ns from the session start to each sample's end, attrs units="ns"); coords
-    ``start_ns``/``end_ns`` (CUPTI timestamps of each sample, ns) and ``range`` (innermost user range open at
-    the sample's midpoint, "" where none); one variable per metric (exact CUPTI name) with attrs ``units``,
-    ``description``, ``metric_type``, ``hw_unit``. User ranges themselves lie along dim ``span``:
-    ``span_path``, ``span_thread``, ``span_start_ns``, ``span_end_ns`` (CUPTI timestamps). Attrs: device and
-    versions, ``kind="pm_sampling"``, ``metrics``, ``session_start_ns``, plus *attrs* (interval, trigger,
-    lost samples, ...).
+    Schema: one dim, ``time`` (int64 ns from the session start to each sample's end, attrs units="ns"), so
+    ``ds.to_dataframe()`` has one row per sample. Coords ``start_ns``/``end_ns`` (CUPTI timestamps of each
+    sample, ns), ``range`` (path of the innermost user range open at the sample's midpoint, "" where none) and
+    ``span`` (index of that range in the span table, -1 where none); one variable per metric (exact CUPTI
+    name) with attrs ``units``, ``description``, ``metric_type``, ``hw_unit``. The user ranges themselves (the
+    span table: one entry per execution of a range) are lists in the attrs :data:`SPAN_ATTRS`: ``span_path``,
+    ``span_thread``, ``span_start_ns``, ``span_end_ns`` (CUPTI timestamps); :func:`spans` gives them as a
+    table. Attrs: device and versions, ``kind="pm_sampling"``, ``metrics``, ``session_start_ns``, plus *attrs*
+    (interval, trigger, lost samples, ...).
+
+    Parameters
+    ----------
+    ranges : sequence of str or None
+        Path of the innermost range per sample; None derives it from *spans* at each sample's midpoint.
+    spans : sequence
+        Objects with ``path``, ``thread``, ``start_ns`` and ``end_ns``.
     """
     import xarray as xr
 
     start_ns = np.asarray(start_ns, dtype=np.int64)
     end_ns = np.asarray(end_ns, dtype=np.int64)
     values = np.asarray(values, dtype=np.float64).reshape(len(metrics), start_ns.size)
+    table = {
+        "span_path": [str(s.path) for s in spans],
+        "span_thread": [int(s.thread) for s in spans],
+        "span_start_ns": [int(s.start_ns) for s in spans],
+        "span_end_ns": [int(s.end_ns) for s in spans],
+    }
+    span = innermost_span((start_ns + end_ns) // 2, table["span_start_ns"], table["span_end_ns"])
+    if ranges is None:
+        ranges = np.array(table["span_path"] + [""], dtype=str)[span]  # index -1 picks the ""
     time = xr.DataArray(end_ns - np.int64(session_start_ns), dims="time", attrs={"units": "ns"})
-    data_vars = {}
-    for name, row in zip(metrics, values):
-        data_vars[name] = xr.DataArray(row, dims="time", attrs=dict(properties.get(name, {})))
-    data_vars["span_path"] = xr.DataArray(np.array([s.path for s in spans], dtype=str), dims="span")
-    data_vars["span_thread"] = xr.DataArray(np.array([s.thread for s in spans], dtype=np.int64), dims="span")
-    data_vars["span_start_ns"] = xr.DataArray(
-        np.array([s.start_ns for s in spans], dtype=np.int64), dims="span", attrs={"units": "ns"}
-    )
-    data_vars["span_end_ns"] = xr.DataArray(
-        np.array([s.end_ns for s in spans], dtype=np.int64), dims="span", attrs={"units": "ns"}
-    )
+    data_vars = {
+        name: xr.DataArray(row, dims="time", attrs=dict(properties.get(name, {})))
+        for name, row in zip(metrics, values)
+    }
     coords = {
         "time": time,
         "start_ns": xr.DataArray(start_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
         "end_ns": xr.DataArray(end_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
-        "range": xr.DataArray(np.asarray(ranges, dtype=str).reshape(start_ns.shape), dims="time"),
+        "range": xr.DataArray(np.asarray(ranges, dtype=str).reshape(start_ns.shape), dims="time",
+                              attrs=_SAMPLE_RANGE_ATTRS),
+        "span": xr.DataArray(span, dims="time", attrs=_SAMPLE_SPAN_ATTRS),
     }
-    all_attrs = {"kind": "pm_sampling", **_pm_device_attrs(device_info, chip)}
-    all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns))
+    all_attrs = {"kind": "pm_sampling", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
+    all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns), **table)
     all_attrs.update(attrs or {})
     return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+
+
+_SAMPLE_RANGE_ATTRS = {"description": "innermost user range open at the sample's midpoint, '' where none"}
+_SAMPLE_SPAN_ATTRS = {"description": "index of that range execution in the attrs span_*, -1 where none"}
+
+
+def spans(ds):
+    """The user ranges recorded during a PM sampling session, one row per execution of a range.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A PM sampling Dataset (from :func:`gpuscope.sample` or :func:`gpuscope.open_dataset`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``span`` (the number the samples' ``span`` coordinate refers to); columns ``path``, ``thread``,
+        ``start_ns``, ``end_ns`` (CUPTI timestamps) and ``start``/``end`` (ns from the session start, on the
+        scale of the ``time`` coordinate).
+
+    Raises
+    ------
+    ValueError
+        *ds* is not a PM sampling Dataset.
+
+    Examples
+    --------
+    >>> ts = gpuscope.open_dataset("series.nc")                 # doctest: +SKIP
+    >>> gpuscope.spans(ts).groupby("path").size()              # doctest: +SKIP
+    """
+    import pandas as pd
+
+    if not hasattr(ds, "attrs") or ds.attrs.get("kind") != "pm_sampling":
+        raise ValueError("spans() reads the user ranges of a PM sampling Dataset (from gpuscope.sample); "
+                         "this is not one.")
+    if "span" in ds.dims:  # a Dataset of schema version 1 that was not read through gpuscope.open_dataset
+        ds = upgrade(ds)
+    t0 = int(ds.attrs["session_start_ns"])
+    table = pd.DataFrame({
+        "path": pd.Series(_as_list(ds.attrs.get("span_path", [])), dtype=str),
+        "thread": pd.Series(_as_list(ds.attrs.get("span_thread", [])), dtype=np.int64),
+        "start_ns": pd.Series(_as_list(ds.attrs.get("span_start_ns", [])), dtype=np.int64),
+        "end_ns": pd.Series(_as_list(ds.attrs.get("span_end_ns", [])), dtype=np.int64),
+    })
+    table["start"] = table["start_ns"] - t0
+    table["end"] = table["end_ns"] - t0
+    table.index.name = "span"
+    return table
+
+
+def _as_list(value) -> list:
+    """An attr that should be a list: netCDF readers return one-element lists as scalars."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str) and value == "":
+        return []
+    return [value.item() if isinstance(value, np.generic) else value]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,19 +291,50 @@ RANGE_COORDS = {
 }
 
 
+#: Launch shape coords: ``grid_x`` ... ``block_z`` (0 where unknown, e.g. for user ranges).
+SHAPE_COORDS = {
+    f"{what}_{axis}": (np.int64, 0, {"description": f"launch {what} size along {axis}, 0 for user ranges"})
+    for what in ("grid", "block")
+    for axis in "xyz"
+}
+
+_RECORD_KEYS = {"values", "grid", "block"}
+
+
+def _extra_coord(key: str, column: list):
+    """dtype, fill and values of a coordinate for a record key gpuscope does not know (e.g. from a newer
+    session): scalars only, missing entries filled by type."""
+    present = [v for v in column if v is not None]
+    if not all(np.ndim(v) == 0 for v in present):
+        raise ValueError(f"range record key {key!r} holds a non-scalar value; range coords are one scalar per range")
+    if all(isinstance(v, (bool, np.bool_)) for v in present):
+        dtype, fill = bool, False
+    elif all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in present):
+        dtype, fill = np.int64, -1
+    elif all(isinstance(v, (int, float, np.integer, np.floating)) for v in present):
+        dtype, fill = np.float64, np.nan
+    else:
+        dtype, fill = str, ""
+    return np.array([fill if v is None else v for v in column], dtype=dtype)
+
+
 def range_dataset(records, metrics, properties, device_info=None, chip: str = "", attrs: dict | None = None):
     """Range-profiler results.
 
-    Schema: dim ``range`` (one row per profiled range: a user range, or one kernel launch); one variable per
-    metric (exact CUPTI name, float64) with attrs ``units``, ``description``, ``metric_type``, ``hw_unit``;
-    coords :data:`RANGE_COORDS` plus ``grid`` and ``block`` (range, ``xyz``) launch dimensions (0 where
-    unknown). Attrs: device and versions, ``kind="range"``, ``metrics``, plus *attrs* (metric set, mode,
-    passes, ...).
+    Schema: dim ``range`` (one row per profiled range: a user range, or one kernel launch), so
+    ``ds.to_dataframe()`` has one row per range; one variable per metric (exact CUPTI name, float64) with attrs
+    ``units``, ``description``, ``metric_type``, ``hw_unit``; one scalar coord per range for each of
+    :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``) and any other scalar key the
+    records carry. The ``range`` dimension coordinate repeats ``name`` as an index: ``ds.sel(range="step/fwd")``
+    returns every row of that path (several for a kernel launched several times), and ``ds.to_dataframe()`` is
+    indexed by path like a pandas table (the other coords, ``name`` and ``kernel`` included, are columns). Attrs: device and versions, ``kind="range"``, ``metrics``, plus
+    *attrs* (metric set, mode, passes, ...).
 
     Parameters
     ----------
     records : sequence of dict
-        One per range: ``values`` (one float per metric) and any of the coord names, ``grid``, ``block``.
+        One per range: ``values`` (one float per metric), any of the coord names, ``grid`` and ``block``
+        (3-tuples or None), and any further scalar keys (stored as coords of the same name).
     metrics : sequence of str
         The metric names, in the order of each record's ``values``.
     properties : dict
@@ -202,19 +344,138 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
 
     records = list(records)
     metrics = list(metrics)
-    values = np.array([r["values"] for r in records], dtype=np.float64).reshape(len(records), len(metrics))
+    n = len(records)
+    values = np.array([r["values"] for r in records], dtype=np.float64).reshape(n, len(metrics))
     coords = {}
     for name, (dtype, fill, cattrs) in RANGE_COORDS.items():
         column = [r.get(name, fill) for r in records]
-        coords[name] = xr.DataArray(np.array(column, dtype=dtype).reshape(len(records)), dims="range", attrs=cattrs)
-    for name in ("grid", "block"):
-        dims3 = np.array([tuple(r.get(name) or (0, 0, 0)) for r in records], dtype=np.int64).reshape(len(records), 3)
-        coords[name] = xr.DataArray(dims3, dims=("range", "xyz"), attrs={"description": f"launch {name} (x, y, z)"})
-    coords["xyz"] = xr.DataArray(np.array(["x", "y", "z"]), dims="xyz")
+        coords[name] = xr.DataArray(np.array(column, dtype=dtype).reshape(n), dims="range", attrs=cattrs)
+    for what in ("grid", "block"):
+        shape = np.array([tuple(r.get(what) or (0, 0, 0)) for r in records], dtype=np.int64).reshape(n, 3)
+        for i, axis in enumerate("xyz"):
+            name = f"{what}_{axis}"
+            coords[name] = xr.DataArray(shape[:, i], dims="range", attrs=SHAPE_COORDS[name][2])
+    extra = sorted({k for r in records for k in r} - _RECORD_KEYS - set(coords))
+    for key in extra:
+        coords[key] = xr.DataArray(_extra_coord(key, [r.get(key) for r in records]), dims="range")
     data_vars = {
         m: xr.DataArray(values[:, i], dims="range", attrs=dict(properties.get(m, {}))) for i, m in enumerate(metrics)
     }
-    all_attrs = {"kind": "range", **_pm_device_attrs(device_info, chip)}
+    all_attrs = {"kind": "range", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
     all_attrs.update(metrics=metrics)
     all_attrs.update(attrs or {})
-    return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+    return index(xr.Dataset(data_vars, coords=coords, attrs=all_attrs))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Indexes, conversion of older files, long format
+# ---------------------------------------------------------------------------------------------------------
+
+
+def index(ds):
+    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate (the
+    ``name`` of each row; non-unique). Other datasets, and range results that have it, are returned as they are.
+    """
+    if "range" in ds.dims and "range" not in ds.coords and "name" in ds.coords and ds["name"].dims == ("range",):
+        ds = ds.assign_coords(range=("range", ds["name"].values, _RANGE_INDEX_ATTRS))
+    return ds
+
+
+_RANGE_INDEX_ATTRS = {"description": "range path (the name coordinate) as an index: sel(range=path) gives every "
+                                     "row of that path"}
+
+
+def upgrade(ds):
+    """Convert a Dataset of an older gpuscope schema to the current one; a current one is returned as is.
+
+    Version 1 (gpuscope 0.1 files, e.g. the shipped ``gpuscope/data/*.nc``) held ``grid``/``block`` as
+    (range, xyz) coords and the user ranges as variables along a ``span`` dim, so ``to_dataframe()`` crossed
+    every row with every ``xyz`` or span. The conversion is exact: the values move, none is recomputed except
+    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it.
+    """
+    if "xyz" in ds.dims:
+        ds = ds.assign_coords({
+            f"{what}_{axis}": ("range", ds[what].sel(xyz=axis).values.astype(np.int64), SHAPE_COORDS[f"{what}_{axis}"][2])
+            for what in ("grid", "block") if what in ds.variables
+            for axis in "xyz"
+        }).drop_vars([v for v in ("grid", "block", "xyz") if v in ds.variables])
+    if "span" in ds.dims:
+        table = {name: ds[name].values.tolist() for name in SPAN_ATTRS if name in ds.variables}
+        ds = ds.drop_vars([v for v in ds.variables if ds[v].dims == ("span",)])
+        ds.attrs.update({name: table.get(name, []) for name in SPAN_ATTRS})
+        if "time" in ds.dims and "start_ns" in ds.coords:
+            mid = (ds["start_ns"].values.astype(np.int64) + ds["end_ns"].values.astype(np.int64)) // 2
+            span = innermost_span(mid, ds.attrs["span_start_ns"], ds.attrs["span_end_ns"])
+            ds = ds.assign_coords(span=("time", span, _SAMPLE_SPAN_ATTRS))
+    if ds.attrs.get("kind") == "pm_sampling":
+        for name in SPAN_ATTRS:
+            ds.attrs[name] = _as_list(ds.attrs.get(name, []))
+    if ds.attrs.get("kind") in ("range", "pm_sampling") and "gpuscope_schema" not in ds.attrs:
+        ds.attrs = {"kind": ds.attrs["kind"], "gpuscope_schema": SCHEMA_VERSION,
+                    **{k: v for k, v in ds.attrs.items() if k != "kind"}}
+    return index(ds)
+
+
+def to_dataframe(ds, metrics=None):
+    """A gpuscope Dataset in long format: one row per observation of one metric.
+
+    ``ds.to_dataframe()`` gives the wide format (one row per range or sample, one column per metric); this
+    gives the tidy one that seaborn and ``groupby`` like.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        Any gpuscope Dataset: range results, a PM time series, a Top-Down or phases result, PC samples.
+    metrics : str or sequence of str, optional
+        The data variables to include (default: every numeric data variable).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns: the dimension(s) of each observation (``range``, ``time``, ...), every coordinate along them
+        (``name``, ``kernel``, ``launch``, ``start_ns``, ...), then ``metric`` (the variable's name),
+        ``value`` and ``unit`` (its ``units`` attr, "" where it has none). Variables with different dimensions
+        are stacked one after the other; a coordinate that a block does not have is missing (NaN) there.
+
+    Raises
+    ------
+    ValueError
+        *ds* is not a Dataset, or a requested metric is not a numeric data variable of it.
+
+    Examples
+    --------
+    >>> launches = gpuscope.open_dataset("launches.nc")                       # doctest: +SKIP
+    >>> long = gpuscope.to_dataframe(launches)                                # doctest: +SKIP
+    >>> long.groupby(["kernel", "metric"])["value"].median()                  # doctest: +SKIP
+    """
+    import pandas as pd
+    import xarray as xr
+
+    if not isinstance(ds, xr.Dataset):
+        raise ValueError(f"to_dataframe takes an xarray.Dataset, got {type(ds).__name__}")
+    numeric = [v for v in ds.data_vars if np.issubdtype(ds[v].dtype, np.number) or ds[v].dtype == bool]
+    if metrics is None:
+        names = numeric
+    else:
+        names = [metrics] if isinstance(metrics, str) else list(metrics)
+        unknown = [m for m in names if m not in numeric]
+        if unknown:
+            raise ValueError(f"not numeric data variables of this Dataset: {unknown}; it has {numeric}")
+    blocks = {}
+    for name in names:
+        blocks.setdefault(ds[name].dims, []).append(name)
+    frames = []
+    for dims, group in blocks.items():
+        sub = ds[group]
+        sub = sub.drop_vars([c for c in sub.coords if not set(sub[c].dims) <= set(dims)])
+        if dims:
+            wide = sub.to_dataframe().reset_index()
+        else:
+            wide = pd.DataFrame({**{c: [sub[c].item()] for c in sub.coords}, **{v: [sub[v].item()] for v in group}})
+        ids = [c for c in wide.columns if c not in group]
+        long = wide.melt(id_vars=ids, value_vars=group, var_name="metric", value_name="value")
+        long["unit"] = long["metric"].map({v: str(ds[v].attrs.get("units", "")) for v in group})
+        frames.append(long)
+    if not frames:
+        return pd.DataFrame(columns=["metric", "value", "unit"])
+    return pd.concat(frames, ignore_index=True)

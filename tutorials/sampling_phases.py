@@ -107,9 +107,8 @@ def main():
     for ax, name in zip(axes, shown):
         ax.plot(t_ms[1:], ds[name].values[1:], lw=0.7)
         ax.set_ylabel(name.split("__")[1].split(".")[0][:18], fontsize=7)
-        for path, s0, e0 in zip(ds["span_path"].values, ds["span_start_ns"].values, ds["span_end_ns"].values):
-            t0 = ds.attrs["session_start_ns"]
-            ax.axvspan((s0 - t0) / 1e6, (e0 - t0) / 1e6, color=colors.get(path, "#eee"), zorder=0)
+        for span in gpuscope.spans(ds).itertuples():  # the user ranges, ns from the session start
+            ax.axvspan(span.start / 1e6, span.end / 1e6, color=colors.get(span.path, "#eee"), zorder=0)
     axes[0].set_title(f"gpuscope.sample(pm-default, {args.interval}) on {ds.attrs.get('device_name', '')}")
     axes[-1].set_xlabel("time since sampling started (ms)")
     fig.tight_layout()

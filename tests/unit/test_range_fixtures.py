@@ -69,7 +69,7 @@ def test_range_dataset_from_fixture_roundtrips(tmp_path):
     props = {m: {"units": "x", "description": m, "metric_type": "counter", "hw_unit": "sm"} for m in metrics}
     ds = _results.range_dataset(records, metrics, props, chip="GH100", attrs={"mode": "kernel", "passes": 8})
     assert ds.sizes["range"] == 3 and ds["sm__ctas_launched.sum"].values.tolist() == [65536.0, 4096.0, 4096.0]
-    assert ds.grid.sel(xyz="x").values.tolist() == [65536, 4096, 4096]
+    assert ds.grid_x.values.tolist() == [65536, 4096, 4096]
     assert (ds.end_ns > ds.start_ns).all()
     path = tmp_path / "auto.nc"
     _io.save_dataset(ds, path)

@@ -139,7 +139,8 @@ def _synthetic():
 
 def test_dataset_schema():
     ds = _synthetic()
-    assert ds.sizes == {"time": 5, "span": 2}
+    assert ds.sizes == {"time": 5}  # the user ranges are attrs, so to_dataframe() has one row per sample
+    assert ds.attrs["span_path"] == ["step", "step/fwd"] and ds["span"].values.tolist() == [-1, 0, 1, 0, -1]
     assert ds["time"].values.tolist() == [800, 1800, 2800, 3800, 4800]
     assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
     assert ds["range"].values.tolist() == ["", "step", "step/fwd", "step", ""]

@@ -1,0 +1,132 @@
+"""netCDF round trips (gs.save_dataset / gs.open_dataset) and conversion of schema-1 files, on the H100 recordings."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import gpuscope as gs
+from gpuscope import _io, _results
+
+DATA = Path(gs.__file__).parent / "data"
+
+
+def raw(name):
+    with xr.open_dataset(DATA / name, engine="h5netcdf") as ds:
+        return ds.load()
+
+
+def test_schema1_launches_convert_exactly():
+    old = raw("demo_launches.nc")
+    assert old.sizes == {"range": 15, "xyz": 3}  # the shipped file is schema 1
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 2
+    for what in ("grid", "block"):
+        for i, axis in enumerate("xyz"):
+            np.testing.assert_array_equal(ds[f"{what}_{axis}"].values, old[what].values[:, i])
+    assert ds.grid_x.values.tolist()[:3] == [65536, 4096, 4096] and set(ds.block_x.values) == {256}
+    for name in old.data_vars:
+        np.testing.assert_array_equal(ds[name].values, old[name].values)
+    assert len(ds.to_dataframe()) == 15  # one row per launch (45 in schema 1)
+    assert ds.sel(range="fma").sizes["range"] == 5 and set(ds.sel(range="fma").kernel.values) == {"fma"}
+
+
+def test_schema1_series_convert_exactly():
+    old = raw("demo_timeseries.nc")
+    assert old.sizes == {"time": 18019, "span": 3}
+    ds = gs.open_dataset(DATA / "demo_timeseries.nc")
+    assert ds.sizes == {"time": 18019}
+    assert len(ds.to_dataframe()) == 18019  # 54,057 in schema 1
+    table = gs.spans(ds)
+    assert table["path"].tolist() == ["stream", "fma", "divergent"]
+    np.testing.assert_array_equal(table["start_ns"].values, old["span_start_ns"].values)
+    np.testing.assert_array_equal(table["end_ns"].values, old["span_end_ns"].values)
+    # the derived per-sample span index agrees with the range path the recording stored per sample
+    paths = np.array(table["path"].tolist() + [""])[ds["span"].values]
+    np.testing.assert_array_equal(paths, ds["range"].values)
+    assert np.bincount(ds["span"].values + 1).tolist() == [11, 6006, 6010, 5992]
+    # per execution of a range: the streaming range reads DRAM far more than the FMA range
+    dram = ds["dram__read_throughput.avg.pct_of_peak_sustained_elapsed"].groupby("span").mean()
+    assert dram.sel(span=0) > 10 * dram.sel(span=1)
+
+
+@pytest.mark.parametrize("name", ["demo_launches.nc", "demo_timeseries.nc"])
+def test_converted_recordings_roundtrip_losslessly(tmp_path, name):
+    ds = gs.open_dataset(DATA / name)
+    gs.save_dataset(ds, tmp_path / name)
+    back = gs.open_dataset(tmp_path / name)
+    xr.testing.assert_identical(ds, back)
+    assert back.attrs == ds.attrs and type(back.attrs["metrics"]) is list
+
+
+def test_attrs_of_every_type_roundtrip(tmp_path):
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    ds.attrs.update(flag=True, off=False, nothing=None, one=["x"], one_int=[3], empty=[], flags=[True, False],
+                    options={"interval": "20us", "n": 2})
+    first = ds.attrs["metrics"][0]
+    ds[first].attrs.update(one=[1.5], checked=False)
+    gs.save_dataset(ds, tmp_path / "a.nc")
+    back = gs.open_dataset(tmp_path / "a.nc")
+    xr.testing.assert_identical(ds, back)
+    assert back.attrs["flag"] is True and back.attrs["off"] is False and back.attrs["nothing"] is None
+    assert back.attrs["one"] == ["x"] and back.attrs["one_int"] == [3] and back.attrs["empty"] == []
+    assert back.attrs["flags"] == [True, False] and back.attrs["options"] == {"interval": "20us", "n": 2}
+    assert back[first].attrs["one"] == [1.5] and back[first].attrs["checked"] is False
+    assert "gpuscope_attr_types" not in back.attrs
+    # other readers see plain netCDF values
+    plain = xr.open_dataset(tmp_path / "a.nc", engine="h5netcdf")
+    assert plain.attrs["flag"] == 1 and plain.attrs["nothing"] == "" and plain.attrs["one"] == "x"
+    plain.close()
+
+
+def test_one_metric_series_exports_after_a_round_trip(tmp_path):
+    ds = gs.open_dataset(DATA / "demo_timeseries.nc")
+    metric = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
+    one = ds[[metric]]
+    one.attrs["metrics"] = [metric]
+    gs.save_dataset(one, tmp_path / "one.nc")
+    back = gs.open_dataset(tmp_path / "one.nc")
+    assert back.attrs["metrics"] == [metric]
+    trace = gs.to_chrome_trace(back)
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(counters) == 18019 and [e["name"] for e in slices] == ["stream", "fma", "divergent"]
+    assert slices[1]["dur"] == pytest.approx((ds.attrs["span_end_ns"][1] - ds.attrs["span_start_ns"][1]) / 1e3)
+    # a file written by plain xarray (one metric comes back as a str) exports too
+    one.to_netcdf(tmp_path / "plain.nc", engine="h5netcdf")
+    assert gs.open_dataset(tmp_path / "plain.nc").attrs["metrics"] == [metric]
+
+
+def test_bad_input_messages(tmp_path):
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    ds.attrs["mixed"] = [1, "a"]
+    with pytest.raises(ValueError, match="attr 'mixed' of the Dataset: a list attr must hold only"):
+        gs.save_dataset(ds, tmp_path / "x.nc")
+    ds.attrs["mixed"] = object()
+    with pytest.raises(ValueError, match="cannot store an attr of type object"):
+        gs.save_dataset(ds, tmp_path / "x.nc")
+    with pytest.raises(ValueError, match="writes an xarray.Dataset"):
+        gs.save_dataset(None, tmp_path / "x.nc")
+    with pytest.raises(ValueError, match="needs a path"):
+        gs.save_dataset(xr.Dataset(), None)
+    with pytest.raises(ValueError, match="needs a path"):
+        gs.open_dataset(None)
+    with pytest.raises(ValueError, match="PM sampling"):
+        gs.spans(ds)
+
+
+def test_long_format_on_recordings():
+    launches = gs.open_dataset(DATA / "demo_launches.nc")
+    long = gs.to_dataframe(launches)
+    assert len(long) == 15 * len(launches.data_vars)
+    assert {"range", "name", "kernel", "launch", "grid_x", "metric", "value", "unit"} <= set(long.columns)
+    cycles = long[long.metric == "sm__cycles_elapsed.max"]
+    assert set(cycles["unit"]) == {launches["sm__cycles_elapsed.max"].attrs["units"]}
+    assert cycles.groupby("kernel")["value"].median().to_dict() == pytest.approx(
+        launches["sm__cycles_elapsed.max"].groupby("kernel").median().to_series().to_dict())
+    series = gs.open_dataset(DATA / "demo_timeseries.nc")
+    long = gs.to_dataframe(series, ["pcie__read_bytes.sum.per_second"])
+    unit = series["pcie__read_bytes.sum.per_second"].attrs["units"]  # CUPTI's own spelling
+    assert len(long) == 18019 and set(long["unit"]) == {unit} and unit.startswith("byte/second")
+    assert {"time", "start_ns", "end_ns", "range", "span"} <= set(long.columns)
