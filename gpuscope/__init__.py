@@ -64,6 +64,11 @@ _EXPORTS = {
     "Sampler": "gpuscope._sampling",
     "NotSinglePassError": "gpuscope.errors",
     "to_chrome_trace": "gpuscope._io",
+    # the answer at the end of a run
+    "report": "gpuscope._report",
+    "Report": "gpuscope._report",
+    "compare": "gpuscope._compare",
+    "NotGpuscopeDataError": "gpuscope.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
