@@ -141,10 +141,12 @@ class Comparison(Report):
     def _constructor(self):
         return Comparison
 
-    def to_text(self, max_advice: int = 60) -> str:
+    def to_text(self, max_advice: int = 60, all_rows: bool = False) -> str:
+        """The table as text: time rows and significant rows, or every row with *all_rows*."""
         frame = pd.DataFrame(self)
         quantities = frame.index.get_level_values("quantity")
         keep = frame["significant"].to_numpy() | (quantities == "gpu_time_us") | quantities.str.startswith("only in")
+        keep = keep | all_rows
         shown = Report(frame[keep])
         shown.attrs = dict(self.attrs)
         if not keep.all():

@@ -227,6 +227,7 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
     from . import _device
 
     outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)  # fail before a GPU run, not after it
     live = False
     if not force_recorded:
         try:
