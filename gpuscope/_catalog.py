@@ -374,7 +374,7 @@ def descriptions(chip: str | None = None, kind: str = "range") -> dict[str, str]
     return table
 
 
-def search_metrics(pattern: str, chip: str | None = None, kind: str = "range", *, descriptions_too: bool = True,
+def search_metrics(pattern: str, chip: str | None = None, kind: str = "range", *, descriptions_too: bool = False,
                    internal: bool = False) -> list[MetricInfo]:
     """Base metrics whose name (or description) matches *pattern*, with their descriptions.
 
@@ -384,7 +384,8 @@ def search_metrics(pattern: str, chip: str | None = None, kind: str = "range", *
     ----------
     descriptions_too : bool
         Also match CUPTI's descriptions (``"scoreboard"``, ``"bytes read"``); name matches come first. The first
-        search of a chip reads every description from CUPTI once (see :func:`descriptions`).
+        such search of a chip reads every description from CUPTI once, about 10 s (see :func:`descriptions`);
+        ``gpuscope metrics --search`` does this unless given ``--names-only``.
     internal : bool
         Include CUPTI's internal-only names (:func:`is_internal`).
 

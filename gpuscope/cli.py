@@ -120,7 +120,8 @@ def _metrics(args) -> int:
         return EXIT_OK
 
     if args.search:
-        infos = cat.search_metrics(args.search, chip, kind, internal=args.internal)
+        infos = cat.search_metrics(args.search, chip, kind, descriptions_too=not args.names_only,
+                                   internal=args.internal)
         if args.json:
             print(json.dumps([i.__dict__ for i in infos], indent=2))
             return EXIT_OK
@@ -131,7 +132,8 @@ def _metrics(args) -> int:
             [(i.name, i.metric_type.lower(), i.hw_unit, i.description) for i in infos],
             header=("metric", "type", "unit", "description"),
         )
-        print(f"\n{len(infos)} base metrics (names and descriptions searched). Complete a name with a "
+        searched = "names" if args.names_only else "names and descriptions"
+        print(f"\n{len(infos)} base metrics ({searched} searched). Complete a name with a "
               "sub-metric: gpuscope metrics --describe <name>")
         return EXIT_OK
 
@@ -449,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--type", choices=("counter", "ratio", "throughput"), help="only base metrics of this type")
     m.add_argument("--full", action="store_true", help="list complete names (base + every sub-metric)")
     m.add_argument("--internal", action="store_true", help="include CUPTI's internal-only names (*TriageCompute*)")
+    m.add_argument("--names-only", action="store_true",
+                   help="--search names only (the first search of descriptions reads them from CUPTI, ~10 s)")
     action = m.add_mutually_exclusive_group()
     action.add_argument("--search", metavar="PATTERN", help="substring or glob of metric names and descriptions")
     action.add_argument("--describe", nargs="+", metavar="METRIC", help="description, units, complete names")

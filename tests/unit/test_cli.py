@@ -15,7 +15,7 @@ def run(capsys, *argv):
 
 
 def test_search(capsys):
-    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "long_scoreboard")
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "long_scoreboard", "--names-only")
     assert code == 0
     assert "smsp__warp_issue_stalled_long_scoreboard_per_warp_active" in out
     assert "waiting for a scoreboard dependency on L1TEX" in out
