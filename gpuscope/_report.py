@@ -149,12 +149,17 @@ def _device_line(ds) -> str:
 
 
 def group_key(ds) -> np.ndarray:
-    """Per range, the row it belongs to: the kernel name for launches, the range path for user ranges."""
+    """Per range, the row it belongs to: the kernel's readable name for launches (mangled symbols demangled), the
+    range path for user ranges."""
     names = np.asarray(ds["name"].values).astype(str) if "name" in ds.coords else np.full(ds.sizes["range"], "")
     if "kernel" not in ds.coords:
         return names
+    from ._names import demangle
+
     kernels = np.asarray(ds["kernel"].values).astype(str)
-    return np.where(kernels != "", kernels, names)
+    unique, inverse = np.unique(kernels, return_inverse=True)
+    readable = np.array([demangle(k) for k in unique.tolist()], dtype=object)[inverse].astype(str)
+    return np.where(kernels != "", readable, names)
 
 
 def topdown_per_launch(ds):

@@ -161,3 +161,13 @@ def test_bad_input(launches):
 def test_nothing_profiled_says_so(launches):
     r = report(launches.isel(range=slice(0, 0)))
     assert len(r) == 0 and "nothing was profiled" in str(r)
+
+
+def test_mangled_kernel_symbols_become_readable_rows(launches):
+    from tests.unit.test_names import recorded_symbols
+
+    symbols, _ = recorded_symbols()  # __main__.stream, __main__.fma, __main__.inc as the driver names them
+    raw = launches.assign_coords(kernel=("range", np.array([symbols[i % 3] for i in range(launches.sizes["range"])])))
+    r = report(raw)
+    assert sorted(r.index) == ["__main__.fma", "__main__.inc", "__main__.stream"]
+    assert r["launches"].tolist() == [5, 5, 5]
