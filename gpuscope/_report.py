@@ -186,7 +186,7 @@ def _verdict(row: dict) -> tuple[str, str, str]:
     bound = max(values, key=values.get)
     children = {n.name: row[n.name] for n in td.NODES if n.parent == bound and n.name in row and np.isfinite(row[n.name])}
     culprit = max(children, key=children.get)[len(bound) + 1:] if children else ""
-    return bound, culprit, td._BY_NAME[bound].description
+    return bound, culprit, next(n.description for n in td.NODES if n.name == bound)
 
 
 def _range_report(ds, *, by: str | None = None) -> Report:
