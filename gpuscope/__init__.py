@@ -67,6 +67,11 @@ _EXPORTS = {
     # tables
     "to_dataframe": "gpuscope._results",
     "spans": "gpuscope._results",
+    # the answer at the end of a run
+    "report": "gpuscope._report",
+    "Report": "gpuscope._report",
+    "compare": "gpuscope._compare",
+    "NotGpuscopeDataError": "gpuscope.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

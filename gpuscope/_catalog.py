@@ -37,6 +37,11 @@ __all__ = [
     "config_image",
     "split_name",
     "units_of",
+    "canonical_chip",
+    "is_internal",
+    "descriptions",
+    "split_list",
+    "expand",
 ]
 
 
@@ -210,6 +215,34 @@ def list_chips() -> list[str]:
     return host.supported_chips()
 
 
+#: Product names (lower case) -> CUPTI chip name, for the command line (``--chip h100``).
+CHIP_ALIASES = {
+    "h100": "GH100", "h200": "GH100", "h800": "GH100", "gh200": "GH100", "h20": "GH100",
+    "a100": "GA100", "a800": "GA100", "a30": "GA100",
+    "a10": "GA102", "a40": "GA102", "a6000": "GA102", "rtx a6000": "GA102", "rtx 3090": "GA102", "rtx 3080": "GA102",
+    "a16": "GA107", "a2": "GA107", "rtx 3070": "GA104", "rtx 3060": "GA106",
+    "l40": "AD102", "l40s": "AD102", "l20": "AD102", "rtx 4090": "AD102", "rtx 6000 ada": "AD102",
+    "rtx 4080": "AD103", "l4": "AD104", "rtx 4070": "AD104", "rtx 4060": "AD107",
+    "t4": "TU104", "rtx 2080": "TU104", "rtx 2080 ti": "TU102", "titan rtx": "TU102", "rtx 8000": "TU102",
+    "b200": "GB100", "b100": "GB100", "gb200": "GB100",
+    "b300": "GB110", "gb300": "GB110",
+    "rtx 5090": "GB202", "rtx pro 6000": "GB202", "rtx 5080": "GB203", "rtx 5070": "GB205",
+}
+
+
+def canonical_chip(chip: str) -> str:
+    """A chip name as CUPTI spells it, from any case or a product name (``"h100"`` -> ``"GH100"``).
+
+    Names that are neither a chip nor a known product come back unchanged (:func:`list_metrics` and friends then
+    say which chips exist).
+    """
+    text = " ".join(chip.strip().lower().replace("geforce", "").replace("nvidia", "").split())
+    for c in list_chips():
+        if c.lower() == text:
+            return c
+    return CHIP_ALIASES.get(text, chip)
+
+
 def _check_chip(chip: str | None, device: int = 0) -> str:
     if chip is None:
         return _device_chip(device)
@@ -220,8 +253,8 @@ def _check_chip(chip: str | None, device: int = 0) -> str:
     upper = [c for c in chips if c.lower() == chip.lower()]
     if upper:
         hint = f" Chip names are case-sensitive: did you mean {upper[0]!r}?"
-    elif chip.upper() == "GH200":
-        hint = " The GPU of a GH200 superchip is a GH100: use chip='GH100'."
+    elif chip.strip().lower() in CHIP_ALIASES:
+        hint = f" {chip} is a product; its chip is {CHIP_ALIASES[chip.strip().lower()]!r}."
     else:
         close = difflib.get_close_matches(chip.upper(), chips, n=3, cutoff=0.5)
         if close:
@@ -253,7 +286,8 @@ def _kind(kind) -> MetricKind:
         raise ValueError(f"kind={kind!r}: use 'range' (range profiler) or 'sampling' (PM sampling).") from None
 
 
-def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str | None = None, full: bool = False):
+def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str | None = None, full: bool = False,
+                 internal: bool = True):
     """Metric names of a chip.
 
     Parameters
@@ -266,6 +300,8 @@ def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str 
         Only base metrics of this type.
     full : bool
         Expand every base name with all its sub-metric suffixes (about 150,000 names on GH100).
+    internal : bool
+        Include CUPTI's internal-only names (:func:`is_internal`); ``gpuscope metrics`` leaves them out.
 
     Returns
     -------
@@ -280,16 +316,78 @@ def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str 
     wanted = None if metric_type is None else metric_type.upper()
     if wanted is not None and wanted not in _EXAMPLE_SUFFIX:
         raise ValueError(f"metric_type={metric_type!r}: use 'counter', 'ratio' or 'throughput'.")
-    bases = sorted(b for b, t in cm.types.items() if wanted in (None, t))
+    bases = sorted(b for b, t in cm.types.items() if wanted in (None, t) and (internal or not is_internal(b)))
     if not full:
         return bases
     return [n for b in bases for n in cm.full_names(b)]
 
 
-def search_metrics(pattern: str, chip: str | None = None, kind: str = "range") -> list[MetricInfo]:
-    """Base metrics whose name matches *pattern*, with their descriptions.
+def is_internal(name: str) -> bool:
+    """Whether a base metric is one of CUPTI's internal-only names (Nsight's ``<UNIT>.TriageCompute.*`` groups
+    and ``*_internal_activity``), which the catalog hides unless asked for."""
+    return ".TriageCompute." in name or name.startswith("TriageCompute.") or name.endswith("_internal_activity")
+
+
+def _cache_dir():
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "gpuscope"
+
+
+def descriptions(chip: str | None = None, kind: str = "range") -> dict[str, str]:
+    """Base metric name -> CUPTI's description, for every metric of *chip*.
+
+    CUPTI answers one metric at a time (about 3 ms each, 10 s for a chip's 3,650 range metrics), so the table is
+    kept in ``$XDG_CACHE_HOME/gpuscope/`` (default ``~/.cache/gpuscope``) per chip, kind and CUPTI version.
+    """
+    import json
+    import sys
+
+    from .cupti import _api
+
+    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    with cm._lock:
+        cached = getattr(cm, "_descriptions", None)
+    if cached is not None:
+        return cached
+    path = _cache_dir() / f"descriptions-{cm.chip}-{cm.kind.value}-cupti{'%d.%d' % _api.version()}.json"
+    table = None
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    if not isinstance(table, dict) or set(table) != set(cm.types):
+        print(f"gpuscope: reading {len(cm.types)} metric descriptions from CUPTI once (about "
+              f"{len(cm.types) * 3 // 1000 + 1} s); kept in {path}", file=sys.stderr)
+        table = {b: cm.host.metric_properties(b + _EXAMPLE_SUFFIX[t]).description for b, t in cm.types.items()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(table))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only home: search works, only slower next time
+    with cm._lock:
+        cm._descriptions = table
+    return table
+
+
+def search_metrics(pattern: str, chip: str | None = None, kind: str = "range", *, descriptions_too: bool = False,
+                   internal: bool = False) -> list[MetricInfo]:
+    """Base metrics whose name (or description) matches *pattern*, with their descriptions.
 
     *pattern* is a case-insensitive substring, or a shell glob if it contains ``*``, ``?`` or ``[``.
+
+    Parameters
+    ----------
+    descriptions_too : bool
+        Also match CUPTI's descriptions (``"scoreboard"``, ``"bytes read"``); name matches come first. The first
+        such search of a chip reads every description from CUPTI once, about 10 s (see :func:`descriptions`);
+        ``gpuscope metrics --search`` does this unless given ``--names-only``.
+    internal : bool
+        Include CUPTI's internal-only names (:func:`is_internal`).
 
     Raises
     ------
@@ -298,10 +396,15 @@ def search_metrics(pattern: str, chip: str | None = None, kind: str = "range") -
     cm = _chip_metrics(_check_chip(chip), _kind(kind))
     if any(ch in pattern for ch in "*?["):
         rx = re.compile(fnmatch.translate(pattern), re.IGNORECASE)
-        hits = [b for b in cm.types if rx.match(b)]
+        match = lambda text: bool(rx.match(text))  # noqa: E731
     else:
-        hits = [b for b in cm.types if pattern.lower() in b.lower()]
-    return [cm.info(b) for b in sorted(hits)]
+        match = lambda text: pattern.lower() in text.lower()  # noqa: E731
+    bases = [b for b in sorted(cm.types) if internal or not is_internal(b)]
+    hits = [b for b in bases if match(b)]
+    if descriptions_too:
+        text = descriptions(cm.chip, cm.kind.value)
+        hits += [b for b in bases if b not in hits and match(text.get(b, ""))]
+    return [cm.info(b) for b in hits]
 
 
 def describe_metric(name: str, chip: str | None = None, kind: str = "range") -> MetricInfo:
@@ -377,6 +480,43 @@ def resolve(metrics: str | Iterable[str], chip: str | None = None, kind: str = "
         if name not in out:
             out.append(cm.check(name))
     return out
+
+
+def split_list(items: str | Iterable[str]) -> list[str]:
+    """Metric and set names from command-line words: ``["a,b", "c"]`` -> ``["a", "b", "c"]`` (blanks dropped)."""
+    words = [items] if isinstance(items, str) else list(items)
+    return [part.strip() for word in words for part in word.split(",") if part.strip()]
+
+
+def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | list[str], str]:
+    """Comma-separated metric and set names -> (what :func:`resolve` takes, the kind of profiling).
+
+    One set name stays a set name (so sessions can record it); several sets and names become one list in order,
+    duplicates dropped. Without *kind*, the kind is the sets' kind (``pm-default`` means PM sampling), else range.
+
+    Raises
+    ------
+    ValueError
+        No names, or sets of both kinds, or a set of the other kind than *kind*.
+    """
+    names = split_list(items)
+    if not names:
+        raise ValueError("No metrics given: name metrics or metric sets, separated by commas.")
+    sets = _sets.all_sets()
+    kinds = {sets[n].kind for n in names if n in sets}
+    if len(kinds) > 1:
+        raise ValueError("Those sets mix range profiling and PM sampling metrics: "
+                         + ", ".join(f"{n} ({sets[n].kind})" for n in names if n in sets) + ". Use one kind at a time.")
+    inferred = kinds.pop() if kinds else "range"
+    if kind is not None and _kind(kind).value != inferred and any(n in sets for n in names):
+        wrong = [n for n in names if n in sets]
+        raise ValueError(f"{', '.join(wrong)} is for {inferred} profiling, not {_kind(kind).value}. "
+                         f"Sets for {_kind(kind).value}: {', '.join(metric_sets(_kind(kind).value))}.")
+    kind = _kind(kind or inferred).value
+    if len(names) == 1:
+        return names[0], kind
+    out = [m for n in names for m in (sets[n].metrics if n in sets else (n,))]
+    return list(dict.fromkeys(out)), kind
 
 
 def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter_availability=None):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._report import SHORT_NAMES, _scaled
+
 DATA = Path(__file__).parent / "data"
 RECORDED_LAUNCHES = DATA / "demo_launches.nc"
 RECORDED_SERIES = DATA / "demo_timeseries.nc"
@@ -144,23 +146,6 @@ def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: 
 # ---------------------------------------------------------------------------------------------------------
 
 
-#: Column labels for the pm-default metrics in the report.
-_SHORT = {
-    "gr__cycles_active.avg.pct_of_peak_sustained_elapsed": "GR active",
-    "sm__cycles_active.avg.pct_of_peak_sustained_elapsed": "SM active",
-    "sm__inst_executed_realtime.avg.pct_of_peak_sustained_elapsed": "SM issue",
-    "sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed": "tensor",
-    "dram__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read",
-    "dram__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write",
-    "pcie__read_bytes.sum.per_second": "PCIe read",
-    "pcie__write_bytes.sum.per_second": "PCIe write",
-}
-
-
-def _scaled(metric: str, value: float) -> float:
-    return value / 1e9 if metric.endswith(".per_second") else value
-
-
 def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
     """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report."""
     import matplotlib
@@ -170,6 +155,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
 
     import gpuscope as gs
 
+    from ._report import report
     from .metrics import topdown as td
 
     outdir.mkdir(parents=True, exist_ok=True)
@@ -183,28 +169,16 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
         w("  No GPU here: this is gpuscope's analysis of recordings shipped with the package "
           f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).\n")
 
-    nodes = td.topdown(launches)
-    per_kernel = td.aggregate(nodes, by="kernel")
-    ipc_max = float(nodes[td.level_cut(1)[0]].attrs.get("ipc_max", 4.0))
-    level1 = td.level_cut(1)
-    level2 = td.level_cut(2)
-    w(f"\nTop-Down per kernel ({launches.sizes['range']} launches, weighted by cycles; IPC per SM, max {ipc_max:g})\n")
-    w(f"  {'kernel':<12}" + "".join(f"{n:>12}" for n in level1) + "   bound by\n")
-    verdicts = {}
-    for k in per_kernel["kernel"].values:
-        row = per_kernel.sel(kernel=k)
-        values = {n: float(row[n]) for n in level1}
-        stalls = {n: float(row[n]) for n in level2 if n not in level1 and n in row}
-        lost = {n: v for n, v in {**values, **stalls}.items() if n != "retire"}
-        worst_l2 = max(stalls, key=stalls.get) if stalls else max(lost, key=lost.get)
-        verdicts[str(k)] = worst_l2
-        w(f"  {str(k):<12}" + "".join(f"{values[n]:>12.2f}" for n in level1) + f"   {worst_l2}\n")
+    table = report(launches)
+    per_kernel = td.aggregate(td.topdown(launches), by="kernel")
+    w(f"\nTop-Down per kernel\n{table}\n")
+    verdicts = dict(zip(table.index, table["bound_by"]))
 
     # Segments within 2 noise sigmas of each other in every metric share a phase label (see docs/phases.md).
     ph = gs.phases(series, label_tolerance=2.0)
     n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
-    labels = [_SHORT.get(m, m.split(".")[0][-14:]) for m in metrics]
+    labels = [SHORT_NAMES.get(m, m.split(".")[0][-14:]).replace(" %", "").replace(" GB/s", "") for m in metrics]
     w(f"\nPM sampling: {series.sizes['time']} samples, {ph.sizes['segment']} segments between change points, "
       f"{n_phases} distinct phases (mean per segment; % of peak, PCIe in GB/s)\n")
     w(f"  {'from ms':>8}{'to ms':>8}{'phase':>6}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
@@ -220,7 +194,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
         names, counts = np.unique(ranges_all[first:stop], return_counts=True)
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
         segments.append((label, main_range))
-        cells = "".join(f"{_scaled(m, float(series[m].values[first:stop].mean())):>11.1f}" for m in metrics)
+        cells = "".join(f"{float(_scaled(m, series[m].values[first:stop].mean())):>11.1f}" for m in metrics)
         w(f"  {t_all[first] / 1e6:>8.1f}{t_all[stop - 1] / 1e6:>8.1f}{label:>6}  {main_range:<12}{cells}\n")
     if short:
         w(f"  and {len(short)} short segments of {sum(short)} samples in all (each under 1% of the run)\n")
@@ -253,6 +227,7 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
     from . import _device
 
     outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)  # fail before a GPU run, not after it
     live = False
     if not force_recorded:
         try:

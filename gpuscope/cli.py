@@ -1,8 +1,16 @@
 """The ``gpuscope`` command.
 
+``gpuscope run``      profile an unmodified Python script (kernel mode: every launch), print the report, save it
+``gpuscope show``     print the report of a saved file (range, PM or PC sampling data)
+``gpuscope compare``  per-kernel differences between two saved runs, flagged where larger than run-to-run noise
 ``gpuscope metrics``  list, search and describe a chip's metrics, the named sets, and pass counts (works offline)
 ``gpuscope check``    is this machine ready: CUPTI, driver, GPU, chip, profiler support, counter permission
 ``gpuscope demo``     the main job: Top-Down per kernel, PM time series and phases of a built-in workload
+
+Exit statuses (docs/errors.md): 0 ok, 1 no GPU or driver, 2 CUPTI missing or unusable, 3 counters unreadable,
+profiling unsupported or the GPU busy, 4 bad input, 5 a file cannot be read or written or is not gpuscope's,
+6 nothing was profiled, 130 interrupted, 141 output closed early (``| head``). ``gpuscope run`` passes the
+script's own non-zero status through.
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ import os
 import sys
 
 from . import __version__
-from .errors import CuptiNotFoundError, GpuscopeError, NoGpuError
+from .errors import (CuptiNotFoundError, CuptiNotSupportedError, CuptiPermissionError, GpuscopeError, NoGpuError,
+                     NotGpuscopeDataError, ProfilerBusyError)
 
 EXIT_OK, EXIT_NO_GPU, EXIT_NO_CUPTI, EXIT_NO_COUNTERS, EXIT_USAGE = 0, 1, 2, 3, 4
+EXIT_FILE, EXIT_NOTHING_PROFILED, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 5, 6, 130, 141
 
 
 def _print_table(rows, header=None, out=None):
@@ -54,14 +64,15 @@ def _metrics(args) -> int:
                 print(f"    {m}")
         return EXIT_OK
 
-    kind = "sampling" if args.sampling else args.kind
-    chip = args.chip
+    explicit = "sampling" if args.sampling else args.kind
+    kind = explicit or "range"
+    chip = cat.canonical_chip(args.chip) if args.chip else None
     where = lambda c: f"{c}, {'PM sampling' if kind == 'sampling' else 'range profiler'}"  # noqa: E731
 
     if args.passes is not None:
-        if not args.passes:
-            raise SystemExit("--passes needs metric names or a metric-set name.")
-        metrics = args.passes[0] if len(args.passes) == 1 and args.passes[0] in cat.metric_sets() else args.passes
+        if not cat.split_list(args.passes):
+            raise ValueError("--passes needs metric names or metric-set names, e.g. --passes topdown,launch")
+        metrics, kind = cat.expand(args.passes, explicit)  # a set's kind needs no --sampling
         chip = chip or cat._check_chip(None)
         names = cat.resolve(metrics, chip, kind)
         passes = cat.count_passes(names, chip, kind)
@@ -84,7 +95,7 @@ def _metrics(args) -> int:
         return EXIT_OK
 
     if args.describe:
-        infos = [cat.describe_metric(n, chip, kind) for n in args.describe]
+        infos = [cat.describe_metric(n, chip, kind) for n in cat.split_list(args.describe)]
         if args.json:
             out = []
             for i in infos:
@@ -109,7 +120,8 @@ def _metrics(args) -> int:
         return EXIT_OK
 
     if args.search:
-        infos = cat.search_metrics(args.search, chip, kind)
+        infos = cat.search_metrics(args.search, chip, kind, descriptions_too=not args.names_only,
+                                   internal=args.internal)
         if args.json:
             print(json.dumps([i.__dict__ for i in infos], indent=2))
             return EXIT_OK
@@ -120,10 +132,12 @@ def _metrics(args) -> int:
             [(i.name, i.metric_type.lower(), i.hw_unit, i.description) for i in infos],
             header=("metric", "type", "unit", "description"),
         )
-        print(f"\n{len(infos)} base metrics. Complete a name with a sub-metric: gpuscope metrics --describe <name>")
+        searched = "names" if args.names_only else "names and descriptions"
+        print(f"\n{len(infos)} base metrics ({searched} searched). Complete a name with a "
+              "sub-metric: gpuscope metrics --describe <name>")
         return EXIT_OK
 
-    names = cat.list_metrics(chip, kind, args.type, full=args.full)
+    names = cat.list_metrics(chip, kind, args.type, full=args.full, internal=args.internal)
     print(json.dumps(names) if args.json else "\n".join(names))
     return EXIT_OK
 
@@ -153,7 +167,8 @@ def _admin_only() -> bool | None:
 
 def _check(args) -> int:
     """Collect facts step by step; each step that fails says why and what to do, and sets the exit code."""
-    report: dict = {"gpuscope": __version__}
+    # every key is present in --json output, null until checked; "missing" says what is missing and why
+    report: dict = {"gpuscope": __version__, **{k: None for k in _CHECK_KEYS}, "missing": []}
     lines: list[tuple[str, str]] = [("gpuscope", __version__)]
     code = EXIT_OK
 
@@ -166,6 +181,7 @@ def _check(args) -> int:
         lines.append(("CUPTI", f"{lib.version_string} (API {lib.api_version}) at {lib.path} [{lib.found_via}]"))
     except CuptiNotFoundError as exc:
         report["cupti"] = {"error": str(exc)}
+        report["missing"].append({"what": "cupti", "why": str(exc)})
         lines.append(("CUPTI", f"NOT USABLE: {exc}"))
         return _finish(args, report, lines, EXIT_NO_CUPTI)
 
@@ -174,7 +190,9 @@ def _check(args) -> int:
     cuda_version = _device.driver_version()
     driver = (_read("/sys/module/nvidia/version") or "").strip()
     if cuda_version is None:
-        report["driver"] = None
+        report["missing"].append({"what": "driver", "why": "this machine has no NVIDIA driver (libcuda.so.1 not "
+                                  "found), so no GPU can be used"})
+        report["offline"] = list(_OFFLINE)
         lines.append(("driver", "none: this machine has no NVIDIA driver"))
         lines.append(("GPU", "none. Offline work still works: gpuscope metrics --chip GH100, and analysis of "
                              "recorded data (gpuscope demo)"))
@@ -187,6 +205,8 @@ def _check(args) -> int:
         info = _device.device_info(args.device)
     except (NoGpuError, ValueError) as exc:
         report["gpu"] = {"error": str(exc)}
+        report["missing"].append({"what": "gpu", "why": str(exc)})
+        report["offline"] = list(_OFFLINE)
         lines.append(("GPU", f"none: {exc}"))
         return _finish(args, report, lines, EXIT_NO_GPU)
     report["gpu"] = {"count": count, **{k: v for k, v in info.__dict__.items()}}
@@ -211,6 +231,7 @@ def _check(args) -> int:
                 text = support.overall.name.lower()
                 if not support.supported:
                     text += " (" + ", ".join(support.reasons()) + ")"
+                    report["missing"].append({"what": label.replace(" ", "_"), "why": text})
                     code = code or EXIT_NO_COUNTERS
                 lines.append((label, text))
             admin_only = _admin_only()
@@ -228,6 +249,7 @@ def _check(args) -> int:
                 from .errors import COUNTER_PERMISSION_HELP
 
                 detail += ". " + COUNTER_PERMISSION_HELP
+                report["missing"].append({"what": "counters_readable", "why": detail})
                 code = code or EXIT_NO_COUNTERS
             report["counters_readable"] = readable
             lines.append(("counters", ("readable" if readable else "NOT READABLE") + f" ({detail})"))
@@ -235,6 +257,7 @@ def _check(args) -> int:
             profiler.deinitialize()
     except GpuscopeError as exc:
         report["error"] = str(exc)
+        report["missing"].append({"what": "profiler", "why": str(exc)})
         lines.append(("error", str(exc)))
         code = code or EXIT_NO_COUNTERS
     finally:
@@ -242,8 +265,17 @@ def _check(args) -> int:
     return _finish(args, report, lines, code)
 
 
+_CHECK_KEYS = ("cupti", "driver", "gpu", "chip", "range_profiling", "pm_sampling", "counters_readable")
+_OFFLINE = ("gpuscope metrics --chip GH100 (metric catalog, pass counts)",
+            "gpuscope show / compare of saved files, gs.report, gs.topdown, gs.phases on recorded data",
+            "gpuscope demo (analysis of the H100 recordings shipped with gpuscope)")
+
+
 def _finish(args, report, lines, code) -> int:
     report["ok"] = code == EXIT_OK
+    reason = report["missing"][0]["what"] if report["missing"] else ""
+    # what was not checked, and why: everything after the first thing that is missing
+    report["not_checked"] = {k: f"needs {reason}" for k in _CHECK_KEYS if report.get(k) is None and k != reason}
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -261,27 +293,171 @@ def _demo(args) -> int:
     return _demo.main(args.out, record_to=args.record_to, force_recorded=args.recorded)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# gpuscope run / show / compare
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _run(args) -> int:
+    from . import _catalog, _run
+
+    metrics = None
+    if args.metrics:
+        metrics, kind = _catalog.expand(args.metrics)
+        if kind != "range":
+            raise ValueError(f"--set/--metrics {','.join(args.metrics)} is a PM sampling set: use "
+                             f"--sample {','.join(args.metrics)}@100us to sample it over the whole run.")
+    opts = _run.RunOptions(
+        script=args.script, args=list(args.args), metrics=metrics, mode=args.mode,
+        kernels=_catalog.split_list(args.kernels) if args.kernels else None,
+        exclude=_catalog.split_list(args.exclude) if args.exclude else None,
+        launch_skip=args.launch_skip, launch_count=args.launch_count,
+        sample=_run.parse_sample(args.sample) if args.sample else None,
+        output=args.output, report=not args.no_report, device=args.device,
+    )
+    return _run.run_script(opts)
+
+
+def _open(path: str):
+    """A saved gpuscope Dataset, or an error that says what the file is not."""
+    from ._io import open_dataset
+    from ._report import _kind
+
+    try:
+        ds = open_dataset(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
+                                   "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
+    try:
+        _kind(ds)
+    except NotGpuscopeDataError as exc:
+        raise NotGpuscopeDataError(f"{path}: {exc}") from None
+    return ds
+
+
+def _show(args) -> int:
+    from ._report import report
+
+    options = {}
+    if args.by:
+        options["by"] = args.by
+    for path in args.files:
+        print(report(_open(path), **options))
+    return EXIT_OK
+
+
+def _compare(args) -> int:
+    import warnings
+
+    from ._compare import compare
+    from .errors import GpuscopeWarning
+
+    base, new = _open(args.base), _open(args.new)
+    with warnings.catch_warnings():  # the coverage warnings of Top-Down repeat for each file; compare says enough
+        warnings.simplefilter("ignore", GpuscopeWarning)
+        result = compare(base, new, alpha=args.alpha, min_change=args.min_change)
+    if args.all:
+        print(result.to_text(all_rows=True))
+    else:
+        print(result)
+    if args.csv:
+        result.to_csv(args.csv)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with gpuscope's exit status for bad usage (4), not argparse's 2 (which means "no CUPTI" here)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _counts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuscope", description="In-process NVIDIA GPU profiling for Python.")
+    parser = _Parser(prog="gpuscope", description="In-process NVIDIA GPU profiling for Python.",
+                     epilog="Exit statuses: 0 ok, 1 no GPU, 2 no CUPTI, 3 counters unavailable, 4 bad input, "
+                            "5 file problem, 6 nothing profiled (docs/errors.md).")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser(
+        "run", help="profile a Python script: report per kernel at exit, -o to save",
+        description="Runs SCRIPT as __main__ with ARGS in this process, profiling every kernel launch (kernel mode) "
+                    "with the topdown set by default, and prints the report when it ends. The script's exit status "
+                    "passes through. Options go before the script; everything after it is the script's.",
+    )
+    what = r.add_mutually_exclusive_group()
+    what.add_argument("--set", "--metrics", dest="metrics", action="append", metavar="NAMES",
+                      help="metric sets and/or metric names, comma-separated (default: topdown)")
+    what.add_argument("--sample", metavar="SET@INTERVAL",
+                      help="PM sampling over the whole run instead, e.g. pm-default@100us (no range profiling)")
+    r.add_argument("--mode", choices=("kernel", "user", "iteration", "auto"), default="kernel",
+                   help="kernel: every launch is a range (default); user: gpuscope.range blocks and decorated kernels")
+    r.add_argument("-k", "--kernels", action="append", metavar="NAMES",
+                   help="profile only these kernels: names (demangled, or parts of symbols) or regex:PATTERN, "
+                        "comma-separated or repeated")
+    r.add_argument("--exclude", action="append", metavar="NAMES", help="never profile these kernels (same forms)")
+    r.add_argument("--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
+    r.add_argument("--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
+    r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
+    r.add_argument("--no-report", action="store_true", help="do not print the report")
+    r.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    r.add_argument("script", help="the Python script")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    r.set_defaults(func=_run)
+
+    s = sub.add_parser("show", help="print the report of saved results (range, PM or PC sampling)")
+    s.add_argument("files", nargs="+", metavar="FILE.nc")
+    s.add_argument("--by", help="group by this coordinate (range data) or by 'range' / 'phase' (PM data)")
+    s.set_defaults(func=_show)
+
+    c = sub.add_parser("compare", help="per-kernel differences between two saved runs, with their significance",
+                       description="Compares each kernel's launches in BASE and NEW (Welch t-test) and flags "
+                                   "differences larger than run-to-run noise.")
+    c.add_argument("base", metavar="BASE.nc")
+    c.add_argument("new", metavar="NEW.nc")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    c.add_argument("--min-change", type=float, default=0.02,
+                   help="smallest change flagged: relative for times and metrics, fraction of peak for Top-Down "
+                        "nodes (default 0.02)")
+    c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
+    c.add_argument("--csv", metavar="FILE", help="also write every row as CSV")
+    c.set_defaults(func=_compare)
 
     m = sub.add_parser(
         "metrics",
         help="list, search and describe metrics; pass counts (works without a GPU)",
         description="Without an action, lists the base metric names of the chip.",
     )
-    m.add_argument("--chip", help="CUPTI chip name, e.g. GH100 (default: the chip of GPU 0)")
-    m.add_argument("--kind", choices=("range", "sampling"), default="range",
-                   help="range profiler (default) or PM sampling metrics")
+    m.add_argument("--chip", help="chip (GH100) or product (h100, A100, l4), any case (default: the chip of GPU 0)")
+    m.add_argument("--kind", choices=("range", "sampling"), default=None,
+                   help="range profiler (default) or PM sampling metrics; a set's own kind is used for --passes")
     m.add_argument("--sampling", action="store_true", help="same as --kind sampling")
     m.add_argument("--type", choices=("counter", "ratio", "throughput"), help="only base metrics of this type")
     m.add_argument("--full", action="store_true", help="list complete names (base + every sub-metric)")
+    m.add_argument("--internal", action="store_true", help="include CUPTI's internal-only names (*TriageCompute*)")
+    m.add_argument("--names-only", action="store_true",
+                   help="--search names only (the first search of descriptions reads them from CUPTI, ~10 s)")
     action = m.add_mutually_exclusive_group()
-    action.add_argument("--search", metavar="PATTERN", help="substring or glob of base metric names")
+    action.add_argument("--search", metavar="PATTERN", help="substring or glob of metric names and descriptions")
     action.add_argument("--describe", nargs="+", metavar="METRIC", help="description, units, complete names")
-    action.add_argument("--passes", nargs="*", metavar="METRIC",
-                        help="pass count for metric names or one metric-set name")
+    action.add_argument("--passes", nargs="*", metavar="METRICS",
+                        help="pass count for metric and set names, comma-separated (e.g. topdown,launch)")
     action.add_argument("--sets", action="store_true", help="the named metric sets")
     action.add_argument("--chips", action="store_true", help="chips the loaded CUPTI supports")
     m.add_argument("--json", action="store_true", help="machine-readable output")
@@ -289,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="is this machine ready to profile? (exit status 0 if so)")
     c.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--json", action="store_true", help="machine-readable output, every key present")
     c.set_defaults(func=_check)
 
     d = sub.add_parser(
@@ -304,14 +480,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(exc: BaseException) -> int:
+    """The documented exit status for an error that reached the command line (docs/errors.md)."""
+    if isinstance(exc, CuptiNotFoundError):
+        return EXIT_NO_CUPTI
+    if isinstance(exc, NoGpuError):
+        return EXIT_NO_GPU
+    if isinstance(exc, (CuptiPermissionError, ProfilerBusyError, CuptiNotSupportedError)):
+        return EXIT_NO_COUNTERS
+    if isinstance(exc, (NotGpuscopeDataError, OSError)):
+        return EXIT_FILE
+    return EXIT_USAGE
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"cannot use {exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
 def main(argv=None) -> int:
+    """Run the ``gpuscope`` command; return its exit status (errors in the user's input never show a traceback)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (GpuscopeError, KeyError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        print(f"gpuscope {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_NO_CUPTI if isinstance(exc, CuptiNotFoundError) else EXIT_USAGE
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `gpuscope metrics | head`: the reader is gone; say nothing more, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print(f"gpuscope {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (GpuscopeError, KeyError, ValueError, OSError) as exc:
+        print(f"gpuscope {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return exit_status(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,6 +31,7 @@ __all__ = [
     "SessionConflictError",
     "NotSinglePassError",
     "SamplerBusyError",
+    "NotGpuscopeDataError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -209,3 +210,7 @@ class NotSinglePassError(GpuscopeError, ValueError):
 
 class SamplerBusyError(GpuscopeError, RuntimeError):
     """A PM sampler is already running on this device (one per device at a time)."""
+
+
+class NotGpuscopeDataError(GpuscopeError, ValueError):
+    """A file or Dataset that gpuscope did not write (no ``kind`` attribute, none of its dims)."""

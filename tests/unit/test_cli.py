@@ -15,7 +15,7 @@ def run(capsys, *argv):
 
 
 def test_search(capsys):
-    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "long_scoreboard")
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "long_scoreboard", "--names-only")
     assert code == 0
     assert "smsp__warp_issue_stalled_long_scoreboard_per_warp_active" in out
     assert "waiting for a scoreboard dependency on L1TEX" in out
@@ -51,7 +51,7 @@ def test_describe_base_lists_complete_names(capsys):
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (("metrics", "--chip", "gh100", "--search", "x"), "did you mean 'GH100'"),
+        (("metrics", "--chip", "GH1OO", "--search", "x"), "is not supported by the loaded CUPTI"),
         (("metrics", "--chip", "GH100", "--passes", "sm__cycles_elapsed"), "needs a rollup"),
         (("metrics", "--chip", "GH100", "--passes", "not__a_metric.sum"), "Unknown metric"),
     ],

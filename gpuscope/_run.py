@@ -1,0 +1,242 @@
+"""``gpuscope run``: profile an unmodified Python script in this process, the way ``ncu``/``nsys`` profile a program.
+
+The script runs as ``__main__`` (``runpy.run_path``) with ``sys.argv = [script, *args]`` and its folder first on
+``sys.path``, inside a :class:`gpuscope.Profiler` (kernel mode by default: every launch is a range) or a PM
+sampler. Its exit status and exceptions pass through; whatever was collected is saved and reported even when the
+script fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import runpy
+import sys
+import traceback
+
+from .errors import GpuscopeError
+
+__all__ = ["RunOptions", "run_script", "parse_sample", "EXIT_NOTHING_PROFILED"]
+
+#: Exit status when the script succeeded but no launch or range was profiled (a filter that matched nothing).
+EXIT_NOTHING_PROFILED = 6
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """What ``gpuscope run`` was asked to do (the command-line options, parsed)."""
+
+    script: str
+    args: list = dataclasses.field(default_factory=list)
+    metrics: object = None  # a set name or a list of metric names; None with sample=None means "topdown"
+    mode: str = "kernel"
+    kernels: list | None = None
+    exclude: list | None = None
+    launch_skip: int | None = None
+    launch_count: int | None = None
+    sample: tuple | None = None  # (metrics, interval) for PM sampling
+    output: str | None = None
+    report: bool = True
+    device: int = 0
+
+
+class RunError(GpuscopeError, ValueError):
+    """``gpuscope run`` was asked for something it cannot do (bad options, a missing script)."""
+
+
+def parse_sample(text: str) -> tuple[str, str]:
+    """``"pm-default@100us"`` -> ``("pm-default", "100us")``; the interval defaults to 100 us."""
+    metrics, _, interval = text.partition("@")
+    if not metrics.strip():
+        raise RunError(f"--sample {text!r}: give a sampling set or metrics, e.g. --sample pm-default@100us")
+    return metrics.strip(), (interval.strip() or "100us")
+
+
+def check_options(opts: RunOptions) -> None:
+    """Refuse what cannot work before the script starts.
+
+    Raises
+    ------
+    RunError
+        No script file; range profiling and PM sampling asked for together; filters with PM sampling; negative
+        counts; an output file that cannot be written.
+    """
+    if not os.path.isfile(opts.script):
+        raise RunError(f"No script {opts.script!r} (gpuscope run profiles a Python file: gpuscope run [options] "
+                       "script.py [args...]).")
+    if opts.sample is not None:
+        if opts.metrics is not None:
+            raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
+                           "cannot hold the GPU's counters at the same time (CUPTI reports HARDWARE_BUSY). Run the "
+                           "script twice, once with each.")
+        given = [f for f, v in (("-k/--kernels", opts.kernels), ("--exclude", opts.exclude),
+                                ("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)) if v]
+        if given:
+            raise RunError(f"{', '.join(given)} select launches for range profiling; PM sampling (--sample) covers "
+                           "the whole run.")
+    for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
+        if value is not None and value < 0:
+            raise RunError(f"{name} must be 0 or more, not {value}.")
+    if opts.output:
+        folder = os.path.dirname(os.path.abspath(opts.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise OSError(f"cannot write {opts.output!r}: {folder!r} is not a writable folder.")
+
+
+def _profiler_kwargs(opts: RunOptions) -> dict:
+    """Only the filters that were given: a Profiler without launch filters still runs a plain profile."""
+    kwargs = {"mode": opts.mode}
+    for name in ("kernels", "exclude", "launch_skip", "launch_count"):
+        value = getattr(opts, name)
+        if value is not None and value != []:
+            kwargs[name] = value
+    return kwargs
+
+
+def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
+    if opts.sample is not None:
+        if sampler_factory is None:
+            from ._sampling import sample as sampler_factory
+        metrics, interval = opts.sample
+        return sampler_factory(metrics=metrics, interval=interval, device=opts.device)
+    if profiler_factory is None:
+        from ._session import Profiler as profiler_factory
+    kwargs = _profiler_kwargs(opts)
+    _check_supported(profiler_factory, kwargs)
+    return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
+
+
+def _check_supported(factory, kwargs) -> None:
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [k for k in kwargs if k not in params]
+    if missing:
+        flags = {"kernels": "-k/--kernels", "exclude": "--exclude", "launch_skip": "--launch-skip",
+                 "launch_count": "--launch-count", "mode": "--mode"}
+        raise RunError(f"This gpuscope's Profiler does not support {', '.join(flags.get(m, m) for m in missing)} "
+                       "yet; run without it.")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """What Python would exit with for ``sys.exit(code)``."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
+    return 1
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """The traceback as ``python script.py`` shows it: from the script's first frame, without gpuscope's."""
+    tb = exc.__traceback__
+    target = os.path.abspath(script)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def execute(script: str, args) -> int:
+    """Run *script* as ``__main__`` with its own argv and ``sys.path[0]``; return the status Python would exit with."""
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [script, *args]
+    folder = os.path.dirname(os.path.abspath(script))
+    if sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except KeyboardInterrupt as exc:
+        _print_script_traceback(exc, script)
+        return 130
+    except BaseException as exc:  # noqa: BLE001  the script's failure is reported like python does, then we go on
+        _print_script_traceback(exc, script)
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+
+
+def _filters(opts: RunOptions) -> str:
+    parts = []
+    if opts.kernels:
+        parts.append("-k " + ",".join(opts.kernels))
+    if opts.exclude:
+        parts.append("--exclude " + ",".join(opts.exclude))
+    if opts.launch_skip:
+        parts.append(f"--launch-skip {opts.launch_skip}")
+    if opts.launch_count is not None:
+        parts.append(f"--launch-count {opts.launch_count}")
+    return " ".join(parts)
+
+
+def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None, out=None) -> int:
+    """Profile ``opts.script`` and return the exit status for ``gpuscope run``.
+
+    The status is the script's own when it is not 0 (1 for an uncaught exception, as with ``python``); otherwise
+    :data:`EXIT_NOTHING_PROFILED` when nothing was profiled, else 0.
+
+    Parameters
+    ----------
+    opts : RunOptions
+    profiler_factory, sampler_factory : callable, optional
+        What makes the session (default :class:`gpuscope.Profiler` and :func:`gpuscope.sample`); the session is
+        a context manager with a ``.dataset`` after it closes.
+    out : file, optional
+        Where the report goes (default stdout).
+
+    Raises
+    ------
+    RunError, OSError
+        Before the script starts (see :func:`check_options`).
+    GpuscopeError
+        The session could not start (no GPU, unknown metric, counters busy) or close.
+    """
+    from ._report import report
+
+    out = out or sys.stdout
+    check_options(opts)
+    session = _session(opts, profiler_factory, sampler_factory)
+    session.__enter__()
+    close_error = None
+    try:
+        code = execute(opts.script, opts.args)
+    finally:
+        sys.stdout.flush()
+        try:
+            session.__exit__(None, None, None)
+        except GpuscopeError as exc:
+            close_error = exc
+    if close_error is not None:
+        print(f"gpuscope run: error: {close_error}", file=sys.stderr)
+        return code or 4
+    ds = session.dataset
+    if opts.output:
+        from ._io import save_dataset
+
+        save_dataset(ds, opts.output)
+        print(f"gpuscope run: saved {opts.output}" + (" (the script failed; this is what was collected)" if code else ""),
+              file=sys.stderr)
+    size = ds.sizes.get("range", ds.sizes.get("time", 0))
+    if size == 0:
+        what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"
+        filters = _filters(opts)
+        print(f"gpuscope run: {what}" + (f": nothing matched {filters}" if filters else "")
+              + ". Check the names with: gpuscope run --mode kernel script.py (no filters) and the report's kernel "
+              "column.", file=sys.stderr)
+        return code or EXIT_NOTHING_PROFILED
+    if opts.report:
+        print(f"\n{report(ds)}", file=out)
+    return code

@@ -1,0 +1,107 @@
+"""`gpuscope run`, `show` and `compare` on the GPU, in subprocesses, on an unmodified script.
+
+python3 -m pytest -m gpu tests/gpu/test_cli_run.py -v     (about a minute on the H100: four profiled runs)
+"""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import gpuscope as gs
+from gpuscope.metrics import topdown as td
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tutorials" / "report_workload.py"
+RUN = ["run", "--set", "topdown", "-k", "regex:stream|fma"]
+
+
+def gpuscope(*argv, cwd):
+    done = subprocess.run([sys.executable, "-m", "gpuscope", *map(str, argv)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, extra in (("base", []), ("again", []), ("slow", ["--slow-fma"])):
+        done = gpuscope(*RUN, "-o", folder / f"{name}.nc", SCRIPT, *extra, cwd=folder)
+        out[name] = (done, gs.open_dataset(folder / f"{name}.nc"))
+    return folder, out
+
+
+def readable(ds):
+    return gs.report(ds).index.tolist()
+
+
+def test_run_profiles_only_the_selected_kernels_and_prints_the_report(runs):
+    _, out = runs
+    done, ds = out["base"]
+    assert done.returncode == 0, done.stderr
+    assert "done: c[0]=" in done.stdout  # the script's own output
+    assert ds.sizes["range"] == 20 and ds.attrs["mode"] == "kernel"
+    assert sorted(readable(ds)) == ["__main__.fma", "__main__.stream"]  # scale filtered out by -k
+    assert "gpuscope report: 20 launches, 2 kernels" in done.stdout
+
+
+def test_the_verdicts_are_the_topdown_of_the_saved_file(runs):
+    _, out = runs
+    done, ds = out["base"]
+    r = gs.report(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_kernel = td.aggregate(td.topdown(ds).assign_coords(kernel=("range", readable_keys(ds))), by="kernel")
+    for k in r.index:
+        row = per_kernel.sel(kernel=k)
+        level2 = {n: float(row[n]) for n in td.level_cut(2) if n != "retire"}
+        assert r.loc[k, "bound_by"] == max(level2, key=level2.get)
+    assert r.loc["__main__.stream", "bound_by"] == "backend_memory"
+    assert r.loc["__main__.fma", "bound_by"] == "backend_core"
+    for k in r.index:  # the printed report says the same
+        line = next(x for x in done.stdout.splitlines() if x.startswith(k))
+        assert r.loc[k, "bound_by"] in line
+
+
+def readable_keys(ds):
+    from gpuscope._report import group_key
+
+    return group_key(ds)
+
+
+def test_show_prints_the_same_report(runs):
+    folder, out = runs
+    done, ds = out["base"]
+    shown = gpuscope("show", folder / "base.nc", cwd=folder)
+    assert shown.returncode == 0
+    assert str(gs.report(ds)) in shown.stdout
+    table = [x for x in str(gs.report(ds)).splitlines() if x.startswith("__main__")]
+    assert all(x in done.stdout for x in table)
+
+
+def test_compare_flags_nothing_between_two_runs_and_flags_the_slowed_kernel(runs):
+    folder, out = runs
+    same = gs.compare(out["base"][1], out["again"][1])
+    assert not same["significant"].any(), same[same["significant"]]
+    slow = gs.compare(out["base"][1], out["slow"][1])
+    flagged = slow[slow["significant"]]
+    assert ("__main__.fma", "gpu_time_us") in flagged.index
+    assert slow.loc[("__main__.fma", "gpu_time_us"), "relative"] == pytest.approx(0.5, abs=0.1)
+    assert ("__main__.stream", "gpu_time_us") not in flagged.index
+    shown = gpuscope("compare", folder / "base.nc", folder / "slow.nc", cwd=folder)
+    assert shown.returncode == 0 and "__main__.fma" in shown.stdout and "True" in shown.stdout
+
+
+def test_failing_script_and_empty_filter(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import runpy, sys\nsys.argv = [sys.argv[0]]\n"
+                   f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\nraise RuntimeError('after the work')\n")
+    done = gpuscope(*RUN, "-o", tmp_path / "partial.nc", bad, cwd=tmp_path)
+    assert done.returncode == 1 and "RuntimeError: after the work" in done.stderr
+    assert gs.open_dataset(tmp_path / "partial.nc").sizes["range"] == 20
+    none = gpuscope("run", "--set", "launch", "-k", "nosuchkernel", SCRIPT, cwd=tmp_path)
+    assert none.returncode == 6 and "nothing matched -k nosuchkernel" in none.stderr

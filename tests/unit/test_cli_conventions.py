@@ -1,0 +1,160 @@
+"""The command line speaks ncu: comma lists, chip aliases, set kinds, description search, pipes, exit statuses."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import gpuscope as gs
+from gpuscope import _catalog, _demo, cli
+from gpuscope.cupti import _lib
+
+
+def run(capsys, *argv):
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_comma_separated_metrics_and_sets(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--passes", "topdown,launch", "--json")
+    data = json.loads(out)
+    both = list(dict.fromkeys(gs.metric_set("topdown").metrics + gs.metric_set("launch").metrics))
+    assert code == 0 and data["metrics"] == both and data["kind"] == "range"
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--passes",
+                       "dram__bytes_read.sum,dram__bytes_write.sum", "sm__cycles_elapsed.max", "--json")
+    assert json.loads(out)["metrics"] == ["dram__bytes_read.sum", "dram__bytes_write.sum", "sm__cycles_elapsed.max"]
+
+
+@pytest.mark.parametrize("name,chip", [("h100", "GH100"), ("H100", "GH100"), ("gh100", "GH100"), ("A100", "GA100"),
+                                       ("l4", "AD104"), ("GeForce RTX 4090", "AD102"), ("ga102", "GA102")])
+def test_chip_names_any_case_and_products(capsys, name, chip):
+    assert _catalog.canonical_chip(name) == chip
+    code, out, _ = run(capsys, "metrics", "--chip", name, "--passes", "launch")
+    assert code == 0 and f"({chip}, range profiler" in out
+
+
+def test_unknown_chip_is_usage_error(capsys):
+    code, _, err = run(capsys, "metrics", "--chip", "XX100", "--passes", "launch")
+    assert code == cli.EXIT_USAGE and "is not supported by the loaded CUPTI" in err
+
+
+def test_a_sampling_set_needs_no_sampling_flag(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--passes", "pm-default")
+    assert code == 0 and out.startswith("1 pass for 8 metrics (GH100, PM sampling")
+    code, _, err = run(capsys, "metrics", "--chip", "GH100", "--passes", "pm-default,launch")
+    assert code == cli.EXIT_USAGE and "mix range profiling and PM sampling" in err
+    code, _, err = run(capsys, "metrics", "--chip", "GH100", "--kind", "range", "--passes", "pm-default")
+    assert code == cli.EXIT_USAGE and "pm-default is for sampling profiling, not range" in err
+
+
+def test_search_over_descriptions_without_internal_names(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # a phrase that is in CUPTI's description of gr__cycles_active ("# of cycles where GR was active"), in no name
+    code, out, err = run(capsys, "metrics", "--chip", "GH100", "--sampling", "--search", "where gr was")
+    assert code == 0 and "names and descriptions searched" in out
+    hits = [line.split()[0] for line in out.splitlines()[1:] if "__" in line]
+    assert "gr__cycles_active" in hits
+    table = _catalog.descriptions("GH100", "sampling")
+    assert all("where gr was" in table[h].lower() for h in hits)
+    assert "metric descriptions from CUPTI once" in err
+    assert list(tmp_path.glob("gpuscope/descriptions-GH100-sampling-cupti*.json"))
+    # internal-only names are hidden unless asked for
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "internal_activity", "--names-only")
+    assert code == 0 and "No range metric matches" in out
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "internal_activity", "--names-only",
+                       "--internal")
+    assert "lts__throughput_internal_activity" in out
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100")
+    assert "TriageCompute" not in out and "dram__bytes_read" in out.splitlines()
+
+
+def test_metrics_piped_into_head_has_no_traceback():
+    done = subprocess.run(f"{sys.executable} -m gpuscope metrics --chip GH100 | head -3", shell=True,
+                          capture_output=True, text=True)
+    assert len(done.stdout.splitlines()) == 3
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+
+
+def test_check_json_is_complete_without_a_gpu(capsys):
+    if _lib.driver_available():
+        pytest.skip("this machine has a driver")
+    code, out, _ = run(capsys, "check", "--json")
+    data = json.loads(out)
+    assert code == cli.EXIT_NO_GPU and data["ok"] is False
+    for key in ("cupti", "driver", "gpu", "chip", "range_profiling", "pm_sampling", "counters_readable"):
+        assert key in data
+    assert data["missing"][0]["what"] == "driver" and "no NVIDIA driver" in data["missing"][0]["why"]
+    assert data["not_checked"]["chip"] == "needs driver"
+    assert any("gpuscope metrics --chip" in line for line in data["offline"])
+
+
+def test_show_prints_the_report_of_each_kind(capsys, tmp_path):
+    code, out, _ = run(capsys, "show", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_SERIES))
+    assert code == 0
+    assert "gpuscope report: 15 launches, 3 kernels" in out and "backend_memory" in out
+    assert "gpuscope report: PM sampling, 18019 samples" in out
+    assert str(gs.report(gs.open_dataset(_demo.RECORDED_LAUNCHES))) in out
+
+
+@pytest.mark.parametrize("content,needle", [(b"not a netcdf file", "is not a netCDF file that gpuscope can read"),
+                                           (None, "is not a gpuscope Dataset")])
+def test_show_refuses_other_files(capsys, tmp_path, content, needle):
+    path = tmp_path / "other.nc"
+    if content is None:
+        import xarray as xr
+
+        xr.Dataset({"x": ("foo", [1.0, 2.0])}).to_netcdf(path, engine="h5netcdf")
+    else:
+        path.write_bytes(content)
+    code, _, err = run(capsys, "show", str(path))
+    assert code == cli.EXIT_FILE and needle in err and "Traceback" not in err
+    code, _, err = run(capsys, "show", str(tmp_path / "missing.nc"))
+    assert code == cli.EXIT_FILE and "No gpuscope dataset at" in err
+
+
+def test_compare_command(capsys, tmp_path):
+    ds = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    slow = ds.copy(deep=True)
+    slow["gpu__time_duration.sum"].values[slow["kernel"].values == "stream"] *= 1.25
+    gs.save_dataset(slow, tmp_path / "slow.nc")
+    code, out, _ = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_LAUNCHES))
+    assert code == 0 and "0 of 33 differences" in out
+    code, out, _ = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(tmp_path / "slow.nc"),
+                       "--csv", str(tmp_path / "diff.csv"))
+    assert code == 0 and "1 of 33 differences" in out
+    line = next(x for x in out.splitlines() if x.startswith("stream"))
+    assert "25.0%" in line and line.rstrip().endswith("True")
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "diff.csv")
+    assert len(table) == 33 and table["significant"].sum() == 1
+    code, _, err = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_SERIES))
+    assert code == cli.EXIT_USAGE and "range-profiling results" in err
+
+
+def test_demo_to_an_unwritable_folder(capsys):
+    code, _, err = run(capsys, "demo", "--recorded", "--out", "/proc/nope")
+    assert code == cli.EXIT_FILE and "cannot use /proc/nope" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("exc,code", [(gs.NoGpuError("x"), 1), (gs.CuptiNotFoundError("x"), 2),
+                                      (gs.errors.CuptiPermissionError(35, "f", "m"), 3),
+                                      (gs.ProfilerBusyError(26, "f", "m"), 3), (gs.UnknownMetricError("x"), 4),
+                                      (ValueError("x"), 4), (FileNotFoundError("x"), 5),
+                                      (gs.NotGpuscopeDataError("x"), 5)])
+def test_exit_statuses_as_documented(exc, code):
+    assert cli.exit_status(exc) == code
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "errors.md").read_text()
+    assert f"| {code} |" in doc
+
+
+def test_bad_usage_is_4_not_argparse_2(capsys):
+    code, _, err = run(capsys, "metrics", "--type", "nonsense")
+    assert code == cli.EXIT_USAGE and "invalid choice" in err

@@ -1,0 +1,196 @@
+"""`gpuscope run` without a GPU: the real script execution, with a fake Profiler that returns an H100 recording."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import gpuscope as gs
+from gpuscope import _demo, _run, _session, cli
+
+
+class FakeProfiler:
+    """Records how it was made and used; its dataset is the demo's H100 recording (or an empty selection)."""
+
+    made: list = []
+
+    def __init__(self, metrics, device=0, *, mode="user", kernels=None, exclude=None, launch_skip=0,
+                 launch_count=None):
+        self.args = {"metrics": metrics, "device": device, "mode": mode, "kernels": kernels, "exclude": exclude,
+                     "launch_skip": launch_skip, "launch_count": launch_count}
+        self.events = []
+        FakeProfiler.made.append(self)
+
+    def __enter__(self):
+        self.events.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append("exit")
+        return False
+
+    @property
+    def dataset(self):
+        ds = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+        if self.args["kernels"] == ["nomatch"]:
+            return ds.isel(range=slice(0, 0))
+        return ds
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeProfiler.made = []
+    monkeypatch.setattr(_session, "Profiler", FakeProfiler)
+    return FakeProfiler
+
+
+def script(tmp_path, body, name="work.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+ECHO = """
+    import json, os, sys
+    seen = {"argv": sys.argv, "name": __name__, "path0": sys.path[0]}
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.json"), "w") as f:
+        json.dump(seen, f)
+    print("script says hi")
+"""
+
+
+def test_script_runs_as_main_with_its_argv(fake, tmp_path, capsys):
+    path = script(tmp_path, ECHO)
+    code = cli.main(["run", "--set", "topdown", "-o", str(tmp_path / "out.nc"), str(path), "--lr", "0.1", "-k", "x"])
+    out = capsys.readouterr()
+    assert code == 0
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == {"argv": [str(path), "--lr", "0.1", "-k", "x"], "name": "__main__", "path0": str(tmp_path)}
+    assert sys.argv[0] != str(path)  # restored
+    # the report printed after the script's own output
+    assert out.out.index("script says hi") < out.out.index("gpuscope report: 15 launches, 3 kernels")
+    assert "backend_memory" in out.out and f"saved {tmp_path / 'out.nc'}" in out.err
+    saved = gs.open_dataset(tmp_path / "out.nc")
+    assert saved.sizes["range"] == 15
+    (prof,) = fake.made
+    assert prof.events == ["enter", "exit"]
+    assert prof.args["metrics"] == "topdown" and prof.args["mode"] == "kernel"
+    assert prof.args["kernels"] is None  # not given: not passed
+
+
+def test_filters_and_metric_lists_are_passed(fake, tmp_path, capsys):
+    path = script(tmp_path, "pass\n")
+    code = cli.main(["run", "--metrics", "topdown,launch", "-k", "stream,regex:fma|div", "-k", "other",
+                     "--exclude", "warmup", "--launch-skip", "2", "--launch-count", "10", "--mode", "user",
+                     "--no-report", str(path)])
+    assert code == 0 and "gpuscope report" not in capsys.readouterr().out
+    args = fake.made[0].args
+    assert args["kernels"] == ["stream", "regex:fma|div", "other"] and args["exclude"] == ["warmup"]
+    assert (args["launch_skip"], args["launch_count"], args["mode"]) == (2, 10, "user")
+    metrics = args["metrics"]
+    assert metrics[0] == gs.metric_set("topdown").metrics[0] and "sm__ctas_launched.sum" in metrics
+    assert len(metrics) == len(set(metrics))  # the sets' shared metrics once
+
+
+def test_an_exception_prints_its_traceback_exits_1_and_saves(fake, tmp_path, capsys):
+    path = script(tmp_path, """
+        def step():
+            raise RuntimeError("diverged at step 3")
+        step()
+    """)
+    code = cli.main(["run", "-o", str(tmp_path / "partial.nc"), str(path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback (most recent call last)" in err and "RuntimeError: diverged at step 3" in err
+    assert f'File "{path}", line 4' in err and "runpy" not in err and "_run.py" not in err
+    assert "the script failed" in err and gs.open_dataset(tmp_path / "partial.nc").sizes["range"] == 15
+    assert fake.made[0].events == ["enter", "exit"]
+
+
+@pytest.mark.parametrize("body,code,err", [("import sys; sys.exit(3)", 3, ""), ("raise SystemExit", 0, ""),
+                                           ("import sys; sys.exit('bad input file')", 1, "bad input file")])
+def test_exit_status_passes_through(fake, tmp_path, capsys, body, code, err):
+    path = script(tmp_path, body + "\n")
+    assert cli.main(["run", "--no-report", str(path)]) == code
+    assert err in capsys.readouterr().err
+
+
+def test_a_filter_that_matches_nothing(fake, tmp_path, capsys):
+    path = script(tmp_path, "pass\n")
+    code = cli.main(["run", "-k", "nomatch", "-o", str(tmp_path / "empty.nc"), str(path)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_NOTHING_PROFILED == _run.EXIT_NOTHING_PROFILED
+    assert "no kernel launch was profiled: nothing matched -k nomatch" in err
+    assert gs.open_dataset(tmp_path / "empty.nc").sizes["range"] == 0  # saved all the same
+
+
+def test_a_failing_script_keeps_its_status_when_nothing_matched(fake, tmp_path, capsys):
+    path = script(tmp_path, "import sys; sys.exit(7)\n")
+    assert cli.main(["run", "-k", "nomatch", str(path)]) == 7
+
+
+@pytest.mark.parametrize(
+    "argv,code,needle",
+    [
+        (["run", "--set", "topdown", "--sample", "pm-default@100us", "S"], cli.EXIT_USAGE, "not allowed with"),
+        (["run", "missing_script.py"], cli.EXIT_USAGE, "No script 'missing_script.py'"),
+        (["run", "--set", "pm-default", "S"], cli.EXIT_USAGE, "--sample pm-default@100us"),
+        (["run", "--sample", "pm-default", "-k", "stream", "S"], cli.EXIT_USAGE, "PM sampling (--sample) covers"),
+        (["run", "--launch-count", "-1", "S"], cli.EXIT_USAGE, "negative"),
+        (["run", "-o", "/proc/nope/out.nc", "S"], cli.EXIT_FILE, "is not a writable folder"),
+    ],
+)
+def test_refused_before_the_script_starts(fake, tmp_path, capsys, argv, code, needle):
+    path = script(tmp_path, "open('ran', 'w').write('yes')\n")
+    argv = [str(path) if a == "S" else a for a in argv]
+    assert status(argv) == code
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not fake.made and not (tmp_path / "ran").exists()
+
+
+def status(argv):
+    """The exit status of the command, whether main returns it or argparse exits with it."""
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_sampling_runs_the_sampler(monkeypatch, tmp_path, capsys):
+    made = []
+
+    class FakeSampler(FakeProfiler):
+        def __init__(self, metrics, interval, device=0):
+            self.args = {"metrics": metrics, "interval": interval, "device": device}
+            self.events = []
+            made.append(self)
+
+        @property
+        def dataset(self):
+            return gs.open_dataset(_demo.RECORDED_SERIES)
+
+    monkeypatch.setattr("gpuscope._sampling.sample", FakeSampler)
+    path = script(tmp_path, "pass\n")
+    assert cli.main(["run", "--sample", "pm-default@20us", str(path)]) == 0
+    assert made[0].args == {"metrics": "pm-default", "interval": "20us", "device": 0}
+    assert "gpuscope report: PM sampling, 18019 samples" in capsys.readouterr().out
+
+
+def test_unsupported_filters_are_a_clear_message(monkeypatch, tmp_path, capsys):
+    class OldProfiler(FakeProfiler):
+        def __init__(self, metrics="launch", device=0, *, mode="user"):
+            super().__init__(metrics, device, mode=mode)
+
+    monkeypatch.setattr(_session, "Profiler", OldProfiler)
+    path = script(tmp_path, "pass\n")
+    assert cli.main(["run", "-k", "stream", str(path)]) == cli.EXIT_USAGE
+    assert "does not support -k/--kernels yet" in capsys.readouterr().err
+
+
+def test_python_dash_m_gpuscope(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--set", "topdown", "--sample", "pm-default",
+                           "x.py"], capture_output=True, text=True)
+    assert done.returncode == cli.EXIT_USAGE and "not allowed with" in done.stderr

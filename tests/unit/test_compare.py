@@ -1,0 +1,84 @@
+"""gs.compare on the H100 recording: itself (nothing significant) and a deliberately slowed copy (flagged)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+from gpuscope import _demo
+from gpuscope._compare import compare
+
+warnings.filterwarnings("ignore", category=gs.GpuscopeWarning)
+
+
+@pytest.fixture(scope="module")
+def launches():
+    return gs.open_dataset(_demo.RECORDED_LAUNCHES)
+
+
+def slowed(ds, kernel, factor, metric="gpu__time_duration.sum"):
+    out = ds.copy(deep=True)
+    out[metric].values[out["kernel"].values == kernel] *= factor
+    return out
+
+
+def test_a_recording_against_itself_shows_nothing(launches):
+    c = compare(launches, launches)
+    assert not c["significant"].any()
+    assert (c["change"] == 0).all()
+    assert set(c.index.get_level_values("kernel")) == {"stream", "fma", "divergent"}
+    quantities = set(c.index.get_level_values("quantity"))
+    assert {"gpu_time_us", "retire", "backend", "backend_memory", "divergence_branch"} <= quantities
+    assert str(c).startswith("gpuscope compare: 3 kernels")
+    assert "0 of" in str(c)
+
+
+def test_a_slowed_kernel_is_flagged_and_nothing_else(launches):
+    c = compare(launches, slowed(launches, "fma", 1.10))
+    flagged = c[c["significant"]]
+    assert flagged.index.tolist() == [("fma", "gpu_time_us")]
+    row = flagged.iloc[0]
+    assert row["relative"] == pytest.approx(0.10)
+    assert row["ci_low"] > 0 and row["ci_low"] < row["change"] < row["ci_high"]
+    assert row["n_base"] == row["n_new"] == 5
+    assert "fma" in str(c) and "True" in str(c)
+
+
+def test_a_change_within_the_noise_is_not_flagged(launches):
+    # the stream kernel's launches vary by about 1%: a 0.3% shift is inside the noise
+    c = compare(launches, slowed(launches, "stream", 1.003))
+    assert not c["significant"].any()
+    assert c.loc[("stream", "gpu_time_us"), "ci_low"] < 0 < c.loc[("stream", "gpu_time_us"), "ci_high"]
+
+
+def test_a_topdown_shift_is_flagged(launches):
+    # the FMA kernel retires 20% fewer instructions per cycle in the new run: retire drops, stalls rise
+    new = slowed(launches, "fma", 0.8, "smsp__inst_executed.avg.per_cycle_active")
+    new = slowed(new, "fma", 0.8, "smsp__inst_issued.avg.per_cycle_active")
+    c = compare(launches, new)
+    flagged = set(c[c["significant"]].index)
+    assert ("fma", "retire") in flagged and ("fma", "backend") in flagged
+    assert c.loc[("fma", "retire"), "change"] < 0
+    assert not any(k != "fma" for k, _ in flagged)
+
+
+def test_kernels_in_one_run_only(launches):
+    c = compare(launches, launches.isel(range=np.flatnonzero(launches["kernel"].values != "divergent")))
+    assert ("divergent", "only in base") in c.index
+    assert not c["significant"].any()
+
+
+def test_single_launch_cannot_be_judged(launches):
+    one = launches.isel(range=[0, 1, 2])
+    c = compare(one, slowed(one, "fma", 2.0))
+    assert not c["significant"].any() and np.isnan(c.loc[("fma", "gpu_time_us"), "p_value"])
+    assert any("single launch" in n for n in c.notes)
+
+
+def test_only_range_results(launches):
+    series = gs.open_dataset(_demo.RECORDED_SERIES)
+    with pytest.raises(ValueError, match="range-profiling results"):
+        compare(launches, series)
+    with pytest.raises(ValueError, match="alpha"):
+        compare(launches, launches, alpha=2)
