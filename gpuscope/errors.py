@@ -31,6 +31,7 @@ __all__ = [
     "SessionConflictError",
     "NotSinglePassError",
     "SamplerBusyError",
+    "CounterDataImageError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -209,3 +210,8 @@ class NotSinglePassError(GpuscopeError, ValueError):
 
 class SamplerBusyError(GpuscopeError, RuntimeError):
     """A PM sampler is already running on this device (one per device at a time)."""
+
+
+class CounterDataImageError(GpuscopeError, ValueError):
+    """A counter-data image that CUPTI cannot read safely (not an image, truncated, corrupted, of the other kind),
+    or a sample/range index it does not hold. Checked before CUPTI is called: CUPTI itself would crash."""
