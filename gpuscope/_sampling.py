@@ -587,21 +587,28 @@ def run_shielded(fn, *args):
     made this way cannot be cut short: the sampler is always unregistered and PM sampling always disabled.
     """
     outcome: list = [None, None]
+    finished = threading.Event()
 
     def body():
         try:
             outcome[0] = fn(*args)
         except BaseException as exc:  # handed to the caller
             outcome[1] = exc
+        finally:
+            finished.set()
 
     helper = threading.Thread(target=body, name="gpuscope-teardown")
-    helper.start()
     interrupted = None
-    while helper.is_alive():
-        try:
-            helper.join()
+    try:
+        helper.start()  # a signal may arrive while start() waits for the thread to run
+    except BaseException as exc:
+        interrupted = exc
+    while not finished.is_set():
+        try:  # not Thread.join: on Python 3.11 an interrupted join marks a running thread as stopped
+            finished.wait()
         except BaseException as exc:  # KeyboardInterrupt, or an exception from a signal handler
             interrupted = interrupted or exc
+    helper.join()
     if outcome[1] is not None:
         raise outcome[1]
     if interrupted is not None:
