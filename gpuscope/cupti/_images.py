@@ -9,7 +9,7 @@ documented, so it cannot be validated field by field. Instead:
 * images that CUPTI itself sized and initialised in this process (gpuscope's own) are **trusted**
   (:func:`trust`), and cost nothing more than an index check;
 * any other image (loaded from a file, built by hand) is first read by CUPTI in a **child process**, with the image
-  placed against an unreadable guard page so that any read past its end faults there, not here: its counts, every
+  placed before 1 GiB (at least four times its size) of unreadable address space so that any read past its end faults there, not here: its counts, every
   range name (range profiler) and, when the metrics are known, every sample or range evaluated. If the child
   crashes, hangs or CUPTI refuses the image, :class:`~gpuscope.errors.CounterDataImageError` is raised; otherwise
   the image's counts are cached (by content) and the image is trusted from then on. That costs one child process
@@ -169,14 +169,15 @@ from gpuscope.cupti._types import ProfilerType
 kind, chip, metrics = sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
 data = sys.stdin.buffer.read()
 page = mmap.PAGESIZE
-total = (len(data) + page - 1) // page * page + page
+guard = max(1 << 30, 4 * len(data))  # unreadable address space after the image (costs no memory)
+total = (len(data) + page - 1) // page * page + guard
 m = mmap.mmap(-1, total)
-start = total - page - len(data)
+start = total - guard - len(data)
 m[start : start + len(data)] = data
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-assert libc.mprotect(base + total - page, page, 0) == 0  # PROT_NONE: a read past the image faults
+assert libc.mprotect(base + total - guard, guard, 0) == 0  # PROT_NONE: a read past the image faults
 image = np.frombuffer(m, dtype=np.uint8, count=len(data), offset=start)
 try:
     ptype = ProfilerType.PM_SAMPLING if kind == "pm_sampling" else ProfilerType.RANGE_PROFILER
