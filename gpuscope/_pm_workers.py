@@ -4,9 +4,16 @@ Evaluating a sample is one call of ``cuptiProfilerHostEvaluateToGpuValues``. Mad
 process, each call gives the GIL up and takes it back; next to a Python loop that launches kernels, that made
 evaluation three times slower on the H100 (27-32 µs a pm-default sample instead of 10.7) and it fell behind at
 20 µs intervals. The host API needs no GPU, so :class:`ProcessEvaluation` runs it in spawned worker processes, each
-with its own host object. Counter-data images live in files in ``/dev/shm`` mapped by both sides (unlinked once
-every worker has mapped them); the decode thread writes them, a worker evaluates them, the parent re-initialises
-them and puts them back in the pool.
+with its own host object. Counter-data images live in shared memory mapped by both sides (:mod:`gpuscope._shm`:
+anonymous ``memfd`` files whose descriptors are passed to the workers over the socket, so no file outlives the
+process, whatever kills it); the decode thread writes them, a worker evaluates them, the parent re-initialises them
+and puts them back in the pool.
+
+Faults (docs/reliability.md): workers ignore SIGINT and run in their own session, so Ctrl-C reaches only the user's
+process. A worker that dies or stops answering is noticed (end of file on its connection, or a task older than
+:attr:`ProcessEvaluation.TASK_TIMEOUT_S`, after which it is killed); the images it held are evaluated in this
+process instead and counted (``workers_lost``, ``images_recovered``). Every wait has a deadline; an image that still
+could not be evaluated is counted in ``images_lost`` (its samples show as lost samples).
 
 Timestamps: ``cuptiPmSamplingCounterDataGetSampleInfo`` needs the sampling object, which only the parent has. The
 worker evaluates ``gpu__time_duration.sum`` with the metrics instead (each sample's end minus start, 1-2 ns
@@ -20,11 +27,13 @@ beyond a few ns per sample) is marked, and the parent reads its timestamps with 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
-import shutil
-import tempfile
+import signal
+import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,20 +82,36 @@ def stamps_from_durations(durations: np.ndarray, batches: Sequence[Batch], n: in
     return stamps, inexact
 
 
+
 def _worker_main(conn) -> None:
-    """A worker process: receive the set-up, map the images, then evaluate tasks ``(seq, index, n, batches)``
-    until ``None``."""
+    """A worker process: receive the set-up and the images' descriptors, map them, then evaluate tasks
+    ``(seq, index, n, batches)`` until ``None``."""
     try:
+        import mmap
+        from multiprocessing.reduction import recvfds
+        import socket
+
         from .cupti import host
         from .cupti._types import ProfilerType
 
-        chip, metrics, availability, images = conn.recv()
-        mapped = {i: np.memmap(path, dtype=np.uint8, mode="r", shape=(size,)) for i, path, size in images}
+        chip, metrics, availability, sizes = conn.recv()
+        fds = []
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            while len(fds) < len(sizes):
+                fds.extend(recvfds(sock, min(FDS_PER_MESSAGE, len(sizes) - len(fds))))
+        mapped = [np.frombuffer(mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ), dtype=np.uint8)
+                  for fd, size in zip(fds, sizes)]
+        for fd in fds:
+            os.close(fd)
         avail = None if availability is None else np.frombuffer(availability, dtype=np.uint8).copy()
         h = host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, avail)
         names = list(metrics) if DURATION in metrics else [*metrics, DURATION]
         column = names.index(DURATION)
         evaluator = h.evaluator(names)
+        from .cupti import _images
+
+        for image in mapped:  # made by the parent through CUPTI: their size is CUPTI's own
+            _images.trust(image, _images.Kind.PM_SAMPLING)
     except BaseException as exc:  # reported to the parent, which evaluates in-process instead
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -106,72 +131,111 @@ def _worker_main(conn) -> None:
 
 def _child() -> None:
     """Entry point of a worker process started by :class:`ProcessEvaluation`: argv holds the parent's address,
-    the environment its authentication key."""
-    import sys
+    the environment its authentication key (argv[1] is the abstract socket's name without its leading NUL). Ctrl-C is the parent's business: the worker ignores SIGINT (it runs in
+    its own session as well, so a terminal's Ctrl-C does not reach it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing.connection import Client
 
-    conn = Client(sys.argv[1], family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop("GPUSCOPE_PM_WORKER_KEY")))
+    conn = Client("\0" + sys.argv[1], family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop("GPUSCOPE_PM_WORKER_KEY")))
     try:
         _worker_main(conn)
     finally:
         conn.close()
 
 
+#: What a worker runs (``python -I -c``): the parent's ``sys.path`` without the current folder, passed as JSON, so
+#: the worker imports the parent's gpuscope and never a ``gpuscope`` folder that happens to be in the cwd.
+BOOT = "import sys, json; sys.path[:] = json.loads(sys.argv[2]); from gpuscope._pm_workers import _child; _child()"
+
+#: Descriptors sent per SCM_RIGHTS message (Linux allows 253).
+FDS_PER_MESSAGE = 200
+
+
+def child_sys_path() -> list[str]:
+    """The parent's ``sys.path`` for a child: the folder that holds this gpuscope first, then the rest without
+    ``''`` and the current folder (``python -c`` and ``-m`` put those first; a child must not import from there)."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cwd = os.getcwd()
+    rest = [p for p in sys.path if p and os.path.abspath(p) != cwd and os.path.abspath(p) != package_parent]
+    return [package_parent, *rest]
+
+
+class _Worker:
+    """The parent's view of one worker: its process, connection (once connected) and the tasks it holds."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.conn = None
+        self.alive = False  # connected and not lost: tasks may be sent
+        self.pending: dict[int, tuple[tuple, float]] = {}  # seq -> (task, monotonic time sent)
+        self.lock = threading.Lock()  # guards alive and pending against the reader's end-of-file handling
+        self.reader: threading.Thread | None = None
+        self.clean_exit = False
+
+
 class ProcessEvaluation:
     """Worker processes that evaluate the pipeline's images; the parent side.
 
-    Workers are plain ``python -c`` processes (not ``multiprocessing`` children, which would import the user's
-    main script again) that connect back over a Unix socket (:mod:`multiprocessing.connection`, with a random
-    key). Starting them does not block: images are queued until a worker is connected, and if none starts (or all
-    die) the images are evaluated in this process instead, with ``GetSampleInfo`` timestamps.
+    Workers are plain ``python -I -c`` processes (not ``multiprocessing`` children, which would import the user's
+    main script again), each in its own session, that connect back over an abstract Unix socket
+    (:mod:`multiprocessing.connection`, with a random key). Starting them does not block: images are queued until a
+    worker is connected, and if none starts (or all die) the images are evaluated in this process instead, with
+    ``GetSampleInfo`` timestamps.
 
     Parameters
     ----------
     pipeline
         The ``_Pipeline``: its ``read_timestamps`` and ``recycle``, results and errors are used.
     image_bytes, pool_size
-        The pool: *pool_size* images of *image_bytes*, made here as shared files (``self.images``).
+        The pool: up to *pool_size* images of *image_bytes* in reserved shared memory (``self.images``; fewer if
+        the memory is not there, see :attr:`pool_note`).
     workers
         Worker processes (each loads CUPTI's host API).
     """
 
-    #: Seconds to wait for a worker to connect, and for the last images at the end.
+    #: Seconds to wait for the workers to connect.
     CONNECT_TIMEOUT_S = 60.0
+    #: Seconds a worker may take for one image before it is taken for hung and killed (an image of 8,192 samples
+    #: takes well under a second).
+    TASK_TIMEOUT_S = 30.0
+    #: Seconds :meth:`close` waits for the last images in all.
     CLOSE_TIMEOUT_S = 120.0
+    #: Seconds a worker may take to exit once told to.
+    EXIT_TIMEOUT_S = 5.0
 
     def __init__(self, pipeline, chip: str, metrics: Sequence[str], availability, *, image_bytes: int,
                  pool_size: int, workers: int):
         from multiprocessing.connection import Listener
 
+        from . import _shm
+
         self._pipe = pipeline
         self._chip, self._metrics, self._availability = chip, list(metrics), availability
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self._dir = tempfile.mkdtemp(prefix="gpuscope-pm-", dir=shm)
-        self.images: list[np.ndarray] = []
-        self._specs = []
+        self._shared, self.pool_note = _shm.reserve_images(pool_size, image_bytes)
         try:
-            for i in range(pool_size):
-                path = os.path.join(self._dir, f"image{i}")
-                with open(path, "wb") as f:
-                    f.truncate(image_bytes)
-                self.images.append(np.memmap(path, dtype=np.uint8, mode="r+", shape=(image_bytes,)))
-                self._specs.append((i, path, image_bytes))
+            self.images: list[np.ndarray] = [s.array for s in self._shared]
             self._key = os.urandom(16)
-            self._listener = Listener(os.path.join(self._dir, "socket"), family="AF_UNIX", authkey=self._key)
+            address = "\0gpuscope-pm-" + os.urandom(8).hex()  # abstract: no file to leave behind
+            self._listener = Listener(address, family="AF_UNIX", authkey=self._key)
         except BaseException:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            _shm.close_images(self._shared)
             raise
         self._index = {id(image): i for i, image in enumerate(self.images)}
-        self._workers = workers
-        self._procs: list = []
-        self._conns: list = []  # connected workers: [connection (None once lost), pending count, lock]
+        self._workers_wanted = workers
+        self._workers: list[_Worker] = []
         self._tasks: queue.Queue = queue.Queue()  # from the decode thread; None ends the dispatcher
         self._pending = 0  # tasks submitted and not yet returned
         self._done = threading.Condition()
         self._local = None  # an in-process evaluator, made if no worker is available
+        self._local_lock = threading.Lock()
         self._dispatcher = threading.Thread(target=self._dispatch, name="gpuscope-pm-dispatch", daemon=True)
-        self.ready_workers = 0
+        self._closing = threading.Event()
         self._connected = threading.Event()
+        self._closed = False
+        self.ready_workers = 0
+        self.workers_lost = 0  # workers that died or hung after connecting
+        self.images_recovered = 0  # images a lost worker held, evaluated in this process instead
+        self.images_lost = 0  # images never evaluated (their samples count as lost)
 
     def wait_ready(self, timeout: float | None = None) -> int:
         """Wait until every worker has connected (or failed to); returns how many are ready."""
@@ -179,21 +243,20 @@ class ProcessEvaluation:
         return self.ready_workers
 
     def start(self) -> None:
+        """Spawn the workers and the dispatcher. A worker that cannot be spawned is reported in the pipeline's
+        errors; with none, images are evaluated in this process."""
         import subprocess
-        import sys
 
-        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, GPUSCOPE_PM_WORKER_KEY=self._key.hex())
-        if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
-            # gpuscope run from a source tree: let the worker import the same copy (an installed one is found
-            # anyway, and putting site-packages on PYTHONPATH would put it ahead of the standard library)
-            env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [env.get("PYTHONPATH")])])
-        address = self._listener.address
-        for _ in range(self._workers):
-            self._procs.append(subprocess.Popen(
-                [sys.executable, "-c", "from gpuscope._pm_workers import _child; _child()", address],
-                env=env, stdin=subprocess.DEVNULL,
-            ))
+        path = json.dumps(child_sys_path())
+        for _ in range(self._workers_wanted):
+            try:
+                proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, self._listener.address[1:], path], env=env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                self._pipe.errors.append(f"an evaluation worker could not be spawned ({exc}); evaluating in-process")
+                continue
+            self._workers.append(_Worker(proc))
         self._dispatcher.start()
 
     def submit(self, seq: int, image: np.ndarray, n: int, batches: list) -> None:
@@ -205,76 +268,109 @@ class ProcessEvaluation:
     def _connect(self) -> None:
         """Accept the workers (in this thread), hand them the set-up and start a reader per worker."""
         import socket
-        import time
 
         self._listener._listener._socket.settimeout(0.5)
         deadline = time.monotonic() + self.CONNECT_TIMEOUT_S
-        tried = 0
-        while tried < len(self._procs):
+        waiting = {w.proc.pid: w for w in self._workers}
+        while waiting and not self._closing.is_set():
             try:
                 conn = self._listener.accept()
             except (socket.timeout, TimeoutError):
-                dead = sum(proc.poll() is not None for proc in self._procs)
-                if tried + dead >= len(self._procs) or time.monotonic() > deadline:
-                    self._pipe.errors.append(
-                        f"{len(self._procs) - tried} evaluation worker(s) did not start; evaluating in-process"
-                    )
+                for pid in [pid for pid, w in waiting.items() if w.proc.poll() is not None]:
+                    self._pipe.errors.append(f"evaluation worker {pid} did not start: it exited (status {waiting[pid].proc.returncode}) before it connected")
+                    del waiting[pid]
+                if time.monotonic() > deadline:
                     break
                 continue
             except Exception as exc:  # OSError, EOFError, AuthenticationError: that worker is not used
                 self._pipe.errors.append(f"an evaluation worker did not connect: {type(exc).__name__}: {exc}")
-                tried += 1
                 continue
-            tried += 1
-            try:
-                conn.send((self._chip, self._metrics,
-                           None if self._availability is None else bytes(np.asarray(self._availability, np.uint8)),
-                           self._specs))
-                reply = conn.recv()
-            except (OSError, EOFError) as exc:
-                self._pipe.errors.append(f"an evaluation worker failed to start: {exc}")
-                continue
-            if reply[0] != "ready":
-                self._pipe.errors.append(f"an evaluation worker failed to start: {reply[1]}")
-                continue
-            slot = [conn, 0, threading.Lock()]
-            self._conns.append(slot)
-            threading.Thread(target=self._read, args=(slot,), name="gpuscope-pm-results", daemon=True).start()
-        self.ready_workers = len(self._conns)
+            worker = self._hand_over(conn, deadline)
+            if worker is not None:
+                waiting.pop(worker.proc.pid, None)
+        if waiting:
+            self._pipe.errors.append(f"{len(waiting)} evaluation worker(s) did not start in time; evaluating "
+                                     "in-process")
+            for worker in waiting.values():
+                worker.proc.kill()
+        self.ready_workers = sum(w.alive for w in self._workers)
         self._connected.set()
         self._listener.close()
-        shutil.rmtree(self._dir, ignore_errors=True)  # mapped everywhere: no file outlives the run
+        from . import _shm
+
+        _shm.close_images(self._shared)  # mapped by every worker that will ever map them
+
+    def _hand_over(self, conn, deadline: float):
+        """Send a connected worker its set-up and images; start its reader. Returns the worker, or None."""
+        from multiprocessing.reduction import sendfds
+        import socket
+
+        try:
+            conn.send((self._chip, self._metrics,
+                       None if self._availability is None else bytes(np.asarray(self._availability, np.uint8)),
+                       [s.size for s in self._shared]))
+            fds = [s.fd for s in self._shared]
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                for k in range(0, len(fds), FDS_PER_MESSAGE):
+                    sendfds(sock, fds[k : k + FDS_PER_MESSAGE])
+            reply = conn.recv() if conn.poll(max(0.0, deadline - time.monotonic())) else ("failed", "no answer")
+        except (OSError, EOFError, ValueError) as exc:
+            reply = ("failed", f"{type(exc).__name__}: {exc}")
+        worker = next((w for w in self._workers if reply[0] == "ready" and w.proc.pid == reply[1]), None)
+        if worker is None:
+            self._pipe.errors.append(f"an evaluation worker failed to start: {reply[1]}")
+            conn.close()
+            return None
+        worker.conn, worker.alive = conn, True
+        worker.reader = threading.Thread(target=self._read, args=(worker,), name="gpuscope-pm-results", daemon=True)
+        worker.reader.start()
+        return worker
 
     def _dispatch(self) -> None:
         self._connect()
         while (task := self._tasks.get()) is not None:
-            live = [slot for slot in self._conns if slot[0] is not None]
-            if not live:
-                self._evaluate_here(task)
-                continue
-            slot = min(live, key=lambda s: s[1])
-            with slot[2]:
-                slot[1] += 1
-            try:
-                slot[0].send(task)
-            except (OSError, ValueError) as exc:
-                self._pipe.errors.append(f"evaluation worker lost: {exc}")
-                slot[0] = None
+            if not self._send(task):
                 self._evaluate_here(task)
 
-    def _read(self, slot) -> None:
-        conn = slot[0]
+    def _send(self, task) -> bool:
+        """Send *task* to the live worker with the fewest tasks; False if no worker took it."""
+        for worker in sorted(self._workers, key=lambda w: len(w.pending)):
+            with worker.lock:  # the reader marks a worker lost under this lock: no task is left behind
+                if not worker.alive:
+                    continue
+                worker.pending[task[0]] = (task, time.monotonic())
+                try:
+                    worker.conn.send(task)
+                    return True
+                except (OSError, ValueError):
+                    del worker.pending[task[0]]
+        return False
+
+    def _read(self, worker: _Worker) -> None:
         while True:
             try:
-                message = conn.recv()
+                message = worker.conn.recv()
             except (EOFError, OSError):
                 break
             if message[0] == "exit":
+                worker.clean_exit = True
                 break
-            with slot[2]:
-                slot[1] -= 1
+            with worker.lock:
+                worker.pending.pop(message[1], None)
             self._finish_task(message)
-        slot[0] = None
+        with worker.lock:
+            worker.alive = False
+            orphans = [task for task, _ in worker.pending.values()]
+            worker.pending.clear()
+        if orphans or not worker.clean_exit:
+            self.workers_lost += 1
+            self._pipe.errors.append(
+                f"evaluation worker {worker.proc.pid} was lost (exit status {worker.proc.poll()}); "
+                f"{len(orphans)} image(s) it held were evaluated in this process"
+            )
+        for task in orphans:
+            self.images_recovered += 1
+            self._evaluate_here(task)
 
     def _finish_task(self, message) -> None:
         pipe = self._pipe
@@ -296,42 +392,79 @@ class ProcessEvaluation:
         """Evaluate a task in this process (no worker): timestamps with ``GetSampleInfo``."""
         seq, index, n, _ = task
         try:
-            if self._local is None:
-                from .cupti import host
-                from .cupti._types import ProfilerType
+            with self._local_lock:
+                if self._local is None:
+                    from .cupti import _images, host
+                    from .cupti._types import ProfilerType
 
-                h = host.ProfilerHost(self._chip, ProfilerType.PM_SAMPLING, self._availability)
-                self._local = (h, h.evaluator(self._metrics))
-            values = np.empty((n, len(self._metrics)), dtype=np.float64)
-            stamps = np.empty((n, 2), dtype=np.int64)
-            self._local[1].evaluate_into(self.images[index], 0, n, values)
+                    for image in self.images:
+                        _images.trust(image, _images.Kind.PM_SAMPLING)
+                    h = host.ProfilerHost(self._chip, ProfilerType.PM_SAMPLING, self._availability)
+                    self._local = (h, h.evaluator(self._metrics))
+                values = np.empty((n, len(self._metrics)), dtype=np.float64)
+                stamps = np.empty((n, 2), dtype=np.int64)
+                self._local[1].evaluate_into(self.images[index], 0, n, values)
             self._finish_task(("done", seq, index, values, stamps, [(0, n - 1)] if n else []))
         except Exception as exc:
             self._finish_task(("error", seq, index, f"{type(exc).__name__}: {exc}"))
 
+    def _kill_hung(self) -> None:
+        """Kill workers holding a task older than :attr:`TASK_TIMEOUT_S`; their readers recover the images."""
+        now = time.monotonic()
+        for worker in self._workers:
+            with worker.lock:
+                hung = worker.alive and any(now - sent > self.TASK_TIMEOUT_S for _, sent in worker.pending.values())
+            if hung:
+                self._pipe.errors.append(f"evaluation worker {worker.proc.pid} did not answer for "
+                                         f"{self.TASK_TIMEOUT_S:g} s: killed")
+                worker.proc.kill()
+
     def close(self) -> None:
-        """Wait for every submitted image to come back, then stop the workers (safe to call twice)."""
-        if self._tasks is None:
+        """Wait for every submitted image to come back (within :attr:`CLOSE_TIMEOUT_S`; images of hung workers are
+        evaluated here), then stop the workers (safe to call twice)."""
+        if self._closed:
             return
+        self._closed = True
+        self._closing.set()
         self._tasks.put(None)
         if self._dispatcher.is_alive():
-            self._dispatcher.join()
+            self._dispatcher.join(self.CONNECT_TIMEOUT_S + self.CLOSE_TIMEOUT_S)
+        deadline = time.monotonic() + self.CLOSE_TIMEOUT_S
         with self._done:
-            self._done.wait_for(lambda: self._pending == 0, self.CLOSE_TIMEOUT_S)
-        for slot in self._conns:
-            conn = slot[0]
-            if conn is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    conn.send(None)
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=10.0)
-            except Exception:
-                proc.kill()
+            while self._pending and time.monotonic() < deadline:
+                self._done.wait(0.25)
+                self._kill_hung()
+            if self._pending:
+                self.images_lost += self._pending
+                self._pipe.errors.append(f"{self._pending} image(s) were not evaluated within "
+                                         f"{self.CLOSE_TIMEOUT_S:g} s: their samples are lost")
+        self._stop_workers()
         if self._local is not None:
             self._local[0].close()
             self._local = None
         with contextlib.suppress(Exception):
             self._listener.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
-        self._tasks = None
+        from . import _shm
+
+        _shm.close_images(self._shared)
+
+    def _stop_workers(self) -> None:
+        """Tell every worker to exit; kill those that do not within :attr:`EXIT_TIMEOUT_S`; reap them all."""
+        for worker in self._workers:
+            with worker.lock:
+                conn = worker.conn if worker.alive else None
+            if conn is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    conn.send(None)
+        for worker in self._workers:
+            try:
+                worker.proc.wait(timeout=self.EXIT_TIMEOUT_S)
+            except Exception:
+                worker.proc.kill()
+                with contextlib.suppress(Exception):
+                    worker.proc.wait(timeout=self.EXIT_TIMEOUT_S)
+            if worker.reader is not None:
+                worker.reader.join(self.EXIT_TIMEOUT_S)
+            if worker.conn is not None:
+                with contextlib.suppress(OSError):
+                    worker.conn.close()

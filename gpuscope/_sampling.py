@@ -270,6 +270,10 @@ class _Pipeline:
 
     #: Margin on the estimated backlog before a decode (samples), on top of 25%.
     BACKLOG_MARGIN = 32
+    #: Fewest shared images worth worker processes; with fewer, images are evaluated in threads of this process.
+    MIN_SHARED_POOL = 2
+    #: Seconds to wait for a free image after Stop (images come back as the evaluators finish them).
+    FREE_WAIT_S = 30.0
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
                  pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
@@ -312,25 +316,39 @@ class _Pipeline:
         self.inexact_batches = 0  # batches whose timestamps workers could not rebuild (read with GetSampleInfo)
         self.evaluate_in = evaluate_in
         self._hosts, evaluator_objects, self._backend = [], [], None
-        if evaluate_in == "process":
-            from ._pm_workers import ProcessEvaluation
+        self.pool_note = ""  # why the pool is smaller than asked, or why evaluation moved into this process
+        try:
+            if evaluate_in == "process":
+                from ._pm_workers import ProcessEvaluation
 
-            image_bytes = pm.counter_data_size(handle, self.metrics, samples_per_image)
-            self._backend = ProcessEvaluation(self, chip, self.metrics, availability, image_bytes=image_bytes,
-                                              pool_size=pool_size, workers=evaluators)
-            for image in self._backend.images:
-                pm.initialize_counter_data(handle, image)
-                self._free.put(image)
-            # workers take ~1 s to start (Python, NumPy, CUPTI): before sampling, so that no sample waits for them
-            self._backend.start()
-            self._backend.wait_ready()
-        elif evaluate_in == "thread":
-            self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
-            evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
-            for _ in range(pool_size):
-                self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
-        else:
-            raise ValueError(f"evaluate_in is 'process' or 'thread'; got {evaluate_in!r}.")
+                image_bytes = pm.counter_data_size(handle, self.metrics, samples_per_image)
+                backend = ProcessEvaluation(self, chip, self.metrics, availability, image_bytes=image_bytes,
+                                            pool_size=pool_size, workers=evaluators)
+                self._backend, self.pool_note = backend, backend.pool_note
+                if len(backend.images) < self.MIN_SHARED_POOL:
+                    backend.close()
+                    self._backend, self.evaluate_in = None, "thread"
+                    self.pool_note += ("; " if self.pool_note else "") + "evaluating in threads of this process instead"
+                else:
+                    self.pool_size = len(backend.images)
+                    for image in backend.images:
+                        pm.initialize_counter_data(handle, image)
+                        self._free.put(image)
+                    # workers take ~1 s to start (Python, NumPy, CUPTI): before sampling, so that no sample waits
+                    backend.start()
+                    backend.wait_ready()
+            elif evaluate_in != "thread":
+                raise ValueError(f"evaluate_in is 'process' or 'thread'; got {evaluate_in!r}.")
+            if self.evaluate_in == "thread":
+                self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
+                evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
+                for _ in range(pool_size):
+                    self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+        except BaseException:
+            self.close_workers()
+            for h in self._hosts:
+                h.close()
+            raise
         self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self._stop = threading.Event()
@@ -372,7 +390,7 @@ class _Pipeline:
     def _take_free(self, wait: bool = False):
         """A free image, or the discard image if none is free (*wait*: wait for one, after Stop only)."""
         try:
-            return self._free.get(timeout=30.0) if wait else self._free.get_nowait()
+            return self._free.get(timeout=self.FREE_WAIT_S) if wait else self._free.get_nowait()
         except queue.Empty:
             return self._discard
 
@@ -418,29 +436,22 @@ class _Pipeline:
         while not (self._stopping.is_set() and not wait):
             if self._current is self._discard and not self._free.empty():
                 self._hand_off(wait)
+            hand_over_first = False
             try:
                 with self._lock:
                     # the backlog is estimated here, under the lock, just before the decode: an evaluator holding
                     # the lock would otherwise let the backlog outgrow the estimate
                     before = pm.counter_data_info(self._current).populated
                     backlog = self.expected_backlog()
-                    if before and self._current is not self._discard:
-                        if self.samples_per_image - before < backlog:
+                    if before and self._current is not self._discard and self.samples_per_image - before < backlog:
+                        if wait:  # after Stop: wait for a free image outside the lock, which evaluators need
+                            hand_over_first = True
+                        else:
                             self._queue(self._current)
-                            self._current = self._take_free(wait)
+                            self._current = self._take_free()
                             before = pm.counter_data_info(self._current).populated
-                    t0 = time.perf_counter()
-                    result = pm.decode(self.handle, self._current)
-                    self.decode_seconds += time.perf_counter() - t0
-                    after = pm.counter_data_info(self._current).populated
-                    if after > before:
-                        self.decoded_samples += after - before
-                        self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
-                        if self._backend is not None:  # anchors for rebuilding the timestamps
-                            first = pm.sample_info(self.handle, self._current, before)
-                            self._batches.setdefault(id(self._current), []).append(
-                                (before, after - 1, first[0], first[1], self._last_end_ns, bool(result.overflow))
-                            )
+                    if not hand_over_first:
+                        result = self._decode(before)
             except CuptiMemoryError as exc:
                 # CUPTI says OUT_OF_MEMORY both for a full counter-data image and for a hardware buffer that
                 # filled: retry once on another image; failing again, it was the hardware buffer.
@@ -454,12 +465,33 @@ class _Pipeline:
             except Exception as exc:  # keep the thread alive; reported in the result
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 return
+            if hand_over_first:
+                self._queue(self._current)
+                self._current = self._take_free(wait=True)
+                continue
             self.decodes += 1
             self.overflows += result.overflow
             if result.stop_reason != pm.PmDecodeStopReason.COUNTER_DATA_FULL:
                 break
             self.full_stops += 1
             self._hand_off(wait)
+
+    def _decode(self, before: int):
+        """One ``DecodeData`` into the current image (hold the lock), recording its cost and its batch."""
+        pm = self._pm
+        t0 = time.perf_counter()
+        result = pm.decode(self.handle, self._current)
+        self.decode_seconds += time.perf_counter() - t0
+        after = pm.counter_data_info(self._current).populated
+        if after > before:
+            self.decoded_samples += after - before
+            self._last_end_ns = pm.sample_info(self.handle, self._current, after - 1)[1]
+            if self._backend is not None:  # anchors for rebuilding the timestamps
+                first = pm.sample_info(self.handle, self._current, before)
+                self._batches.setdefault(id(self._current), []).append(
+                    (before, after - 1, first[0], first[1], self._last_end_ns, bool(result.overflow))
+                )
+        return result
 
     #: Samples whose timestamps an evaluator reads per hold of the object lock (keeps the decode thread's waits
     #: short: reading a timestamp took 2-9 µs on the H100's host).
@@ -524,9 +556,12 @@ class _Pipeline:
             h.close()
 
     def close_workers(self) -> None:
-        """Stop the evaluation workers, if any (safe to call twice; :meth:`finish` does it too)."""
+        """Stop the evaluation workers, if any, and release the evaluator threads' host objects (safe to call twice;
+        :meth:`finish` does it too)."""
         if self._backend is not None:
             self._backend.close()
+        for h in self._hosts:
+            h.close()
 
     def series(self) -> tuple[np.ndarray, np.ndarray]:
         """``(values, stamps)``: (n, metrics) float64 and (n, 2) int64, in sample order."""
@@ -542,6 +577,43 @@ class _Pipeline:
 
 _active: dict[int, "Sampler"] = {}
 _active_lock = threading.Lock()
+
+
+def run_shielded(fn, *args):
+    """Run *fn* to its end even if Ctrl-C (or another signal handler's exception) arrives meanwhile.
+
+    *fn* runs in a helper thread, which Python never interrupts with signals; this thread waits for it, catching
+    ``KeyboardInterrupt``, and re-raises the first one once *fn* is done (an exception from *fn* wins). Teardown
+    made this way cannot be cut short: the sampler is always unregistered and PM sampling always disabled.
+    """
+    outcome: list = [None, None]
+    finished = threading.Event()
+
+    def body():
+        try:
+            outcome[0] = fn(*args)
+        except BaseException as exc:  # handed to the caller
+            outcome[1] = exc
+        finally:
+            finished.set()
+
+    helper = threading.Thread(target=body, name="gpuscope-teardown")
+    interrupted = None
+    try:
+        helper.start()  # a signal may arrive while start() waits for the thread to run
+    except BaseException as exc:
+        interrupted = exc
+    while not finished.is_set():
+        try:  # not Thread.join: on Python 3.11 an interrupted join marks a running thread as stopped
+            finished.wait()
+        except BaseException as exc:  # KeyboardInterrupt, or an exception from a signal handler
+            interrupted = interrupted or exc
+    helper.join()
+    if outcome[1] is not None:
+        raise outcome[1]
+    if interrupted is not None:
+        raise interrupted
+    return outcome[0]
 
 
 class _RangeRecorder:
@@ -682,10 +754,12 @@ class Sampler:
         try:
             self._setup()
         except BaseException:
-            self._teardown()
-            with _active_lock:
-                _active.pop(self.device, None)
-            self._state = "failed"
+            try:
+                run_shielded(self._teardown)
+            finally:
+                with _active_lock:
+                    _active.pop(self.device, None)
+                self._state = "failed"
             raise
         self._state = "running"
         return self
@@ -733,6 +807,9 @@ class Sampler:
             period_s=self.decode_period,
             interval_ns=self.interval_ns,
         )
+        self.evaluate_in, self.image_pool = self._decoder.evaluate_in, self._decoder.pool_size
+        if self._decoder.pool_note:
+            warnings.warn(f"gpuscope PM sampling: {self._decoder.pool_note}.", GpuscopeWarning, stacklevel=4)
         self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
         _ranges.add_listener(self._recorder)
@@ -778,6 +855,13 @@ class Sampler:
         """
         if self._state != "running":
             return
+        self._state = "stopping"
+        run_shielded(self._stop)
+        message = self._loss_message()
+        if message:
+            warnings.warn(message, GpuscopeWarning, stacklevel=2)
+
+    def _stop(self) -> None:
         from .cupti import activity
         from .cupti import pm_sampling as pm
 
@@ -792,15 +876,16 @@ class Sampler:
             self._started = False
             self._decoder.finish()
         finally:
-            self._teardown()
-            with _active_lock:
-                _active.pop(self.device, None)
-            self._state = "stopped"
-            self._values, self._stamps = self._decoder.series()
-            self.lost_samples = self._count_lost()
-        message = self._loss_message()
-        if message:
-            warnings.warn(message, GpuscopeWarning, stacklevel=2)
+            try:
+                self._teardown()
+            finally:
+                with _active_lock:
+                    _active.pop(self.device, None)
+                self._state = "stopped"
+                if not hasattr(self, "stop_ns"):
+                    self.stop_ns = activity.timestamp()
+                self._values, self._stamps = self._decoder.series()
+                self.lost_samples = self._count_lost()
 
     def _count_lost(self) -> int:
         starts, ends = self._stamps[:, 0], self._stamps[:, 1]
@@ -819,6 +904,7 @@ class Sampler:
         d = self._decoder
         if not (self.lost_samples or d.overflows or d.errors or d.discarded):
             return ""
+        backend = d._backend
         kept = len(self._stamps)
         lines = [
             f"PM sampling on device {self.device} lost {self.lost_samples} of {kept + self.lost_samples} samples "
@@ -843,8 +929,14 @@ class Sampler:
                 f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
                 "free: use a longer interval, or more image_pool or evaluators."
             )
+        if backend is not None and (backend.workers_lost or backend.images_lost):
+            lines.append(
+                f"{backend.workers_lost} evaluation worker(s) were lost; {backend.images_recovered} image(s) they held "
+                f"were evaluated in this process and {backend.images_lost} could not be (attrs "
+                "'evaluation_workers_lost', 'images_recovered', 'images_lost')."
+            )
         if d.errors:
-            lines.append(f"Decode errors: {'; '.join(d.errors[:3])}.")
+            lines.append(f"Errors: {'; '.join(d.errors[:3])}.")
         return " ".join(lines)
 
     def _teardown(self) -> None:
@@ -916,6 +1008,7 @@ class Sampler:
         from . import _results
 
         values, stamps = self._values, self._stamps
+        backend = self._decoder._backend
         series = Series(
             values=values.T,
             start_ns=stamps[:, 0].copy(),
@@ -951,7 +1044,11 @@ class Sampler:
                 "full_decodes": int(self._decoder.full_stops),
                 "evaluate_in": self.evaluate_in,
                 "evaluators": int(self.evaluators),
-                "evaluation_workers_ready": int(self._decoder._backend.ready_workers) if self._decoder._backend else 0,
+                "evaluation_workers_ready": int(backend.ready_workers) if backend else 0,
+                "evaluation_workers_lost": int(backend.workers_lost) if backend else 0,
+                "images_recovered": int(backend.images_recovered) if backend else 0,
+                "images_lost": int(backend.images_lost) if backend else 0,
+                "pool_note": self._decoder.pool_note,
                 "inexact_batches": int(self._decoder.inexact_batches),
                 "decode_us_per_sample": float(round(self.decode_us_per_sample, 3)),
                 "decode_seconds": float(round(self._decoder.decode_seconds, 6)),

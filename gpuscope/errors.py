@@ -32,6 +32,7 @@ __all__ = [
     "NotSinglePassError",
     "SamplerBusyError",
     "NotGpuscopeDataError",
+    "CounterDataImageError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -214,3 +215,8 @@ class SamplerBusyError(GpuscopeError, RuntimeError):
 
 class NotGpuscopeDataError(GpuscopeError, ValueError):
     """A file or Dataset that gpuscope did not write (no ``kind`` attribute, none of its dims)."""
+
+
+class CounterDataImageError(GpuscopeError, ValueError):
+    """A counter-data image that CUPTI cannot read safely (not an image, truncated, corrupted, of the other kind),
+    or a sample/range index it does not hold. Checked before CUPTI is called: CUPTI itself would crash."""

@@ -138,9 +138,11 @@ print(rc, v.value)
 
 
 def _probe_version_in_child(path: str) -> int:
-    """cuptiGetVersion in a child process: CUPTI 13.2+ without a driver crashes or fails at its first call."""
+    """cuptiGetVersion in a child process: CUPTI 13.2+ without a driver crashes or fails at its first call.
+
+    The child runs isolated (``python -I``): nothing in the current folder or ``PYTHON*`` variables is imported."""
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, "-I", "-c", _PROBE, path], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CuptiNotFoundError(f"Could not probe CUPTI at {path}: {exc}") from None
     fields = out.stdout.split()

@@ -278,24 +278,16 @@ class ProfilerHost:
         """Metric values (float64) of one range (range profiler) or sample (PM sampling) of a counter-data image.
 
         The metrics are added to this object's configuration first if they are not there yet.
+
+        Raises
+        ------
+        CounterDataImageError
+            *counter_data* is not a sound image of this object's profiler type, or does not hold *range_index*.
         """
-        metrics = list(metrics)
-        self.add_metrics(metrics)
-        image = _as_u8_array(counter_data)
-        names = (c_char_p * len(metrics))(*[m.encode() for m in metrics])
-        values = np.zeros(len(metrics), dtype=np.float64)
-        p = params(
-            T.CUpti_Profiler_Host_EvaluateToGpuValues_Params,
-            pHostObject=self._h(),
-            pCounterDataImage=_u8(image),
-            counterDataImageSize=image.size,
-            rangeIndex=range_index,
-            ppMetricNames=names,
-            numMetrics=len(metrics),
-            pMetricValues=values.ctypes.data,
-        )
-        _f.cuptiProfilerHostEvaluateToGpuValues(p)
-        return values
+        evaluator = self.evaluator(metrics)
+        values = np.zeros((1, len(evaluator.metrics)), dtype=np.float64)
+        evaluator.evaluate_into(_as_u8_array(counter_data), range_index, 1, values)
+        return values[0]
 
     def evaluator(self, metrics) -> "Evaluator":
         """An :class:`Evaluator` of *metrics* on this host object, for evaluating many ranges or samples fast.
@@ -341,14 +333,25 @@ class Evaluator:
         ------
         ValueError
             *out* has the wrong dtype, layout or shape, or the host object is closed.
+        CounterDataImageError
+            *counter_data* is not a sound image of the host object's profiler type (checked before CUPTI reads it,
+            see :mod:`gpuscope.cupti._images`), or ``first .. first+count-1`` are not samples/ranges it holds.
         """
         m = len(self.metrics)
         if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.flags.c_contiguous):
             raise ValueError("out must be a C-contiguous float64 numpy array.")
         if out.ndim != 2 or out.shape[1] != m or out.shape[0] < count:
             raise ValueError(f"out must have shape (>= {count}, {m}); got {out.shape}.")
-        if not (isinstance(counter_data, np.ndarray) and counter_data.dtype == np.uint8 and counter_data.flags.c_contiguous):
-            raise ValueError("counter_data must be a C-contiguous uint8 numpy array.")
+        from . import _images
+
+        kind = _images.Kind.PM_SAMPLING if self._host.profiler_type is ProfilerType.PM_SAMPLING else _images.Kind.RANGE_PROFILER
+        info = _images.check(counter_data, kind, chip=self._host.chip, metrics=self.metrics)
+        _images.check_indices(info, int(first), int(count))
+        self._evaluate_raw(counter_data, first, count, out)
+
+    def _evaluate_raw(self, counter_data: np.ndarray, first: int, count: int, out: np.ndarray) -> None:
+        """:meth:`evaluate_into` without any check (for images known to be sound)."""
+        m = len(self.metrics)
         p = self._params
         p.pHostObject = self._host._h()
         p.pCounterDataImage = counter_data.ctypes.data
@@ -361,7 +364,22 @@ class Evaluator:
 
 
 def range_name(counter_data, range_index: int, delimiter: str = "/") -> str:
-    """The full name of range *range_index* in a range-profiler counter-data image, levels joined by *delimiter*."""
+    """The full name of range *range_index* in a range-profiler counter-data image, levels joined by *delimiter*.
+
+    Raises
+    ------
+    CounterDataImageError
+        Not a sound range-profiler image (a PM sampling image crashes CUPTI here), or no range *range_index*.
+    """
+    from . import _images
+
+    info = _images.check(counter_data, _images.Kind.RANGE_PROFILER)
+    _images.check_indices(info, int(range_index), 1)
+    return _range_name_raw(counter_data, range_index, delimiter)
+
+
+def _range_name_raw(counter_data, range_index: int, delimiter: str = "/") -> str:
+    """:func:`range_name` without checks (for images known to be sound)."""
     image = _as_u8_array(counter_data)
     p = params(
         T.CUpti_Profiler_Host_GetRangeName_Params,

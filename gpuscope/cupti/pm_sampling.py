@@ -22,6 +22,7 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
+from . import _images
 from . import _types as T
 from ._api import Functions, params, version
 from ._types import PmAppendMode, PmDecodeStopReason, PmTriggerMode
@@ -151,7 +152,10 @@ def counter_data_size(handle: int, metrics, max_samples: int) -> int:
 
 
 def initialize_counter_data(handle: int, image: np.ndarray) -> None:
-    """``cuptiPmSamplingCounterDataImageInitialize``: (re)initialise an image, emptying it."""
+    """``cuptiPmSamplingCounterDataImageInitialize``: (re)initialise an image, emptying it.
+
+    The image must have the size :func:`counter_data_size` gave; it is trusted from then on
+    (:mod:`gpuscope.cupti._images`)."""
     p = params(
         T.CUpti_PmSampling_CounterDataImage_Initialize_Params,
         pPmSamplingObject=handle,
@@ -159,6 +163,7 @@ def initialize_counter_data(handle: int, image: np.ndarray) -> None:
         pCounterData=_address(image),
     )
     _f.cuptiPmSamplingCounterDataImageInitialize(p)
+    _images.trust(image, _images.Kind.PM_SAMPLING)
 
 
 def new_counter_data(handle: int, metrics, max_samples: int) -> np.ndarray:
@@ -196,6 +201,13 @@ def decode(handle: int, image: np.ndarray) -> Decoded:
     return Decoded(stop_reason=reason, overflow=bool(p.overflow))
 
 
+def _check_populated(image: np.ndarray, first: int, count: int) -> None:
+    """Raise unless samples ``first .. first+count-1`` are populated in a sound *image*."""
+    _images.check(image, _images.Kind.PM_SAMPLING, what="image")
+    populated = _info(image).populated
+    _images.check_indices(_images.ImageInfo(_images.Kind.PM_SAMPLING, populated), int(first), int(count))
+
+
 @dataclasses.dataclass(frozen=True)
 class CounterDataInfo:
     """``cuptiPmSamplingGetCounterDataInfo``: sample counts of a counter-data image."""
@@ -206,7 +218,19 @@ class CounterDataInfo:
 
 
 def counter_data_info(image: np.ndarray) -> CounterDataInfo:
-    """Sample counts of a counter-data image (needs no sampling object: works offline)."""
+    """Sample counts of a counter-data image (needs no sampling object: works offline).
+
+    Raises
+    ------
+    CounterDataImageError
+        Not a PM sampling counter-data image that CUPTI can read (checked first: see :mod:`._images`).
+    """
+    _images.check(image, _images.Kind.PM_SAMPLING, what="image")
+    return _info(image)
+
+
+def _info(image: np.ndarray) -> CounterDataInfo:
+    """``cuptiPmSamplingGetCounterDataInfo`` unchecked: only for images known to be sound."""
     p = params(
         T.CUpti_PmSampling_GetCounterDataInfo_Params, pCounterDataImage=_address(image), counterDataImageSize=image.size
     )
@@ -215,7 +239,14 @@ def counter_data_info(image: np.ndarray) -> CounterDataInfo:
 
 
 def sample_info(handle: int | None, image: np.ndarray, index: int) -> tuple[int, int]:
-    """``cuptiPmSamplingCounterDataGetSampleInfo``: (start, end) CUPTI timestamps in ns of sample *index*."""
+    """``cuptiPmSamplingCounterDataGetSampleInfo``: (start, end) CUPTI timestamps in ns of sample *index*.
+
+    Raises
+    ------
+    CounterDataImageError
+        *image* is not a sound PM sampling image or does not hold sample *index* (populated samples).
+    """
+    _check_populated(image, index, 1)
     p = params(
         T.CUpti_PmSampling_CounterData_GetSampleInfo_Params,
         pPmSamplingObject=handle,
@@ -240,6 +271,7 @@ def sample_times_into(handle: int, image: np.ndarray, first: int, count: int, ou
         raise ValueError("out must be a C-contiguous int64 numpy array.")
     if out.ndim != 2 or out.shape[1] != 2 or out.shape[0] < count:
         raise ValueError(f"out must have shape (>= {count}, 2); got {out.shape}.")
+    _check_populated(image, first, count)
     p = params(
         T.CUpti_PmSampling_CounterData_GetSampleInfo_Params,
         pPmSamplingObject=handle,

@@ -209,3 +209,74 @@ def test_exception_inside_block_stops_cleanly(workload):
     with _sampling.sample("pm-default", "100us") as s2:
         workload(0.05)
     assert s2.dataset.sizes["time"] > 100
+
+
+_CTRL_C_CHILD = r"""
+import os, signal, sys, threading, time
+import numpy as np
+from numba import cuda
+import gpuscope as gs
+
+@cuda.jit
+def fma(x, n):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        for _ in range(n):
+            v = v * 1.000001 + 0.5
+        x[i] = v
+
+x = cuda.to_device(np.ones(1 << 20, np.float32))
+fma[4096, 256](x, 200); cuda.synchronize()
+def interrupt(delays):
+    for d in delays:
+        time.sleep(d)
+        os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=interrupt, args=([1.5, 0.01],), daemon=True).start()  # during the run, then during stop
+try:
+    with gs.sample(metrics="pm-fast", interval="20us"):
+        while True:
+            fma[4096, 256](x, 200)
+except KeyboardInterrupt:
+    pass
+print("threads", sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuscope-")))
+print("children", len(os.listdir("/proc/self/task")) and sum(1 for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().split()[3] == str(os.getpid())))
+"""
+
+_AFTER_CHILD = r"""
+import gpuscope as gs, time
+with gs.sample(metrics="pm-fast", interval="100us") as s:
+    time.sleep(0.3)
+print("samples", s.dataset.sizes["time"])
+"""
+
+
+def test_two_ctrl_c_leave_nothing_behind(tmp_path):
+    import glob
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "threads []" in out.stdout and "children 0" in out.stdout, out.stdout
+    assert not glob.glob("/dev/shm/gpuscope-*")
+    after = subprocess.run([sys.executable, "-c", _AFTER_CHILD], capture_output=True, text=True, timeout=300)
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert int(after.stdout.split()[-1]) > 100
+
+
+def test_a_killed_worker_is_counted(workload):
+    import os
+    import signal
+
+    with pytest.warns(GpuscopeWarning, match="worker"):
+        with gpuscope.sample(metrics="pm-fast", interval="20us") as s:
+            workload(1.0)
+            victim = s._decoder._backend._workers[0].proc.pid
+            os.kill(victim, signal.SIGKILL)
+            workload(1.0)
+        t0 = time.perf_counter()
+    ds = s.dataset
+    assert ds.attrs["evaluation_workers_lost"] == 1
+    assert ds.attrs["images_lost"] == 0
+    assert time.perf_counter() - t0 < 5.0  # the stop did not wait for the dead worker

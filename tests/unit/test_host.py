@@ -86,7 +86,7 @@ def test_closed_host_refuses_calls():
 
 
 def test_evaluate_rejects_garbage_image(gh100):
-    from gpuscope.errors import CuptiError
+    from gpuscope.errors import CounterDataImageError
 
-    with pytest.raises(CuptiError):
+    with pytest.raises(CounterDataImageError, match="not a CUPTI counter-data image"):
         gh100.evaluate(np.zeros(64, dtype=np.uint8), 0, ["smsp__inst_executed.sum"])
