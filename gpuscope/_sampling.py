@@ -1004,6 +1004,13 @@ class Sampler:
             self._dataset = self._build()
         return self._dataset
 
+    def report(self, **options):
+        """The readable summary of :attr:`dataset`: per user range (``by="phase"``: per phase); see
+        :func:`gpuscope.report`."""
+        from ._report import report
+
+        return report(self.dataset, **options)
+
     def _build(self):
         from . import _results
 

@@ -121,6 +121,9 @@ class Profiler:
     launch_skip, launch_count : int
         Kernel and iteration modes: of the launches that pass the name filters, skip the first *launch_skip*
         and profile the next *launch_count* (None: all). In iteration mode they count within each iteration.
+    report : bool
+        Print :meth:`report` (one row per kernel or range: time, Top-Down verdict, advice) when the session
+        closes.
 
     Attributes
     ----------
@@ -148,7 +151,8 @@ class Profiler:
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int = 1024, progress: bool | None = None, sample_every: int = 1,
-                 kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None):
+                 kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
+                 report: bool = False):
         from . import _catalog, _device
         from ._filters import KernelFilter
         from .cupti import host, profiler
@@ -175,6 +179,7 @@ class Profiler:
             raise ValueError("sample_every applies to mode='user'; in kernel and iteration modes use "
                              "launch_skip=/launch_count= or kernels= to profile fewer launches.")
         self._seen: dict[str, int] = {}
+        self.print_report = bool(report)
         self.metric_set = metrics if isinstance(metrics, str) else ""
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
         self.device_info = _device.device_info(self.device)
@@ -361,6 +366,12 @@ class Profiler:
             self._state = "closed"
         if error is not None:
             raise error
+        if self.print_report:
+            try:
+                print(self.report())
+            except Exception as exc:  # a summary that cannot be made must not lose the results
+                _warn(f"gpuscope.Profiler(report=True): no report ({type(exc).__name__}: {exc}); prof.dataset "
+                      "holds the results.")
 
     def _incomplete_group(self):
         message = (

@@ -112,7 +112,7 @@ def _raw_count(image: np.ndarray, kind: Kind) -> int:
         return pm_sampling._info(image).completed
     from . import range_profiler
 
-    return range_profiler.num_ranges(image)
+    return range_profiler._num_ranges_raw(image)
 
 
 def check(image, kind: Kind, *, chip: str | None = None, metrics=None, what: str = "counter_data") -> ImageInfo:
@@ -185,7 +185,7 @@ try:
         if kind == "pm_sampling":
             count = pm_sampling._info(image).completed
         else:
-            count = range_profiler.num_ranges(image)
+            count = range_profiler._num_ranges_raw(image)
             for i in range(count):
                 host._range_name_raw(image, i)
         if chip and metrics and count:  # every sample or range: CUPTI reads only the parts it needs

@@ -19,6 +19,7 @@ from ctypes import POINTER, c_char_p
 import numpy as np
 
 from ..errors import GpuscopeWarning
+from . import _images
 from . import _types as T
 from ._api import Functions, params
 from ._types import ProfilerRange, ReplayMode
@@ -147,6 +148,7 @@ class RangeProfiler:
             pCounterData=_addr(image),
         )
         _f.cuptiRangeProfilerCounterDataImageInitialize(q)
+        _images.trust(image, _images.Kind.RANGE_PROFILER)
 
     def set_config(
         self,
@@ -208,6 +210,12 @@ class RangeProfiler:
 def num_ranges(counter_data: np.ndarray) -> int:
     """``cuptiRangeProfilerGetCounterDataInfo``: ranges held in a counter-data image."""
     image = np.ascontiguousarray(counter_data, dtype=np.uint8)
+    _images.check(image, _images.Kind.RANGE_PROFILER)
+    return _num_ranges_raw(image)
+
+
+def _num_ranges_raw(image: np.ndarray) -> int:
+    """``cuptiRangeProfilerGetCounterDataInfo`` without the check (for the checking child process itself)."""
     p = params(T.CUpti_RangeProfiler_GetCounterDataInfo_Params, pCounterDataImage=_addr(image),
                counterDataImageSize=image.size)
     _f.cuptiRangeProfilerGetCounterDataInfo(p)
@@ -217,6 +225,7 @@ def num_ranges(counter_data: np.ndarray) -> int:
 def range_name(counter_data: np.ndarray, index: int, delimiter: str = "/") -> str:
     """``cuptiRangeProfilerCounterDataGetRangeInfo``: the name of range *index*, levels joined by *delimiter*."""
     image = np.ascontiguousarray(counter_data, dtype=np.uint8)
+    _images.check_indices(_images.check(image, _images.Kind.RANGE_PROFILER), int(index), 1)
     p = params(
         T.CUpti_RangeProfiler_CounterData_GetRangeInfo_Params,
         pCounterDataImage=_addr(image),

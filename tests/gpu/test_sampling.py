@@ -80,15 +80,15 @@ def test_short_workload_with_ranges(workload, tmp_path):
     fma_inst = ds[inst].where(ds["range"] == "fma/inner", drop=True)[1:].mean().item()
     assert fma_inst > stream_inst + 20  # the FMA phase issues far more instructions than the streaming one
     assert ds[SM_ACTIVE].where(ds["range"] == "fma/inner", drop=True).mean().item() > 50
-    assert list(ds["span_path"].values) == ["stream", "fma", "fma/inner"]
+    assert gs.spans(ds)["path"].tolist() == ["stream", "fma", "fma/inner"]
     assert ds[SM_ACTIVE].attrs["units"] == "percent"
     # netCDF round trip and Chrome trace
     pytest.importorskip("h5netcdf")
     path = tmp_path / "pm.nc"
-    ds.to_netcdf(path, engine="h5netcdf")
+    gs.save_dataset(ds, path)
     import xarray as xr
 
-    back = xr.open_dataset(path, engine="h5netcdf").load()
+    back = gs.open_dataset(path)
     xr.testing.assert_identical(back, ds)
     trace = _io.to_chrome_trace(back, tmp_path / "pm.json")
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]

@@ -19,14 +19,12 @@ import gpuscope as gs  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 BLOCK = re.compile(r"(<!-- gpu -->\n)?```python\n(.*?)```", re.S)
-#: Blocks that need a GPU in files whose owner has not marked them yet (file name -> block numbers).
-UNMARKED_GPU = {"range-profiling.md": {0}}
 
 
 def snippets():
     for path in DOCS:
         for i, m in enumerate(BLOCK.finditer(path.read_text())):
-            gpu = bool(m.group(1)) or i in UNMARKED_GPU.get(path.name, ())
+            gpu = bool(m.group(1))
             yield pytest.param(path.name, i, m.group(2), gpu, id=f"{path.name}-{i}")
 
 
@@ -51,7 +49,19 @@ def _metrics(ns):
     assert ns["gs"] is gs
 
 
-CHECKS = {("phases.md", 0): _phases, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics}
+def _report(ns):
+    report = ns["report"]
+    assert set(report.index) == {"stream", "fma", "divergent"}
+    assert report.loc["fma", "bound_by"] == "backend_core" and report.loc["stream", "bound_by"] == "backend_memory"
+    assert int(report["launches"].sum()) == 15
+
+
+def _compare(ns):
+    assert len(ns["diff"]) > 0 and len(ns["changed"]) == 0  # a recording against itself: nothing significant
+
+
+CHECKS = {("phases.md", 0): _phases, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+          ("report.md", 1): _report, ("report.md", 2): _compare}
 
 
 @pytest.mark.parametrize("page, index, code, gpu", list(snippets()))
