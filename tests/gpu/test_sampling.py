@@ -80,15 +80,15 @@ def test_short_workload_with_ranges(workload, tmp_path):
     fma_inst = ds[inst].where(ds["range"] == "fma/inner", drop=True)[1:].mean().item()
     assert fma_inst > stream_inst + 20  # the FMA phase issues far more instructions than the streaming one
     assert ds[SM_ACTIVE].where(ds["range"] == "fma/inner", drop=True).mean().item() > 50
-    assert gs.spans(ds)["path"].tolist() == ["stream", "fma", "fma/inner"]
+    assert gpuscope.spans(ds)["path"].tolist() == ["stream", "fma", "fma/inner"]
     assert ds[SM_ACTIVE].attrs["units"] == "percent"
     # netCDF round trip and Chrome trace
     pytest.importorskip("h5netcdf")
     path = tmp_path / "pm.nc"
-    gs.save_dataset(ds, path)
+    gpuscope.save_dataset(ds, path)
     import xarray as xr
 
-    back = gs.open_dataset(path)
+    back = gpuscope.open_dataset(path)
     xr.testing.assert_identical(back, ds)
     trace = _io.to_chrome_trace(back, tmp_path / "pm.json")
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
