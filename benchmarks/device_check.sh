@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: the GPU tests, the quickstart's GPU snippets and the tutorials,
+# with logs under ${OUT:-/tmp/gpuscope-check}. Prints a short summary last.
+#   bash benchmarks/device_check.sh
+set -u
+OUT=${OUT:-/tmp/gpuscope-check}; mkdir -p "$OUT"
+source tests/gpu/device_env.sh >/dev/null 2>&1
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/gpu > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?" > "$OUT/summary.txt"
+python3 - <<'PY'
+import re, pathlib
+text = pathlib.Path("docs/quickstart.md").read_text()
+for i, m in enumerate(re.finditer(r"<!-- gpu -->\n```python\n(.*?)```", text, re.S)):
+    pathlib.Path(f"/tmp/quickstart_{i}.py").write_text(m.group(1))
+PY
+for f in /tmp/quickstart_*.py; do
+    (cd /tmp && timeout 120 python3 "$f" > "$OUT/$(basename "$f" .py).log" 2>&1; echo "$(basename "$f") rc=$?" >> "$OUT/summary.txt")
+done
+mkdir -p /tmp/tutorial_out
+for t in tutorials/*.py; do
+    case "$t" in
+        *sampling_phases.py) args=(--out /tmp/tutorial_out/sampling_phases.png) ;;
+        *report_workload.py) args=() ;;
+        *) args=(/tmp/tutorial_out) ;;
+    esac
+    timeout 150 python3 "$t" "${args[@]}" > "$OUT/$(basename "$t" .py).log" 2>&1
+    echo "$(basename "$t") rc=$?" >> "$OUT/summary.txt"
+done
+ls /tmp/tutorial_out /tmp/*.png >> "$OUT/summary.txt" 2>&1
+grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -1 >> "$OUT/summary.txt"
+grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
+cat "$OUT/summary.txt"
