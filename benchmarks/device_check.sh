@@ -14,17 +14,21 @@ for i, m in enumerate(re.finditer(r"<!-- gpu -->\n```python\n(.*?)```", text, re
     pathlib.Path(f"/tmp/quickstart_{i}.py").write_text(m.group(1))
 PY
 for f in /tmp/quickstart_*.py; do
-    (cd /tmp && timeout 120 python3 "$f" > "$OUT/$(basename "$f" .py).log" 2>&1; echo "$(basename "$f") rc=$?" >> "$OUT/summary.txt")
+    name=$(basename "$f" .py)
+    (cd /tmp && timeout 120 python3 "$f" > "$OUT/$name.log" 2>&1; rc=$?; echo "$name rc=$rc" >> "$OUT/summary.txt")
 done
 mkdir -p /tmp/tutorial_out
 for t in tutorials/*.py; do
     case "$t" in
         *sampling_phases.py) args=(--out /tmp/tutorial_out/sampling_phases.png) ;;
         *report_workload.py) args=() ;;
+        *ranges_and_decorators.py) args=(/tmp/tutorial_out/ranges.nc) ;;
         *) args=(/tmp/tutorial_out) ;;
     esac
-    timeout 150 python3 "$t" "${args[@]}" > "$OUT/$(basename "$t" .py).log" 2>&1
-    echo "$(basename "$t") rc=$?" >> "$OUT/summary.txt"
+    name=$(basename "$t" .py)
+    timeout 150 python3 "$t" "${args[@]}" > "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "$name rc=$rc" >> "$OUT/summary.txt"
 done
 ls /tmp/tutorial_out /tmp/*.png >> "$OUT/summary.txt" 2>&1
 grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -1 >> "$OUT/summary.txt"

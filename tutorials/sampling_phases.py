@@ -107,7 +107,7 @@ def main():
     for ax, name in zip(axes, shown):
         ax.plot(t_ms[1:], ds[name].values[1:], lw=0.7)
         ax.set_ylabel(name.split("__")[1].split(".")[0][:18], fontsize=7)
-        for span in gpuscope.spans(ds).itertuples():  # the user ranges, ns from the session start
+        for span in gs.spans(ds).itertuples():  # the user ranges, ns from the session start
             ax.axvspan(span.start / 1e6, span.end / 1e6, color=colors.get(span.path, "#eee"), zorder=0)
     axes[0].set_title(f"gpuscope.sample(pm-default, {args.interval}) on {ds.attrs.get('device_name', '')}")
     axes[-1].set_xlabel("time since sampling started (ms)")

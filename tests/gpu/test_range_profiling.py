@@ -79,7 +79,7 @@ def test_numba_decorator_user_mode(x):
     ds = prof.dataset
     assert list(ds.kernel.values) == ["inc"] * 3
     assert list(ds.launch.values) == [0, 1, 2]
-    assert ds.grid.values[0].tolist() == [N // 256, 1, 1] and ds.block.values[0].tolist() == [256, 1, 1]
+    assert (int(ds.grid_x[0]), int(ds.grid_y[0]), int(ds.block_x[0])) == (N // 256, 1, 256)
     assert ds["sm__ctas_launched.sum"].values.tolist() == [N // 256] * 3
     assert float(x.copy_to_host()[0]) == 3.0
 
@@ -99,9 +99,9 @@ def test_cupy_kernels():
     ds = prof.dataset
     kernels = list(ds.kernel.values)
     assert kernels[:3] == ["twice", "plus_one", "total"]
-    assert ds.grid.values[0].tolist() == [N // 256, 1, 1]
+    assert (int(ds.grid_x[0]), int(ds.grid_y[0]), int(ds.grid_z[0])) == (N // 256, 1, 1)
     assert ds["sm__ctas_launched.sum"].values[0] == N // 256
-    assert ds.grid.values[1][0] > 0  # CuPy chose it; the driver callback recorded it
+    assert int(ds.grid_x[1]) > 0  # CuPy chose it; the driver callback recorded it
 
 
 def test_seven_pass_set_kernel_replay(x):

@@ -75,23 +75,25 @@ def test_iteration_mode_equals_kernel_mode(arrays):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
         with gs.Profiler("topdown", mode="kernel") as kprof:
-            body(arrays)
+            for _ in range(5):
+                body(arrays)
         with gs.Profiler("topdown", mode="iteration") as iprof:
-            for _ in range(2 * iprof.passes):
+            for _ in range(3 * iprof.passes):
                 with gs.range("step"):
                     body(arrays)
     kds, ids = kprof.dataset, iprof.dataset
     assert ids.attrs["mode"] == "iteration" and kds.attrs["mode"] == "kernel"
-    assert ids.sizes["range"] == 4  # two pass groups of two launches
-    assert ids.pass_group.values.tolist() == [0, 0, 1, 1]
-    assert ids.first_iteration.values.tolist() == [0, 0, iprof.passes, iprof.passes]
-    assert [k.rsplit(".", 1)[-1] for k in ids.kernel.values] == ["stream", "fma"] * 2
+    assert ids.sizes["range"] == 6  # three pass groups of two launches
+    assert ids.pass_group.values.tolist() == [0, 0, 1, 1, 2, 2]
+    assert ids.first_iteration.values.tolist() == [0, 0, iprof.passes, iprof.passes, 2 * iprof.passes,
+                                                   2 * iprof.passes]
+    assert [k.rsplit(".", 1)[-1] for k in ids.kernel.values] == ["stream", "fma"] * 3
     assert all(p == "step" for p in ids.parent.values)
     assert ids["smsp__inst_executed.avg.per_cycle_active"].notnull().all()
     k, i = per_kernel_pp(kds), per_kernel_pp(ids)
-    worst = max(abs(k[kern][node] - i[kern][node]) for kern in k for node in k[kern])
-    print("largest iteration-vs-kernel difference (pp of IPC_MAX):", worst)
-    assert worst <= TOL_PP
+    diffs = sorted(((abs(k[kern][node] - i[kern][node]), kern, node) for kern in k for node in k[kern]), reverse=True)
+    print("largest iteration-vs-kernel differences (pp of IPC_MAX):", [(round(d, 2), kn, n) for d, kn, n in diffs[:4]])
+    assert diffs[0][0] <= TOL_PP
 
 
 def test_step_marks_iterations_and_auto_mode_chooses(arrays):
