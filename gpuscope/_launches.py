@@ -169,9 +169,22 @@ class IterationReplay(_Base):
     def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
         super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
         self.in_iteration = False
+        self.counting = False  # the current iteration only counts launches (see begin_count)
+        self.counted = 0
         self.iteration = 0  # iterations begun so far
         self.group: _Group | None = None
         self._base = 0  # self.matched at the start of the current iteration: skip/count are per iteration
+
+    def begin_count(self) -> None:
+        """Start an iteration that is not profiled, only counted (it sizes the counter-data image)."""
+        self.counted = 0
+        self.counting = self.in_iteration = True
+        self.iteration += 1
+
+    def end_count(self) -> int:
+        """End the counted iteration; returns how many launches of this context it made."""
+        self.counting = self.in_iteration = False
+        return self.counted
 
     def begin(self, group_index: int) -> None:
         """Start an iteration (a pass): ``cuptiRangeProfilerStart``."""
@@ -194,6 +207,9 @@ class IterationReplay(_Base):
 
     def on_enter(self, launch):
         if not self.in_iteration:
+            return None
+        if self.counting:
+            self.counted += launch.context == self.context
             return None
         chosen = self._choose(launch, self._base, keep_rejected=True)  # CUPTI counts left-out launches too
         if chosen is None:

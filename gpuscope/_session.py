@@ -103,9 +103,11 @@ class Profiler:
     max_depth : int
         Range nesting levels CUPTI profiles (user mode). Each level costs one more cycle per pass; deeper
         ranges are not profiled (a warning says so).
-    max_ranges : int
-        Ranges the counter-data image holds per pass group (its size grows with it): in kernel mode the
-        launches of the whole session, in iteration mode the selected launches of one iteration.
+    max_ranges : int or None
+        Ranges the counter-data image holds per pass group: in user and kernel modes (default 1024) the ranges or
+        launches of the whole session, in iteration mode the launches of one iteration. CUPTI's cost per range
+        grows with the image (on an H100: 1.6 ms per launch per pass with 208 ranges, 2.3 ms with 1024), so in
+        iteration mode the default (None) sizes it from the first iteration, which runs unprofiled.
     progress : bool or None
         Show a tqdm bar for replays; None shows it on a terminal when a replay needs more than 4 cycles.
     sample_every : int
@@ -150,7 +152,7 @@ class Profiler:
     """
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
-                 max_ranges: int = 1024, progress: bool | None = None, sample_every: int = 1,
+                 max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False):
         from . import _catalog, _device
@@ -167,7 +169,8 @@ class Profiler:
         self.device = _positive(device, "device", minimum=0)
         if self.mode is not Mode.USER:
             self.max_depth = 1
-        self.max_ranges = _positive(max_ranges, "max_ranges", maximum=1 << 20)
+        self._size_from_first = max_ranges is None and self.mode in (Mode.ITERATION, Mode.AUTO)
+        self.max_ranges = _positive(1024 if max_ranges is None else max_ranges, "max_ranges", maximum=1 << 20)
         self.progress = progress
         self.sample_every = _positive(sample_every, "sample_every")
         self.filter = KernelFilter.build(kernels, exclude, launch_skip, launch_count)
@@ -294,7 +297,9 @@ class Profiler:
 
         self.mode_used = Mode.ITERATION
         self.cycles = self.passes
-        self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges, 1, 1, 0, 1)
+        if not self._size_from_first:
+            self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges,
+                                1, 1, 0, 1)
         self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
                                                     self._annotate, timestamp)
 
@@ -393,8 +398,10 @@ class Profiler:
         ran = group.passes_run if group is not None else 0
         what = (f"the top-level range {self._iter_path!r}" if self._iter_path else
                 "Profiler.step()" if self._steps else "no top-level range and no Profiler.step()")
+        first = " plus one first iteration that sizes the counter-data image" if self._notes.get(
+            "sizing_iterations") or self._size_from_first else ""
         message = (
-            f"Iteration mode: the metric set needs {self.passes} iterations per result (one pass each), and "
+            f"Iteration mode: the metric set needs {self.passes} iterations per result (one pass each){first}, and "
             f"{what} gave {ran} in the last pass group. Run the repeated work at least {self.passes} times "
             "inside the session: a loop whose body is one top-level gpuscope.range, or call prof.step() between "
             "iterations. For code that does not repeat use mode='kernel' (CUPTI kernel replay) or a one-pass "
@@ -426,7 +433,7 @@ class Profiler:
         _ranges.remove_listener(self)
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
-                   or getattr(collector, "in_iteration", False))
+                   or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False)))
         for name in ("_recorder", "_rp"):
             obj = getattr(self, name, None)
             if obj is not None:
@@ -667,9 +674,26 @@ class Profiler:
 
     def _begin_iteration(self) -> None:
         self._recorder.resume()
-        self._collector.begin(self._group_index)
+        if self._size_from_first:
+            self._collector.begin_count()
+        else:
+            self._collector.begin(self._group_index)
+
+    def _size_image(self, launches: int) -> None:
+        """Size the counter-data image for iterations of *launches* launches (CUPTI's cost per range grows with it)."""
+        from .cupti._types import ProfilerRange, ReplayMode
+
+        self.max_ranges = min(max(launches + max(8, launches // 4), 16), 1 << 20)
+        self._image = self._rp.counter_data_image(self.metrics, self.max_ranges)
+        self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges, 1, 1, 0, 1)
 
     def _end_iteration(self) -> None:
+        if self._collector.counting:  # the first iteration sized the image; the next one is pass 0
+            self._recorder.pause()
+            self._size_image(self._collector.end_count())
+            self._size_from_first = False
+            self._notes["sizing_iterations"] = 1
+            return
         result = self._collector.end()
         self._recorder.pause()
         if result.all_passes_submitted:
@@ -696,9 +720,12 @@ class Profiler:
         unmatched = sum(max(len(p) - keep, 0) for p in group.passes[1:])
         self._notes["launches_incomplete"] = self._notes.get("launches_incomplete", 0) + len(lost)
         self._notes["launches_unmatched"] = self._notes.get("launches_unmatched", 0) + unmatched
-        if dropped:
-            _warn(f"{dropped} launch range(s) of iteration group {group.index} did not fit the counter-data image "
-                  f"and were dropped; pass gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+        longest = max(len(p) for p in group.passes)
+        if dropped or longest > self.max_ranges:
+            _warn(f"Iterations of group {group.index} launched up to {longest} kernels, more than the counter-data "
+                  f"image holds ({self.max_ranges}): {dropped} launch range(s) were dropped. The image is enlarged "
+                  "for the next groups; pass gpuscope.Profiler(max_ranges=...) to size it yourself.")
+            self._size_image(2 * longest)
         if keep < max(len(p) for p in group.passes):
             k, first, other = _divergence(group.passes, keep)
             _warn(f"Iterations {group.first_iteration}-{group.first_iteration + group.passes_run - 1} did not launch "

@@ -78,15 +78,16 @@ def test_iteration_mode_equals_kernel_mode(arrays):
             for _ in range(5):
                 body(arrays)
         with gs.Profiler("topdown", mode="iteration") as iprof:
-            for _ in range(3 * iprof.passes):
+            for _ in range(3 * iprof.passes + 1):  # the first iteration sizes the counter-data image
                 with gs.range("step"):
                     body(arrays)
     kds, ids = kprof.dataset, iprof.dataset
     assert ids.attrs["mode"] == "iteration" and kds.attrs["mode"] == "kernel"
     assert ids.sizes["range"] == 6  # three pass groups of two launches
     assert ids.pass_group.values.tolist() == [0, 0, 1, 1, 2, 2]
-    assert ids.first_iteration.values.tolist() == [0, 0, iprof.passes, iprof.passes, 2 * iprof.passes,
-                                                   2 * iprof.passes]
+    p = iprof.passes
+    assert ids.first_iteration.values.tolist() == [1, 1, 1 + p, 1 + p, 1 + 2 * p, 1 + 2 * p]
+    assert ids.attrs["sizing_iterations"] == 1
     assert [k.rsplit(".", 1)[-1] for k in ids.kernel.values] == ["stream", "fma"] * 3
     assert all(p == "step" for p in ids.parent.values)
     assert ids["smsp__inst_executed.avg.per_cycle_active"].notnull().all()
@@ -99,7 +100,7 @@ def test_iteration_mode_equals_kernel_mode(arrays):
 def test_step_marks_iterations_and_auto_mode_chooses(arrays):
     metrics = ["smsp__inst_executed.sum", "sm__ctas_launched.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                "gpu__time_duration.sum"]
-    with gs.Profiler(metrics, mode="iteration") as prof:
+    with gs.Profiler(metrics, mode="iteration", max_ranges=16) as prof:  # sized by hand: no sizing iteration
         assert prof.passes > 1
         for _ in range(prof.passes):
             prof.step()
@@ -107,13 +108,13 @@ def test_step_marks_iterations_and_auto_mode_chooses(arrays):
     ds = prof.dataset
     assert ds["sm__ctas_launched.sum"].values.tolist() == [N // 256, N // 16 // 256]
     with gs.Profiler(metrics, mode="iteration", kernels="regex:fma") as prof:
-        for _ in range(prof.passes):
+        for _ in range(prof.passes + 1):
             prof.step()
             body(arrays)
     assert prof.dataset["sm__ctas_launched.sum"].values.tolist() == [N // 16 // 256]
     assert prof.dataset.launch.values.tolist() == [1]
     with gs.Profiler(metrics, mode="auto") as prof:
-        for _ in range(prof.passes):
+        for _ in range(prof.passes + 1):
             with gs.range("step"):
                 body(arrays)
     assert prof.dataset.attrs["mode"] == "iteration" and prof.dataset.attrs["mode_requested"] == "auto"
@@ -126,7 +127,7 @@ def test_mismatched_iterations_are_reported_never_mislabelled(arrays):
     metrics = ["sm__ctas_launched.sum", "smsp__inst_executed.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                "gpu__time_duration.sum"]
     with pytest.warns(gs.GpuscopeWarning, match="did not launch the same kernels"):
-        with gs.Profiler(metrics, mode="iteration") as prof:
+        with gs.Profiler(metrics, mode="iteration", max_ranges=16) as prof:
             for k in range(prof.passes):
                 with gs.range("step"):
                     body(arrays, extra=(k == 1), skip_fma=(k == prof.passes - 1))
@@ -245,7 +246,7 @@ CUPY_SCRIPT = textwrap.dedent(r'''
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with gs.Profiler("topdown", mode="iteration") as prof:
-            for _ in range(prof.passes):
+            for _ in range(prof.passes + 1):
                 with gs.range("step"):
                     t.body(arrays)
         with gs.Profiler("topdown", mode="kernel") as kprof:

@@ -174,3 +174,15 @@ def test_selected_launches_are_serialised_between_threads():
     kr.on_exit(token)
     thread.join(5)
     assert [s.symbol for s in kr.selected] == ["first", "second"]
+
+
+def test_a_counted_iteration_profiles_nothing_and_counts_this_context():
+    rp = FakeRangeProfiler()
+    it = IterationReplay(rp, CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0)
+    it.begin_count()
+    _run(it, [_launch("a"), _launch("b"), _launch("c", context=99)])
+    assert it.end_count() == 2 and rp.calls == [] and it.group is None and it.iteration == 1
+    it.begin(0)
+    _run(it, [_launch("a")])
+    it.end()
+    assert it.take_group().first_iteration == 1
