@@ -8,8 +8,7 @@ import math
 import re
 from collections.abc import Sequence
 
-import numpy as np
-
+from . import _validate
 from .errors import NotSinglePassError
 
 __all__ = [
@@ -22,6 +21,7 @@ __all__ = [
     "single_pass_groups",
     "check_single_pass",
     "MIN_INTERVAL_NS",
+    "MAX_INTERVAL_NS",
     "POOL_MEMORY",
 ]
 
@@ -60,8 +60,12 @@ def default_samples_per_image(interval_ns: int) -> int:
 #: the hardware buffer fills faster than samples can be decoded (see docs/pm-sampling.md for the measurements).
 MIN_INTERVAL_NS = 1_000
 
-_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-_INTERVAL_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s|cycles)\s*$")
+#: Longest interval gpuscope accepts (ns): PM sampling is for time series, and a longer one is a mistyped unit.
+MAX_INTERVAL_NS = 60_000_000_000
+#: Largest sys-clock interval (cycles): the hardware counts them in 32 bits.
+MAX_INTERVAL_CYCLES = (1 << 32) - 1
+
+_CYCLES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*cycles\s*$")
 
 
 class Trigger(str, enum.Enum):
@@ -75,35 +79,23 @@ def parse_interval(interval) -> tuple[int, str]:
     """Parse a sampling interval into ``(value, unit)`` with unit ``"ns"`` or ``"cycles"``.
 
     Accepts ``"20us"``, ``"0.5 ms"``, ``"100000ns"``, ``"1e-4s"``, ``"20000cycles"``, a
-    :class:`datetime.timedelta`, or a number of nanoseconds.
+    :class:`datetime.timedelta`, or a number of nanoseconds; at most one minute (:data:`MAX_INTERVAL_NS`) or
+    2**32 - 1 cycles.
 
     Raises
     ------
     ValueError
-        The interval is not a positive time (or cycle count) or its unit is unknown.
+        The interval is not a positive time (or cycle count) within those bounds, or its unit is unknown.
     TypeError
         The interval is neither a string, a number nor a timedelta.
     """
-    import datetime
-
-    if isinstance(interval, datetime.timedelta):
-        value, unit = interval.total_seconds() * 1e9, "ns"
-    elif isinstance(interval, (int, float, np.integer, np.floating)) and not isinstance(interval, bool):
-        value, unit = float(interval), "ns"
-    elif isinstance(interval, str):
-        match = _INTERVAL_RE.match(interval)
-        if not match:
-            raise ValueError(
-                f"Cannot read the sampling interval {interval!r}: write a number and a unit, e.g. '20us', "
-                "'100 us', '1ms' (units: ns, us, ms, s, or cycles for the sys-clock trigger)."
-            )
-        number, unit = float(match.group(1)), match.group(2)
-        value, unit = (number, "cycles") if unit == "cycles" else (number * _UNITS_NS[unit], "ns")
-    else:
-        raise TypeError(f"A sampling interval is a string like '20us', a timedelta or ns; got {interval!r}.")
-    if not math.isfinite(value) or round(value) <= 0:
-        raise ValueError(f"The sampling interval must be positive; got {interval!r}.")
-    return int(round(value)), unit
+    match = _CYCLES_RE.match(interval) if isinstance(interval, str) else None
+    if match:
+        cycles = round(float(match.group(1)))
+        if not 1 <= cycles <= MAX_INTERVAL_CYCLES:
+            raise ValueError(f"interval must be 1 to {MAX_INTERVAL_CYCLES:,} cycles; got {interval!r}.")
+        return cycles, "cycles"
+    return _validate.duration(interval, "interval", maximum_ns=MAX_INTERVAL_NS), "ns"
 
 
 def choose_trigger(chip: str) -> Trigger:

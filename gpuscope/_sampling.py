@@ -22,8 +22,7 @@ import threading
 import time
 import warnings
 
-import numpy as np
-
+from . import _validate
 from ._pm_pipeline import Pipeline as _Pipeline
 from ._pm_plan import (
     MIN_INTERVAL_NS,
@@ -65,6 +64,14 @@ __all__ = [
     "POOL_MEMORY",
 ]
 
+
+# Bounds of Sampler's arguments: beyond them a value is a typo (or wraps in C), not a choice.
+MAX_DEVICE = 1023
+MAX_HARDWARE_BUFFER = 1 << 40  # 1 TiB of device memory
+MAX_DECODE_PERIOD_S = 60.0
+MAX_SAMPLES_PER_IMAGE = 1 << 20
+MAX_IMAGE_POOL = 1 << 16
+MAX_EVALUATORS = 256
 
 _active: dict[int, "Sampler"] = {}
 _active_lock = threading.Lock()
@@ -138,20 +145,18 @@ class Sampler:
         evaluate_in: str = "process",
     ):
         value, unit = parse_interval(interval)
-        if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or device < 0:
-            raise ValueError(f"device must be a CUDA device index (0, 1, ...); got {device!r}.")
-        if hardware_buffer_size < (1 << 20):
-            raise ValueError(f"hardware_buffer_size must be at least 1 MiB; got {hardware_buffer_size} bytes.")
-        if decode_period <= 0:
-            raise ValueError(f"decode_period must be positive seconds; got {decode_period!r}.")
-        if samples_per_image is not None and samples_per_image < 2:
-            raise ValueError(f"samples_per_image must be at least 2; got {samples_per_image!r}.")
-        if evaluate_in not in ("process", "thread"):
-            raise ValueError(f"evaluate_in is 'process' or 'thread'; got {evaluate_in!r}.")
-        if (image_pool is not None and image_pool < 1) or evaluators < 1:
-            raise ValueError(
-                f"image_pool and evaluators must be at least 1; got {image_pool!r} and {evaluators!r}."
-            )
+        _validate.names(metrics, "metrics")
+        device = _validate.integer(device, "device", minimum=0, maximum=MAX_DEVICE)
+        hardware_buffer_size = _validate.integer(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20,
+                                                 maximum=MAX_HARDWARE_BUFFER)
+        decode_period = _validate.finite_positive_float(decode_period, "decode_period", maximum=MAX_DECODE_PERIOD_S)
+        if samples_per_image is not None:
+            samples_per_image = _validate.integer(samples_per_image, "samples_per_image", minimum=2,
+                                                  maximum=MAX_SAMPLES_PER_IMAGE)
+        if image_pool is not None:
+            image_pool = _validate.positive_int(image_pool, "image_pool", maximum=MAX_IMAGE_POOL)
+        evaluators = _validate.positive_int(evaluators, "evaluators", maximum=MAX_EVALUATORS)
+        evaluate_in = _validate.choice(evaluate_in, "evaluate_in", ("process", "thread"))
         self.image_pool = None if image_pool is None else int(image_pool)
         self.evaluators = int(evaluators)
         self.evaluate_in = evaluate_in
@@ -542,29 +547,31 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         are the dearest), and CUPTI decodes on one thread: on the H100, ``pm-default`` costs about 40 µs per
         sample and samples every 100 µs without loss; ``pm-fast`` costs about 7-13 µs and samples every 20 µs
         without loss. A shorter interval loses samples, counted in ``attrs["lost_samples"]`` with a warning
-        that gives the decode cost measured in the run and the interval to use.
+        that gives the decode cost measured in the run and the interval to use. At most one minute (or
+        2**32 - 1 cycles).
     device : int
-        CUDA device index.
+        CUDA device index (0 to 1023).
     hardware_buffer_size : int, optional
-        Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB).
+        Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB; 1 MiB to 1 TiB).
     decode_period : float, optional
-        Seconds between decodes by the background thread (default 0.01).
+        Seconds between decodes by the background thread (default 0.01; finite, above 0, at most 60).
     samples_per_image : int, optional
-        Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192). An image is handed to the
+        Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192; 2 to 2**20). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
     image_pool : int, optional
         Counter-data images made up front and recycled (default: two seconds of samples, at least 8, within
-        1 GiB). If evaluation falls behind and none is free,
+        1 GiB; 1 to 65,536). If evaluation falls behind and none is free,
         samples are discarded and counted (``attrs["discarded_samples"]``, part of ``lost_samples``).
     evaluators : int, optional
         Worker processes (or threads, with ``evaluate_in="thread"``) that evaluate samples while sampling runs
-        (default 2).
+        (default 2; 1 to 256).
     evaluate_in : {"process", "thread"}, optional
         Where samples are evaluated (default ``"process"``): worker processes with their own host object, which
         never compete with your Python threads for the GIL (timestamps rebuilt from each sample's duration and
         anchors read on the device; ``attrs["inexact_batches"]`` counts batches read exactly instead), or threads
         of this process (timestamps from ``GetSampleInfo``), which fall behind a Python loop that launches kernels
-        at 20 µs intervals. Images then live in files in ``/dev/shm``, unlinked once the workers have mapped them.
+        at 20 µs intervals. Images then live in anonymous shared memory (``memfd``, reserved up front; see :mod:`gpuscope._shm`), which
+        nothing outlives.
 
     Returns
     -------
@@ -573,8 +580,9 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
 
     Raises
     ------
-    ValueError
-        Bad interval or device (raised here); interval below what the chip can do (raised on start).
+    TypeError, ValueError
+        A bad argument (raised here, before any CUDA or CUPTI work; the message names the argument, the value and
+        what is allowed); an interval below what the chip can do (raised on start).
     SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
         On start: see :meth:`Sampler.start`.
 
