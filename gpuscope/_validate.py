@@ -43,10 +43,10 @@ def _range_text(minimum, maximum) -> str:
         return f"at least {minimum:,}"
     if maximum is not None:
         return f"at most {maximum:,}"
-    return "any"
+    return ""
 
 
-def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = INT64_MAX) -> int:
+def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """*value* as an ``int`` within ``[minimum, maximum]``.
 
     Parameters
@@ -57,7 +57,7 @@ def integer(value, name: str, *, minimum: int | None = None, maximum: int | None
     name : str
         The argument's name, for the message.
     minimum, maximum : int, optional
-        Inclusive bounds; the default maximum is the largest ``int64``, so nothing wraps in C.
+        Inclusive bounds. Give a maximum for values passed on to C (at most :data:`INT64_MAX`), so nothing wraps.
 
     Returns
     -------
@@ -70,7 +70,7 @@ def integer(value, name: str, *, minimum: int | None = None, maximum: int | None
     ValueError
         Outside the bounds.
     """
-    allowed = f"an integer {_range_text(minimum, maximum)}"
+    allowed = f"an integer {_range_text(minimum, maximum)}".rstrip()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {allowed}; got {value!r} ({type(value).__name__}).")
     value = int(value)
@@ -79,7 +79,7 @@ def integer(value, name: str, *, minimum: int | None = None, maximum: int | None
     return value
 
 
-def positive_int(value, name: str, maximum: int | None = INT64_MAX) -> int:
+def positive_int(value, name: str, maximum: int | None = None) -> int:
     """*value* as an ``int`` from 1 to *maximum* (see :func:`integer`).
 
     Raises
@@ -265,7 +265,10 @@ def path(value, name: str):
         An empty string.
     """
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a file path (str or pathlib.Path); got {value!r} ({type(value).__name__}).")
+        hint = " (an integer would be taken as an open file descriptor)" if isinstance(value, numbers.Integral) else ""
+        raise TypeError(
+            f"{name} must be a file path (str or pathlib.Path); got {value!r} ({type(value).__name__}){hint}."
+        )
     if os.fspath(value) == "":
         raise ValueError(f"{name} must be a file path; got an empty string.")
     return value

@@ -724,7 +724,7 @@ def _weights(ds: xr.Dataset, weight, dim: str) -> xr.DataArray:
 
 def _check_weight(ds: xr.Dataset, weight, dim: str) -> None:
     """Refuse a weight that would average silently wrong: an array without dims, a name that is not there."""
-    along = [str(n) for n, v in ds.variables.items() if dim in v.dims and np.issubdtype(v.dtype, np.number)]
+    along = [str(n) for n in (*ds.data_vars, *ds.coords) if dim in ds[n].dims and np.issubdtype(ds[n].dtype, np.number)]
     allowed = f"None, the name of a variable or coordinate along {dim!r} (e.g. {along[:3]}), or a DataArray along {dim!r}"
     if weight is None:
         return
