@@ -8,7 +8,21 @@ import os
 
 import numpy as np
 
-from . import _results
+from . import _results, _validate
+
+def _dataset_arg(ds, what: str) -> None:
+    import xarray as xr
+
+    if not isinstance(ds, xr.Dataset):
+        hint = " (load a file first with gpuscope.open_dataset)" if isinstance(ds, (str, os.PathLike)) else ""
+        raise ValueError(f"{what} an xarray.Dataset as ds{hint}; got {type(ds).__name__}")
+
+
+def _path_arg(path, what: str) -> None:
+    if path is None:
+        raise ValueError(f"{what} (path=, a str or pathlib.Path); got None")
+    _validate.path(path, "path")
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Perfetto / Chrome trace (JSON "Trace Event Format"): PM sampling series as counters, user ranges as slices
@@ -38,8 +52,15 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
     Raises
     ------
     ValueError
-        *ds* is not a PM sampling dataset, or a metric is not in it.
+        *ds* is not a PM sampling dataset (None included), a metric is not in it, or *metrics* is empty.
+    TypeError
+        *path* is not a str or PathLike; *metrics* is not a name or a list of names.
     """
+    _dataset_arg(ds, "to_chrome_trace exports")
+    if path is not None:
+        _validate.path(path, "path")
+    if metrics is not None:
+        metrics = _validate.names(metrics, "metrics")
     if ds.attrs.get("kind") != "pm_sampling" or "time" not in ds.dims:
         raise ValueError("to_chrome_trace exports PM sampling datasets (from gpuscope.sample); this one is not.")
     known = _results._as_list(ds.attrs["metrics"])  # a file read without gpuscope has one metric as a str
@@ -140,15 +161,13 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     Raises
     ------
     ValueError
-        *ds* is not a Dataset, or an attribute holds a value that cannot be stored (an object, a list of
-        mixed types); the message names it.
+        *ds* is not a Dataset (None included), *path* is None, or an attribute holds a value that cannot be stored
+        (an object, a list of mixed types); the message names it.
+    TypeError
+        *path* is not a str or PathLike.
     """
-    import xarray as xr
-
-    if not isinstance(ds, xr.Dataset):
-        raise ValueError(f"save_dataset writes an xarray.Dataset, got {type(ds).__name__}")
-    if path is None:
-        raise ValueError("save_dataset needs a path to write to, got None")
+    _dataset_arg(ds, "save_dataset writes")
+    _path_arg(path, "save_dataset needs a path to write to")
     out = ds.copy(deep=False)
     tags = {}
     for owner, attrs in [("", out.attrs)] + [(str(k), out[k].attrs) for k in out.variables]:
@@ -195,11 +214,12 @@ def open_dataset(path: str | os.PathLike):
         No file at *path*.
     ValueError
         *path* is None.
+    TypeError
+        *path* is not a str or PathLike (an integer would be read as an open file descriptor).
     """
     import xarray as xr
 
-    if path is None:
-        raise ValueError("open_dataset needs a path, got None")
+    _path_arg(path, "open_dataset needs a path")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No gpuscope dataset at {os.fspath(path)!r}.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:

@@ -2,7 +2,9 @@
 
 Search order:
 
-1. ``GPUSCOPE_CUPTI_LIB``: a path to ``libcupti.so.*`` or to the folder that holds it;
+1. ``GPUSCOPE_CUPTI_LIB``: a path to ``libcupti.so.*`` or to the folder that holds it, resolved once to one
+   absolute path (a relative name against the current folder if it is there, else where the dynamic loader
+   finds it) which is then probed and loaded;
 2. ``cuda.pathfinder`` (pip wheels ``nvidia-cuda-cupti`` / ``nvidia-cuda-cupti-cu12``, conda, CUDA_HOME);
 3. the CUDA toolkit folders under ``$CUDA_HOME``, ``$CUDA_PATH`` and ``/usr/local/cuda``.
 
@@ -89,19 +91,87 @@ def driver_available() -> bool:
         return False
 
 
+SET_HELP = (
+    f"Set {ENV_VAR} to a libcupti.so.12 or libcupti.so.13 (CUPTI 12.6 or later) or to the folder that holds it, "
+    "or unset it to use the CUPTI gpuscope finds itself."
+)
+
+
+def _override_error(value: str, problem: str) -> CuptiNotFoundError:
+    return CuptiNotFoundError(f"{ENV_VAR}={value}: {problem}. {SET_HELP}")
+
+
+_WHERE_LOADER_FINDS = r"""
+import ctypes, ctypes.util, os, sys
+try:
+    lib = ctypes.CDLL(sys.argv[1])
+except OSError as exc:
+    print("noload", exc)
+    raise SystemExit(0)
+class LinkMap(ctypes.Structure):
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]
+libdl = ctypes.CDLL(None)
+if not hasattr(libdl, "dlinfo"):  # glibc before 2.34
+    libdl = ctypes.CDLL(ctypes.util.find_library("dl"))
+link = ctypes.POINTER(LinkMap)()
+if libdl.dlinfo(ctypes.c_void_p(lib._handle), 2, ctypes.byref(link)) != 0:  # RTLD_DI_LINKMAP
+    print("noload dlinfo failed")
+    raise SystemExit(0)
+print("path", os.path.abspath(link.contents.l_name.decode()))
+"""
+
+
+def _loader_path(name: str) -> str:
+    """The file the dynamic loader opens for the bare library name *name* (searched in a child process, which
+    executes nothing from the current folder: loading a library runs its initialisers)."""
+    try:
+        out = subprocess.run([sys.executable, "-I", "-c", _WHERE_LOADER_FINDS, name], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _override_error(name, f"could not ask the dynamic loader where it is ({exc})") from None
+    kind, _, detail = out.stdout.strip().partition(" ")
+    if out.returncode != 0 or kind not in ("path", "noload"):
+        raise _override_error(name, f"loading it to see where it is crashed the probe (exit status {out.returncode})")
+    if kind == "noload":
+        raise _override_error(
+            name,
+            f"there is no such file in the current folder ({os.getcwd()}) and the dynamic loader does not find it "
+            f"either ({detail}); give an absolute path",
+        )
+    return detail
+
+
+def resolve_override(value: str) -> str:
+    """The absolute path of the one library ``GPUSCOPE_CUPTI_LIB=value`` names; everything later (the version
+    probe, the nvperf preload, the load) uses exactly this file.
+
+    A folder: the libcupti.so.13 (else .12) in it. A path that exists (absolute, or relative to the current
+    folder): that file. A bare name not in the current folder (``libcupti.so.13``): the file the dynamic loader
+    would open (``LD_LIBRARY_PATH``, its cache, the system folders).
+
+    Raises
+    ------
+    CuptiNotFoundError
+        The value names nothing, or a folder without libcupti; the message names the value and what to set.
+    """
+    if os.path.isdir(value):
+        hits = [p for s in _SONAMES for p in sorted(glob.glob(os.path.join(value, s + "*")))]
+        if not hits:
+            raise _override_error(value, f"the folder {os.path.abspath(value)} has no libcupti.so.12/13 in it")
+        return os.path.abspath(hits[0])
+    if os.path.exists(value):
+        return os.path.abspath(value)
+    if os.sep in value:
+        raise _override_error(value, f"{os.path.abspath(value)} does not exist")
+    return _loader_path(value)
+
+
 def _candidates() -> list[tuple[str, str]]:
     """(path, found_via) pairs in search order, not yet loaded."""
     found: list[tuple[str, str]] = []
     override = os.environ.get(ENV_VAR)
     if override:
-        if os.path.isdir(override):
-            hits = [p for s in _SONAMES for p in sorted(glob.glob(os.path.join(override, s + "*")))]
-            if not hits:
-                raise CuptiNotFoundError(f"{ENV_VAR}={override} is a folder without libcupti.so.12/13 in it.")
-            return [(hits[0], ENV_VAR)]
-        if not os.path.exists(override):
-            raise CuptiNotFoundError(f"{ENV_VAR}={override} does not exist.")
-        return [(override, ENV_VAR)]
+        return [(resolve_override(override), ENV_VAR)]
     for root in filter(None, (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")):
         for sub in _TOOLKIT_SUBDIRS:
             for soname in _SONAMES:
@@ -126,27 +196,53 @@ def _pathfinder_path() -> tuple[str, str] | None:
 _PROBE = r"""
 import ctypes, os, sys
 d = os.path.dirname(sys.argv[1])
-for n in ("libnvperf_host.so", "libnvperf_target.so"):
-    p = os.path.join(d, n)
-    if os.path.exists(p):
-        ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
-lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+try:
+    for n in ("libnvperf_host.so", "libnvperf_target.so"):
+        p = os.path.join(d, n)
+        if os.path.exists(p):
+            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+except OSError as exc:
+    print("noload", exc)
+    raise SystemExit(0)
+if not hasattr(lib, "cuptiGetVersion"):
+    print("nosymbol")
+    raise SystemExit(0)
+print("calling", flush=True)  # a crash from here on is CUPTI's first call
 v = ctypes.c_uint32(0)
 rc = lib.cuptiGetVersion(ctypes.byref(v))
 print(rc, v.value)
 """
 
 
-def _probe_version_in_child(path: str) -> int:
+def _not_cupti(path: str, found_via: str, problem: str) -> CuptiNotFoundError:
+    """The error for a file that is not a working CUPTI library, saying what to set or install."""
+    advice = SET_HELP if found_via == ENV_VAR else INSTALL_HELP
+    origin = f" (from {ENV_VAR})" if found_via == ENV_VAR else f" (found via {found_via})"
+    return CuptiNotFoundError(f"{path}{origin} {problem}. {advice}")
+
+
+def _probe_version_in_child(path: str, found_via: str = "") -> int:
     """cuptiGetVersion in a child process: CUPTI 13.2+ without a driver crashes or fails at its first call.
 
-    The child runs isolated (``python -I``): nothing in the current folder or ``PYTHON*`` variables is imported."""
+    The child runs isolated (``python -I``): nothing in the current folder or ``PYTHON*`` variables is imported.
+    Only a CUPTI library whose first call fails or crashes is reported as needing the driver; a file that does
+    not load or is not CUPTI says so."""
     try:
         out = subprocess.run([sys.executable, "-I", "-c", _PROBE, path], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CuptiNotFoundError(f"Could not probe CUPTI at {path}: {exc}") from None
-    fields = out.stdout.split()
+    lines = out.stdout.splitlines()
+    first = lines[0].split(" ", 1) if lines else [""]
+    if first[0] == "noload":
+        raise _not_cupti(path, found_via, f"cannot be loaded as a library: {first[1] if len(first) > 1 else ''}")
+    if first[0] == "nosymbol":
+        raise _not_cupti(path, found_via, "is not a CUPTI library (it has no cuptiGetVersion)")
+    fields = lines[1].split() if first[0] == "calling" and len(lines) > 1 else []
     if out.returncode != 0 or len(fields) != 2 or fields[0] != "0":
+        if first[0] != "calling":  # the child died before reaching CUPTI: nothing says it is CUPTI's fault
+            raise _not_cupti(path, found_via, f"could not be probed (the probe exited with status {out.returncode}: "
+                             f"{out.stderr.strip()[-300:]})")
         raise CuptiNotFoundError(
             f"CUPTI at {path} does not work on this machine, which has no NVIDIA driver: CUPTI 13.2 and later "
             "load the driver even for offline metric queries (the probe "
@@ -159,28 +255,28 @@ def _probe_version_in_child(path: str) -> int:
 
 def _open(path: str, found_via: str) -> CuptiLibrary:
     directory = os.path.dirname(path)
-    for name in _NVPERF:
-        nvperf = os.path.join(directory, name)
-        if os.path.exists(nvperf):
-            ctypes.CDLL(nvperf, mode=ctypes.RTLD_GLOBAL)
     # Without a driver, ask a child process first: CUPTI 13.2+ would crash this one.
-    api_version = None if driver_available() else _probe_version_in_child(path)
+    api_version = None if driver_available() else _probe_version_in_child(path, found_via)
     try:
+        for name in _NVPERF:
+            nvperf = os.path.join(directory, name)
+            if os.path.exists(nvperf):
+                ctypes.CDLL(nvperf, mode=ctypes.RTLD_GLOBAL)
         cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
-        raise CuptiNotFoundError(f"Could not load CUPTI from {path}: {exc}. {INSTALL_HELP}") from None
+        raise _not_cupti(path, found_via, f"cannot be loaded as a library: {exc}") from None
+    if not hasattr(cdll, "cuptiGetVersion"):
+        raise _not_cupti(path, found_via, "is not a CUPTI library (it has no cuptiGetVersion)")
     if api_version is None:
         api = ctypes.c_uint32(0)
         status = cdll.cuptiGetVersion(ctypes.byref(api))
         if status != 0:
-            raise CuptiNotFoundError(f"cuptiGetVersion failed with status {status} for CUPTI at {path}. {INSTALL_HELP}")
+            raise _not_cupti(path, found_via, f"is not a working CUPTI: cuptiGetVersion failed with status {status}")
         api_version = api.value
     version = version_from_api(api_version)
     if version < MIN_VERSION:
-        raise CuptiNotFoundError(
-            f"CUPTI at {path} is version %d.%d; gpuscope needs 12.6 or later (Range Profiler and Profiler Host "
-            f"API). {INSTALL_HELP}" % version
-        )
+        raise _not_cupti(path, found_via, "is CUPTI %d.%d; gpuscope needs 12.6 or later (Range Profiler and Profiler "
+                         "Host API)" % version)
     return CuptiLibrary(path=path, found_via=found_via, api_version=api_version, version=version, cdll=cdll)
 
 

@@ -42,6 +42,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
+from .. import _validate
 from ..errors import GpuscopeWarning, MissingMetricsError
 
 __all__ = ["change_points", "default_penalty", "label_segments", "phases", "standardize"]
@@ -243,6 +244,16 @@ def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndar
     return np.asarray(cps, dtype=np.int64)
 
 
+def _check_detection(penalty, min_size, max_change_points) -> None:
+    """TypeError/ValueError for detection parameters that would misbehave (NaN penalty, fractional sizes)."""
+    if penalty is not None:
+        _validate.real(penalty, "penalty", minimum=0.0)
+    if min_size is not None:
+        _validate.positive_int(min_size, "min_size")
+    if max_change_points is not None:
+        _validate.integer(max_change_points, "max_change_points", minimum=0)
+
+
 def change_points(
     x: np.ndarray,
     *,
@@ -274,19 +285,18 @@ def change_points(
 
     Raises
     ------
+    TypeError
+        A parameter of the wrong type (``min_size=2.5``).
     ValueError
-        ``min_size`` below 1, or ``penalty`` negative.
+        ``min_size`` below 1, ``max_change_points`` negative, or ``penalty`` negative, NaN or infinite.
     """
+    _check_detection(penalty, min_size, max_change_points)
     z = np.asarray(x, dtype=float) if standardized else standardize(x)
     if z.ndim == 1:
         z = z[:, None]
     n, d = z.shape
     min_size = max(2, n // 1000) if min_size is None else int(min_size)
-    if min_size < 1:
-        raise ValueError(f"min_size must be at least 1, got {min_size}")
     penalty = default_penalty(n, max(d, 1)) if penalty is None else float(penalty)
-    if penalty < 0:
-        raise ValueError(f"penalty must be >= 0, got {penalty}")
     if d == 0 or n < 2 * min_size:
         return np.zeros(0, dtype=np.int64)
     # Centred, so that the cumulative sums stay small and precise (standardize() already did it; a copy of a
@@ -475,18 +485,29 @@ def phases(
 
     Raises
     ------
+    TypeError
+        ``ds`` is not a Dataset, or a parameter has the wrong type.
     ValueError
-        No sample dimension, no usable metric, bad parameters.
+        No sample dimension, no samples, no usable metric, ``metrics=[]``, ``resolution`` above the number of
+        samples, ``penalty`` or ``label_tolerance`` negative or NaN, ``topdown`` not "auto"/True/False.
     gpuscope.errors.MissingMetricsError
         A requested metric is not in ``ds``; with ``topdown=True``, the Top-Down metrics are missing.
     """
+    ds = _validate.dataset(ds, "ds")
+    _check_detection(penalty, min_size, max_change_points)
+    label_tolerance = _validate.real(label_tolerance, "label_tolerance", minimum=0.0)
+    topdown = _validate.choice(topdown, "topdown", ("auto", True, False))
+    if metrics is not None:
+        metrics = _validate.names(metrics, "metrics")
+    if dim is not None and not isinstance(dim, str):
+        raise TypeError(f"dim must be a dimension name (str) or None; got {dim!r}.")
     dim = _sample_dim(ds, dim)
+    n = ds.sizes[dim]
+    if n == 0:
+        raise ValueError(f"ds has no samples along {dim!r}: there is nothing to find phases in.")
+    block = max(1, n // 1000) if resolution is None else _validate.positive_int(resolution, "resolution", maximum=n)
     names = _metric_names(ds, dim, metrics)
     xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
-    n = xt.shape[1]
-    block = max(1, n // 1000) if resolution is None else int(resolution)
-    if block < 1:
-        raise ValueError(f"resolution must be at least 1 sample, got {resolution}")
     # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
     # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
     nb = max(n // block, 1)

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import xarray as xr
 
+from .. import _validate
 from ..errors import GpuscopeWarning, MissingMetricsError
 
 __all__ = [
@@ -721,6 +722,24 @@ def _weights(ds: xr.Dataset, weight, dim: str) -> xr.DataArray:
     )
 
 
+def _check_weight(ds: xr.Dataset, weight, dim: str) -> None:
+    """Refuse a weight that would average silently wrong: an array without dims, a name that is not there."""
+    along = [str(n) for n in (*ds.data_vars, *ds.coords) if dim in ds[n].dims and np.issubdtype(ds[n].dtype, np.number)]
+    allowed = f"None, the name of a variable or coordinate along {dim!r} (e.g. {along[:3]}), or a DataArray along {dim!r}"
+    if weight is None:
+        return
+    if isinstance(weight, xr.DataArray):
+        if dim not in weight.dims or weight.sizes[dim] != ds.sizes.get(dim):
+            raise ValueError(f"weight must be {allowed} with {ds.sizes.get(dim)} values; got a DataArray with sizes "
+                             f"{dict(weight.sizes)}.")
+        return
+    if not isinstance(weight, str):
+        hint = f" (wrap an array: xr.DataArray(values, dims={dim!r}))" if isinstance(weight, (np.ndarray, list)) else ""
+        raise TypeError(f"weight must be {allowed}{hint}; got {type(weight).__name__}.")
+    if weight not in ds.variables:
+        raise ValueError(f"weight must be {allowed}; got {weight!r}, which is not in the Dataset.")
+
+
 def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str = "range") -> xr.Dataset:
     """Length-weighted mean over ranges, per group: the paper's per-kernel (or whole-run) Top-Down.
 
@@ -749,11 +768,16 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
 
     Raises
     ------
+    TypeError
+        ``ds`` is not a Dataset; ``weight`` is neither a name nor a DataArray (wrap a numpy array:
+        ``xr.DataArray(values, dims="range")``).
     ValueError
-        ``dim`` or ``by`` not in ``ds``.
+        ``dim`` or ``by`` not in ``ds``; ``weight`` names nothing in ``ds`` or is a DataArray not along ``dim``.
     gpuscope.errors.MissingMetricsError
         No weight can be found.
     """
+    ds = _validate.dataset(ds, "ds")
+    _check_weight(ds, weight, dim)
     if dim not in ds.dims:
         raise ValueError(f"the Dataset has no dimension {dim!r} (dims: {list(ds.dims)})")
     if by is not None and by not in ds.coords:

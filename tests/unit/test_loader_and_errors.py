@@ -63,27 +63,133 @@ def test_env_override_missing_file(tmp_path):
     assert "does not exist" in out.stdout
 
 
-def test_env_override_folder_without_cupti(tmp_path):
-    out = run_python("from gpuscope.cupti import _lib\n_lib.load()", GPUSCOPE_CUPTI_LIB=str(tmp_path))
-    assert out.returncode != 0
-    assert "without libcupti.so.12/13" in out.stderr
-
-
-def test_broken_library_gives_install_advice(tmp_path):
-    fake = tmp_path / "libcupti.so.13"
-    fake.write_bytes(b"not an ELF file")
-    out = run_python(
+def load_in_child(cwd=None, **env):
+    """``_lib.load()`` in a fresh process: ``ok <path> <only that libcupti mapped> <version>`` or
+    ``<error class> <message>``."""
+    code = textwrap.dedent(
         """
         from gpuscope.cupti import _lib
         try:
-            _lib.load()
+            lib = _lib.load()
         except Exception as e:
             print(type(e).__name__, e)
-        """,
-        GPUSCOPE_CUPTI_LIB=str(fake),
+        else:
+            maps = {l.split()[-1] for l in open('/proc/self/maps') if 'libcupti' in l}
+            print('ok', lib.path, sorted(maps) == [lib.path], lib.version_string)
+        """
     )
-    assert out.stdout.startswith("CuptiNotFoundError"), out.stderr
-    assert "gpuscope[offline]" in out.stdout or "gpuscope[cu13]" in out.stdout
+    full_env = {**os.environ, "PYTHONPATH": ROOT, **env}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120,
+                         cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def real_cupti():
+    """The CUPTI wheel installed with the tests (13.1), symlinks resolved."""
+    return os.path.realpath(_lib.load().path)
+
+
+def test_env_override_folder_without_cupti(tmp_path):
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=str(tmp_path))
+    assert out.startswith("CuptiNotFoundError"), out
+    assert f"{tmp_path} has no libcupti.so.12/13" in out and "Set GPUSCOPE_CUPTI_LIB to" in out
+
+
+def test_env_override_folder_with_cupti(real_cupti):
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=os.path.dirname(real_cupti))
+    assert out == f"ok {real_cupti} True 13.1"
+
+
+def test_relative_name_in_cwd_is_what_is_loaded(real_cupti):
+    # a bare name that exists in the current folder is that file: probed and loaded from there
+    name = os.path.basename(real_cupti)
+    out = load_in_child(cwd=os.path.dirname(real_cupti), GPUSCOPE_CUPTI_LIB=name)
+    assert out == f"ok {real_cupti} True 13.1"
+
+
+def test_relative_name_in_cwd_wins_over_the_loader_path(tmp_path, real_cupti):
+    # the old loader checked ./libcupti.so.13 but dlopen'ed the one on LD_LIBRARY_PATH: now the checked file is
+    # the loaded one, and a wrong file there is reported as such
+    (tmp_path / "libcupti.so.13").write_bytes(b"not an ELF file")
+    out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="libcupti.so.13",
+                        LD_LIBRARY_PATH=os.path.dirname(real_cupti))
+    assert out.startswith(
+        f"CuptiNotFoundError {tmp_path}/libcupti.so.13 (from GPUSCOPE_CUPTI_LIB) cannot be loaded as a library"
+    ), out
+    assert "Set GPUSCOPE_CUPTI_LIB to a libcupti.so.12 or libcupti.so.13" in out
+    assert "driver" not in out
+
+
+def test_bare_name_is_found_where_the_loader_finds_it(tmp_path, real_cupti):
+    out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="libcupti.so.13",
+                        LD_LIBRARY_PATH=os.path.dirname(real_cupti))
+    assert out == f"ok {real_cupti} True 13.1"
+
+
+def test_bare_name_found_nowhere(tmp_path):
+    out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="libcupti.so.99", LD_LIBRARY_PATH="")
+    assert out.startswith(
+        "CuptiNotFoundError GPUSCOPE_CUPTI_LIB=libcupti.so.99: there is no such file in the current "
+        f"folder ({tmp_path}) and the dynamic loader does not find it"
+    ), out
+    assert "give an absolute path" in out
+
+
+def test_relative_path_that_does_not_exist(tmp_path):
+    out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="lib/libcupti.so.13")
+    assert out.startswith(
+        f"CuptiNotFoundError GPUSCOPE_CUPTI_LIB=lib/libcupti.so.13: {tmp_path}/lib/libcupti.so.13 does not exist"
+    ), out
+
+
+def test_a_library_that_is_not_cupti():
+    # a real shared object without CUPTI's symbols: no AttributeError, no "needs the driver"
+    import _ctypes
+
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=_ctypes.__file__)
+    assert out == (f"CuptiNotFoundError {_ctypes.__file__} (from GPUSCOPE_CUPTI_LIB) is not a CUPTI library (it has "
+                   f"no cuptiGetVersion). {_lib.SET_HELP}")
+
+
+def _fake_cupti(tmp_path, body: str):
+    """A shared library whose cuptiGetVersion runs *body* (C), built with the system compiler."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a fake CUPTI")
+    src = tmp_path / "fake.c"
+    src.write_text("int cuptiGetVersion(unsigned *v) { %s }\n" % body)
+    lib = tmp_path / "libcupti.so.12"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
+    return lib
+
+
+def test_a_cupti_too_old(tmp_path):
+    lib = _fake_cupti(tmp_path, "*v = 20; return 0;")  # API version 20: CUPTI 12.5 or older
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=str(tmp_path))
+    assert out == (f"CuptiNotFoundError {lib} (from GPUSCOPE_CUPTI_LIB) is CUPTI 12.5; gpuscope needs 12.6 or later "
+                   f"(Range Profiler and Profiler Host API). {_lib.SET_HELP}")
+
+
+def test_a_cupti_whose_first_call_fails(tmp_path):
+    lib = _fake_cupti(tmp_path, "return 999;")
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=str(lib))
+    assert out.startswith("CuptiNotFoundError"), out
+    if _lib.driver_available():
+        assert "cuptiGetVersion failed with status 999" in out
+    else:  # what CUPTI 13.2+ does without a driver
+        assert f"CUPTI at {lib} does not work on this machine, which has no NVIDIA driver" in out
+
+
+def test_broken_library_names_the_path_and_what_to_set(tmp_path):
+    fake = tmp_path / "libcupti.so.13"
+    fake.write_bytes(b"not an ELF file")
+    out = load_in_child(GPUSCOPE_CUPTI_LIB=str(fake))
+    assert out.startswith(f"CuptiNotFoundError {fake} (from GPUSCOPE_CUPTI_LIB) cannot be loaded as a library"), out
+    assert _lib.SET_HELP in out and "driver" not in out
 
 
 def test_loaded_cupti_is_supported():

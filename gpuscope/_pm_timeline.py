@@ -1,0 +1,95 @@
+"""Pure helpers over CUPTI timestamps (tested without a GPU): user ranges as the sampler saw them, the range
+open at each sample, and samples that never arrived."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["Span", "RangeRecorder", "innermost_ranges", "count_lost"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One user range as the sampler saw it: path, thread and CUPTI timestamps (ns)."""
+
+    path: str
+    thread: int
+    start_ns: int
+    end_ns: int
+
+
+def innermost_ranges(times_ns: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    """For each time, the path of the innermost user range open then ("" where none).
+
+    "Innermost" is the most recently entered range still open; with ranges on several threads that is the
+    latest ``range_push`` of any thread.
+    """
+    times_ns = np.asarray(times_ns, dtype=np.int64)
+    out = np.full(times_ns.shape, "", dtype=object)
+    if not spans or times_ns.size == 0:
+        return out.astype(str)
+    events = sorted(
+        [(s.start_ns, 1, i) for i, s in enumerate(spans)] + [(s.end_ns, 0, i) for i, s in enumerate(spans)]
+    )  # at equal times, pops (0) before pushes (1)
+    order = np.argsort(times_ns, kind="stable")
+    open_spans: dict[int, None] = {}  # insertion-ordered: the last key is the innermost
+    k = 0
+    for idx in order:
+        t = times_ns[idx]
+        while k < len(events) and events[k][0] <= t:
+            _, is_push, i = events[k]
+            if is_push:
+                open_spans[i] = None
+            else:
+                open_spans.pop(i, None)
+            k += 1
+        if open_spans:
+            out[idx] = spans[next(reversed(open_spans))].path
+    return out.astype(str)
+
+
+def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None = None) -> int:
+    """Samples that never arrived: a gap of ``g`` ns between one sample's end and the next one's start stands
+    for ``round(g / interval)`` samples, and so does the time from the last sample to *session_end_ns*
+    (less one interval, the sample in flight at Stop)."""
+    if interval_ns <= 0:
+        return 0
+    start_ns = np.asarray(start_ns, dtype=np.int64)
+    end_ns = np.asarray(end_ns, dtype=np.int64)
+    lost = int(np.rint(np.clip(start_ns[1:] - end_ns[:-1], 0, None) / interval_ns).sum())
+    if session_end_ns is not None and end_ns.size:
+        lost += max(0, int(round((session_end_ns - end_ns[-1]) / interval_ns)) - 1)
+    return lost
+
+
+class RangeRecorder:
+    """A ``gpuscope.range`` listener that stamps pushes and pops with the CUPTI clock."""
+
+    def __init__(self, timestamp):
+        self._timestamp = timestamp
+        self.events: list[tuple[int, bool, str, int]] = []  # (ns, is_push, path, thread id)
+
+    def range_push(self, path: str) -> None:
+        self.events.append((self._timestamp(), True, path, threading.get_ident()))
+
+    def range_pop(self, path: str) -> None:
+        self.events.append((self._timestamp(), False, path, threading.get_ident()))
+
+    def spans(self, open_until_ns: int, already_open: Iterable[str] = ()) -> list[Span]:
+        """Pair pushes with pops per thread; ranges still open end at *open_until_ns*."""
+        stacks: dict[int, list[tuple[str, int]]] = {}
+        spans = []
+        for t, is_push, path, thread in self.events:
+            stack = stacks.setdefault(thread, [])
+            if is_push:
+                stack.append((path, t))
+            elif stack:
+                p, t0 = stack.pop()
+                spans.append(Span(p, thread, t0, t))
+        for thread, stack in stacks.items():
+            spans.extend(Span(p, thread, t0, open_until_ns) for p, t0 in stack)
+        return sorted(spans, key=lambda s: (s.start_ns, -s.end_ns))
