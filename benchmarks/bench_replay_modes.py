@@ -219,6 +219,17 @@ def modes(kind: str, launches: int) -> dict:
     r["loop_ms_per_launch"] = (r["loop_s"] - plain_all) / r["rows"] * 1e3
     out["iteration"] = r
 
+    def iteration_default_body(prof):  # max_ranges left to gpuscope: one more, unprofiled, iteration sizes it
+        for _ in range(prof.passes + 1):
+            with __import__("gpuscope").range("step"):
+                run(launches)
+
+    r = timed_session("topdown", "iteration", iteration_default_body)
+    plain_all = plain * (r["passes"] + 1)
+    r["ms_per_launch"] = (r["total_s"] - plain_all) / r["rows"] * 1e3
+    r["loop_ms_per_launch"] = (r["loop_s"] - plain_all) / r["rows"] * 1e3
+    out["iteration_sized"] = r
+
     one = 2 * launches
     plain_one = plain_s(run, one)
     for mode in ("kernel", "iteration"):
@@ -321,7 +332,7 @@ def table(results) -> str:
     lines = ["| process | mode | end-to-end ms/launch | loop-only ms/launch | start s | close+dataset+topdown s | rows |",
              "|---|---|---|---|---|---|---|"]
     for r in results.get("processes", []):
-        for mode in ("kernel", "iteration", "one_pass_kernel", "one_pass_iteration"):
+        for mode in ("kernel", "iteration", "iteration_sized", "one_pass_kernel", "one_pass_iteration"):
             m = r.get(mode)
             if not m:
                 continue
