@@ -170,6 +170,7 @@ class Sampler:
         self.trigger: Trigger | None = None
         self.interval_ns: int = value if unit == "ns" else 0
         self._state = "new"
+        self._torn_down = False  # set once the teardown of stop() has run to its end
         self._dataset = None
         self._handle = None
         self._context = None
@@ -185,7 +186,17 @@ class Sampler:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.stop()
+        interrupted = None
+        while True:  # a Ctrl-C that lands before stop() reaches its shielded teardown must not skip it
+            try:
+                self.stop()
+                break
+            except KeyboardInterrupt as ki:
+                interrupted = interrupted or ki
+                if self._torn_down:
+                    break
+        if interrupted is not None and exc_type is None:
+            raise interrupted
         return False
 
     def start(self) -> "Sampler":
@@ -320,13 +331,19 @@ class Sampler:
         Waits for the evaluator threads to finish the last images. Warns (:class:`GpuscopeWarning`) if samples
         were lost, saying why and what to change.
         """
-        if self._state != "running":
+        if self._state not in ("running", "stopping") or self._torn_down:
             return
         self._state = "stopping"
-        run_shielded(self._stop)
+        run_shielded(self._stop_once)
         message = self._loss_message()
         if message:
             warnings.warn(message, GpuscopeWarning, stacklevel=2)
+
+    def _stop_once(self) -> None:
+        try:
+            self._stop()
+        finally:
+            self._torn_down = True
 
     def _stop(self) -> None:
         from .cupti import activity

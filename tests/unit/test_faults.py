@@ -260,6 +260,51 @@ def test_ctrl_c_during_stop_still_unregisters_and_disables(monkeypatch):
     assert 5 not in _sampling._active and s._state == "stopped"
 
 
+def test_ctrl_c_before_the_shielded_teardown_does_not_skip_it(monkeypatch):
+    """The second Ctrl-C can land in __exit__ before stop() has reached run_shielded: the teardown still runs."""
+    from gpuscope.cupti import pm_sampling as pm
+    from gpuscope.cupti import profiler
+
+    disabled = []
+    monkeypatch.setattr(pm, "stop", lambda handle: None)
+    monkeypatch.setattr(pm, "disable", disabled.append)
+    monkeypatch.setattr(profiler, "deinitialize", lambda: disabled.append("deinit"))
+
+    class Decoder:
+        errors, overflows, discarded, _backend = [], 0, 0, None
+
+        def stop_sampling(self, call):
+            call()
+
+        def finish(self):
+            pass
+
+        close_workers = finish
+
+        def series(self):
+            return np.empty((0, 1)), np.empty((0, 2), dtype=np.int64)
+
+    real = _sampling.run_shielded
+    calls = []
+
+    def interrupted_first(fn, *args):  # Ctrl-C arrives just before the first teardown starts
+        calls.append(fn)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(fn, *args)
+
+    monkeypatch.setattr(_sampling, "run_shielded", interrupted_first)
+    s = _sampling.Sampler(device=6)
+    s._state, s._decoder, s._handle, s._initialized, s._started = "running", Decoder(), 4321, True, True
+    s.start_ns, s.interval_ns, s.stop_ns = 0, 100_000, 0
+    _sampling._active[6] = s
+    monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 0)
+    with pytest.raises(KeyboardInterrupt):
+        s.__exit__(None, None, None)  # the with block ended; Ctrl-C lands before the teardown
+    assert len(calls) == 2 and disabled == [4321, "deinit"]
+    assert 6 not in _sampling._active and s._state == "stopped"
+
+
 MALICIOUS = "open({marker!r}, 'w').write('executed')\n"
 
 
