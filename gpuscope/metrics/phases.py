@@ -14,10 +14,14 @@ Method
    neighbours, and change points whose split no longer pays the penalty are removed. The default penalty is a
    chi-square tail bound for ``d`` standardised metrics, ``d + 2 sqrt(2 d log n) + 4 log n``, which keeps the
    chance of a false change in white noise near ``1/n``.
+   Then change points whose local step (medians of up to 10 blocks either side) is below ``min_change`` of
+   every metric's spread over the run are dropped, weakest first: real PM noise is correlated over many blocks,
+   and a slow drift must stay one phase (see ``docs/phases.md``).
 3. **Labels**: segments are merged greedily by Ward's criterion (the increase in within-phase squared error,
    ``n_i n_j / (n_i + n_j) * |m_i - m_j|^2``) while that is below the same penalty, or while the two means differ
    by less than ``label_tolerance`` noise sigmas in every metric. Recurring phases thus share a label.
-   Labels are numbered in order of first appearance.
+   Segments whose means differ by less than ``min_change`` of the spread in every metric also merge, and
+   neighbouring segments with one label are joined. Labels are numbered in order of first appearance.
 
 Self-contained numpy: no ``ruptures`` dependency (its PELT/binseg are Python loops over samples; this is
 vectorised and meets 1e6 samples x 8 metrics in well under a second, see ``docs/phases.md``).
