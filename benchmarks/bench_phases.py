@@ -1,6 +1,20 @@
-"""Speed and accuracy of gpuscope's phase detection on synthetic piecewise-constant signals (CPU only).
+"""Speed and accuracy of gpuscope's phase detection: H100 recordings with true phases, and synthetic signals.
 
-Run:  python benchmarks/bench_phases.py [--quick]
+Run:  python benchmarks/bench_phases.py [--quick] [--real-only]     (CPU only)
+
+Real recordings (``tests/fixtures/phases/``, made by ``benchmarks/record_phases.py`` on an H100, PM sampling
+every 100 us): the true phases are the recording's top-level user ranges, ``<index>_<kind>``; ranges of the same
+kind should get the same label. Scored per recording (:func:`score`):
+
+* phase count: distinct labels on the samples inside the ranges, leaving out samples within ``EDGE_NS`` (2 ms)
+  of a range's edges (the GPU starts work up to ~1.5 ms after the first range opens), against the number of
+  kinds;
+* boundaries: the true ones are the midpoints between consecutive ranges; detected change points before the
+  first range's start or after the last range's end (+-``TOL_NS``) are not scored (idle before and after the
+  workload); a hit is within ``TOL_NS`` (1 ms), one-to-one; F1 of hits, and each true boundary's distance to
+  the nearest detected one;
+* adjusted Rand index of the labels against the kinds, over every sample inside a range;
+* idle: how many labels the samples of ``idle`` ranges carry.
 
 Signals: ``d = 8`` metrics, 5-15 change points at least 3% of the length apart, Gaussian noise of sigma 1, and
 each metric then given its own scale and offset (10^-3 .. 10^3) as real counters have. Two scenarios:
@@ -16,9 +30,11 @@ pooled over all trials. Timing: ``phases()`` on an xarray Dataset of 1e6 samples
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
@@ -26,6 +42,62 @@ import xarray as xr
 from gpuscope.metrics.phases import change_points, phases
 
 D = 8
+TOL_NS = 1e6
+EDGE_NS = 2e6
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def recordings():
+    """The fixture loader module of ``tests/fixtures/phases`` (shared with the unit tests)."""
+    spec = importlib.util.spec_from_file_location("phase_recordings", ROOT / "tests/fixtures/phases/recordings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def score(ds: xr.Dataset, ph: xr.Dataset, rec) -> dict:
+    """Score the phases *ph* found in the recording *ds* against its true phases (see the module docstring)."""
+    import gpuscope as gs
+
+    sp = gs.spans(ds)
+    t = np.asarray(ds["time"], dtype=float)
+    found = t[np.asarray(ph.segment_first)[1:]]
+    found = found[(found > sp["start"].min() + TOL_NS) & (found < sp["end"].max() - TOL_NS)]
+    true = rec.true_boundaries_ns(ds)
+    hits = matches(found, true, TOL_NS)
+    precision, recall = hits / max(len(found), 1), hits / max(len(true), 1)
+    err = np.array([np.abs(found - b).min() if len(found) else np.inf for b in true]) / 1e6
+    labels, truth = np.asarray(ph.phase), rec.true_labels(ds)
+    inside = truth >= 0
+    span = np.asarray(ds["span"])[inside]
+    t_end = np.asarray(ds["end_ns"], dtype=float)[inside] - float(ds.attrs["session_start_ns"])
+    core = np.zeros_like(inside)
+    core[inside] = (t[inside] >= sp["start"].to_numpy()[span] + EDGE_NS) & (
+        t_end <= sp["end"].to_numpy()[span] - EDGE_NS)
+    kinds = np.array(rec.kinds(ds))
+    idle = inside.copy()
+    idle[inside] = kinds[span] == "idle"
+    return {
+        "phases": len(np.unique(labels[core])),
+        "kinds": len(np.unique(truth[core])),
+        "boundaries": len(true),
+        "found": len(found),
+        "f1": 2 * precision * recall / max(precision + recall, 1e-12),
+        "median_error_ms": float(np.median(err)) if len(err) else 0.0,
+        "max_error_ms": float(err.max()) if len(err) else 0.0,
+        "ari": adjusted_rand(labels[inside], truth[inside]),
+        "idle_labels": len(np.unique(labels[idle])) if idle.any() else None,
+    }
+
+
+def real(**kwargs) -> list[tuple[str, dict]]:
+    """Score :func:`phases` (with *kwargs*) on every recording."""
+    rec = recordings()
+    rows = []
+    for name in rec.NAMES:
+        ds = rec.load(name)
+        rows.append((name, score(ds, phases(ds, topdown=False, **kwargs), rec)))
+    return rows
 
 
 def synthetic(n: int, scenario: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,6 +191,7 @@ def speed(n: int, repeats: int, seed: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials")
+    parser.add_argument("--real-only", action="store_true", help="only the H100 recordings")
     args = parser.parse_args()
     trials = {1_000: 100, 10_000: 100, 100_000: 20, 1_000_000: 5}
     if args.quick:
@@ -126,6 +199,15 @@ def main() -> None:
 
     print(f"# gpuscope phase detection benchmark ({platform.processor() or platform.machine()}, "
           f"numpy {np.__version__}, Python {platform.python_version()})\n")
+    print("| recording | phases found / kinds | boundaries found / true | F1 (1 ms) | median / max boundary error (ms) "
+          "| adjusted Rand | labels on idle |\n|---|---|---|---|---|---|---|")
+    for name, r in real():
+        idle = "-" if r["idle_labels"] is None else r["idle_labels"]
+        print(f"| {name} | {r['phases']} / {r['kinds']} | {r['found']} / {r['boundaries']} | {r['f1']:.2f} | "
+              f"{r['median_error_ms']:.2f} / {r['max_error_ms']:.2f} | {r['ari']:.3f} | {idle} |")
+    if args.real_only:
+        return
+    print()
     print("| samples x metrics | call | first run (s) | median (s) | max (s) |\n|---|---|---|---|---|")
     for call, (first, median, worst) in speed(1_000_000, 5, seed=1).items():
         print(f"| 1e6 x {D} | {call} | {first:.3f} | {median:.3f} | {worst:.3f} |")

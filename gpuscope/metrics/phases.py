@@ -14,10 +14,14 @@ Method
    neighbours, and change points whose split no longer pays the penalty are removed. The default penalty is a
    chi-square tail bound for ``d`` standardised metrics, ``d + 2 sqrt(2 d log n) + 4 log n``, which keeps the
    chance of a false change in white noise near ``1/n``.
+   Then change points whose local step (medians of up to 10 blocks either side) is below ``min_change`` of
+   every metric's spread over the run are dropped, weakest first: real PM noise is correlated over many blocks,
+   and a slow drift must stay one phase (see ``docs/phases.md``).
 3. **Labels**: segments are merged greedily by Ward's criterion (the increase in within-phase squared error,
    ``n_i n_j / (n_i + n_j) * |m_i - m_j|^2``) while that is below the same penalty, or while the two means differ
    by less than ``label_tolerance`` noise sigmas in every metric. Recurring phases thus share a label.
-   Labels are numbered in order of first appearance.
+   Segments whose means differ by less than ``min_change`` of the spread in every metric also merge, and
+   neighbouring segments with one label are joined. Labels are numbered in order of first appearance.
 
 Self-contained numpy: no ``ruptures`` dependency (its PELT/binseg are Python loops over samples; this is
 vectorised and meets 1e6 samples x 8 metrics in well under a second, see ``docs/phases.md``).
@@ -52,6 +56,11 @@ __all__ = ["change_points", "default_penalty", "label_segments", "phases", "stan
 _SCALE_SAMPLES = 200_000
 # Split searches on segments longer than this many samples start on a grid of this size.
 _GRID = 20_000
+# Blocks on either side of a change point whose medians give its step (see _prune_small_changes).
+_STEP_WINDOW = 10
+# Smallest spread, in noise sigmas, that min_change measures against: a metric that moves by only a few sigma
+# over the whole run (a PCIe counter that only sees the sampler's own traffic) must not make phases of noise.
+_SPREAD_FLOOR = 4.0
 
 
 def default_penalty(n: int, d: int) -> float:
@@ -215,6 +224,54 @@ def _refine(split: _Splitter, cps: list[int], n: int, penalty: float, sweeps: in
     return cps
 
 
+def _spread(z: np.ndarray, cps: np.ndarray) -> np.ndarray:
+    """Spread of each standardised metric over the run: 1st to 99th percentile of its piecewise-constant fit
+    (segment means between ``cps``), at least one noise sigma.
+
+    The yardstick of ``min_change``: a step that is small against what the metric does over the whole run is no
+    new phase, however significant statistically. The fit rather than the samples, so that noise does not
+    widen the yardstick; percentiles, so that segments shorter than 1% of the run do not either.
+    """
+    bounds = np.concatenate([[0], cps, [z.shape[0]]]).astype(np.int64)
+    means = np.add.reduceat(z, bounds[:-1], axis=0) / np.diff(bounds)[:, None]
+    fit = np.repeat(means, np.diff(bounds), axis=0)
+    lo, hi = np.quantile(fit, [0.01, 0.99], axis=0)
+    return np.maximum(hi - lo, _SPREAD_FLOOR)
+
+
+def _prune_small_changes(
+    z: np.ndarray, cps: np.ndarray, spread: np.ndarray, min_change: float, window: int
+) -> np.ndarray:
+    """Drop change points whose local step is below ``min_change`` of every metric's spread, weakest first.
+
+    The step is the difference of the medians of up to ``window`` blocks on either side (not beyond the
+    neighbouring change points): medians, because real PM series dip for single blocks where the workload
+    synchronises; local, so that a slow drift, which binary segmentation cuts into a staircase, has small steps
+    and stays one phase while the jumps at its ends stay.
+    """
+    n = z.shape[0]
+    cps = [int(c) for c in cps]
+
+    def step(k: int) -> float:
+        a = cps[k - 1] if k else 0
+        b = cps[k + 1] if k + 1 < len(cps) else n
+        c = cps[k]
+        left = np.median(z[max(a, c - window) : c], axis=0)
+        right = np.median(z[c : min(b, c + window)], axis=0)
+        return float(np.max(np.abs(right - left) / spread))
+
+    steps = [step(k) for k in range(len(cps))]
+    while cps:
+        k = int(np.argmin(steps))
+        if steps[k] >= min_change:
+            break
+        del cps[k], steps[k]
+        for j in (k - 1, k):  # only the neighbours' windows changed
+            if 0 <= j < len(cps):
+                steps[j] = step(j)
+    return np.asarray(cps, dtype=np.int64)
+
+
 def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndarray:
     """Move change points found on block means to the best sample within a block of where they were found.
 
@@ -308,7 +365,13 @@ def change_points(
 
 
 def label_segments(
-    means: np.ndarray, sizes: np.ndarray, penalty: float, label_tolerance: float = 0.5
+    means: np.ndarray,
+    sizes: np.ndarray,
+    penalty: float,
+    label_tolerance: float = 0.5,
+    *,
+    spread: np.ndarray | None = None,
+    min_change: float = 0.3,
 ) -> np.ndarray:
     """Give recurring segments one label: greedy Ward merging of standardised segment means.
 
@@ -322,6 +385,11 @@ def label_segments(
         Merge while the Ward cost is below this.
     label_tolerance : float
         Also merge while every metric's means differ by less than this many noise sigmas.
+    spread : numpy.ndarray, optional
+        ``(d,)`` spread of each metric over the run (same units as ``means``); with ``min_change``, also merge
+        while every metric's means differ by less than ``min_change * spread``.
+    min_change : float
+        See ``spread``; 0 turns this criterion off.
 
     Returns
     -------
@@ -338,6 +406,8 @@ def label_segments(
         w = weight[idx]
         ward = w[:, None] * w[None, :] / (w[:, None] + w[None, :]) * np.einsum("ijk,ijk->ij", diff, diff)
         close = np.abs(diff).max(axis=2) < label_tolerance
+        if spread is not None and min_change > 0:
+            close |= (np.abs(diff) / spread).max(axis=2) < min_change
         # Pairs within tolerance go first (cost -1), then by Ward cost.
         cost = np.where(close, -1.0, ward)
         np.fill_diagonal(cost, np.inf)
@@ -405,6 +475,18 @@ def _extent(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, np.ndarray]:
     return pos, end
 
 
+def _clip_reach_back(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Start of the first sample moved to one median duration before its end, when it lasts over twice that."""
+    if len(start) < 3:
+        return start
+    typical = float(np.median(end[1:] - start[1:]))
+    if end[0] - start[0] <= 2.0 * typical:
+        return start
+    start = start.copy()
+    start[0] = end[0] - typical
+    return start
+
+
 def _phase_topdown(ds: xr.Dataset, first, weight, labels, n_phases, mode):
     """Duration-weighted per-phase means of the Top-Down nodes, or None when the metrics do not allow it."""
     from .topdown import topdown  # late: topdown is only needed when the metrics allow it
@@ -455,6 +537,8 @@ def phases(
     max_change_points: int | None = None,
     label_tolerance: float = 0.5,
     resolution: int | None = None,
+    min_change: float = 0.3,
+    clip_first: bool = True,
     topdown="auto",
 ) -> xr.Dataset:
     """Detect change points and phases in a time series (PM samples) or per-launch range results.
@@ -475,6 +559,16 @@ def phases(
     resolution : int, optional
         Samples per block: change points are found on block means, so phases are at least this coarse and
         variation faster than a block counts as noise. Default ``max(1, n // 1000)``, 0.1% of the run.
+    min_change : float
+        Smallest change that makes a new phase, as a fraction of a metric's spread over the run (its 1st to
+        99th percentile of block means): a change point stays only where some metric steps by at least this
+        much (medians of up to 10 blocks either side), and segments whose means differ by less than this in
+        every metric share a label. Default 0.1; 0 keeps every statistically significant change.
+    clip_first : bool
+        A PM series' first sample starts when sampling was armed, often long before the workload (its
+        ``start_ns`` reaches back over the idle time before): count it as one median sample long in durations
+        and fractions, so that it does not become a long idle phase. Only applies when the first sample lasts
+        more than twice the median.
     topdown : {"auto", True, False}
         Add ``phase_topdown`` (per-phase Top-Down): "auto" when the metrics allow it, True to require it.
 
@@ -508,6 +602,7 @@ def phases(
     block = max(1, n // 1000) if resolution is None else _validate.positive_int(resolution, "resolution", maximum=n)
     names = _metric_names(ds, dim, metrics)
     xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
+    min_change = _validate.real(min_change, "min_change", minimum=0.0)
     # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
     # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
     nb = max(n // block, 1)
@@ -518,6 +613,9 @@ def phases(
     pen = default_penalty(nb, max(z.shape[1], 1)) if penalty is None else float(penalty)
     block_min = None if min_size is None else max(1, -(-int(min_size) // block))
     cps_b = change_points(z, penalty=pen, min_size=block_min, max_change_points=max_change_points, standardized=True)
+    spread = _spread(z, cps_b) if z.shape[1] else None
+    if min_change > 0 and len(cps_b):
+        cps_b = _prune_small_changes(z, cps_b, spread, min_change, _STEP_WINDOW)
 
     cps = cps_b * block
     if block > 1 and len(cps):
@@ -529,13 +627,18 @@ def phases(
     bounds_b = np.maximum.accumulate(bounds_b - steps) + steps  # strictly increasing, even at the edges
     sizes_b = np.diff(bounds_b)
     zmeans = np.add.reduceat(z.T, bounds_b[:-1], axis=1).T / sizes_b[:, None]
-    labels = label_segments(zmeans, sizes_b, pen, label_tolerance)
+    labels = label_segments(zmeans, sizes_b, pen, label_tolerance, spread=spread, min_change=min_change)
+    # A boundary between two segments of the same phase is no phase change: join them.
+    new_phase = labels[1:] != labels[:-1]
+    cps, labels = cps[new_phase], labels[np.concatenate([[True], new_phase])]
     bounds = np.concatenate([[0], cps, [n]]).astype(np.int64)
     first, stop = bounds[:-1], bounds[1:]
     sizes = stop - first
     n_phases = int(labels.max()) + 1
 
     start, end = _extent(ds, dim)
+    if clip_first:
+        start = _clip_reach_back(start, end)
     durations = end - start
     seg_start, seg_end = start[first], end[stop - 1]
     seg_dur = seg_end - seg_start
@@ -562,5 +665,5 @@ def phases(
         if td is not None:
             out = out.assign(phase_topdown=td)
     out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps),
-                 "phases_resolution": block}
+                 "phases_resolution": block, "phases_min_change": float(min_change)}
     return out
