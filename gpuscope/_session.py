@@ -191,7 +191,10 @@ class Profiler:
         try:
             self.chip = profiler.chip_name(self.device)
             self.metrics = _catalog.resolve(metrics, self.chip, "range")
-            self._availability = profiler.counter_availability(self._context.handle)
+            # PM sampling's availability query, not the range profiler's: once cuptiProfilerGetCounterAvailability
+            # has run in a process, CUPTI 13.0 delivers no PC sampling records there (H100); the config images
+            # built from either image are byte-identical on GH100 (tests/unit/test_host.py).
+            self._availability = profiler.pm_counter_availability(self.device)
             self._host = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
             self._host.add_metrics(self.metrics)
             self._config = self._host.config_image()

@@ -90,3 +90,17 @@ def test_evaluate_rejects_garbage_image(gh100):
 
     with pytest.raises(CounterDataImageError, match="not a CUPTI counter-data image"):
         gh100.evaluate(np.zeros(64, dtype=np.uint8), 0, ["smsp__inst_executed.sum"])
+
+
+@pytest.mark.parametrize("metric_set", ["launch", "speed-of-light", "topdown", "fast-topdown"])
+def test_pm_availability_image_gives_the_range_profilers_config(metric_set):
+    """gpuscope.Profiler builds its config with PM sampling's availability image (the range profiler's query
+    stops CUPTI 13.0 from delivering PC sampling records): on the H100's images both give the same bytes."""
+    import gpuscope as gs
+
+    pm = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
+    rng = np.load(AVAILABILITY)
+    metrics = gs.metric_set(metric_set).metrics
+    a = host.config_image("GH100", ProfilerType.RANGE_PROFILER, metrics, pm)
+    b = host.config_image("GH100", ProfilerType.RANGE_PROFILER, metrics, rng)
+    assert a.tobytes() == b.tobytes()
