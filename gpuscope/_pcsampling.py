@@ -465,9 +465,8 @@ class PCSampler:
         if self.records.total_samples and not np.size(self.records.samples):
             warnings.warn(
                 f"CUPTI counted {self.records.total_samples} PC samples but delivered no PC records. On the H100 "
-                "(CUPTI 13.0) this happens in a process that called cuptiProfilerGetCounterAvailability earlier, as "
-                "gpuscope.Profiler (range profiling) does: run PC sampling in a separate process, or before range "
-                "profiling.",
+                "(CUPTI 13.0) this was seen in a long process that had run many profiling sessions before (and "
+                "after cuptiProfilerGetCounterAvailability): run PC sampling in a fresh process, or first.",
                 GpuscopeWarning,
                 stacklevel=3,
             )

@@ -70,7 +70,7 @@ from benchmarks import bench_pc_sampling as B
 work = B.Workload()
 def pcs():
     with gpuscope.pc_sample(period=2**10, kernels=[B.stream, B.fma]) as s:
-        work.run(4)
+        work.run(20)
     return s.records
 def ranges():
     with gpuscope.Profiler("topdown", mode="kernel") as prof:
