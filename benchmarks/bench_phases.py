@@ -41,13 +41,12 @@ it runs only at the chosen factor, to confirm that and to time it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import platform
 import statistics
 import time
 from pathlib import Path
-
-import contextlib
 
 import numpy as np
 import xarray as xr
