@@ -64,6 +64,7 @@ _EXPORTS = {
     "Sampler": "gpuscope._sampling",
     "NotSinglePassError": "gpuscope.errors",
     "to_chrome_trace": "gpuscope._io",
+    "to_perfetto": "gpuscope._io",
     # tables
     "to_dataframe": "gpuscope._results",
     "spans": "gpuscope._results",

@@ -25,15 +25,249 @@ def _path_arg(path, what: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Perfetto / Chrome trace (JSON "Trace Event Format"): PM sampling series as counters, user ranges as slices
+# Perfetto / Chrome trace (JSON "Trace Event Format"): one trace of a run from range, PM and phases Datasets
 # ---------------------------------------------------------------------------------------------------------
+
+#: Top-Down level-1 nodes put in the args of a kernel or range slice when its Dataset allows Top-Down.
+_TRACE_TOPDOWN = ("retire", "divergence", "frontend", "backend")
+
+
+class _Trace:
+    """Events on CUPTI timestamps (``ts`` in ns until :meth:`finish` makes it µs from an origin), one process
+    per device, one thread track per kind of slice and Dataset."""
+
+    def __init__(self):
+        self.events = []  # timed events in the order they were added (per track: in time order)
+        self.tids = {}  # (pid, track name) -> tid
+        self.pids = {}
+
+    def process(self, ds) -> int:
+        pid = int(ds.attrs.get("device_index", 0))
+        if pid not in self.pids:
+            name = ds.attrs.get("device_name", ds.attrs.get("chip", "GPU"))
+            self.pids[pid] = f"gpuscope: {name} (device {pid})"
+        return pid
+
+    def track(self, pid: int, name: str) -> int:
+        """A thread track of its own: a second track of the same name gets a number ("kernels 2")."""
+        base, k = name, 1
+        while (pid, name) in self.tids:
+            k += 1
+            name = f"{base} {k}"
+        tid = self.tids[(pid, name)] = len([p for p, _ in self.tids if p == pid]) + 1
+        return tid
+
+    def finish(self, origin_ns: int | None, kinds: list[str]) -> dict:
+        if origin_ns is None:
+            origin_ns = min((e["ts"] for e in self.events), default=0)
+        for e in self.events:
+            e["ts"] = (e["ts"] - origin_ns) / 1e3
+        meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}}
+                for pid, label in self.pids.items()]
+        for (pid, name), tid in self.tids.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        return {"traceEvents": meta + self.events, "displayTimeUnit": "ns",
+                "otherData": {"gpuscope": kinds[0] if len(kinds) == 1 else kinds, "origin_ns": int(origin_ns)}}
+
+
+def _number(value):
+    """A JSON-safe number: NaN and infinities (not JSON) become None."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _pm_events(trace: _Trace, ds, names: list[str]) -> None:
+    """Counter tracks of *names* and the user ranges of a PM sampling Dataset."""
+    pid = trace.process(ds)
+    t0 = int(ds.attrs["session_start_ns"])
+    # a sample's value holds from its start; the first sample's start may reach back before the session
+    starts = np.maximum(ds["start_ns"].values.astype(np.int64), t0).tolist()
+    events = trace.events
+    for name in names:
+        unit = ds[name].attrs.get("units", "")
+        label = f"{name} ({unit})" if unit else name
+        values = np.asarray(ds[name].values, dtype=float)
+        values = np.where(np.isfinite(values), values, None).tolist()  # NaN is not JSON: no value
+        for ns, value in zip(starts, values):
+            events.append({"name": label, "ph": "C", "pid": pid, "tid": 0, "ts": ns, "args": {"value": value}})
+    table = _results.spans(ds)
+    tids = {thread: trace.track(pid, f"ranges (thread {thread})") for thread in sorted(set(table["thread"].tolist()))}
+    for p, thread, s, e in zip(table["path"].tolist(), table["thread"].tolist(), table["start_ns"].tolist(),
+                               table["end_ns"].tolist()):
+        events.append({"name": p.rsplit("/", 1)[-1], "ph": "X", "pid": pid, "tid": tids[thread], "ts": s,
+                       "dur": (e - s) / 1e3, "args": {"path": p}})
+
+
+def _range_topdown(ds):
+    """Top-Down level 1 per range, or None when the Dataset's metrics do not allow it."""
+    import warnings
+
+    from .errors import GpuscopeWarning, MissingMetricsError
+    from .metrics import topdown
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GpuscopeWarning)  # coverage is the Top-Down page's business
+            td = topdown.topdown(ds, levels=(1,), check="ignore")
+    except (MissingMetricsError, ValueError):
+        return None
+    return {node: td[node].values.tolist() for node in _TRACE_TOPDOWN if node in td}
+
+
+def _range_events(trace: _Trace, ds) -> None:
+    """One slice per kernel launch (track "kernels") or user range (track "ranges") of a range Dataset."""
+    pid = trace.process(ds)
+    n = ds.sizes["range"]
+    start, end = ds["start_ns"].values.astype(np.int64), ds["end_ns"].values.astype(np.int64)
+    kernel = ds["kernel"].values.astype(str).tolist() if "kernel" in ds.coords else [""] * n
+    name = ds["name"].values.astype(str).tolist()
+    metrics = [m for m in _results._as_list(ds.attrs.get("metrics", [])) if m in ds.data_vars]
+    values = {m: ds[m].values.tolist() for m in metrics}
+    td = _range_topdown(ds) or {}
+    extra = [c for c in ("launch", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "pass_group")
+             if c in ds.coords]
+    coords = {c: ds[c].values.tolist() for c in extra}
+    tids = {}
+    for i in range(n):
+        if start[i] < 0 or end[i] < start[i]:  # no timestamps (a range profiled without the launch clock)
+            continue
+        track = "kernels" if kernel[i] else "ranges"
+        if track not in tids:
+            tids[track] = trace.track(pid, track)
+        args = {"path": name[i], **{c: coords[c][i] for c in extra}}
+        args.update({m: _number(values[m][i]) for m in metrics})
+        args.update({f"topdown.{node}": _number(v[i]) for node, v in td.items()})
+        trace.events.append({"name": kernel[i] or name[i].rsplit("/", 1)[-1], "ph": "X", "pid": pid,
+                             "tid": tids[track], "ts": int(start[i]), "dur": int(end[i] - start[i]) / 1e3,
+                             "args": args})
+
+
+def _phase_events(trace: _Trace, ph) -> None:
+    """One slice per segment of a :func:`gpuscope.phases` result, named by its phase."""
+    dim = ph.attrs.get("phases_dim", "time")
+    if "start_ns" not in ph.coords or ph["start_ns"].dims != (dim,):
+        raise ValueError("this phases Dataset has no CUPTI timestamps (coords start_ns/end_ns along its samples), so "
+                         "it cannot be placed on the trace's clock; run gpuscope.phases on a dataset from "
+                         "gpuscope.sample or a Profiler")
+    pid = trace.process(ph)
+    tid = trace.track(pid, "phases")
+    metrics = ph["metric"].values.astype(str).tolist()
+    means = ph["segment_mean"].values
+    fraction = ph["phase_fraction"].values
+    for k, (p, s, e) in enumerate(zip(ph["segment_phase"].values.tolist(), ph["segment_start"].values.tolist(),
+                                      ph["segment_end"].values.tolist())):
+        args = {"phase": int(p), "segment": k, "phase_fraction": _number(fraction[p])}
+        args.update({m: _number(v) for m, v in zip(metrics, means[k])})
+        if "phase_topdown" in ph:
+            args.update({f"topdown.{node}": _number(v) for node, v in
+                         zip(ph["node"].values.astype(str).tolist(), ph["phase_topdown"].values[p])
+                         if node in _TRACE_TOPDOWN})
+        trace.events.append({"name": f"phase {p}", "ph": "X", "pid": pid, "tid": tid, "ts": int(round(s)),
+                             "dur": (e - s) / 1e3, "args": args})
+
+
+def _trace_kind(ds, position: str) -> str:
+    _dataset_arg(ds, f"to_perfetto needs {position} to be")
+    if "phases_dim" in ds.attrs and "segment_phase" in ds:
+        return "phases"
+    kind = ds.attrs.get("kind")
+    if kind == "pm_sampling" and "time" in ds.dims:
+        return "pm_sampling"
+    if kind == "range" and "range" in ds.dims:
+        return "range"
+    from .errors import NotGpuscopeDataError
+
+    raise NotGpuscopeDataError(
+        f"{position} is not a Dataset to_perfetto can place on a timeline (kind={kind!r}); pass range results "
+        "(gpuscope.Profiler, kind 'range'), PM samples (gpuscope.sample, kind 'pm_sampling') or the result of "
+        "gpuscope.phases, e.g. as loaded with gpuscope.open_dataset")
+
+
+def _write(trace: dict, path) -> None:
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(trace, f)
+
+
+def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
+    """Write one Perfetto / Chrome trace of a run from any mix of range, PM sampling and phases Datasets.
+
+    Every Dataset is placed on the CUPTI clock (``start_ns``/``end_ns`` of ranges and samples, the PM session's
+    ``session_start_ns``), so tracks from different sessions of one process line up; times are µs from the
+    earliest event. Each device is one process in the trace, with these tracks:
+
+    * range results (kind ``range``, kernel / iteration / user mode): a ``kernels`` track with one slice per
+      launch, named by kernel, and a ``ranges`` track with one slice per user range (nested by path). A slice's
+      args hold its path, launch index, grid and block, every metric of the set, and ``topdown.retire`` ...
+      ``topdown.backend`` (Top-Down level 1, IPC units) when the set allows Top-Down.
+    * PM samples (kind ``pm_sampling``): one counter track per metric (``name (units)``) and the user ranges
+      recorded during sampling, one track per host thread, as :func:`to_chrome_trace` gives them.
+    * phases (the result of :func:`gpuscope.phases`): a ``phases`` track with one slice per segment, named
+      ``phase <id>`` (recurring phases share the name), its metric means and, when computed, the phase's
+      Top-Down level 1 in args. Its samples' counters are added too unless the PM Dataset they came from is
+      also passed.
+
+    Open the file at https://ui.perfetto.dev (or chrome://tracing). Nothing runs on a GPU; the cost is one JSON
+    event per sample and metric (about 120 bytes each: 18,000 samples x 8 metrics make ~17 MB).
+
+    Parameters
+    ----------
+    path : str, PathLike or None
+        Where to write the JSON; None writes nothing (the trace is still returned).
+    *datasets : xarray.Dataset
+        One or more Datasets of the run, in any order.
+
+    Returns
+    -------
+    dict
+        The trace (``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``);
+        ``otherData["origin_ns"]`` is the CUPTI timestamp of ts 0.
+
+    Raises
+    ------
+    ValueError
+        No dataset given, an argument is not a Dataset (a path included: load it with
+        :func:`gpuscope.open_dataset`), or a phases Dataset without CUPTI timestamps.
+    gpuscope.errors.NotGpuscopeDataError
+        A Dataset that is neither range results, PM samples nor phases.
+    TypeError
+        *path* is not a str, PathLike or None.
+
+    Examples
+    --------
+    >>> launches = gpuscope.open_dataset("launches.nc")            # doctest: +SKIP
+    >>> ts = gpuscope.open_dataset("series.nc")                    # doctest: +SKIP
+    >>> gpuscope.to_perfetto("run.json", launches, ts, gpuscope.phases(ts))   # doctest: +SKIP
+    """
+    if path is not None:
+        _validate.path(path, "path")
+    if not datasets:
+        raise ValueError("to_perfetto needs at least one Dataset after the path: range results, PM samples "
+                         "or phases, e.g. gpuscope.to_perfetto('run.json', launches, ts, gpuscope.phases(ts))")
+    kinds = [_trace_kind(ds, f"dataset {i + 1}") for i, ds in enumerate(datasets)]
+    pm_sessions = {int(ds.attrs["session_start_ns"]) for ds, k in zip(datasets, kinds) if k == "pm_sampling"}
+    trace = _Trace()
+    for ds, kind in zip(datasets, kinds):
+        if kind == "range":
+            _range_events(trace, ds)
+        elif kind == "pm_sampling":
+            _pm_events(trace, ds, _results._as_list(ds.attrs["metrics"]))
+        else:
+            if ds.attrs.get("kind") == "pm_sampling" and int(ds.attrs["session_start_ns"]) not in pm_sessions:
+                _pm_events(trace, ds, [m for m in _results._as_list(ds.attrs["metrics"]) if m in ds.data_vars])
+            _phase_events(trace, ds)
+    out = trace.finish(None, kinds)
+    _write(out, path)
+    return out
 
 
 def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> dict:
     """Export a PM sampling Dataset as a Chrome/Perfetto trace: one counter track per metric, user ranges as
     slices on their threads. Times are µs from the session start.
 
-    Open the file at https://ui.perfetto.dev or chrome://tracing.
+    Open the file at https://ui.perfetto.dev or chrome://tracing. For a trace of a whole run (kernel launches,
+    PM counters and phases together) see :func:`to_perfetto`.
 
     Parameters
     ----------
@@ -68,32 +302,11 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
     missing = [m for m in names if m not in ds.data_vars]
     if missing:
         raise ValueError(f"Not in this dataset: {missing}. It has: {known}.")
-    t0 = int(ds.attrs["session_start_ns"])
-    pid = int(ds.attrs.get("device_index", 0))
-    label = f"gpuscope: {ds.attrs.get('device_name', ds.attrs.get('chip', 'GPU'))}"
-    events = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}}]
-    # a sample's value holds from its start; the first sample's start may reach back before the session
-    starts = (np.maximum(ds["start_ns"].values.astype(np.int64), t0) - t0) / 1e3
-    for name in names:
-        unit = ds[name].attrs.get("units", "")
-        track = f"{name} ({unit})" if unit else name
-        for ts, value in zip(starts.tolist(), ds[name].values.tolist()):
-            events.append(
-                {"name": track, "ph": "C", "pid": pid, "tid": 0, "ts": ts, "args": {"value": None if math.isnan(value) else value}}
-            )
-    table = _results.spans(ds)
-    tids = {thread: i + 1 for i, thread in enumerate(sorted(set(table["thread"].tolist())))}
-    for thread, tid in tids.items():
-        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"ranges (thread {thread})"}})
-    for p, thread, s, e in zip(table["path"].tolist(), table["thread"].tolist(), table["start_ns"].tolist(),
-                               table["end_ns"].tolist()):
-        events.append({"name": p.rsplit("/", 1)[-1], "ph": "X", "pid": pid, "tid": tids[thread],
-                       "ts": (s - t0) / 1e3, "dur": (e - s) / 1e3, "args": {"path": p}})
-    trace = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"gpuscope": "pm_sampling"}}
-    if path is not None:
-        with open(path, "w") as f:
-            json.dump(trace, f)
-    return trace
+    trace = _Trace()
+    _pm_events(trace, ds, names)
+    out = trace.finish(int(ds.attrs["session_start_ns"]), ["pm_sampling"])
+    _write(out, path)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -60,7 +60,19 @@ def _compare(ns):
     assert len(ns["diff"]) > 0 and len(ns["changed"]) == 0  # a recording against itself: nothing significant
 
 
-CHECKS = {("phases.md", 0): _phases, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+def _trace(ns):
+    written = Path("demo_trace.json")  # the snippet writes into the working directory
+    size = written.stat().st_size
+    written.unlink()
+    assert size > 1e6
+    trace, ph = ns["trace"], ns["ph"]
+    assert [e["name"] for e in ns["kernels"]] == ["stream", "fma", "divergent"] * 5
+    assert ns["kernels"][1]["args"]["topdown.retire"] == pytest.approx(2.99, abs=0.01)
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "C"]) == 8 * 18019
+    assert len([e for e in trace["traceEvents"] if e["name"].startswith("phase ")]) == ph.sizes["segment"]
+
+
+CHECKS = {("trace.md", 0): _trace, ("phases.md", 0): _phases, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
           ("report.md", 1): _report, ("report.md", 2): _compare}
 
 
