@@ -36,6 +36,7 @@ class RunOptions:
     launch_count: int | None = None
     sample: tuple | None = None  # (metrics, interval) for PM sampling
     output: str | None = None
+    trace: str | None = None  # a Perfetto/Chrome trace of the results (gpuscope.to_perfetto)
     report: bool = True
     device: int = 0
 
@@ -77,10 +78,11 @@ def check_options(opts: RunOptions) -> None:
     for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
         if value is not None and value < 0:
             raise RunError(f"{name} must be 0 or more, not {value}.")
-    if opts.output:
-        folder = os.path.dirname(os.path.abspath(opts.output))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise OSError(f"cannot write {opts.output!r}: {folder!r} is not a writable folder.")
+    for target in (opts.output, opts.trace):
+        if target:
+            folder = os.path.dirname(os.path.abspath(target))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise OSError(f"cannot write {target!r}: {folder!r} is not a writable folder.")
 
 
 def _profiler_kwargs(opts: RunOptions) -> dict:
@@ -230,6 +232,11 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
         print(f"gpuscope run: saved {opts.output}" + (" (the script failed; this is what was collected)" if code else ""),
               file=sys.stderr)
     size = ds.sizes.get("range", ds.sizes.get("time", 0))
+    if opts.trace and size:
+        from ._io import to_perfetto
+
+        to_perfetto(opts.trace, ds)
+        print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
     if size == 0:
         what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"
         filters = _filters(opts)

@@ -313,7 +313,7 @@ def _run(args) -> int:
         exclude=_catalog.split_list(args.exclude) if args.exclude else None,
         launch_skip=args.launch_skip, launch_count=args.launch_count,
         sample=_run.parse_sample(args.sample) if args.sample else None,
-        output=args.output, report=not args.no_report, device=args.device,
+        output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
     )
     return _run.run_script(opts)
 
@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
     r.add_argument("--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
+    r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")
     r.add_argument("--no-report", action="store_true", help="do not print the report")
     r.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     r.add_argument("script", help="the Python script")

@@ -194,3 +194,15 @@ def test_python_dash_m_gpuscope(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--set", "topdown", "--sample", "pm-default",
                            "x.py"], capture_output=True, text=True)
     assert done.returncode == cli.EXIT_USAGE and "not allowed with" in done.stderr
+
+
+def test_trace_of_the_run(fake, tmp_path, capsys):
+    path = script(tmp_path, ECHO)
+    trace = tmp_path / "run.json"
+    code = cli.main(["run", "--trace", str(trace), str(path)])
+    assert code == 0 and f"wrote {trace}" in capsys.readouterr().err
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e.get("ph") == "X"]
+    assert len(slices) == 15  # the recording's 15 launches, one slice each
+    assert {e["name"] for e in slices} == {"stream", "fma", "divergent"}
+    assert cli.main(["run", "--trace", "/proc/nope/run.json", str(path)]) == cli.EXIT_FILE
