@@ -48,16 +48,21 @@ def _matches(patterns, name: str, symbol: str) -> bool:
     return False
 
 
-def _count(value, what: str, minimum: int, allow_none: bool) -> int | None:
+def checked_int(value, what: str, minimum: int = 1, maximum: int | None = None, allow_none: bool = False):
+    """*value* as an ``int`` in [*minimum*, *maximum*] (None passes with *allow_none*), else a message naming it.
+
+    Shared by the kernel filters and :class:`gpuscope.Profiler`'s integer options.
+    """
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) and not (hasattr(value, "__index__")):
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{what} must be an integer, not {value!r}")
     value = int(value)
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
         hint = " (launch_count=0 would profile nothing; leave it None to profile every launch)" if (
             what == "launch_count") else ""
-        raise ValueError(f"{what} must be at least {minimum}, not {value}{hint}")
+        raise ValueError(f"{what} must be {bound}, not {value}{hint}")
     return value
 
 
@@ -79,7 +84,8 @@ class KernelFilter:
     @classmethod
     def build(cls, kernels=None, exclude=None, launch_skip=0, launch_count=None) -> KernelFilter:
         return cls(_patterns(kernels, "kernels"), _patterns(exclude, "exclude"),
-                   _count(launch_skip, "launch_skip", 0, False), _count(launch_count, "launch_count", 1, True))
+                   checked_int(launch_skip, "launch_skip", 0),
+                   checked_int(launch_count, "launch_count", 1, allow_none=True))
 
     @property
     def active(self) -> bool:

@@ -156,7 +156,7 @@ class Profiler:
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False):
         from . import _catalog, _device
-        from ._filters import KernelFilter
+        from ._filters import KernelFilter, checked_int
         from .cupti import host, profiler
         from .cupti._types import ProfilerType
 
@@ -165,14 +165,14 @@ class Profiler:
         except ValueError:
             raise ValueError(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from None
         self.mode_used = self.mode
-        self.max_depth = _positive(max_depth, "max_depth")
-        self.device = _positive(device, "device", minimum=0)
+        self.max_depth = checked_int(max_depth, "max_depth")
+        self.device = checked_int(device, "device", minimum=0)
         if self.mode is not Mode.USER:
             self.max_depth = 1
         self._size_from_first = max_ranges is None and self.mode in (Mode.ITERATION, Mode.AUTO)
-        self.max_ranges = _positive(1024 if max_ranges is None else max_ranges, "max_ranges", maximum=1 << 20)
+        self.max_ranges = checked_int(1024 if max_ranges is None else max_ranges, "max_ranges", maximum=1 << 20)
         self.progress = progress
-        self.sample_every = _positive(sample_every, "sample_every")
+        self.sample_every = checked_int(sample_every, "sample_every")
         self.filter = KernelFilter.build(kernels, exclude, launch_skip, launch_count)
         if self.filter.active and self.mode is Mode.USER:
             raise ValueError("kernels=, exclude=, launch_skip= and launch_count= select kernel launches: use them "
@@ -905,16 +905,6 @@ def _readable(symbol: str) -> str:
     from ._names import demangle
 
     return demangle(symbol)
-
-
-def _positive(value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what} must be an integer, not {value!r}")
-    value = int(value)
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise ValueError(f"{what} must be {bound}, not {value}")
-    return value
 
 
 def _forget_sessions_in_child() -> None:

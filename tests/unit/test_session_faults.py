@@ -6,6 +6,7 @@ import warnings
 import pytest
 
 from gpuscope import _ranges, _session
+from gpuscope._filters import checked_int
 from gpuscope.cupti import callbacks
 from gpuscope.errors import GpuscopeWarning
 
@@ -93,8 +94,8 @@ def test_launch_callbacks_cover_every_launch_entry_point():
 
 def test_bad_session_options_say_what_to_pass():
     with pytest.raises(ValueError, match="max_ranges must be between 1 and"):
-        _session._positive(0, "max_ranges", maximum=1 << 20)
+        checked_int(0, "max_ranges", maximum=1 << 20)
     with pytest.raises(TypeError, match="max_ranges must be an integer"):
-        _session._positive(2.5, "max_ranges")
+        checked_int(2.5, "max_ranges")
     with pytest.raises(ValueError, match="NUL"):
         _ranges.range("a\0b")
