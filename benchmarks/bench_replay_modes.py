@@ -55,7 +55,8 @@ extern "C" __global__ void plain(float* x, int n) {
 
 
 def workload():
-    """(run(launches), run_tiny(launches)): the stream/FMA loop and a loop of tiny launches, compiled and warm."""
+    """(run, run_tiny, run_stream), each taking a launch count: the stream/FMA loop, tiny launches, short streaming
+    launches; compiled and warm."""
     import numpy as np
     from numba import cuda
 
@@ -102,9 +103,15 @@ def workload():
             tiny[4, 256](t)
         cuda.synchronize()
 
+    def run_stream(launches):  # a 4 MB streaming kernel only (about 40 us)
+        for _ in range(launches):
+            stream[g // 16, 256](a, b, c)
+        cuda.synchronize()
+
     run(2)
     run_tiny(2)
-    return run, run_tiny
+    run_stream(2)
+    return run, run_tiny, run_stream
 
 
 def setup(kind: str):
@@ -195,7 +202,7 @@ def timed_session(metrics, mode, body, **options):
 
 
 def modes(kind: str, launches: int) -> dict:
-    run, run_tiny = workload()
+    run, run_tiny, _ = workload()
     held = setup(kind)  # noqa: F841 - kept alive for the measurements
     plain = plain_s(run, launches)
     out = {"kind": kind, "launches": launches, "plain_ms_per_launch": plain / launches * 1e3}
@@ -296,7 +303,7 @@ def unprofiled(run_tiny, launches=4000):
 
 
 def bisect(kind: str, launches: int) -> dict:
-    run, _ = workload()
+    run, _, _ = workload()
     setup(kind)
     plain = plain_s(run, launches)
 
@@ -356,7 +363,7 @@ def main():
     ap.add_argument("--out", default="replay.json")
     args = ap.parse_args()
     if args.what == "workload":
-        run, _ = workload()
+        run, _, _ = workload()
         run(args.launches)
         return
     if args.what in ("modes", "bisect"):

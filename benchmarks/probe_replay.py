@@ -1,8 +1,10 @@
-"""Probe: what makes CUPTI kernel replay dear, and what auto range + user replay costs (issue 10 investigation).
+"""Probe: CUPTI's own costs under gpuscope's modes, driven through the ctypes shim by hand.
 
-Each case runs in its own process (a CuPy module, once loaded, stays loaded)::
+Per range and per pass with auto ranges + user replay (``breakdown``: Start, Stop, decode, per launch),
+unprofiled launches (``floor``, ``sfloor``), and kernel replay per process kind (the kinds and kernels of
+``bench_replay_modes.py``). Each case runs in its own process (a CuPy module, once loaded, stays loaded)::
 
-    python3 benchmarks/probe_replay.py all --out probe.json      # every case, one subprocess each
+    python3 benchmarks/probe_replay.py all --cases base:breakdown,base:floor,base:sfloor --out probe.json
     python3 benchmarks/probe_replay.py case cupy_cg               # one case, in this process
 """
 
@@ -13,139 +15,10 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-TOPDOWN = None  # the "topdown" metric set, resolved by gpuscope
-
-CG_SRC = r"""
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-extern "C" __global__ void cgk(float* x, int* counter, int n) {
-    cg::grid_group g = cg::this_grid();
-    int i = g.thread_rank();
-    if (i < n) { x[i] += 1.0f; atomicAdd(counter, 1); }
-    g.sync();
-}
-"""
-PLAIN_SRC = r"""
-extern "C" __global__ void plain(float* x, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += 1.0f;
-}
-"""
-
-
-def workload():
-    import numpy as np
-    from numba import cuda
-
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, iters):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(iters):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    @cuda.jit
-    def tiny(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] += 1.0
-
-    n = 1 << 24
-    rng = np.random.default_rng(0)
-    a = cuda.to_device(rng.random(n, dtype=np.float32))
-    b = cuda.to_device(rng.random(n, dtype=np.float32))
-    c = cuda.device_array(n, np.float32)
-    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
-    t = cuda.to_device(np.zeros(1024, np.float32))
-    g, gx = (n + 255) // 256, (n // 16 + 255) // 256
-
-    def run(launches):
-        for k in range(launches):
-            if k % 2 == 0:
-                stream[g, 256](a, b, c)
-            else:
-                fma[gx, 256](x, 2000)
-        cuda.synchronize()
-
-    def run_stream(launches):
-        for _ in range(launches):
-            stream[g // 16, 256](a, b, c)
-        cuda.synchronize()
-
-    def run_tiny(launches):
-        for _ in range(launches):
-            tiny[4, 256](t)
-        cuda.synchronize()
-
-    run(2)
-    run_tiny(2)
-    run_stream(2)
-    return run, run_tiny, run_stream
-
-
-def setup(kind: str):
-    """Put the process into the state the case names."""
-    if kind == "base":
-        return
-    if kind.startswith("mem"):
-        import numpy as np
-        from numba import cuda
-
-        gb = int(kind[3:])
-        held = [cuda.device_array(1 << 30, np.uint8) for _ in range(gb)]
-        for h in held:
-            h[:1] = 1
-        globals()["_held"] = held
-        return
-    if kind == "numba_cg":
-        import numpy as np
-        from numba import cuda
-
-        @cuda.jit
-        def gsync(x):
-            g = cuda.cg.this_grid()
-            i = cuda.grid(1)
-            if i < x.size:
-                x[i] += 1.0
-            g.sync()
-
-        x = cuda.to_device(np.zeros(4096, np.float32))
-        gsync[16, 256](x)
-        cuda.synchronize()
-        return
-    import cupy as cp
-
-    if kind == "cupy_import":
-        cp.zeros(1)
-    elif kind == "cupy_elementwise":
-        k = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2", "dbl")
-        k(cp.ones(1024, cp.float32))
-    elif kind == "cupy_plain":
-        m = cp.RawModule(code=PLAIN_SRC)
-        x = cp.zeros(4096, cp.float32)
-        m.get_function("plain")((16,), (256,), (x, cp.int32(4096)))
-    elif kind in ("cupy_cg", "cupy_cg_noop"):
-        m = cp.RawModule(code=CG_SRC, options=("-std=c++17",), enable_cooperative_groups=True)
-        f = m.get_function("cgk")
-        if kind == "cupy_cg":
-            x = cp.zeros(4096, cp.float32)
-            cnt = cp.zeros(1, cp.int32)
-            f((16,), (256,), (x, cnt, cp.int32(4096)))
-    elif kind == "cupy_gemm":
-        a = cp.random.rand(1024, 1024, dtype=cp.float32)
-        (a @ a).sum()
-    else:
-        raise SystemExit(f"unknown setup {kind}")
-    cp.cuda.Device().synchronize()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_replay_modes import setup, workload  # noqa: E402  (the same kernels and process states)
 
 
 def kernel_mode(run, launches, mode="kernel"):
@@ -168,21 +41,11 @@ def kernel_mode(run, launches, mode="kernel"):
 
 def auto_user(run, iter_launches, iterations):
     """Auto ranges + user replay driven by hand: pass k on iteration k (the iteration-mode mechanism)."""
-    from gpuscope import _catalog, _device
-    from gpuscope.cupti import host, profiler, range_profiler
-    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
+    from gpuscope.cupti import range_profiler
+    from gpuscope.cupti._types import ProfilerRange, ReplayMode
 
     t0 = time.perf_counter()
-    ctx = _device.PrimaryContext(0)
-    profiler.initialize()
-    chip = profiler.chip_name(0)
-    metrics = _catalog.resolve("topdown", chip, "range")
-    avail = profiler.counter_availability(ctx.handle)
-    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
-    h.add_metrics(metrics)
-    cfg = h.config_image()
-    passes = host.num_passes(cfg)
-    ctx.make_current()
+    ctx, h, cfg, metrics, passes = _session("topdown")
     rp = range_profiler.RangeProfiler(ctx.handle)
     img = rp.counter_data_image(metrics, iter_launches + 8)
     rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, iter_launches + 8, 1, 1, 0, 1)
@@ -205,10 +68,7 @@ def auto_user(run, iter_launches, iterations):
             decode_s += b - a
             eval_s += time.perf_counter() - b
     t2 = time.perf_counter()
-    rp.close()
-    h.close()
-    profiler.deinitialize()
-    ctx.close()
+    _close(ctx, h, rp)
     t3 = time.perf_counter()
     return {"passes": passes, "start_s": t1 - t0, "loop_s": t2 - t1, "close_s": t3 - t2, "total_s": t3 - t0,
             "results": results, "pass_median_s": sorted(pass_s)[len(pass_s) // 2], "decode_s": decode_s,
@@ -217,10 +77,8 @@ def auto_user(run, iter_launches, iterations):
 
 def unprofiled_floor(run_tiny, launches=2000):
     """Per-launch cost of unprofiled launches: nothing, Python launch callback, user-range profiler started."""
-    from gpuscope import _device
-    from gpuscope.cupti import callbacks, profiler, range_profiler, host
-    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
-    from gpuscope import _catalog
+    from gpuscope.cupti import callbacks, range_profiler
+    from gpuscope.cupti._types import ProfilerRange, ReplayMode
 
     def per(fn):
         best = []
@@ -229,17 +87,10 @@ def unprofiled_floor(run_tiny, launches=2000):
         return min(best) / launches * 1e6
 
     out = {"plain_us": per(run_tiny)}
-    rec = callbacks.LaunchRecorder()
+    rec = callbacks.LaunchRecorder(lambda launch: None)
     out["callback_us"] = per(run_tiny)
     rec.close()
-    ctx = _device.PrimaryContext(0)
-    profiler.initialize()
-    chip = profiler.chip_name(0)
-    metrics = _catalog.resolve(["smsp__inst_executed.sum", "sm__ctas_launched.sum"], chip, "range")
-    avail = profiler.counter_availability(ctx.handle)
-    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
-    h.add_metrics(metrics)
-    cfg = h.config_image()
+    ctx, h, cfg, metrics, _ = _session(["smsp__inst_executed.sum", "sm__ctas_launched.sum"])
     rp = range_profiler.RangeProfiler(ctx.handle)
     img = rp.counter_data_image(metrics, 64)
     rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, 64, 1, 1, 0, 1)
@@ -269,60 +120,8 @@ def unprofiled_floor(run_tiny, launches=2000):
     for _ in range(10):
         a = time.perf_counter(); rp.start(); rp.stop(); ss.append(time.perf_counter() - a)
     out["kernel_startstop_ms"] = sorted(ss)[5] * 1e3
-    rp.close()
-    h.close()
-    profiler.deinitialize()
-    ctx.close()
+    _close(ctx, h, rp)
     return out
-
-
-def callback_stop(run, launches=20):
-    """Can the range profiler be stopped/started from inside a launch callback (kernel filters)?"""
-    import ctypes
-    from gpuscope import _device, _catalog
-    from gpuscope.cupti import callbacks, profiler, range_profiler, host
-    from gpuscope.cupti._types import ProfilerRange, ProfilerType, ReplayMode
-
-    ctx = _device.PrimaryContext(0)
-    profiler.initialize()
-    chip = profiler.chip_name(0)
-    metrics = _catalog.resolve("topdown", chip, "range")
-    avail = profiler.counter_availability(ctx.handle)
-    h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, avail)
-    h.add_metrics(metrics)
-    cfg = h.config_image()
-    rp = range_profiler.RangeProfiler(ctx.handle)
-    img = rp.counter_data_image(metrics, 256)
-    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.KERNEL, 256)
-    state = {"n": 0, "errors": []}
-
-    class Rec(callbacks.LaunchRecorder):
-        def _on_callback(self, userdata, domain, cbid, data):
-            d = data.contents
-            name = (d.symbolName or b"").decode()
-            try:
-                if "fma" in name:  # filter out fma
-                    if d.callbackSite == callbacks.CUPTI_API_ENTER:
-                        rp.stop()
-                    else:
-                        rp.start()
-                state["n"] += 1
-            except Exception as exc:
-                state["errors"].append(repr(exc))
-
-    rp.start()
-    rec = Rec()
-    t = time.perf_counter()
-    run(launches)
-    loop = time.perf_counter() - t
-    rec.close()
-    rp.stop()
-    rp.decode()
-    n = range_profiler.num_ranges(img)
-    vals = [h.evaluate(img, i, metrics)[0] for i in range(n)]
-    rp.close(); h.close(); profiler.deinitialize(); ctx.close()
-    return {"ranges": n, "launches": launches, "loop_s": loop, "callbacks": state["n"], "errors": state["errors"][:3],
-            "ipc_first": [float(v) for v in vals[:4]]}
 
 
 def _session(metrics):
@@ -439,7 +238,7 @@ def case(name: str, launches: int) -> dict:
     kind, _, what = name.partition(":")
     run, run_tiny, run_stream = workload()
     before = mem_used()
-    setup(kind)
+    held = setup(kind)  # noqa: F841 - device arrays of the memN kinds, kept for the measurements
     out = {"case": name, "plain_s": plain(run, launches), "mem_before_gib": before, "mem_after_gib": mem_used()}
     if what in ("", "kernel"):
         out["kernel"] = kernel_mode(run, launches)
@@ -452,10 +251,6 @@ def case(name: str, launches: int) -> dict:
         out["breakdown"] = breakdown(run, run_tiny, run_stream)
     if what == "sfloor":
         out["sfloor"] = stream_floor(run_stream)
-    if what == "mem":
-        pass
-    if what == "cbstop":
-        out["cbstop"] = callback_stop(run)
     return out
 
 
@@ -466,7 +261,7 @@ def main():
     ap.add_argument("--launches", type=int, default=40)
     ap.add_argument("--out", default="probe.json")
     ap.add_argument("--cases", default="base,cupy_import:kernel,cupy_elementwise:kernel,cupy_plain:kernel,"
-                    "cupy_cg_noop:kernel,cupy_cg,numba_cg,cupy_gemm:kernel,mem4:kernel,mem16,base:floor,base:cbstop")
+                    "cupy_cg_noop:kernel,cupy_cg,numba_cg,cupy_gemm:kernel,mem4:kernel,mem16,base:floor")
     args = ap.parse_args()
     if args.what == "case":
         print("RESULT " + json.dumps(case(args.name, args.launches)), flush=True)
@@ -484,7 +279,7 @@ def main():
         for k in ("kernel", "auto_user"):
             if k in r:
                 summary[k] = {kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in r[k].items()}
-        for k in ("floor", "cbstop", "stderr", "breakdown", "sfloor"):
+        for k in ("floor", "stderr", "breakdown", "sfloor"):
             if k in r:
                 summary[k] = r[k]
         print(json.dumps(summary), flush=True)
