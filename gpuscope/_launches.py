@@ -17,8 +17,9 @@ on the launching thread, at the launch call's entry and exit.
     grid and block (as Nsight Compute's application replay does), and only the leading launches that every
     iteration has in common are kept; the rest are counted and reported, never mislabelled. CUPTI counts every
     launch of an iteration (a pass cannot leave one out: stopping the profiler ends the pass), so filters choose
-    the rows kept, not the launches counted. (User ranges pushed from the launch callback would allow that, but
-    crashed the process on the H100 once a kernel-replay session had run in it.)
+    the rows kept, not the launches counted. (User ranges pushed from the launch callback would allow that; they
+    were tried only while an earlier kernel-mode session was left started, a bug since fixed that crashed any later
+    session, so whether they work is not known.)
 
 Selected launches hold a lock from entry to exit, so launches from several threads reach CUPTI in the order
 they are recorded.

@@ -123,9 +123,8 @@ class LaunchRecorder:
     so they must be quick, and they must not raise (an exception becomes a warning).
 
     gpuscope subscribes to CUPTI's callbacks once per process (``cuptiSubscribe``) and keeps the subscription,
-    enabling the launch callbacks while a recorder is open and disabling them at :meth:`close`: on the H100
-    (CUPTI 13.0), subscribing again after a kernel-replay session and pushing a range from a launch callback
-    crashed the process.
+    enabling the launch callbacks while a recorder is open (or resumed) and disabling them at :meth:`close` (or
+    :meth:`pause`).
 
     Parameters
     ----------
