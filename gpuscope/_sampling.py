@@ -101,12 +101,14 @@ def run_shielded(fn, *args):
         helper.start()  # a signal may arrive while start() waits for the thread to run
     except BaseException as exc:
         interrupted = exc
-    while not finished.is_set():
+    waiting = True
+    while waiting:  # every bytecode of the wait sits inside the try: a signal can land between any two
         try:  # not Thread.join: on Python 3.11 an interrupted join marks a running thread as stopped
             finished.wait()
+            helper.join()  # finished is set: the thread is about to end, a join cannot block
+            waiting = False
         except BaseException as exc:  # KeyboardInterrupt, or an exception from a signal handler
-            interrupted = interrupted or exc
-    helper.join()
+            interrupted = interrupted or exc  # and wait again: returns at once if the thread is done
     if outcome[1] is not None:
         raise outcome[1]
     if interrupted is not None:

@@ -61,9 +61,7 @@ def _compare(ns):
 
 
 def _trace(ns):
-    written = Path("demo_trace.json")  # the snippet writes into the working directory
-    size = written.stat().st_size
-    written.unlink()
+    size = Path("demo_trace.json").stat().st_size  # the snippet writes into the (temporary) working directory
     assert size > 1e6
     trace, ph = ns["trace"], ns["ph"]
     assert [e["name"] for e in ns["kernels"]] == ["stream", "fma", "divergent"] * 5
@@ -77,9 +75,10 @@ CHECKS = {("trace.md", 0): _trace, ("phases.md", 0): _phases, ("topdown.md", 0):
 
 
 @pytest.mark.parametrize("page, index, code, gpu", list(snippets()))
-def test_doc_snippet_runs_on_recordings(page, index, code, gpu):
+def test_doc_snippet_runs_on_recordings(page, index, code, gpu, tmp_path, monkeypatch):
     if gpu:
         pytest.skip("needs a GPU (marked <!-- gpu -->); run on the device")
+    monkeypatch.chdir(tmp_path)  # what a snippet writes goes there, not into the checkout
     ns = {"gs_data": Path(gs.__file__).parent / "data"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)  # the recording's coverage warning
