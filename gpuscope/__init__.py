@@ -68,6 +68,7 @@ _EXPORTS = {
     # tables
     "to_dataframe": "gpuscope._results",
     "spans": "gpuscope._results",
+    "kernel_executions": "gpuscope._results",
     # the answer at the end of a run
     "report": "gpuscope._report",
     "Report": "gpuscope._report",

@@ -91,6 +91,7 @@ def sampling_dataset(
     device_info=None,
     chip: str = "",
     attrs: dict | None = None,
+    executions: dict | None = None,
 ):
     """A PM sampling time series.
 
@@ -110,6 +111,12 @@ def sampling_dataset(
         Path of the innermost range per sample; None derives it from *spans* at each sample's midpoint.
     spans : sequence
         Objects with ``path``, ``thread``, ``start_ns`` and ``end_ns``.
+    executions : dict, optional
+        Kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``): ``records`` (tuples as
+        :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``, ``errors``, ``other_devices``. They become the
+        execution table, lists in the attrs :data:`EXEC_ATTRS` (:func:`kernel_executions` gives it as a table),
+        and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
+        flushed), ``kernel_records_other_devices``, ``kernel_record_errors``.
     """
     import xarray as xr
 
@@ -141,7 +148,85 @@ def sampling_dataset(
     all_attrs = {"kind": "pm_sampling", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
     all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns), **table)
     all_attrs.update(attrs or {})
+    if executions is not None:
+        all_attrs.update(_execution_attrs(executions))
     return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+
+
+#: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one entry per kernel execution.
+EXEC_ATTRS = ("exec_kernel", "exec_symbol", "exec_start_ns", "exec_end_ns", "exec_stream", "exec_correlation")
+
+
+def _execution_attrs(executions: dict) -> dict:
+    from ._names import demangle
+
+    complete = [r for r in executions["records"] if r[1] > 0 and r[2] >= r[1]]
+    names: dict[str, str] = {}
+    return {
+        "kernel_records": 1,
+        "exec_kernel": [names.setdefault(r[0], demangle(r[0])) for r in complete],
+        "exec_symbol": [str(r[0]) for r in complete],
+        "exec_start_ns": [int(r[1]) for r in complete],
+        "exec_end_ns": [int(r[2]) for r in complete],
+        "exec_stream": [int(r[5]) for r in complete],
+        "exec_correlation": [int(r[9]) for r in complete],
+        "kernel_records_dropped": int(executions.get("dropped", 0)),
+        "kernel_records_incomplete": len(executions["records"]) - len(complete),
+        "kernel_records_other_devices": int(executions.get("other_devices", 0)),
+        "kernel_record_errors": "; ".join(executions.get("errors", [])[:10]),
+    }
+
+
+def kernel_executions(ds):
+    """The kernels that ran on the GPU during a PM sampling session (``gpuscope.sample(kernels=True)``), one row
+    per execution, with GPU start and end times on the samples' clock.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A PM sampling Dataset recorded with ``kernels=True`` (or the phases Dataset computed from one).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``execution``; columns ``kernel`` (readable name, as the ``kernel`` coordinate of range results),
+        ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
+        from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
+        ``correlation`` (CUPTI's id of the launch call). Sorted by start.
+
+    Raises
+    ------
+    ValueError
+        *ds* is not a PM sampling Dataset, or was recorded without ``kernels=True``.
+
+    Examples
+    --------
+    >>> with gpuscope.sample(kernels=True) as s:                # doctest: +SKIP
+    ...     run()
+    >>> gpuscope.kernel_executions(s.dataset).groupby("kernel").duration_ns.sum()   # doctest: +SKIP
+    """
+    import pandas as pd
+
+    if not hasattr(ds, "attrs") or ds.attrs.get("kind") != "pm_sampling":
+        raise ValueError("kernel_executions() reads a PM sampling Dataset (from gpuscope.sample); this is not one.")
+    if "exec_start_ns" not in ds.attrs:
+        raise ValueError("This PM sampling Dataset has no kernel executions: record it with "
+                         "gpuscope.sample(..., kernels=True) (or gpuscope run --sample SET --kernel-times).")
+    t0 = int(ds.attrs["session_start_ns"])
+    table = pd.DataFrame({
+        "kernel": pd.Series(_as_list(ds.attrs["exec_kernel"]), dtype=str),
+        "symbol": pd.Series(_as_list(ds.attrs["exec_symbol"]), dtype=str),
+        "start_ns": pd.Series(_as_list(ds.attrs["exec_start_ns"]), dtype=np.int64),
+        "end_ns": pd.Series(_as_list(ds.attrs["exec_end_ns"]), dtype=np.int64),
+        "stream": pd.Series(_as_list(ds.attrs["exec_stream"]), dtype=np.int64),
+        "correlation": pd.Series(_as_list(ds.attrs["exec_correlation"]), dtype=np.int64),
+    })
+    table["start"] = table["start_ns"] - t0
+    table["end"] = table["end_ns"] - t0
+    table["duration_ns"] = table["end_ns"] - table["start_ns"]
+    table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    table.index.name = "execution"
+    return table[["kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]]
 
 
 _SAMPLE_RANGE_ATTRS = {"description": "innermost user range open at the sample's midpoint, '' where none"}

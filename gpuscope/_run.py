@@ -39,6 +39,7 @@ class RunOptions:
     trace: str | None = None  # a Perfetto/Chrome trace of the results (gpuscope.to_perfetto)
     report: bool = True
     device: int = 0
+    kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
 
 
 class RunError(GpuscopeError, ValueError):
@@ -65,6 +66,8 @@ def check_options(opts: RunOptions) -> None:
     if not os.path.isfile(opts.script):
         raise RunError(f"No script {opts.script!r} (gpuscope run profiles a Python file: gpuscope run [options] "
                        "script.py [args...]).")
+    if opts.kernel_times and opts.sample is None:
+        raise RunError("--kernel-times goes with --sample: range profiling records its kernels anyway.")
     if opts.sample is not None:
         if opts.metrics is not None:
             raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
@@ -100,7 +103,8 @@ def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
         if sampler_factory is None:
             from ._sampling import sample as sampler_factory
         metrics, interval = opts.sample
-        return sampler_factory(metrics=metrics, interval=interval, device=opts.device)
+        extra = {"kernels": True} if opts.kernel_times else {}
+        return sampler_factory(metrics=metrics, interval=interval, device=opts.device, **extra)
     if profiler_factory is None:
         from ._session import Profiler as profiler_factory
     kwargs = _profiler_kwargs(opts)

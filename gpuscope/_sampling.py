@@ -145,6 +145,7 @@ class Sampler:
         image_pool: int | None = None,
         evaluators: int = 2,
         evaluate_in: str = "process",
+        kernels: bool = False,
     ):
         value, unit = parse_interval(interval)
         _validate.names(metrics, "metrics")
@@ -159,6 +160,7 @@ class Sampler:
             image_pool = _validate.positive_int(image_pool, "image_pool", maximum=MAX_IMAGE_POOL)
         evaluators = _validate.positive_int(evaluators, "evaluators", maximum=MAX_EVALUATORS)
         evaluate_in = _validate.choice(evaluate_in, "evaluate_in", ("process", "thread"))
+        self.kernels = _validate.choice(kernels, "kernels", (True, False))
         self.image_pool = None if image_pool is None else int(image_pool)
         self.evaluators = int(evaluators)
         self.evaluate_in = evaluate_in
@@ -181,6 +183,7 @@ class Sampler:
         self.lost_samples = 0
         self.stop_call_ns = 0
         self._recorder: _RangeRecorder | None = None
+        self._kernel_records = None  # cupti.activity.KernelRecords while kernels=True runs
 
     # -- lifetime -----------------------------------------------------------------------------------------
     def __enter__(self):
@@ -293,6 +296,10 @@ class Sampler:
         self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
         _ranges.add_listener(self._recorder)
+        if self.kernels:
+            self._context.make_current()
+            self._kernel_records = activity.KernelRecords()
+            self._kernel_records.open()
         self.start_ns = activity.timestamp()
         self._wall_start = time.time()
         pm.start(self._handle)
@@ -361,6 +368,8 @@ class Sampler:
             self._decoder.stop_sampling(stop_sampling)
             self._started = False
             self._decoder.finish()
+            if self._kernel_records is not None:
+                self._close_kernel_records(synchronize=True)
         finally:
             try:
                 self._teardown()
@@ -434,6 +443,8 @@ class Sampler:
         steps = []
         if self._recorder is not None:
             steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
+        if self._kernel_records is not None and self._kernel_records._open:
+            steps.append(("kernel activity records", self._close_kernel_records))
         if self._decoder is not None and getattr(self, "_started", False):
             steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
         elif self._decoder is not None:
@@ -457,6 +468,16 @@ class Sampler:
     def close(self) -> None:
         """Same as :meth:`stop` (safe to call twice)."""
         self.stop()
+
+    def _close_kernel_records(self, synchronize: bool = False) -> None:
+        """Flush and disable CUPTI's kernel activity (after the device finished its kernels, if *synchronize*:
+        a kernel still running when the records are flushed has no end time and is counted as incomplete)."""
+        if synchronize:
+            from . import _device
+
+            self._context.make_current()
+            _device._check(_device._driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self._kernel_records.close()
 
     # -- results ------------------------------------------------------------------------------------------
     @property
@@ -497,6 +518,15 @@ class Sampler:
 
         return report(self.dataset, **options)
 
+    def _executions(self):
+        """The kernels that ran on this device while sampling (``kernels=True``), or None."""
+        records = self._kernel_records
+        if records is None:
+            return None
+        mine = [r for r in records.records if r[3] == self.device]  # CUPTI's deviceId: the CUDA device ordinal
+        return {"records": mine, "dropped": records.dropped, "errors": records.errors,
+                "other_devices": len(records.records) - len(mine)}
+
     def _build(self):
         from . import _results
 
@@ -518,6 +548,7 @@ class Sampler:
             end_ns=series.end_ns,
             ranges=innermost_ranges(mid, spans),
             spans=spans,
+            executions=self._executions(),
             session_start_ns=self.start_ns,
             device_info=self.device_info,
             chip=self.chip,

@@ -314,6 +314,7 @@ def _run(args) -> int:
         launch_skip=args.launch_skip, launch_count=args.launch_count,
         sample=_run.parse_sample(args.sample) if args.sample else None,
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
+        kernel_times=args.kernel_times,
     )
     return _run.run_script(opts)
 
@@ -406,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="metric sets and/or metric names, comma-separated (default: topdown)")
     what.add_argument("--sample", metavar="SET@INTERVAL",
                       help="PM sampling over the whole run instead, e.g. pm-default@100us (no range profiling)")
+    r.add_argument("--kernel-times", action="store_true",
+                   help="with --sample: also record each kernel's start and end on the GPU (CUPTI activity), for "
+                        "Top-Down per phase and the trace")
     r.add_argument("--mode", choices=("kernel", "user", "iteration", "auto"), default="kernel",
                    help="kernel: every launch is a range (default); user: gpuscope.range blocks and decorated kernels")
     r.add_argument("-k", "--kernels", action="append", metavar="NAMES",

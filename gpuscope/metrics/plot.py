@@ -13,7 +13,7 @@ import xarray as xr
 
 from . import topdown as _td
 
-__all__ = ["hierarchy", "timeline", "topdown", "short_label"]
+__all__ = ["hierarchy", "timeline", "topdown", "phase_topdown", "short_label"]
 
 _FAMILY = {
     "retire": "Greens", "divergence": "Oranges", "divergence_branch": "Oranges", "divergence_replay": "YlOrBr_light",
@@ -402,3 +402,88 @@ def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
     ax.set_title("Top-Down hierarchy")
     ax.figure.tight_layout()
     return ax
+
+
+def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric: str | None = None,
+                  fraction: bool = False, max_points: int = 1000, fig=None):
+    """Top-Down over time: the phases as bands over a sampled metric, and a stacked Top-Down bar per phase.
+
+    Parameters
+    ----------
+    phases : xarray.Dataset
+        ``gpuscope.phases(samples)``.
+    per_phase : xarray.Dataset
+        ``gpuscope.dynamic(td, phases=phases)``: the Top-Down of each phase.
+    level : int
+        Top-Down level of the bars (1, 2 or 3).
+    metric : str, optional
+        The sampled metric drawn above the bands; default the first metric phases were detected in that varies.
+    fraction : bool
+        Bars in percent of ``IPC_MAX`` instead of IPC.
+    max_points : int
+        Blocks of samples drawn (about the width in pixels).
+    fig : matplotlib.figure.Figure, optional
+        Figure to draw into (cleared); new by default.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Two axes: the timeline (phase colours as in :func:`timeline`) and the bars, labelled ``phase <id>`` with
+        the phase's share of the run; a phase without profiled work (idle) has no bar and says so.
+
+    Raises
+    ------
+    ValueError
+        *per_phase* is not the Top-Down of these phases (different phase ids).
+    gpuscope.errors.MissingMetricsError
+        *metric* is not in *phases*.
+    """
+    from .phases import _metric_names
+
+    plt = _pyplot()
+    if per_phase.attrs.get("kind") != "topdown_by_phase":
+        raise ValueError("per_phase must be gpuscope.dynamic(td, phases=phases)")
+    ids = np.asarray(phases["phase_id"]).tolist()
+    if np.asarray(per_phase["phase_id"]).tolist() != ids:
+        raise ValueError("per_phase was computed from other phases (phase ids differ): pass the phases Dataset "
+                         "it came from")
+    if metric is None:
+        candidates = [str(m) for m in np.asarray(phases["metric"])] if "metric" in phases.coords else None
+        names = _metric_names(phases, "time", candidates)
+        varying = [n for n in names if np.nanmax(np.asarray(phases[n], dtype=float), initial=-np.inf)
+                   > np.nanmin(np.asarray(phases[n], dtype=float), initial=np.inf)]
+        metric = (varying or names)[0]
+    else:
+        _metric_names(phases, "time", [metric])
+    x, xlabel, _, _ = _sample_axis(phases, "time")
+    ranges = np.asarray(phases["range"]).astype(str) if "range" in phases.coords else np.array([], dtype=str)
+    colors = _phase_colors(phases, "time", _label_colors(ranges))
+    if fig is None:
+        fig = plt.figure(figsize=(10, 6.5))
+    fig.clear()
+    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1, 1.6]})
+    xs, mean, lo, hi = _blocks(x, np.asarray(phases[metric], dtype=float), max_points)
+    top.fill_between(xs, lo, hi, color="0.6", alpha=0.5, lw=0, step="mid")
+    top.plot(xs, mean, lw=0.8, color="black")
+    for first, stop, label in zip(phases["segment_first"].values, phases["segment_stop"].values,
+                                  phases["segment_phase"].values, strict=True):
+        right = x[stop] if stop < len(x) else x[-1]
+        top.axvspan(x[first], right, color=colors[int(label)], alpha=0.3, lw=0)
+    top.set_ylabel(short_label(metric, phases[metric].attrs.get("units", "")), fontsize="x-small")
+    top.set_xlabel(xlabel)
+    top.set_title("phases over time", fontsize="small")
+    bars = per_phase.assign_coords(weight=("phase_id", np.asarray(per_phase["phase_duration"], dtype=float)))
+    nodes = [n for n in bars.data_vars if n in _td._BY_NAME]
+    topdown(bars[nodes], level, fraction=fraction, sort=False, ax=bottom)
+    labels = []
+    for p in ids:
+        empty = bool(np.all(np.isnan([float(bars[n].sel(phase_id=p)) for n in nodes])))
+        labels.append(f"phase {p}" + ("\n(no profiled work)" if empty else ""))
+    bottom.set_xticks(np.arange(len(ids)), labels, rotation=0, fontsize="x-small")
+    for tick, p in zip(bottom.get_xticklabels(), ids, strict=True):
+        tick.set_bbox({"facecolor": colors[int(p)], "alpha": 0.4, "edgecolor": "none", "pad": 1.5})
+    by = per_phase.attrs.get("topdown_by", "")
+    bottom.set_title(f"Top-Down level {level} per phase (joined by {by}; labels: share of the run)", fontsize="small")
+    fig.tight_layout()
+    return fig
+

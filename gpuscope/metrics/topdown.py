@@ -799,30 +799,66 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
     return out
 
 
-def dynamic(td: xr.Dataset, kernel: str | None = None, dim: str = "range") -> xr.Dataset:
-    """One kernel's ranges in launch order: the paper's dynamic analysis (Top-Down per launch index).
+def dynamic(td: xr.Dataset, kernel: str | None = None, dim: str = "range", *, phases: xr.Dataset | None = None,
+            by: str = "auto") -> xr.Dataset:
+    """The paper's dynamic analysis: one kernel's Top-Down launch by launch, or (``phases=``) the Top-Down of
+    each phase of a PM-sampled run.
 
-    The result keeps ``dim`` and its coordinates (``launch`` among them), so :func:`gpuscope.metrics.phases.phases`
-    and the timeline plot apply directly.
+    Without *phases*: one kernel's ranges in launch order. The result keeps ``dim`` and its coordinates
+    (``launch`` among them), so :func:`gpuscope.metrics.phases.phases` and the timeline plot apply directly.
+
+    With *phases* (``gpuscope.phases(samples)``): each phase gets the Top-Down of the work that ran in it, joined
+    through what both runs know (range profiling and PM sampling cannot hold the counters at once, so they come
+    from two runs of the same work; see :mod:`gpuscope.metrics.phase_topdown`):
+
+    * ``by="kernels"``: the kernel executions recorded during sampling (``gpuscope.sample(kernels=True)``), each
+      phase weighting its kernels' Top-Down (range results aggregated per kernel) by their GPU time inside it;
+    * ``by="ranges"``: the user range of each sample, each phase weighting the Top-Down of the range results under
+      that range path by the sampled time in it;
+    * ``by="auto"``: kernels when the samples have them, else ranges.
 
     Parameters
     ----------
     td : xarray.Dataset
-        Range Dataset with coordinates ``kernel`` and ``launch`` (auto ranges), usually Top-Down output.
+        Range Dataset, usually Top-Down output (:func:`topdown`); with *phases*, it must be Top-Down output.
     kernel : str, optional
-        Kernel name; may be omitted when there is only one.
+        Kernel name; may be omitted when there is only one (without *phases*).
     dim : str
         The range dimension.
+    phases : xarray.Dataset, optional
+        The phases of a PM-sampled run of the same work.
+    by : {"auto", "kernels", "ranges"}
+        How phases and range results are joined (with *phases*).
 
     Returns
     -------
     xarray.Dataset
+        Without *phases*: the kernel's rows of *td*. With *phases*: dim ``phase_id``; every Top-Down node of *td*
+        (same names, units and attrs; NaN for a phase without profiled work, e.g. idle); ``time_in_phase``
+        (phase_id, ``kernel`` or ``user_range``: ns of each inside the phase), ``attributed_fraction`` (time with
+        a Top-Down over the phase's duration) and ``unattributed_fraction`` (work without one); coords
+        ``phase_duration``, ``phase_fraction``, ``has_topdown``; attrs of *td* plus ``kind="topdown_by_phase"``,
+        ``topdown_by``.
 
     Raises
     ------
     ValueError
-        Missing ``kernel``/``launch`` coordinates, an unknown kernel, or several kernels and none chosen.
+        Missing ``kernel``/``launch`` coordinates, an unknown kernel, or several kernels and none chosen; with
+        *phases*: not a phases Dataset of PM samples, *td* without Top-Down nodes, ``by="kernels"`` on samples
+        recorded without ``kernels=True``.
+
+    Examples
+    --------
+    >>> td = gs.topdown(launches)                              # doctest: +SKIP
+    >>> per_phase = gs.dynamic(td, phases=gs.phases(samples))  # doctest: +SKIP
+    >>> per_phase[["retire", "frontend", "backend"]].to_pandas()   # doctest: +SKIP
     """
+    if phases is not None:
+        from .phase_topdown import by_phase
+
+        if kernel is not None:
+            raise ValueError("kernel= and phases= do not go together: a phase's Top-Down covers all its kernels")
+        return by_phase(td, phases, by=by, dim=dim)
     for coord in ("kernel", "launch"):
         if coord not in td.coords:
             raise ValueError(f"dynamic analysis needs a {coord!r} coordinate along {dim!r} (auto-range results)")
