@@ -40,6 +40,20 @@ class _Trace:
         self.events = []  # timed events in the order they were added (per track: in time order)
         self.tids = {}  # (pid, track name) -> tid
         self.pids = {}
+        self.hot_spots = {}  # kernel -> its hottest source lines (PC sampling), put in its slices' args
+        self.hot_spots_used = set()
+
+    def hot_args(self, kernel: str) -> dict:
+        """``pc.hot_lines`` for a slice of *kernel* when PC samples of it were given."""
+        if not self.hot_spots:
+            return {}
+        from ._names import match_kernel
+
+        hit = match_kernel(kernel, self.hot_spots)
+        if hit is None:
+            return {}
+        self.hot_spots_used.add(hit)
+        return {"pc.hot_lines": self.hot_spots[hit]}
 
     def process(self, ds) -> int:
         pid = int(ds.attrs.get("device_index", 0))
@@ -97,6 +111,46 @@ def _pm_events(trace: _Trace, ds, names: list[str]) -> None:
                                table["end_ns"].tolist()):
         events.append({"name": p.rsplit("/", 1)[-1], "ph": "X", "pid": pid, "tid": tids[thread], "ts": s,
                        "dur": (e - s) / 1e3, "args": {"path": p}})
+    if "exec_start_ns" in ds.attrs:
+        _execution_events(trace, ds, pid)
+
+
+def _execution_events(trace: _Trace, ds, pid: int) -> None:
+    """One slice per kernel execution on the GPU (``gpuscope.sample(kernels=True)``), a track per stream."""
+    table = _results.kernel_executions(ds)
+    tids = {stream: trace.track(pid, f"GPU kernels (stream {stream})") for stream in sorted(set(table["stream"]))}
+    hot = {k: trace.hot_args(k) for k in set(table["kernel"])}
+    for kernel, symbol, s, e, stream, corr in zip(table["kernel"].tolist(), table["symbol"].tolist(),
+                                                 table["start_ns"].tolist(), table["end_ns"].tolist(),
+                                                 table["stream"].tolist(), table["correlation"].tolist()):
+        trace.events.append({"name": kernel, "ph": "X", "pid": pid, "tid": tids[stream], "ts": s,
+                             "dur": (e - s) / 1e3, "args": {"symbol": symbol, "correlation": corr, **hot[kernel]}})
+
+
+def _pc_hot_spots(pc, top: int = 3) -> dict:
+    """Per kernel of a PC sampling Dataset: its *top* source lines by samples, each with its commonest state."""
+    samples = np.asarray(pc["samples"], dtype=np.int64)  # (pc, stall_reason)
+    reasons = pc["stall_reason"].values.astype(str)
+    function = pc["function"].values.astype(str)
+    files = pc["file"].values.astype(str)
+    lines = pc["line"].values.astype(np.int64)
+    texts = pc["line_text"].values.astype(str) if "line_text" in pc.coords else np.full(lines.shape, "")
+    out = {}
+    for kernel in dict.fromkeys(function.tolist()):
+        mine = np.flatnonzero(function == kernel)
+        keys = {}
+        for i in mine:
+            keys.setdefault((files[i].rsplit("/", 1)[-1], int(lines[i])), []).append(i)
+        total = int(samples[mine].sum())
+        rows = []
+        for (f, n), idx in keys.items():
+            per_reason = samples[idx].sum(axis=0)
+            rows.append((int(per_reason.sum()), f, n, str(texts[idx[0]]).strip(), reasons[int(np.argmax(per_reason))]))
+        rows.sort(key=lambda r: -r[0])
+        out[kernel] = [f"{f}:{n} {share}% {state}: {text}"[:160]
+                       for count, f, n, text, state in rows[:top]
+                       for share in [round(100 * count / total, 1) if total else 0.0]]
+    return out
 
 
 def _range_topdown(ds):
@@ -138,6 +192,8 @@ def _range_events(trace: _Trace, ds) -> None:
         args = {"path": name[i], **{c: coords[c][i] for c in extra}}
         args.update({m: _number(values[m][i]) for m in metrics})
         args.update({f"topdown.{node}": _number(v[i]) for node, v in td.items()})
+        if kernel[i]:
+            args.update(trace.hot_args(kernel[i]))
         trace.events.append({"name": kernel[i] or name[i].rsplit("/", 1)[-1], "ph": "X", "pid": pid,
                              "tid": tids[track], "ts": int(start[i]), "dur": int(end[i] - start[i]) / 1e3,
                              "args": args})
@@ -176,12 +232,15 @@ def _trace_kind(ds, position: str) -> str:
         return "pm_sampling"
     if kind == "range" and "range" in ds.dims:
         return "range"
+    if kind == "pc_sampling" and "samples" in ds:
+        return "pc_sampling"
     from .errors import NotGpuscopeDataError
 
     raise NotGpuscopeDataError(
         f"{position} is not a Dataset to_perfetto can place on a timeline (kind={kind!r}); pass range results "
-        "(gpuscope.Profiler, kind 'range'), PM samples (gpuscope.sample, kind 'pm_sampling') or the result of "
-        "gpuscope.phases, e.g. as loaded with gpuscope.open_dataset")
+        "(gpuscope.Profiler, kind 'range'), PM samples (gpuscope.sample, kind 'pm_sampling'), the result of "
+        "gpuscope.phases or PC samples (gpuscope.pc_sample, kind 'pc_sampling'), e.g. as loaded with "
+        "gpuscope.open_dataset")
 
 
 def _write(trace: dict, path) -> None:
@@ -203,6 +262,12 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
       ``topdown.backend`` (Top-Down level 1, IPC units) when the set allows Top-Down.
     * PM samples (kind ``pm_sampling``): one counter track per metric (``name (units)``) and the user ranges
       recorded during sampling, one track per host thread, as :func:`to_chrome_trace` gives them.
+    * PM samples recorded with ``kernels=True``: a ``GPU kernels (stream N)`` track per stream with one slice
+      per kernel execution, from its start to its end on the GPU (:func:`gpuscope.kernel_executions`).
+    * PC samples (kind ``pc_sampling``, :func:`gpuscope.pc_sample`): no track of their own (they have no
+      times); every slice of a kernel they sampled gets ``pc.hot_lines`` in its args, the kernel's three
+      hottest source lines (``file:line share% state: text``), and ``otherData["pc_hot_spots"]`` holds them
+      for every kernel (``pc_hot_spots_unmatched``: kernels no slice was found for).
     * phases (the result of :func:`gpuscope.phases`): a ``phases`` track with one slice per segment, named
       ``phase <id>`` (recurring phases share the name), its metric means and, when computed, the phase's
       Top-Down level 1 in args. Its samples' counters are added too unless the PM Dataset they came from is
@@ -228,7 +293,7 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
     ------
     ValueError
         No dataset given, an argument is not a Dataset (a path included: load it with
-        :func:`gpuscope.open_dataset`), or a phases Dataset without CUPTI timestamps.
+        :func:`gpuscope.open_dataset`), a phases Dataset without CUPTI timestamps, or only PC samples.
     gpuscope.errors.NotGpuscopeDataError
         A Dataset that is neither range results, PM samples nor phases.
     TypeError
@@ -246,18 +311,27 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
         raise ValueError("to_perfetto needs at least one Dataset after the path: range results, PM samples "
                          "or phases, e.g. gpuscope.to_perfetto('run.json', launches, ts, gpuscope.phases(ts))")
     kinds = [_trace_kind(ds, f"dataset {i + 1}") for i, ds in enumerate(datasets)]
+    if all(k == "pc_sampling" for k in kinds):
+        raise ValueError("PC samples have no times of their own: pass them with the range results or PM samples "
+                         "(kernels=True) whose kernel slices they annotate")
     pm_sessions = {int(ds.attrs["session_start_ns"]) for ds, k in zip(datasets, kinds) if k == "pm_sampling"}
     trace = _Trace()
+    for ds, kind in zip(datasets, kinds):
+        if kind == "pc_sampling":
+            trace.hot_spots.update(_pc_hot_spots(ds))
     for ds, kind in zip(datasets, kinds):
         if kind == "range":
             _range_events(trace, ds)
         elif kind == "pm_sampling":
             _pm_events(trace, ds, _results._as_list(ds.attrs["metrics"]))
-        else:
+        elif kind == "phases":
             if ds.attrs.get("kind") == "pm_sampling" and int(ds.attrs["session_start_ns"]) not in pm_sessions:
                 _pm_events(trace, ds, [m for m in _results._as_list(ds.attrs["metrics"]) if m in ds.data_vars])
             _phase_events(trace, ds)
-    out = trace.finish(None, kinds)
+    out = trace.finish(None, [k for k in kinds if k != "pc_sampling"])
+    if trace.hot_spots:
+        out["otherData"]["pc_hot_spots"] = trace.hot_spots
+        out["otherData"]["pc_hot_spots_unmatched"] = sorted(set(trace.hot_spots) - trace.hot_spots_used)
     _write(out, path)
     return out
 

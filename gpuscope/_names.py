@@ -287,3 +287,28 @@ def demangle(symbol: str) -> str:
         parts = parts[1:] if parts[0] == "cudapy" and len(parts) > 1 else parts
         return ".".join(_numba_unescape(x) for x in parts)
     return "::".join(parts)
+
+
+def match_kernel(name: str, names, symbols=None) -> str | None:
+    """The one entry of *names* that is the kernel *name*, or None.
+
+    Tried in order: *name* as a symbol in *symbols* (symbol -> name), *name* itself, then one unique entry with
+    the same last dotted part (``module.stream`` and ``stream``: Numba names carry their module, decorated
+    kernels and other tools may not).
+
+    Examples
+    --------
+    >>> match_kernel("__main__.stream", ["stream", "fma"])
+    'stream'
+    >>> match_kernel("fma", ["a.fma", "b.fma"]) is None
+    True
+    """
+    names = list(names)
+    if symbols and name in symbols:
+        return symbols[name]
+    if name in names:
+        return name
+    tail = name.rsplit(".", 1)[-1]
+    hits = [n for n in names if n.rsplit(".", 1)[-1] == tail]
+    return hits[0] if len(hits) == 1 else None
+

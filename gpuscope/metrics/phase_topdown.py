@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from .. import _validate
+from .._names import match_kernel
 
 __all__ = ["by_phase"]
 
@@ -144,21 +145,11 @@ def _kernel_topdown(td, kernels, nodes, aggregate, dim):
     values = np.full((len(kernels), len(nodes)), np.nan)
     matched = np.zeros(len(kernels), dtype=bool)
     for i, name in enumerate(kernels):
-        hit = _match(name, names, symbols)
+        hit = match_kernel(name, names, symbols)
         if hit is not None:
             values[i] = [float(per[n].sel(kernel=hit)) for n in nodes]
             matched[i] = True
     return values, matched
-
-
-def _match(name: str, names: list[str], symbols: dict) -> str | None:
-    if name in symbols:
-        return symbols[name]
-    if name in names:
-        return name
-    tails = [n for n in names if name.endswith("." + n) or n.endswith("." + name)
-             or name.rsplit(".", 1)[-1] == n.rsplit(".", 1)[-1]]
-    return tails[0] if len(tails) == 1 else None
 
 
 def _range_topdown(td, ranges, nodes, aggregate, dim):

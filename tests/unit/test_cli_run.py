@@ -163,8 +163,8 @@ def test_sampling_runs_the_sampler(monkeypatch, tmp_path, capsys):
     made = []
 
     class FakeSampler(FakeProfiler):
-        def __init__(self, metrics, interval, device=0):
-            self.args = {"metrics": metrics, "interval": interval, "device": device}
+        def __init__(self, metrics, interval, device=0, **extra):
+            self.args = {"metrics": metrics, "interval": interval, "device": device, **extra}
             self.events = []
             made.append(self)
 
@@ -177,6 +177,11 @@ def test_sampling_runs_the_sampler(monkeypatch, tmp_path, capsys):
     assert cli.main(["run", "--sample", "pm-default@20us", str(path)]) == 0
     assert made[0].args == {"metrics": "pm-default", "interval": "20us", "device": 0}
     assert "gpuscope report: PM sampling, 18019 samples" in capsys.readouterr().out
+    assert cli.main(["run", "--sample", "pm-fast", "--kernel-times", str(path)]) == 0
+    assert made[1].args == {"metrics": "pm-fast", "interval": "100us", "device": 0, "kernels": True}
+    capsys.readouterr()
+    assert status(["run", "--kernel-times", str(path)]) == cli.EXIT_USAGE
+    assert "--kernel-times goes with --sample" in capsys.readouterr().err
 
 
 def test_unsupported_filters_are_a_clear_message(monkeypatch, tmp_path, capsys):

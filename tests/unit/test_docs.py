@@ -37,6 +37,17 @@ def _phases(ns):
     assert ph.sizes["time"] == 18019
 
 
+def _phase_topdown(ns):
+    per, time = ns["per_phase"], ns["per_phase"]["time_in_phase"].to_pandas()
+    stream_only = [p for p in time.index if time.loc[p, "stream"] > 0.99 * time.loc[p].sum()]
+    assert stream_only  # the stream range is one phase (or several alike), with stream's Top-Down
+    for p in stream_only:
+        assert ns["table"].loc[p, "retire"] == pytest.approx(1.233, abs=0.02)  # stream: 1.233
+    level1 = ns["table"][["retire", "divergence", "frontend", "backend"]].sum(axis=1)
+    assert ((level1 - 4.0).abs() < 0.05).all()
+    assert len(ns["fig"].axes) >= 2
+
+
 def _topdown(ns):
     per_kernel = ns["per_kernel"]
     assert per_kernel.retire.sel(kernel="fma").item() == pytest.approx(2.99, abs=0.01)
@@ -70,7 +81,7 @@ def _trace(ns):
     assert len([e for e in trace["traceEvents"] if e["name"].startswith("phase ")]) == ph.sizes["segment"]
 
 
-CHECKS = {("trace.md", 0): _trace, ("phases.md", 0): _phases, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+CHECKS = {("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
           ("report.md", 1): _report, ("report.md", 2): _compare}
 
 

@@ -203,3 +203,47 @@ def test_errors(tmp_path, series):
     with pytest.raises(ValueError, match="no CUPTI timestamps"):
         gs.to_perfetto(None, gs.phases(bare, topdown=False))
     assert not (tmp_path / "t.json").exists()
+
+
+def _pc_recording():
+    """The H100 PC-sampling recording (stream and fma of benchmarks/bench_pc_sampling.py) as a Dataset."""
+    from gpuscope import _pcsampling as P
+    from gpuscope import _source
+    from gpuscope.cupti import pc_sampling as C
+
+    here = ROOT / "tests" / "fixtures" / "pc"
+    data = np.load(here / "pc_records.npz")
+    registry = _source.CubinRegistry()
+    for name in ("stream0.cubin", "fma0.cubin"):
+        registry.add(str(here / name))
+    smap = _source.SourceMap(registry, sources={"bench_pc_sampling.py": (here / "bench_pc_sampling.py.txt").read_text()})
+    return P.records_dataset(C.PCRecords.from_dict(data), data["reason_indices"],
+                             [str(n) for n in data["reason_names"]], smap, chip="GH100",
+                             attrs={"compute_capability": "9.0"})
+
+
+def test_gpu_kernel_executions_get_a_track_per_stream_and_pc_hot_lines(series):
+    t0 = int(series.attrs["session_start_ns"])
+    records = [(name, t0 + 1000 * i, t0 + 1000 * i + 800, 0, 1, 7 + (i % 2), (1, 1, 1), (1, 1, 1), 16, i)
+               for i, name in enumerate(["_ZN10benchmarks17bench_pc_sampling6streamB2v1E", "other"] * 3)]
+    ts = series.assign_attrs(_results._execution_attrs({"records": records, "dropped": 0, "errors": []}))
+    pc = _pc_recording()
+    trace = gs.to_perfetto(None, ts, pc)
+    events = trace["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    gpu = [e for e in events if e["ph"] == "X" and tracks[e["tid"]].startswith("GPU kernels")]
+    assert sorted({tracks[e["tid"]] for e in gpu}) == ["GPU kernels (stream 7)", "GPU kernels (stream 8)"]
+    assert [e["name"] for e in gpu] == ["benchmarks.bench_pc_sampling.stream", "other"] * 3
+    assert [e["dur"] for e in gpu] == [0.8] * 6
+    stream = [e for e in gpu if e["name"].endswith("stream")]
+    hot = stream[0]["args"]["pc.hot_lines"]
+    assert len(hot) == 3 and hot[0].startswith("bench_pc_sampling.py:30 ") and "long_scoreboard" in hot[0]
+    assert "z[i] = a * x[i] + y[i]" in hot[0]
+    assert all("pc.hot_lines" not in e["args"] for e in gpu if e["name"] == "other")
+    assert set(trace["otherData"]["pc_hot_spots"]) == {"benchmarks.bench_pc_sampling.stream",
+                                                       "benchmarks.bench_pc_sampling.fma"}
+    assert trace["otherData"]["pc_hot_spots_unmatched"] == ["benchmarks.bench_pc_sampling.fma"]
+    share = float(hot[0].split()[1].rstrip("%"))
+    assert 50 < share <= 100
+    with pytest.raises(ValueError, match="no times of their own"):
+        gs.to_perfetto(None, pc)

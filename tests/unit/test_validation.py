@@ -79,6 +79,8 @@ SAMPLER_BAD += [
     ("interval", "-20us", ValueError, ["'-20us'"]),
     ("interval", None, TypeError, ["None"]),
     ("evaluate_in", "gpu", ValueError, ["'process'", "'thread'", "'gpu'"]),
+    ("kernels", "yes", ValueError, ["kernels", "True", "False", "'yes'"]),
+    ("kernels", 1, ValueError, ["kernels", "True", "False"]),
     ("device", -1, ValueError, ["-1"]),
 ]
 

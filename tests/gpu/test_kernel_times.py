@@ -1,0 +1,72 @@
+"""gs.sample(kernels=True): kernel executions from CUPTI's activity API on the samples' clock, and Top-Down per
+phase joined through them."""
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+from gpuscope import _demo
+
+
+@pytest.fixture(scope="module")
+def run():
+    from numba import cuda
+
+    work = _demo.build_workload(n=1 << 22, fma_iters=500)
+    for name in _demo.PHASES:
+        work.launch(name)
+    cuda.synchronize()
+    with gs.Profiler("topdown", mode="kernel") as prof:
+        for name in _demo.PHASES:
+            work.launch(name)
+        cuda.synchronize()
+    launched = {}
+    with gs.sample(metrics="pm-default", interval="100us", kernels=True) as sampler:
+        for name in _demo.PHASES:
+            with gs.range(name):
+                for _ in range(200):
+                    work.launch(name)
+                launched[name] = 200
+                cuda.synchronize()
+    return prof.dataset, sampler.dataset, launched
+
+
+def test_every_launch_is_one_execution_inside_the_session(run):
+    _, ts, launched = run
+    table = gs.kernel_executions(ts)
+    short = table["kernel"].str.rsplit(".", n=1).str[-1]
+    assert short.value_counts().to_dict() == launched
+    assert ts.attrs["kernel_records_dropped"] == 0 and ts.attrs["kernel_records_incomplete"] == 0
+    assert (table["duration_ns"] > 0).all()
+    assert table["start_ns"].min() >= ts.attrs["session_start_ns"]
+    assert table["end_ns"].max() <= ts.attrs["session_end_ns"]
+    one_stream = table[table["stream"] == table["stream"].iloc[0]]
+    assert (one_stream["start_ns"].values[1:] >= one_stream["end_ns"].values[:-1]).all()  # a stream runs in order
+    # each kernel runs inside its range
+    spans = gs.spans(ts)
+    for name in launched:
+        span = spans[spans["path"] == name].iloc[0]
+        mine = table[short == name]
+        assert mine["start_ns"].min() >= span["start_ns"] and mine["end_ns"].max() <= span["end_ns"] + 1_000_000
+
+
+def test_execution_times_agree_with_the_range_profiler(run):
+    launches, ts, _ = run
+    table = gs.kernel_executions(ts)
+    short = table["kernel"].str.rsplit(".", n=1).str[-1]
+    profiled = launches["gpu__time_duration.sum"].groupby(launches["kernel"]).mean().to_pandas()
+    for name, ns in profiled.items():
+        traced = float(table["duration_ns"][short == name.rsplit(".", 1)[-1]].median())
+        assert traced == pytest.approx(float(ns), rel=0.25), name
+
+
+def test_topdown_per_phase_by_kernels(run):
+    launches, ts, _ = run
+    td = gs.topdown(launches, check="ignore")
+    ph = gs.phases(ts)
+    per = gs.dynamic(td, phases=ph)
+    assert per.attrs["topdown_by"] == "kernels" and bool(per["has_topdown"].all())
+    busy = per["phase_duration"] > 5e6
+    assert float(per["attributed_fraction"].where(busy, drop=True).min()) > 0.5
+    total = sum(per[n] for n in ("retire", "divergence", "frontend", "backend"))
+    np.testing.assert_allclose(total.where(busy, drop=True), td.attrs["topdown_ipc_max"], atol=0.2)
