@@ -622,6 +622,12 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         of this process (timestamps from ``GetSampleInfo``), which fall behind a Python loop that launches kernels
         at 20 µs intervals. Images then live in anonymous shared memory (``memfd``, reserved up front; see :mod:`gpuscope._shm`), which
         nothing outlives.
+    kernels : bool, optional
+        Also record every kernel that runs on the device while sampling, with its start and end on the GPU
+        (CUPTI's concurrent-kernel activity records; kernels are not serialised), default False. They are the
+        execution table of the Dataset (:func:`gpuscope.kernel_executions`), drawn by :func:`gpuscope.to_perfetto`
+        and used by ``gpuscope.dynamic(td, phases=...)`` to give each phase the Top-Down of its kernels. The device
+        is synchronised when sampling stops so that every kernel has its end.
 
     Returns
     -------
