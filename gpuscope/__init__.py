@@ -58,6 +58,7 @@ _EXPORTS = {
     "pc_sample": "gpuscope._pcsampling",
     "PCSampler": "gpuscope._pcsampling",
     "fast_topdown": "gpuscope._pcsampling",
+    "profile_fast_topdown": "gpuscope._fast",
     "SamplerBusyError": "gpuscope.errors",
     # PM sampling
     "sample": "gpuscope._sampling",

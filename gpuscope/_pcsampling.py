@@ -198,7 +198,7 @@ def stall_percentages(pc, counter_names: bool = True):
     return xr.Dataset(out, attrs=dict(pc.attrs))
 
 
-def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None):
+def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None, check: str = "ignore"):
     """Top-Down from one range-profiler pass (IPC, issued IPC, warp efficiency) and PC-sampled stall shares.
 
     Parameters
@@ -208,9 +208,9 @@ def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None):
     ipc : xarray.Dataset
         Dim ``kernel`` (names as in ``pc.kernel``) with ``smsp__inst_executed.avg.per_cycle_active``,
         ``smsp__inst_issued.avg.per_cycle_active`` and ``smsp__thread_inst_executed_per_inst_executed.ratio``.
-    levels, arch
+    levels, arch, check
         As for :func:`gpuscope.metrics.topdown.topdown`; ``arch`` defaults to the compute capability in the
-        attrs of *pc*.
+        attrs of *pc*; ``check`` defaults to ``"ignore"`` here (PC-sampled shares sum to 100% by construction).
 
     Returns
     -------
@@ -230,7 +230,7 @@ def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None):
         raise ValueError(f"no PC samples for kernel(s) {missing}; PC-sampled kernels: {stalls['kernel'].values.tolist()}")
     merged = ipc.merge(stalls.sel(kernel=ipc["kernel"]), join="left", compat="override")
     merged.attrs = {**stalls.attrs, **ipc.attrs}
-    result = td.topdown(merged, levels=levels, arch=arch or pc.attrs.get("compute_capability"), check="ignore")
+    result = td.topdown(merged, levels=levels, arch=arch or pc.attrs.get("compute_capability"), check=check)
     result.attrs["topdown_source"] = "fast: 1 range pass + PC sampling"
     return result
 

@@ -96,3 +96,25 @@ def test_pc_sampling_before_and_after_range_profiling(order):
     assert out.returncode == 0, out.stderr[-3000:]
     total, delivered = map(int, out.stdout.split()[-2:])
     assert total > 1000 and delivered > 0  # records delivered, whatever ran first
+
+
+def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
+    """gs.profile_fast_topdown (PC samples + one range pass) against the 7-pass counter Top-Down, same kernels."""
+    import numpy as np
+
+    from gpuscope._names import match_kernel
+
+    work, _ = sampled
+    fast = gpuscope.profile_fast_topdown(work.run, 20, period=2**10)
+    assert sorted(k.rsplit(".", 1)[-1] for k in fast["kernel"].values) == ["fma", "stream"]
+    assert (fast["launches"] == 20).all() and (fast["samples_per_launch"] > 0).all()
+    with gpuscope.Profiler("topdown", mode="kernel") as prof:
+        work.run(3)
+    full = gpuscope.aggregate(gpuscope.topdown(prof.dataset, check="ignore"), by="kernel")
+    ipc_max = full.attrs["topdown_ipc_max"]
+    for kernel in fast["kernel"].values:
+        counter = full.sel(kernel=match_kernel(str(kernel), full["kernel"].values.tolist()))
+        for node in ("retire", "frontend", "backend", "backend_memory", "backend_core"):
+            pp = 100 * abs(float(fast[node].sel(kernel=kernel)) - float(counter[node])) / ipc_max
+            assert pp < 5, (kernel, node, pp)
+    assert np.isfinite(fast["retire"]).all()

@@ -1,0 +1,111 @@
+"""The fast Top-Down in one call: PC sampling for the stall split, one range pass for IPC, on the same work.
+
+:func:`gpuscope.fast_topdown` combines the two Datasets; :func:`profile_fast_topdown` collects them. It runs the
+work twice, back to back: first under PC sampling, then under one kernel-mode range pass (the ``fast-topdown``
+set: executed and issued IPC, threads per instruction, cycles). Whether CUPTI can hold PC sampling and a range
+session on the same launches at once has not been measured; running one after the other is what is known to
+work on the H100 (PC sampling delivers its records before a range session in one process).
+"""
+
+from __future__ import annotations
+
+from . import _validate
+from .errors import GpuscopeError
+
+__all__ = ["profile_fast_topdown", "FAST_SET"]
+
+FAST_SET = "fast-topdown"
+
+
+class FastTopDownError(GpuscopeError, ValueError):
+    """The two halves of a fast Top-Down do not fit together (no common kernel, no PC samples)."""
+
+
+def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, levels=(1, 2, 3), check: str = "warn",
+                         pc_sampler=None, profiler=None, **kwargs):
+    """Top-Down per kernel from PC samples and one range pass: ``work(*args, **kwargs)`` runs twice.
+
+    Parameters
+    ----------
+    work : callable
+        Launches the kernels (it is called twice; it should do the same work each time). gpuscope synchronises
+        the device after each call.
+    *args, **kwargs
+        Passed to *work*.
+    period : int
+        PC sampling period in cycles per SM, a power of two from 32 to 2**31 (:func:`gpuscope.pc_sample`).
+    device : int
+        GPU index.
+    levels : sequence of int
+        Top-Down levels to compute.
+    check : {"warn", "raise", "ignore"}
+        What to do when a level does not sum to ``IPC_MAX`` (:func:`gpuscope.topdown`).
+    pc_sampler, profiler : callable, optional
+        Factories used instead of :func:`gpuscope.pc_sample` and :class:`gpuscope.Profiler` (tests).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``kernel`` (the kernels both halves saw), every Top-Down node with the names, units and attrs of
+        :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
+        ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
+        ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
+        ``pc_dropped_samples``, ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and
+        ``kernels_without_ipc`` (kernels only one half saw).
+
+    Raises
+    ------
+    ValueError
+        A bad *period*, *levels* or *check* (before any GPU work).
+    FastTopDownError
+        No kernel was seen by both halves.
+    """
+    from . import _pcsampling
+    from ._names import match_kernel
+    from .metrics import topdown as td
+
+    if not callable(work):
+        raise TypeError(f"work must be a callable that launches the kernels, got {type(work).__name__}")
+    _pcsampling._period_log2(period)
+    check = _validate.choice(check, "check", ("warn", "raise", "ignore"))
+    pc_sampler = pc_sampler or _pcsampling.pc_sample
+    if profiler is None:
+        from ._session import Profiler as profiler
+
+    with pc_sampler(period=period, device=device) as pcs:
+        work(*args, **kwargs)
+    with profiler(FAST_SET, mode="kernel", device=device) as prof:
+        work(*args, **kwargs)
+    pc, ranges = pcs.dataset, prof.dataset
+    stalls = _pcsampling.stall_percentages(pc)
+    sampled = [str(k) for k in stalls["kernel"].values]
+    rows = ranges.isel(range=[i for i, k in enumerate(ranges["kernel"].values) if str(k)])
+    per_kernel = td.aggregate(rows[[m for m in rows.data_vars]], by="kernel")
+    names = {str(k): match_kernel(str(k), sampled) for k in per_kernel["kernel"].values}
+    both = {k: n for k, n in names.items() if n is not None}
+    if not both:
+        raise FastTopDownError(
+            f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
+            f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each call?")
+    ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))
+    ipc = ipc[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]]
+    ipc.attrs = dict(ranges.attrs)
+    result = _pcsampling.fast_topdown(pc, ipc, levels=levels, check=check)
+    launches = [int(per_kernel["count"].sel(kernel=k)) for k in both]
+    per_kernel_samples = pc["kernel_samples"].sum("stall_reason")
+    samples = [int(per_kernel_samples.sel(kernel=n)) for n in both.values()]
+    result = result.assign_coords(
+        launches=("kernel", launches),
+        pc_samples=("kernel", samples),
+        samples_per_launch=("kernel", [s / n if n else float("nan") for s, n in zip(samples, launches)]),
+    )
+    result.attrs.update(
+        fast_topdown_collection="back to back: work() under PC sampling, then work() under one range pass "
+                                "(kernel mode)",
+        pc_total_samples=int(pc.attrs.get("total_samples", 0)),
+        pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
+        pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),
+        kernels_without_pc_samples=sorted(set(names) - set(both)),
+        kernels_without_ipc=sorted(set(sampled) - set(both.values())),
+    )
+    return result
