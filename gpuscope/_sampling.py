@@ -294,6 +294,7 @@ class Sampler:
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
         _ranges.add_listener(self._recorder)
         self.start_ns = activity.timestamp()
+        self.wall_clock_ns = time.time_ns()  # the clock link: wall clock at CUPTI time start_ns
         self._wall_start = time.time()
         pm.start(self._handle)
         self._started = True
@@ -522,6 +523,7 @@ class Sampler:
             device_info=self.device_info,
             chip=self.chip,
             attrs={
+                "wall_clock_ns": int(self.wall_clock_ns),
                 "interval_ns": int(self.interval_ns),
                 "trigger": self.trigger.value,
                 "hardware_interval": int(self._hw_interval),
