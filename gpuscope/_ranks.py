@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import GpuscopeWarning, RankDetectionError, RankMergeError
 
-__all__ = ["RankInfo", "rank_info", "rank_path", "open_ranks", "merge"]
+__all__ = ["RankInfo", "rank_info", "rank_path", "open_ranks", "merge_ranks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,7 +296,7 @@ def _paths(paths_or_glob) -> list[str]:
 def open_ranks(paths_or_glob):
     """Open per-rank files (:func:`gpuscope.open_dataset`) and combine them into one Dataset with a ``rank`` dim.
 
-    See :func:`merge` for the layout, the clock alignment and what is refused.
+    See :func:`merge_ranks` for the layout, the clock alignment and what is refused.
 
     Parameters
     ----------
@@ -311,14 +311,14 @@ def open_ranks(paths_or_glob):
     Raises
     ------
     gpuscope.errors.RankMergeError
-        No file matches; or see :func:`merge`.
+        No file matches; or see :func:`merge_ranks`.
     FileNotFoundError
         A listed file does not exist.
     """
     from ._io import open_dataset
 
     paths = _paths(paths_or_glob)
-    return merge([open_dataset(p) for p in paths], sources=paths)
+    return merge_ranks([open_dataset(p) for p in paths], sources=paths)
 
 
 def _rank_of(datasets, sources) -> list[int]:
@@ -331,7 +331,7 @@ def _rank_of(datasets, sources) -> list[int]:
     if not all(has):
         missing = [s for s, h in zip(sources, has) if not h]
         raise RankMergeError(f"some Datasets record their rank and these do not: {missing}; merge files of one "
-                             "job, or set ds.attrs['rank'] on each before gpuscope.merge")
+                             "job, or set ds.attrs['rank'] on each before gpuscope.merge_ranks")
     ranks = [int(ds.attrs["rank"]) for ds in datasets]
     seen: dict[int, list[str]] = {}
     for r, s in zip(ranks, sources):
@@ -514,7 +514,7 @@ def _attrs(datasets, sources, ranks):
     return attrs, coords
 
 
-def merge(datasets, sources=None):
+def merge_ranks(datasets, sources=None):
     """Combine per-rank gpuscope Datasets (of one job) into one with a ``rank`` dimension, sorted by rank.
 
     * **Ranks** come from each Dataset's ``rank`` attr (stamped by gpuscope from the launcher's variables, or by
