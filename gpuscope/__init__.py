@@ -75,6 +75,18 @@ _EXPORTS = {
     "Report": "gpuscope._report",
     "compare": "gpuscope._compare",
     "NotGpuscopeDataError": "gpuscope.errors",
+    # many GPUs, many processes
+    "rank_info": "gpuscope._ranks",
+    "RankInfo": "gpuscope._ranks",
+    "rank_path": "gpuscope._ranks",
+    "open_ranks": "gpuscope._ranks",
+    "merge_ranks": "gpuscope._ranks",
+    "rank_times": "gpuscope.metrics.ranks",
+    "imbalance": "gpuscope.metrics.ranks",
+    "rank_topdown": "gpuscope.metrics.ranks",
+    "plot_ranks": "gpuscope.metrics.ranks",
+    "RankDetectionError": "gpuscope.errors",
+    "RankMergeError": "gpuscope.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -25,6 +25,7 @@ def _pm_device_attrs(device_info, chip: str) -> dict:
         "cupti_version": _api.library().version_string,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    attrs.update(rank_attrs())
     driver = _device.driver_version()
     if driver:
         attrs["driver_cuda_version"] = "%d.%d" % driver
@@ -39,6 +40,35 @@ def _pm_device_attrs(device_info, chip: str) -> dict:
             memory_bytes=int(device_info.memory_bytes),
         )
     return attrs
+
+
+def rank_attrs(info=None) -> dict:
+    """Attrs ``rank``, ``local_rank``, ``world_size``, ``host``, ``launcher`` of this process (or of *info*, a
+    :class:`gpuscope._ranks.RankInfo`). Launcher variables that make no sense do not cost the profile: they give
+    rank -1, launcher "unknown" and a warning."""
+    import warnings
+
+    from . import _ranks
+    from .errors import GpuscopeWarning, RankDetectionError
+
+    if info is None:
+        try:
+            info = _ranks.rank_info()
+        except RankDetectionError as e:
+            warnings.warn(f"gpuscope could not tell this process's rank, so the Dataset records rank -1: {e}",
+                          GpuscopeWarning, stacklevel=3)
+            import socket
+
+            info = _ranks.RankInfo(-1, -1, -1, -1, socket.gethostname(), "unknown")
+    return info.attrs()
+
+
+def with_rank(ds, info):
+    """*ds* (a shallow copy) with the rank attrs of *info*: for engines that know the rank better than the
+    environment of the process that built *ds* (a Dask worker, an MPI communicator)."""
+    ds = ds.copy()
+    ds.attrs.update(rank_attrs(info))
+    return ds
 
 
 #: Attrs of a PM sampling dataset that hold the user-range table, one list entry per range ("span").

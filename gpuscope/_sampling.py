@@ -301,6 +301,7 @@ class Sampler:
             self._kernel_records = activity.KernelRecords()
             self._kernel_records.open()
         self.start_ns = activity.timestamp()
+        self.wall_clock_ns = time.time_ns()  # the clock link: wall clock at CUPTI time start_ns
         self._wall_start = time.time()
         pm.start(self._handle)
         self._started = True
@@ -553,6 +554,7 @@ class Sampler:
             device_info=self.device_info,
             chip=self.chip,
             attrs={
+                "wall_clock_ns": int(self.wall_clock_ns),
                 "interval_ns": int(self.interval_ns),
                 "trigger": self.trigger.value,
                 "hardware_interval": int(self._hw_interval),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -236,6 +237,7 @@ class Profiler:
         """Arm the session (``with`` does it). Raises SessionConflictError if this device has one."""
         from .cupti import callbacks, range_profiler
         from .cupti._types import ProfilerRange, ReplayMode
+        from .cupti.activity import timestamp
 
         if self._state != "new":
             raise SessionConflictError(f"This Profiler was already {self._state}; make a new one.")
@@ -257,6 +259,8 @@ class Profiler:
         self._iteration: dict[str, int] = {}
         try:
             self._context.make_current()
+            # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
+            self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
             self._rp = range_profiler.RangeProfiler(self._context.handle)
             self._image = self._rp.counter_data_image(self.metrics, self.max_ranges)
             if self.mode is Mode.USER:

@@ -33,6 +33,8 @@ __all__ = [
     "SamplerBusyError",
     "NotGpuscopeDataError",
     "CounterDataImageError",
+    "RankDetectionError",
+    "RankMergeError",
 ]
 
 COUNTER_PERMISSION_HELP = (
@@ -220,3 +222,13 @@ class NotGpuscopeDataError(GpuscopeError, ValueError):
 class CounterDataImageError(GpuscopeError, ValueError):
     """A counter-data image that CUPTI cannot read safely (not an image, truncated, corrupted, of the other kind),
     or a sample/range index it does not hold. Checked before CUPTI is called: CUPTI itself would crash."""
+
+
+class RankDetectionError(GpuscopeError, ValueError):
+    """The launcher's environment variables (torchrun, Open MPI, MPICH/Intel MPI, Slurm) do not describe a rank:
+    a variable is missing, not an integer, or out of range (a rank not below the world size)."""
+
+
+class RankMergeError(GpuscopeError, ValueError):
+    """Per-rank Datasets that cannot be combined into one: different kinds or chips, two files of the same rank,
+    some files with a rank and some without, or no file at all."""

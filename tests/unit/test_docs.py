@@ -81,7 +81,16 @@ def _trace(ns):
     assert len([e for e in trace["traceEvents"] if e["name"].startswith("phase ")]) == ph.sizes["segment"]
 
 
-CHECKS = {("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+def _multi_gpu(ns):
+    merged, imb, per_rank = ns["merged"], ns["imb"], ns["per_rank"]
+    assert merged["rank"].values.tolist() == [0, 1] and merged["host"].values.tolist() == ["node0", "node1"]
+    assert imb["slowest_rank"].values.tolist() == [1, 1, 1]  # rank 1 ran every kernel 30% longer
+    assert imb["imbalance"].values == pytest.approx([1.3 / 1.15 - 1] * 3, rel=1e-9)
+    assert per_rank.retire.sel(kernel="fma").values == pytest.approx([2.99, 2.99], abs=0.01)  # same counters
+    assert len(ns["fig"].axes) == 2
+
+
+CHECKS = {("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
           ("report.md", 1): _report, ("report.md", 2): _compare}
 
 

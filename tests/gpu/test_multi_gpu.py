@@ -1,0 +1,79 @@
+"""Two GPUs, two processes: the Dask-CUDA and MPI examples each give a merged Dataset whose per-rank counters
+equal a single-GPU run of the same work in this process. Skipped unless two GPUs (and the engines) are present.
+
+    source tests/gpu/device_env.sh && source tests/gpu/multi_env.sh && python3 -m pytest -m gpu tests/gpu/test_multi_gpu.py
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+from gpuscope import _device, _ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import multi_gpu_work  # noqa: E402
+
+pytestmark = pytest.mark.skipif(_device.device_count() < 2, reason="needs two GPUs")
+
+
+@pytest.fixture(scope="module")
+def single_gpu():
+    """Each rank's work run here, alone, on device 0: the reference."""
+    out = {}
+    for rank in (0, 1):
+        with _ranks.assigned(gs.RankInfo(rank=rank, world_size=2)):
+            with gs.Profiler(metrics=multi_gpu_work.METRICS, mode="kernel", device=0) as prof:
+                multi_gpu_work.work(4)
+        out[rank] = prof.dataset
+    return out
+
+
+def _check(merged, single_gpu):
+    assert merged["rank"].values.tolist() == [0, 1]
+    assert sorted(merged["device"].values.tolist()) in ([0, 0], [0, 1])  # dask-cuda: device 0 of each worker
+    for rank, alone in single_gpu.items():
+        for metric in multi_gpu_work.EXACT:
+            np.testing.assert_array_equal(merged[metric].sel(rank=rank).values, alone[metric].values)
+    imb = gs.imbalance(merged, by=None)
+    assert int(imb["slowest_rank"]) == 1 and float(imb["imbalance"]) > 0.1  # rank 1 runs 2x the iterations
+
+
+def test_dask_cuda_two_workers(tmp_path, single_gpu):
+    pytest.importorskip("dask_cuda")
+    out = tmp_path / "dask.nc"
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "dask_two_gpus.py"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    merged = gs.open_dataset(out)
+    assert merged.attrs["launcher"] == "dask"
+    _check(merged, single_gpu)
+    assert (merged["wall_clock_ns"] > 0).all()  # every rank recorded its clock link
+
+
+def test_mpirun_two_ranks(tmp_path, single_gpu):
+    pytest.importorskip("mpi4py")
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec (source tests/gpu/multi_env.sh)")
+    out = tmp_path / "mpi.nc"
+    files = str(tmp_path / "prof-{rank}.nc")
+    run = subprocess.run([mpiexec, "-n", "2", sys.executable, str(ROOT / "examples" / "mpi_two_gpus.py"),
+                          "--out", str(out), "--files", files], capture_output=True, text=True, timeout=400,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    merged = gs.open_dataset(out)
+    assert merged["device"].values.tolist() == [0, 1] and merged.attrs["launcher"] == "mpich"
+    _check(merged, single_gpu)
+    from_files = gs.open_ranks(files)  # the same ranks from their own files
+    for metric in multi_gpu_work.EXACT:
+        np.testing.assert_array_equal(from_files[metric].values, merged[metric].values)
+    # one clock: both ranks started within the job's few seconds on the wall clock
+    starts = merged["start_ns"].where(merged["start_ns"] >= 0).min("range").values
+    assert abs(starts[0] - starts[1]) < 60e9
