@@ -272,12 +272,14 @@ def _prune_small_changes(
     return np.asarray(cps, dtype=np.int64)
 
 
-def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndarray:
-    """Move change points found on block means to the best sample within a block of where they were found.
+def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int, reach: int) -> np.ndarray:
+    """Move change points found on block means to the best sample within ``reach`` blocks of where they were
+    found.
 
-    A level change inside a block gives that block an intermediate mean, so it can be found on both sides of
-    it, up to the minimum segment length (two blocks) further: of two change points within three blocks of
-    each other, the weaker goes.
+    ``reach`` is the minimum segment length on blocks: a change closer than that to the start or end of the run
+    (the GPU starting 1.5 ms after sampling) can only be found that far in. A level change inside a block gives
+    that block an intermediate mean, so it can be found on both sides of it, up to the minimum segment length
+    further: of two change points within ``reach + 1`` blocks of each other, the weaker goes.
     """
     n = zt.shape[1]
     mean = zt.mean(axis=1, keepdims=True)
@@ -286,12 +288,12 @@ def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndar
     for k in range(len(cps)):
         a = cps[k - 1] if k else 0
         b = cps[k + 1] if k + 1 < len(cps) else n
-        lo, hi = max(a + 1, cps[k] - block), min(b - 1, cps[k] + block)
+        lo, hi = max(a + 1, cps[k] - reach * block), min(b - 1, cps[k] + reach * block)
         if lo <= hi:
             cps[k] = lo + int(np.argmax(split._gains(a, b, lo, hi, 1)))
     k = 0
     while k + 1 < len(cps):
-        if cps[k + 1] - cps[k] <= 3 * block:
+        if cps[k + 1] - cps[k] <= (reach + 1) * block:
             bounds = [0, *cps, n]
             first = split.gain_at(bounds[k], bounds[k + 1], bounds[k + 2])
             second = split.gain_at(bounds[k + 1], bounds[k + 2], bounds[k + 3])
@@ -619,7 +621,8 @@ def phases(
 
     cps = cps_b * block
     if block > 1 and len(cps):
-        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block)
+        reach = block_min if block_min is not None else max(2, nb // 1000)  # change_points' minimum segment
+        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block, reach)
     # Labels from the block means of the final segments (change points at least a block apart map to
     # distinct blocks).
     bounds_b = np.concatenate([[0], np.clip(np.rint(cps / block), 1, nb - 1), [nb]]).astype(np.int64)
