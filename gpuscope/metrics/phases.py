@@ -612,7 +612,7 @@ def phases(
     resolution: int | None = None,
     min_change: float = 0.3,
     clip_first: bool = True,
-    excursion: float = 2.0,
+    excursion: float = 3.0,
     topdown="auto",
 ) -> xr.Dataset:
     """Detect change points and phases in a time series (PM samples) or per-launch range results.
@@ -642,7 +642,7 @@ def phases(
         A segment at most 1/20 as long as a neighbouring phase joins that phase when, in every metric, its mean
         deviates from the phase's mean by at most ``excursion`` times the largest deviation the phase shows by
         itself over as many samples (in the same direction): a streaming phase that slows down for a few ms
-        stays one phase, while a short phase unlike its neighbours stays apart. Default 2; 0 turns this off.
+        stays one phase, while a short phase unlike its neighbours stays apart. Default 3; 0 turns this off.
     clip_first : bool
         A PM series' first sample starts when sampling was armed, often long before the workload (its
         ``start_ns`` reaches back over the idle time before): count it as one median sample long in durations
