@@ -3,8 +3,9 @@
 Run:  python benchmarks/bench_phases.py [--quick] [--real-only] [--ruptures]     (CPU only)
 
 Real recordings (``tests/fixtures/phases/``, made by ``benchmarks/record_phases.py`` on an H100, PM sampling
-every 100 us): the true phases are the recording's top-level user ranges, ``<index>_<kind>``; ranges of the same
-kind should get the same label. Scored per recording (:func:`score`):
+every 100 us, and the shipped ``gpuscope demo`` recording, whose fma and divergent ranges are one kind; see
+``tests/fixtures/phases/recordings.py``): the true phases are the recording's top-level user ranges,
+``<index>_<kind>``; ranges of the same kind should get the same label. Scored per recording (:func:`score`):
 
 * phase count: distinct labels on the samples inside the ranges, leaving out samples within ``EDGE_NS`` (2 ms)
   of a range's edges (the GPU starts work up to ~1.5 ms after the first range opens), against the number of
@@ -153,7 +154,7 @@ def real(**kwargs) -> list[tuple[str, dict]]:
     """Score :func:`phases` (with *kwargs*) on every recording."""
     rec = recordings()
     rows = []
-    for name in rec.NAMES:
+    for name in rec.SCORED:
         ds = rec.load(name)
         rows.append((name, score(ds, phases(ds, topdown=False, **kwargs), rec)))
     return rows
@@ -274,7 +275,7 @@ def compare_ruptures(trials: dict[int, int]) -> None:
     for label, name, factor in runs:
         with detector(name, factor):
             per[label] = dict(real())
-    for rec in recordings().NAMES:
+    for rec in recordings().SCORED:
         cells = [f"{per[lb][rec]['phases']}/{per[lb][rec]['kinds']}, F1 {per[lb][rec]['f1']:.2f}, "
                  f"{per[lb][rec]['max_error_ms']:.2f} ms" for lb, _, _ in runs]
         print(f"| {rec} | " + " | ".join(cells) + " |")

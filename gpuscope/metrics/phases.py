@@ -22,6 +22,9 @@ Method
    by less than ``label_tolerance`` noise sigmas in every metric. Recurring phases thus share a label.
    Segments whose means differ by less than ``min_change`` of the spread in every metric also merge, and
    neighbouring segments with one label are joined. Labels are numbered in order of first appearance.
+4. **Excursions** (``excursion``): a segment at most 1/20 as long as a neighbouring phase joins that phase when
+   it deviates from it, in every metric, by at most ``excursion`` times the phase's own largest deviation over as
+   many blocks (a few-ms slow-down of a streaming phase); see :func:`_absorb_excursions`.
 
 Self-contained numpy: no ``ruptures`` dependency (its PELT/binseg are Python loops over samples; this is
 vectorised and meets 1e6 samples x 8 metrics in well under a second, see ``docs/phases.md``).
@@ -58,6 +61,9 @@ _SCALE_SAMPLES = 200_000
 _GRID = 20_000
 # Blocks on either side of a change point whose medians give its step (see _prune_small_changes).
 _STEP_WINDOW = 10
+# A segment is an excursion of a neighbouring phase only if that phase is at least this many times longer: its
+# largest deviation over as many blocks is then the extreme of at least this many disjoint windows.
+_EXCURSION_WINDOWS = 20
 # Smallest spread, in noise sigmas, that min_change measures against: a metric that moves by only a few sigma
 # over the whole run (a PCIe counter that only sees the sampler's own traffic) must not make phases of noise.
 _SPREAD_FLOOR = 4.0
@@ -272,12 +278,14 @@ def _prune_small_changes(
     return np.asarray(cps, dtype=np.int64)
 
 
-def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndarray:
-    """Move change points found on block means to the best sample within a block of where they were found.
+def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int, reach: int) -> np.ndarray:
+    """Move change points found on block means to the best sample within ``reach`` blocks of where they were
+    found.
 
-    A level change inside a block gives that block an intermediate mean, so it can be found on both sides of
-    it, up to the minimum segment length (two blocks) further: of two change points within three blocks of
-    each other, the weaker goes.
+    ``reach`` is the minimum segment length on blocks: a change closer than that to the start or end of the run
+    (the GPU starting 1.5 ms after sampling) can only be found that far in. A level change inside a block gives
+    that block an intermediate mean, so it can be found on both sides of it, up to the minimum segment length
+    further: of two change points within ``reach + 1`` blocks of each other, the weaker goes.
     """
     n = zt.shape[1]
     mean = zt.mean(axis=1, keepdims=True)
@@ -286,12 +294,12 @@ def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndar
     for k in range(len(cps)):
         a = cps[k - 1] if k else 0
         b = cps[k + 1] if k + 1 < len(cps) else n
-        lo, hi = max(a + 1, cps[k] - block), min(b - 1, cps[k] + block)
+        lo, hi = max(a + 1, cps[k] - reach * block), min(b - 1, cps[k] + reach * block)
         if lo <= hi:
             cps[k] = lo + int(np.argmax(split._gains(a, b, lo, hi, 1)))
     k = 0
     while k + 1 < len(cps):
-        if cps[k + 1] - cps[k] <= 3 * block:
+        if cps[k + 1] - cps[k] <= (reach + 1) * block:
             bounds = [0, *cps, n]
             first = split.gain_at(bounds[k], bounds[k + 1], bounds[k + 2])
             second = split.gain_at(bounds[k + 1], bounds[k + 2], bounds[k + 3])
@@ -299,6 +307,71 @@ def _place_within_blocks(zt: np.ndarray, cps: np.ndarray, block: int) -> np.ndar
         else:
             k += 1
     return np.asarray(cps, dtype=np.int64)
+
+
+def _window_range(z: np.ndarray, bounds: np.ndarray, labels: np.ndarray, label: int, m: int):
+    """Smallest and largest mean of ``m`` consecutive rows of ``z`` inside phase ``label`` (windows run over
+    consecutive segments of that phase, not across other phases), per column; None when no stretch of the
+    phase is ``m`` rows long."""
+    lo = hi = None
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], labels == label, [0]]).astype(np.int8)))
+    for first, stop in zip(edges[::2], edges[1::2]):  # runs of segments with this label
+        part = z[bounds[first] : bounds[stop]]
+        if len(part) < m:
+            continue
+        cum = np.concatenate([np.zeros((1, z.shape[1])), np.cumsum(part, axis=0)])
+        means = (cum[m:] - cum[:-m]) / m
+        a, b = means.min(axis=0), means.max(axis=0)
+        lo, hi = (a, b) if lo is None else (np.minimum(lo, a), np.maximum(hi, b))
+    return lo, hi
+
+
+def _absorb_excursions(z: np.ndarray, bounds: np.ndarray, labels: np.ndarray, factor: float) -> np.ndarray:
+    """Relabel short segments that deviate from a neighbouring phase less than that phase does by itself.
+
+    A segment of ``m`` blocks next to phase ``P`` takes label ``P`` when, in every metric, its mean lies within
+    ``factor`` times ``P``'s own largest deviation (from ``P``'s mean, on the same side) over ``m`` consecutive
+    blocks of ``P``: ``P`` alone moves nearly that far over that time, so the segment is ``P``'s own variation
+    (a streaming phase that slows down for a few ms), not new behaviour. The yardstick is the phase's own
+    windowed means, so it needs no noise model: with autocorrelated or heavy-tailed noise they spread widely,
+    with white noise they concentrate as ``1/sqrt(m)`` and a real change stays. ``P`` must be at least
+    ``_EXCURSION_WINDOWS`` times longer than the segment, so that its largest deviation is the extreme of that
+    many disjoint windows. Shortest segments first; an absorbed segment joins its phase's reference.
+    """
+    labels = labels.copy()
+    sizes = np.diff(bounds)
+    sums = np.add.reduceat(z, bounds[:-1], axis=0)
+    means = sums / sizes[:, None]
+    rejected: set[tuple[int, int]] = set()  # (segment, phase) pairs tested against the phase as it is now
+
+    def joins(s: int, p: int) -> bool:
+        same = labels == p
+        if (s, p) in rejected or sizes[same].sum() < _EXCURSION_WINDOWS * sizes[s]:
+            return False
+        lo, hi = _window_range(z, bounds, labels, p, int(sizes[s]))
+        if lo is None:
+            return False
+        centre = sums[same].sum(axis=0) / sizes[same].sum()
+        dev = means[s] - centre
+        reach = np.maximum(np.where(dev > 0, hi - centre, centre - lo), 0.0)
+        if np.all(np.abs(dev) <= factor * reach):
+            return True
+        rejected.add((s, p))
+        return False
+
+    order = np.argsort(sizes, kind="stable")
+    changed = True
+    while changed:
+        changed = False
+        for s in order:
+            p = next((labels[j] for j in (s - 1, s + 1)
+                      if 0 <= j < len(sizes) and labels[j] != labels[s] and joins(s, labels[j])), None)
+            if p is not None:
+                rejected = {(t, q) for t, q in rejected if q not in (p, labels[s])}  # both references changed
+                labels[s] = p
+                changed = True
+                break
+    return labels
 
 
 def _check_detection(penalty, min_size, max_change_points) -> None:
@@ -539,6 +612,7 @@ def phases(
     resolution: int | None = None,
     min_change: float = 0.3,
     clip_first: bool = True,
+    excursion: float = 3.0,
     topdown="auto",
 ) -> xr.Dataset:
     """Detect change points and phases in a time series (PM samples) or per-launch range results.
@@ -564,6 +638,11 @@ def phases(
         99th percentile of block means): a change point stays only where some metric steps by at least this
         much (medians of up to 10 blocks either side), and segments whose means differ by less than this in
         every metric share a label. Default 0.1; 0 keeps every statistically significant change.
+    excursion : float
+        A segment at most 1/20 as long as a neighbouring phase joins that phase when, in every metric, its mean
+        deviates from the phase's mean by at most ``excursion`` times the largest deviation the phase shows by
+        itself over as many samples (in the same direction): a streaming phase that slows down for a few ms
+        stays one phase, while a short phase unlike its neighbours stays apart. Default 3; 0 turns this off.
     clip_first : bool
         A PM series' first sample starts when sampling was armed, often long before the workload (its
         ``start_ns`` reaches back over the idle time before): count it as one median sample long in durations
@@ -583,7 +662,8 @@ def phases(
         ``ds`` is not a Dataset, or a parameter has the wrong type.
     ValueError
         No sample dimension, no samples, no usable metric, ``metrics=[]``, ``resolution`` above the number of
-        samples, ``penalty`` or ``label_tolerance`` negative or NaN, ``topdown`` not "auto"/True/False.
+        samples, ``penalty``, ``label_tolerance``, ``min_change`` or ``excursion`` negative or NaN, ``topdown``
+        not "auto"/True/False.
     gpuscope.errors.MissingMetricsError
         A requested metric is not in ``ds``; with ``topdown=True``, the Top-Down metrics are missing.
     """
@@ -603,6 +683,7 @@ def phases(
     names = _metric_names(ds, dim, metrics)
     xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
     min_change = _validate.real(min_change, "min_change", minimum=0.0)
+    excursion = _validate.real(excursion, "excursion", minimum=0.0)
     # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
     # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
     nb = max(n // block, 1)
@@ -619,7 +700,8 @@ def phases(
 
     cps = cps_b * block
     if block > 1 and len(cps):
-        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block)
+        reach = block_min if block_min is not None else max(2, nb // 1000)  # change_points' minimum segment
+        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block, reach)
     # Labels from the block means of the final segments (change points at least a block apart map to
     # distinct blocks).
     bounds_b = np.concatenate([[0], np.clip(np.rint(cps / block), 1, nb - 1), [nb]]).astype(np.int64)
@@ -628,6 +710,10 @@ def phases(
     sizes_b = np.diff(bounds_b)
     zmeans = np.add.reduceat(z.T, bounds_b[:-1], axis=1).T / sizes_b[:, None]
     labels = label_segments(zmeans, sizes_b, pen, label_tolerance, spread=spread, min_change=min_change)
+    if excursion > 0 and z.shape[1]:
+        labels = _absorb_excursions(z, bounds_b, labels, excursion)
+        _, first_seen, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        labels = np.argsort(np.argsort(first_seen))[inverse]  # numbered by first appearance again
     # A boundary between two segments of the same phase is no phase change: join them.
     new_phase = labels[1:] != labels[:-1]
     cps, labels = cps[new_phase], labels[np.concatenate([[True], new_phase])]
@@ -665,5 +751,6 @@ def phases(
         if td is not None:
             out = out.assign(phase_topdown=td)
     out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps),
-                 "phases_resolution": block, "phases_min_change": float(min_change)}
+                 "phases_resolution": block, "phases_min_change": float(min_change),
+                 "phases_excursion": float(excursion)}
     return out

@@ -16,9 +16,10 @@ def test_recorded_demo_report_and_files(tmp_path):
     assert result["verdicts"]["stream"] == "backend_memory"
     assert result["verdicts"]["fma"] == "backend_core"
     assert result["verdicts"]["divergent"] == "divergence_branch"
-    # three 0.6 s stretches ran inside gs.range blocks: each is found, and the memory-bound one is its own phase
+    # three 0.6 s stretches ran inside gs.range blocks: the memory-bound one is one phase, and fma and divergent,
+    # alike in every PM metric, are one other phase (issue 15), so no segment is mostly "divergent"
     ranges = {r for _, r in result["segments"]}
-    assert {"stream", "fma", "divergent"} <= ranges
+    assert {"stream", "fma"} <= ranges and result["phases"] == 2
     stream = {lab for lab, r in result["segments"] if r == "stream"}
     others = {lab for lab, r in result["segments"] if r in ("fma", "divergent")}
     assert stream and others and not stream & others
