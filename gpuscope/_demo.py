@@ -170,7 +170,8 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
           f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).\n")
 
     table = report(launches)
-    per_kernel = td.aggregate(td.topdown(launches), by="kernel")
+    per_launch = td.topdown(launches)
+    per_kernel = td.aggregate(per_launch, by="kernel")
     w(f"\nTop-Down per kernel\n{table}\n")
     verdicts = dict(zip(table.index, table["bound_by"]))
 
@@ -193,7 +194,8 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
             continue
         names, counts = np.unique(ranges_all[first:stop], return_counts=True)
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
-        segments.append((label, main_range))
+        # every range holding a tenth of the segment: one segment may span ranges that look alike
+        segments += [(label, str(r)) for r, c in zip(names, counts) if c >= 0.1 * (stop - first)]
         cells = "".join(f"{float(_scaled(m, series[m].values[first:stop].mean())):>11.1f}" for m in metrics)
         w(f"  {t_all[first] / 1e6:>8.1f}{t_all[stop - 1] / 1e6:>8.1f}{label:>6}  {main_range:<12}{cells}\n")
     if short:
@@ -203,6 +205,15 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
         if len(alike) > 1:
             w(f"  user ranges {', '.join(alike)} look alike in these metrics (phase {label}): PM counters count "
               "warp instructions and cannot see divergence; the per-kernel Top-Down above can.\n")
+    per_phase = gs.dynamic(per_launch, phases=ph)  # each phase: the Top-Down of the work in it
+    w(f"\nTop-Down per phase (IPC out of {per_phase.attrs['topdown_ipc_max']:g}; joined by "
+      f"{per_phase.attrs['topdown_by']})\n")
+    w(f"  {'phase':>5} {'share':>6} {'retire':>7} {'diverg.':>8} {'frontend':>9} {'backend':>8}\n")
+    for p in per_phase["phase_id"].values:
+        row = per_phase.sel(phase_id=p)
+        w(f"  {int(p):>5} {float(row['phase_fraction']):>6.0%}" + "".join(
+            f"{float(row[n]):>{k}.2f}" for n, k in (("retire", 8), ("divergence", 9), ("frontend", 10),
+                                                    ("backend", 9))) + "\n")
 
     launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
     gs.save_dataset(launches, launches_nc)
