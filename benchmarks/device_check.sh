@@ -30,6 +30,8 @@ for t in tutorials/*.py; do
     rc=$?
     echo "$name rc=$rc" >> "$OUT/summary.txt"
 done
+(cd /tmp && timeout 150 python3 -m gpuscope demo > "$OUT/demo.log" 2>&1; echo "live demo rc=$?" >> "$OUT/summary.txt")
+grep -E "segments between change points|look alike" "$OUT/demo.log" >> "$OUT/summary.txt"
 ls /tmp/tutorial_out /tmp/*.png >> "$OUT/summary.txt" 2>&1
 grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -1 >> "$OUT/summary.txt"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
