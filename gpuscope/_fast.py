@@ -80,7 +80,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     stalls = _pcsampling.stall_percentages(pc)
     sampled = [str(k) for k in stalls["kernel"].values]
     rows = ranges.isel(range=[i for i, k in enumerate(ranges["kernel"].values) if str(k)])
-    per_kernel = td.aggregate(rows[[m for m in rows.data_vars]], by="kernel")
+    per_kernel = td.aggregate(rows, by="kernel")
     names = {str(k): match_kernel(str(k), sampled) for k in per_kernel["kernel"].values}
     both = {k: n for k, n in names.items() if n is not None}
     if not both:

@@ -129,27 +129,19 @@ def _execution_events(trace: _Trace, ds, pid: int) -> None:
 
 def _pc_hot_spots(pc, top: int = 3) -> dict:
     """Per kernel of a PC sampling Dataset: its *top* source lines by samples, each with its commonest state."""
-    samples = np.asarray(pc["samples"], dtype=np.int64)  # (pc, stall_reason)
-    reasons = pc["stall_reason"].values.astype(str)
-    function = pc["function"].values.astype(str)
-    files = pc["file"].values.astype(str)
-    lines = pc["line"].values.astype(np.int64)
-    texts = pc["line_text"].values.astype(str) if "line_text" in pc.coords else np.full(lines.shape, "")
+    from .metrics.pc_plot import line_stalls
+
     out = {}
-    for kernel in dict.fromkeys(function.tolist()):
-        mine = np.flatnonzero(function == kernel)
-        keys = {}
-        for i in mine:
-            keys.setdefault((files[i].rsplit("/", 1)[-1], int(lines[i])), []).append(i)
-        total = int(samples[mine].sum())
-        rows = []
-        for (f, n), idx in keys.items():
-            per_reason = samples[idx].sum(axis=0)
-            rows.append((int(per_reason.sum()), f, n, str(texts[idx[0]]).strip(), reasons[int(np.argmax(per_reason))]))
-        rows.sort(key=lambda r: -r[0])
-        out[kernel] = [f"{f}:{n} {share}% {state}: {text}"[:160]
-                       for count, f, n, text, state in rows[:top]
-                       for share in [round(100 * count / total, 1) if total else 0.0]]
+    for kernel in pc["kernel"].values.astype(str).tolist():
+        lines = line_stalls(pc, kernel)  # (source_line, stall_reason), coords file, line, line_text
+        per_line = lines.sum("stall_reason").values
+        total = int(per_line.sum())
+        out[kernel] = []
+        for i in np.argsort(-per_line, kind="stable")[:top]:
+            share = round(100 * int(per_line[i]) / total, 1) if total else 0.0
+            state = str(lines["stall_reason"].values[int(np.argmax(lines.values[i]))])
+            where = f"{str(lines['file'].values[i]).rsplit('/', 1)[-1]}:{int(lines['line'].values[i])}"
+            out[kernel].append(f"{where} {share}% {state}: {str(lines['line_text'].values[i]).strip()}"[:160])
     return out
 
 

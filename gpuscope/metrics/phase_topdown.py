@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .. import _validate
+from .. import _results, _validate
 from .._names import match_kernel
 
 __all__ = ["by_phase"]
@@ -84,9 +84,10 @@ def _phase_index(ph: xr.Dataset, labels: np.ndarray) -> np.ndarray:
 
 def _kernel_time(ph: xr.Dataset) -> tuple[list[str], np.ndarray]:
     """Kernel names and the ns each one ran inside each phase: (phase_id, kernel)."""
-    names = np.asarray(_as_list(ph.attrs["exec_kernel"]), dtype=str)
-    start = np.asarray(_as_list(ph.attrs["exec_start_ns"]), dtype=np.int64)
-    end = np.asarray(_as_list(ph.attrs["exec_end_ns"]), dtype=np.int64)
+    table = _results.kernel_executions(ph)
+    names = table["kernel"].to_numpy(dtype=str)
+    start = table["start_ns"].to_numpy(dtype=np.int64)
+    end = table["end_ns"].to_numpy(dtype=np.int64)
     kernels, which = np.unique(names, return_inverse=True)
     lo, hi, labels = _segments(ph)
     row = _phase_index(ph, labels)
@@ -176,15 +177,15 @@ def _range_topdown(td, ranges, nodes, aggregate, dim):
 
 
 def _weight(td: xr.Dataset, dim: str) -> xr.DataArray:
-    """Per-row weight for the means: kernel length in SM cycles when measured, else the range's duration."""
-    from .topdown import WEIGHT_METRICS
+    """Per-row weight for the means: aggregate's own default (kernel length in SM cycles when measured, else the
+    range's duration), with unknown or negative weights as 0, and equal weights when there is none."""
+    from ..errors import MissingMetricsError
+    from .topdown import _weights
 
-    for name in WEIGHT_METRICS:
-        if name in td.variables:
-            return td[name].fillna(0.0)
-    if "start_ns" in td.coords and "end_ns" in td.coords:
-        return (td["end_ns"] - td["start_ns"]).astype(float).clip(0)
-    return xr.ones_like(td[dim], dtype=float)
+    try:
+        return _weights(td, None, dim).fillna(0.0).clip(0)
+    except MissingMetricsError:
+        return xr.ones_like(td[dim], dtype=float)
 
 
 # -- the result -----------------------------------------------------------------------------------------------
@@ -225,10 +226,3 @@ def _assemble(td, ph, nodes, groups, share, values, matched, by):
                  phases_session_start_ns=int(ph.attrs.get("session_start_ns", -1)))
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
-
-def _as_list(value) -> list:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
