@@ -1,10 +1,11 @@
 """The fast Top-Down in one call: PC sampling for the stall split, one range pass for IPC, on the same work.
 
 :func:`gpuscope.fast_topdown` combines the two Datasets; :func:`profile_fast_topdown` collects them. It runs the
-work twice, back to back: first under PC sampling, then under one kernel-mode range pass (the ``fast-topdown``
-set: executed and issued IPC, threads per instruction, cycles). Whether CUPTI can hold PC sampling and a range
-session on the same launches at once has not been measured; running one after the other is what is known to
-work on the H100 (PC sampling delivers its records before a range session in one process).
+work twice inside one iteration-mode range session (the ``fast-topdown`` set: executed and issued IPC, threads
+per instruction, cycles): the first execution, which sizes the counter-data image, under PC sampling; the second
+as the range pass. PC sampling cannot share launches with a range pass: on the H100 (CUPTI 13.0) CUPTI counts no
+PC samples at all while a range pass collects, whichever was opened first (``benchmarks/bench_fast_topdown.py
+together``).
 """
 
 from __future__ import annotations
@@ -72,9 +73,14 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     if profiler is None:
         from ._session import Profiler as profiler
 
-    with pc_sampler(period=period, device=device) as pcs:
-        work(*args, **kwargs)
-    with profiler(FAST_SET, mode="kernel", device=device) as prof:
+    # One iteration-mode session, two executions of work: the first (which sizes the counter-data image and is
+    # not range-profiled) runs under PC sampling, the second is the range pass. CUPTI delivers no PC samples
+    # while a range pass collects, and iteration mode replays nothing (kernel replay costs 13 ms per launch).
+    with profiler(FAST_SET, mode="iteration", device=device) as prof:
+        prof.step()
+        with pc_sampler(period=period, device=device) as pcs:
+            work(*args, **kwargs)
+        prof.step()
         work(*args, **kwargs)
     pc, ranges = pcs.dataset, prof.dataset
     stalls = _pcsampling.stall_percentages(pc)
@@ -100,8 +106,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         samples_per_launch=("kernel", [s / n if n else float("nan") for s, n in zip(samples, launches)]),
     )
     result.attrs.update(
-        fast_topdown_collection="back to back: work() under PC sampling, then work() under one range pass "
-                                "(kernel mode)",
+        fast_topdown_collection="work() twice in one iteration-mode range session: the first under PC "
+                                "sampling, the second as the range pass (CUPTI gives no PC samples during a pass)",
         pc_total_samples=int(pc.attrs.get("total_samples", 0)),
         pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
         pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),

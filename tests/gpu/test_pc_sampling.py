@@ -107,7 +107,8 @@ def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
     work, _ = sampled
     fast = gpuscope.profile_fast_topdown(work.run, 20, period=2**10)
     assert sorted(k.rsplit(".", 1)[-1] for k in fast["kernel"].values) == ["fma", "stream"]
-    assert (fast["launches"] == 20).all() and (fast["samples_per_launch"] > 0).all()
+    assert (fast["launches"] == 10).all()  # run(20) alternates stream and fma
+    assert (fast["samples_per_launch"] > 0).all()
     with gpuscope.Profiler("topdown", mode="kernel") as prof:
         work.run(3)
     full = gpuscope.aggregate(gpuscope.topdown(prof.dataset, check="ignore"), by="kernel")

@@ -19,14 +19,19 @@ class Half:
     """A session that calls nothing on a GPU and hands back a recorded Dataset."""
 
     def __init__(self, dataset, calls, **kwargs):
-        self.dataset, self.kwargs = dataset, kwargs
+        self.dataset, self.kwargs, self.calls = dataset, kwargs, calls
         calls.append(self)
 
     def __enter__(self):
+        self.calls.append("enter")
         return self
 
     def __exit__(self, *exc):
+        self.calls.append("exit")
         return False
+
+    def step(self):
+        self.calls.append("step")
 
 
 def _range_pass(ncu, names, launches=3):
@@ -42,7 +47,7 @@ def _run(pc, ranges, work=None, **options):
     calls = []
     ran = []
     result = gs.profile_fast_topdown(
-        work or (lambda n: ran.append(n)), 7,
+        work or (lambda n: (ran.append(n), calls.append("work"))), 7,
         pc_sampler=lambda **kw: Half(pc, calls, **kw), profiler=lambda *a, **kw: Half(ranges, calls, set=a, **kw),
         **options)
     return result, calls, ran
@@ -53,9 +58,13 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
     ncu = _ncu_dataset()
     ranges = _range_pass(ncu, ncu["kernel"].values)
     result, calls, ran = _run(pc, ranges, period=2**12)
-    assert ran == [7, 7]  # the work ran twice: under PC sampling, then under the range pass
-    assert calls[0].kwargs == {"period": 2**12, "device": 0}
-    assert calls[1].kwargs == {"set": ("fast-topdown",), "mode": "kernel", "device": 0}
+    assert ran == [7, 7]  # the work ran twice: under PC sampling, then as the range pass
+    prof, pcs = (c for c in calls if isinstance(c, Half))
+    assert prof.kwargs == {"set": ("fast-topdown",), "mode": "iteration", "device": 0}
+    assert pcs.kwargs == {"period": 2**12, "device": 0}
+    # one iteration-mode session; PC sampling over its first (sizing) iteration, the range pass on the second
+    assert [c if isinstance(c, str) else "session" for c in calls] == [
+        "session", "enter", "step", "session", "enter", "work", "exit", "step", "work", "exit"]
     expected = P.fast_topdown(pc, ncu[FAST])
     for node in expected.data_vars:
         np.testing.assert_allclose(result[node].sel(kernel=expected["kernel"]), expected[node], rtol=1e-12)
@@ -64,7 +73,7 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
     per_kernel = pc["kernel_samples"].sum("stall_reason")
     np.testing.assert_allclose(result["samples_per_launch"], per_kernel.sel(kernel=result["kernel"]) / 3)
     assert result.attrs["pc_total_samples"] == 536398 and result.attrs["pc_dropped_samples"] == 0
-    assert "back to back" in result.attrs["fast_topdown_collection"]
+    assert "iteration-mode" in result.attrs["fast_topdown_collection"]
     assert result.attrs["kernels_without_pc_samples"] == [] and result.attrs["kernels_without_ipc"] == []
 
 

@@ -1,0 +1,599 @@
+"""The fast Top-Down (PC samples + one range pass) on the H100: accuracy, cost, sample counts, session order.
+
+Run on the GPU machine from the repository root (``source tests/gpu/device_env.sh`` first)::
+
+    python3 benchmarks/bench_fast_topdown.py validate --out fast_validate.json
+    python3 benchmarks/bench_fast_topdown.py cost --launches 200 --periods 1024 32768 --out fast_cost.json
+    python3 benchmarks/bench_fast_topdown.py periods --out fast_periods.json
+    python3 benchmarks/bench_fast_topdown.py together --out fast_together.json
+    python3 benchmarks/bench_fast_topdown.py sessions --rounds 30 --out fast_sessions.json
+
+``validate``
+    Eight kernels with different bottlenecks (memory streaming, an FMA chain, divergent branches, shared-memory
+    bank conflicts, a barrier, contended atomics, a tensor-core GEMM through CuPy, a kernel of less than one
+    wave): the 7-pass counter Top-Down (``Profiler("topdown", mode="kernel")``, median per kernel) against
+    ``gs.profile_fast_topdown`` on the same kernels, node by node in percentage points of IPC_MAX.
+``cost``
+    End to end (entering the API to holding the Top-Down Dataset) on 200 launches alternating a streaming and
+    an FMA kernel: plain, the fast Top-Down at each period, the counter Top-Down (iteration and kernel mode),
+    and ncu's whole process on the same launches and metrics (minus the same process run plainly).
+``periods``
+    PC samples counted, delivered and dropped per sampling period, against the number expected from the
+    kernels' GPU time (``cycles x SMs / period``), for short and long kernels.
+``together``
+    PC sampling inside an open one-pass range session and the other way round, each in a fresh process.
+``sessions``
+    One process alternating range-profiling and PC-sampling sessions: records delivered per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from numba import cuda, float32  # noqa: E402
+
+THREADS = 256
+N_STREAM = 1 << 24
+N = 1 << 21
+
+
+@cuda.jit(lineinfo=True)
+def stream(x, y, z, a):
+    i = cuda.grid(1)
+    if i < x.size:
+        z[i] = a * x[i] + y[i]
+
+
+@cuda.jit(lineinfo=True)
+def fma(out, a, b, iters):
+    i = cuda.grid(1)
+    if i < out.size:
+        v0 = out[i]
+        v1 = v0 + 1.0
+        v2 = v0 + 2.0
+        v3 = v0 + 3.0
+        for _ in range(iters):
+            v0 = v0 * a + b
+            v1 = v1 * a + b
+            v2 = v2 * a + b
+            v3 = v3 * a + b
+        out[i] = v0 + v1 + v2 + v3
+
+
+@cuda.jit(lineinfo=True)
+def sub_wave(out, a, b, iters):
+    # the FMA kernel's body, under its own name: launched with fewer blocks than one wave
+    i = cuda.grid(1)
+    if i < out.size:
+        v0 = out[i]
+        v1 = v0 + 1.0
+        v2 = v0 + 2.0
+        v3 = v0 + 3.0
+        for _ in range(iters):
+            v0 = v0 * a + b
+            v1 = v1 * a + b
+            v2 = v2 * a + b
+            v3 = v3 * a + b
+        out[i] = v0 + v1 + v2 + v3
+
+
+@cuda.jit(lineinfo=True)
+def divergent(out, iters):
+    i = cuda.grid(1)
+    if i < out.size:
+        v = out[i]
+        if i % 32 == 0:  # one lane of each warp does the work
+            for _ in range(iters):
+                v = v * 0.999 + 0.001
+        out[i] = v
+
+
+@cuda.jit(lineinfo=True)
+def bank_conflicts(out, iters):
+    sh = cuda.shared.array(8192, float32)
+    t = cuda.threadIdx.x
+    for k in range(32):
+        sh[(t * 32 + k) % 8192] = t + k
+    cuda.syncthreads()
+    acc = float32(0.0)
+    for j in range(iters):
+        acc += sh[(t * 32 + j) % 8192]  # every lane of a warp in the same bank: 32-way conflict
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = acc
+
+
+@cuda.jit(lineinfo=True)
+def barrier(out, iters):
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    v = out[i % out.size]
+    for _ in range(iters):
+        if t < 32:  # one warp works, the other 31 of the block wait at the barrier
+            for _ in range(16):
+                v = v * 0.999 + 0.001
+        cuda.syncthreads()
+    if i < out.size:
+        out[i] = v
+
+
+@cuda.jit(lineinfo=True)
+def atomics(counters, iters):
+    i = cuda.grid(1)
+    for j in range(iters):
+        cuda.atomic.add(counters, (i + j) % 16, float32(1.0))  # 16 addresses for the whole grid
+
+
+class Kernels:
+    """Arrays and one launcher per validation kernel (each launch about 0.05-1 ms on an H100)."""
+
+    def __init__(self, with_cupy: bool = True):
+        rng = np.random.default_rng(0)
+        self.x = cuda.to_device(rng.random(N_STREAM, dtype=np.float32))
+        self.y = cuda.to_device(rng.random(N_STREAM, dtype=np.float32))
+        self.z = cuda.device_array(N_STREAM, dtype=np.float32)
+        self.out = cuda.to_device(np.ones(N, dtype=np.float32))
+        self.counters = cuda.to_device(np.zeros(16, dtype=np.float32))
+        self.sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        self.launch = {
+            "stream": lambda: stream[(N_STREAM + THREADS - 1) // THREADS, THREADS](self.x, self.y, self.z,
+                                                                                  np.float32(2.0)),
+            "fma": lambda: fma[N // THREADS, THREADS](self.out, np.float32(0.999), np.float32(0.001), 256),
+            "divergent": lambda: divergent[N // THREADS, THREADS](self.out, 512),
+            "bank_conflicts": lambda: bank_conflicts[N // 8 // THREADS, THREADS](self.out, 256),
+            "barrier": lambda: barrier[2 * self.sms, 1024](self.out, 256),
+            "atomics": lambda: atomics[(1 << 18) // THREADS, THREADS](self.counters, 4),
+            # less than one wave: half the SMs get one block of 128 threads
+            "sub_wave": lambda: sub_wave[self.sms // 2, 128](self.out, np.float32(0.999), np.float32(0.001), 20000),
+        }
+        if with_cupy:
+            import cupy as cp
+
+            a = cp.asarray(rng.random((4096, 4096)), dtype=cp.float16)
+            b = cp.asarray(rng.random((4096, 4096)), dtype=cp.float16)
+            self.launch["cupy_gemm"] = lambda: cp.matmul(a, b)
+        for fn in self.launch.values():
+            fn()
+        cuda.synchronize()
+
+    def run(self, n: int, names=None):
+        for _ in range(n):
+            for name in names or self.launch:
+                self.launch[name]()
+        cuda.synchronize()
+
+
+def _median_node_table(ds, nodes):
+    """Median over launches, per kernel, of each Top-Down node of a per-launch Top-Down Dataset."""
+    out = {}
+    kernels = [str(k) for k in ds["kernel"].values]
+    for k in sorted(set(kernels)):
+        sel = [i for i, n in enumerate(kernels) if n == k]
+        out[k] = {n: float(np.median(ds[n].values[sel])) for n in nodes if n in ds}
+    return out
+
+
+def cmd_validate(args):
+    import gpuscope as gs
+    from gpuscope._names import match_kernel
+
+    k = Kernels()
+    timings = {}
+    t0 = time.perf_counter()
+    fast = gs.profile_fast_topdown(k.run, args.fast_launches, period=args.period, check="ignore")
+    timings["fast_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with gs.Profiler("topdown", mode="kernel") as prof:
+        k.run(args.counter_launches)
+    full = gs.topdown(prof.dataset, check="ignore")
+    timings["counter_s"] = time.perf_counter() - t0
+    nodes = [n for n in fast.data_vars if n in full.data_vars]
+    counter = _median_node_table(full.isel(range=[i for i, n in enumerate(full["kernel"].values) if str(n)]), nodes)
+    ipc_max = float(full.attrs.get("topdown_ipc_max", 4.0))
+    rows, worst = [], {}
+    for kernel in fast["kernel"].values:
+        ref_name = match_kernel(str(kernel), list(counter))
+        if ref_name is None:
+            worst[str(kernel)] = {"error": f"not in the counter run: {list(counter)}"}
+            continue
+        ref = counter[ref_name]
+        diffs = {}
+        for node in nodes:
+            f, c = float(fast[node].sel(kernel=kernel)), ref[node]
+            diffs[node] = 100 * (f - c) / ipc_max
+            rows.append((str(kernel), node, c, f, diffs[node]))
+        node_max = max(diffs, key=lambda n: abs(diffs[n]))
+        worst[str(kernel)] = {"node": node_max, "pp": diffs[node_max],
+                              "samples": int(fast["pc_samples"].sel(kernel=kernel)),
+                              "launches": int(fast["launches"].sel(kernel=kernel))}
+    result = {"ipc_max": ipc_max, "period": args.period, "fast_launches": args.fast_launches,
+              "counter_launches": args.counter_launches, "timings": timings, "worst": worst,
+              "rows": rows, "fast_attrs": {a: str(fast.attrs.get(a)) for a in (
+                  "kernels_without_pc_samples", "kernels_without_ipc", "pc_total_samples", "pc_dropped_samples")},
+              "counter_kernels": list(counter)}
+    print("| kernel | node | counter (7 passes) | fast | diff (pp of IPC_MAX) |")
+    print("|---|---|---|---|---|")
+    for kernel, node, c, f, d in rows:
+        if abs(c) > 1e-3 or abs(f) > 1e-3:
+            print(f"| {kernel} | {node} | {c:.3f} | {f:.3f} | {d:+.1f} |")
+    for kernel, w in worst.items():
+        print("WORST", kernel, w)
+    print("ATTRS", result["fast_attrs"], "COUNTER KERNELS", list(counter))
+    return result
+
+
+class Pair:
+    """The cost workload: alternating a streaming kernel (3 x 64 MiB) and an FMA kernel."""
+
+    def __init__(self):
+        self.k = Kernels(with_cupy=False)
+
+    def run(self, n):
+        for i in range(n):
+            self.k.launch["stream" if i % 2 == 0 else "fma"]()
+        cuda.synchronize()
+
+
+def _timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def cmd_cost(args):
+    import gpuscope as gs
+
+    w = Pair()
+    n = args.launches
+    plain, _ = _timed(lambda: w.run(n), 5)
+    out = {"launches": n, "plain_s": plain, "cases": {}}
+
+    def fast(period):
+        return gs.profile_fast_topdown(w.run, n, period=period, check="ignore")
+
+    def counter(mode):
+        def go():
+            if mode == "iteration":
+                with gs.Profiler("topdown", mode="iteration") as prof:
+                    for _ in range(prof.passes + 1):
+                        with gs.range("step"):
+                            w.run(n)
+                executions = prof.passes + 1
+            else:
+                with gs.Profiler("topdown", mode="kernel") as prof:
+                    w.run(n)
+                executions = 1
+            gs.aggregate(gs.topdown(prof.dataset, check="ignore"), by="kernel")
+            return executions
+        return go
+
+    cases = {f"fast period={p}": (lambda p=p: fast(p), 2) for p in args.periods}
+    cases["counter topdown, iteration mode"] = (counter("iteration"), None)
+    cases["counter topdown, kernel mode"] = (counter("kernel"), 1)
+    for name, (fn, executions) in cases.items():
+        times = []
+        for _ in range(args.repeats):
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            r = fn()
+            times.append(time.perf_counter() - t0)
+        execs = executions if executions is not None else r
+        t = statistics.median(times)
+        out["cases"][name] = {"end_to_end_s": t, "times": times, "executions_of_work": execs,
+                              "ms_per_launch": 1e3 * (t - plain * execs) / n}
+        if isinstance(r, object) and hasattr(r, "attrs") and "pc_total_samples" in getattr(r, "attrs", {}):
+            out["cases"][name]["samples"] = int(r.attrs["pc_total_samples"])
+            out["cases"][name]["dropped"] = int(r.attrs["pc_dropped_samples"])
+            out["cases"][name]["samples_per_launch"] = [float(v) for v in r["samples_per_launch"].values]
+        print(name, out["cases"][name]["ms_per_launch"], "ms/launch", [round(x, 3) for x in times], flush=True)
+
+    # where the fast Top-Down's time goes (one run, period 2^10)
+    from gpuscope import _pcsampling
+    from gpuscope._fast import FAST_SET
+
+    br = {}
+    t0 = time.perf_counter()
+    pcs = _pcsampling.pc_sample(period=1024)
+    pcs.start()
+    br["pc_start"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    w.run(n)
+    br["pc_work"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    pcs.close()
+    br["pc_close_and_build"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    pcs.build()
+    br["pc_build_again"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    prof = gs.Profiler(FAST_SET, mode="kernel")
+    prof.__enter__()
+    br["range_enter"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    w.run(n)
+    br["range_work"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    prof.__exit__(None, None, None)
+    br["range_exit"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    with gs.Profiler(FAST_SET, mode="iteration") as it:
+        for _ in range(2):
+            with gs.range("step"):
+                w.run(n)
+    br["range_iteration_mode_two_executions"] = time.perf_counter() - t1
+    br["iteration_rows"] = int(it.dataset.sizes.get("range", 0))
+    out["breakdown_s"] = br
+    print("BREAKDOWN", {k: round(v, 4) for k, v in br.items()}, flush=True)
+
+    ncu = args.ncu
+    if ncu and Path(ncu).exists():
+        metrics = list(gs.metric_set("topdown").metrics)
+        base_cmd = [sys.executable, __file__, "workload", "--launches", str(n)]
+        t0 = time.perf_counter()
+        subprocess.run(base_cmd, capture_output=True, timeout=300)
+        plain_proc = time.perf_counter() - t0
+        cmd = [ncu, "--metrics", ",".join(metrics), "--clock-control", "none", "--cache-control", "none", *base_cmd]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ncu_timeout)
+            ncu_s = time.perf_counter() - t0
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            ncu_s, rc = float("nan"), "timeout"
+        out["ncu"] = {"cmd": " ".join(cmd), "process_s": ncu_s, "plain_process_s": plain_proc, "rc": rc,
+                      "ms_per_launch": 1e3 * (ncu_s - plain_proc) / n}
+        print("NCU", out["ncu"]["ms_per_launch"], "ms/launch; process", ncu_s, "plain", plain_proc, flush=True)
+    return out
+
+
+def _close_timers():
+    """Time the parts of PCSampler.close (synchronise, settle, disable, build) by wrapping them."""
+    from gpuscope import _pcsampling
+    from gpuscope.cupti import pc_sampling as C
+
+    spent = {"sync": 0.0, "settle": 0.0, "disable": 0.0, "build": 0.0, "get_data_calls": 0}
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return wrapper
+
+    _pcsampling._synchronize = timed("sync", _pcsampling._synchronize)
+    _pcsampling.PCSampler._settle = timed("settle", _pcsampling.PCSampler._settle)
+    _pcsampling.PCSampler.build = timed("build", _pcsampling.PCSampler.build)
+    C.disable = timed("disable", C.disable)
+    get = _pcsampling._get_data
+
+    def counted(*a):
+        spent["get_data_calls"] += 1
+        return get(*a)
+
+    _pcsampling._get_data = counted
+    return spent
+
+
+def cmd_periods(args):
+    import gpuscope as gs
+
+    spent = _close_timers()
+
+    k = Kernels(with_cupy=False)
+    out = []
+    clock_khz = cuda.get_current_device().CLOCK_RATE
+    for names, launches in ((("stream",), 200), (("fma",), 200), (("sub_wave",), 20), (("stream", "fma"), 100)):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        k.run(launches, names)
+        end.record()
+        end.synchronize()
+        gpu_ms = cuda.event_elapsed_time(start, end)
+        for log2 in args.log2:
+            before = dict(spent)
+            t0 = time.perf_counter()
+            with gs.pc_sample(period=2**log2) as pcs:
+                k.run(launches, names)
+                t1 = time.perf_counter()
+            t2 = time.perf_counter()
+            rec = pcs.records
+            delivered = int(np.sum(rec.samples))
+            expected = gpu_ms * 1e-3 * clock_khz * 1e3 * k.sms / 2**log2
+            row = {"kernels": names, "launches": launches, "gpu_ms": gpu_ms, "period_log2": log2,
+                   "total": int(rec.total_samples), "delivered": delivered, "dropped": int(rec.dropped_samples),
+                   "non_user": int(rec.non_user_kernel_samples), "hw_full": bool(rec.hardware_buffer_full),
+                   "expected_at_boost_clock": expected, "block_s": t2 - t0, "close_s": t2 - t1,
+                   "close_parts_s": {key: spent[key] - before[key] for key in spent}}
+            out.append(row)
+            print(row, flush=True)
+    return out
+
+
+_TOGETHER = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import gpuscope as gs
+from gpuscope._fast import FAST_SET
+from bench_fast_topdown import Pair
+w = Pair()
+out = {"order": sys.argv[1]}
+try:
+    if sys.argv[1] == "pc-inside-sizing-iteration":
+        with gs.Profiler(FAST_SET, mode="iteration") as prof:
+            prof.step()
+            with gs.pc_sample(period=1024) as pcs:
+                w.run(20)
+            prof.step()
+            w.run(20)
+    elif sys.argv[1] == "pc-inside-range":
+        with gs.Profiler(FAST_SET, mode=sys.argv[2]) as prof:
+            with gs.pc_sample(period=1024) as pcs:
+                w.run(20)
+    else:
+        with gs.pc_sample(period=1024) as pcs:
+            with gs.Profiler(FAST_SET, mode=sys.argv[2]) as prof:
+                w.run(20)
+    out["pc_total"] = int(pcs.records.total_samples)
+    out["pc_delivered"] = int(pcs.records.samples.sum())
+    ds = prof.dataset
+    out["ranges"] = int(ds.sizes.get("range", 0))
+    out["ipc"] = [float(v) for v in ds["smsp__inst_executed.avg.per_cycle_active"].values[:4]]
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print("RESULT " + json.dumps(out))
+"""
+
+
+def cmd_together(args):
+    out = []
+    for order, mode in (("pc-inside-sizing-iteration", "iteration"), ("pc-inside-range", "kernel"),
+                        ("pc-inside-range", "user"), ("range-inside-pc", "kernel"), ("range-inside-pc", "user")):
+        proc = subprocess.run([sys.executable, "-c", _TOGETHER, order, mode], capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).resolve().parents[1])
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        row = json.loads(line[-1][7:]) if line else {"order": order, "rc": proc.returncode,
+                                                      "stderr": proc.stderr[-1500:]}
+        row["mode"] = mode
+        row["warnings"] = [ln for ln in proc.stderr.splitlines() if "Warning" in ln][-5:]
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
+def cmd_sessions(args):
+    import gpuscope as gs
+
+    w = Pair()
+    out = []
+    kinds = ["kernel", "iteration", "pm", "user"]
+    for r in range(args.rounds):
+        kind = kinds[r % len(kinds)]
+        t0 = time.perf_counter()
+        if kind == "pm":
+            with gs.sample("pm-default", interval="100us"):
+                w.run(20)
+        elif kind == "iteration":
+            with gs.Profiler("fast-topdown", mode="iteration"):
+                for _ in range(2):
+                    with gs.range("step"):
+                        w.run(20)
+        else:
+            with gs.Profiler("fast-topdown", mode=kind):
+                w.run(20)
+        with gs.pc_sample(period=1024) as pcs:
+            w.run(20)
+        row = {"round": r, "after": kind, "total": int(pcs.records.total_samples),
+               "delivered": int(pcs.records.samples.sum()), "records": int(pcs.records.samples.size),
+               "s": time.perf_counter() - t0}
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
+_FIRST_LAUNCH = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import numpy as np
+import gpuscope as gs
+from gpuscope import _pcsampling
+from gpuscope.cupti import pc_sampling as C
+from bench_fast_topdown import Pair
+parts = []
+take = C.SamplingBuffer.take
+def logged(self):
+    rec = take(self)
+    parts.append((int(rec.samples.sum()), rec.total_samples, rec.non_user_kernel_samples))
+    return rec
+C.SamplingBuffer.take = logged
+w = Pair()  # loads and runs both kernels before any CUPTI call
+launch = w.k.launch
+def pc(names):
+    parts.clear()
+    with gs.pc_sample(period=1024) as s:
+        for _ in range(10):
+            for n in names:
+                launch[n]()
+    per = {}
+    for f, n in zip(s.records.function, s.records.samples):
+        key = "stream" if "stream" in f else "fma" if "fma" in f else f
+        per[key] = per.get(key, 0) + int(n)
+    return {"per_kernel": per, "non_user": int(s.records.non_user_kernel_samples),
+            "total": int(s.records.total_samples), "parts": list(parts)}
+out = {"case": sys.argv[1]}
+if sys.argv[1] == "A-then-AB":
+    out["first"] = pc(["stream"]); out["second"] = pc(["stream", "fma"])
+elif sys.argv[1] == "A-outside-B-then-AB":
+    out["first"] = pc(["stream"]); launch["fma"](); out["second"] = pc(["stream", "fma"])
+elif sys.argv[1] == "range-A-then-AB":
+    with gs.Profiler("fast-topdown", mode="kernel"):
+        launch["stream"]()
+    out["second"] = pc(["stream", "fma"])
+elif sys.argv[1] == "pm-AB-then-AB":
+    with gs.sample("pm-default", interval="100us"):
+        launch["stream"](); launch["fma"]()
+    out["second"] = pc(["stream", "fma"])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def cmd_firstlaunch(args):
+    out = []
+    for case in ("A-then-AB", "A-outside-B-then-AB", "range-A-then-AB", "pm-AB-then-AB"):
+        proc = subprocess.run([sys.executable, "-c", _FIRST_LAUNCH, case], capture_output=True, text=True,
+                              timeout=200, cwd=Path(__file__).resolve().parents[1])
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        row = json.loads(line[-1][7:]) if line else {"case": case, "rc": proc.returncode,
+                                                      "stderr": proc.stderr[-1500:]}
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["validate", "cost", "periods", "together", "sessions", "firstlaunch", "workload"])
+    ap.add_argument("--out")
+    ap.add_argument("--launches", type=int, default=200)
+    ap.add_argument("--periods", type=int, nargs="+", default=[1024, 32768])
+    ap.add_argument("--log2", type=int, nargs="+", default=[10, 12, 13, 14, 15, 17])
+    ap.add_argument("--period", type=int, default=1024)
+    ap.add_argument("--fast-launches", type=int, default=10)
+    ap.add_argument("--counter-launches", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--ncu-timeout", type=int, default=240)
+    args = ap.parse_args(argv)
+    if args.command == "workload":
+        Pair().run(args.launches)
+        return None
+    result = globals()[f"cmd_{args.command}"](args)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "result": result}, indent=1,
+                                             default=str))
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
+
