@@ -29,7 +29,8 @@ import numpy as np
 from . import _validate
 from ._sampling import MAX_DEVICE, Sampler
 
-__all__ = ["MultiSampler", "combine_devices", "select_device", "each_device", "requested_devices", "LOSS_COUNTS"]
+__all__ = ["MultiSampler", "combine_devices", "select_device", "each_device", "requested_devices", "DeviceChoiceError",
+           "LOSS_COUNTS"]
 
 _FORMS = "an int, 'all', or a list of distinct device indices such as [0, 1]"
 
@@ -44,6 +45,11 @@ _LOSS_TEXTS = ("decode_errors", "kernel_record_errors")
 _COMBINED_ATTRS = ("time_origin_ns", "merged_devices")
 
 
+class DeviceChoiceError(ValueError, TypeError):
+    """A ``device`` of the wrong kind (a str other than ``"all"``, a list holding a non-integer). A ValueError, as
+    every bad device choice is, and a TypeError, as ``gpuscope.sample(device="cuda:0")`` has always raised."""
+
+
 def requested_devices(device) -> str | tuple[int, ...]:
     """``"all"``, or the distinct device indices of *device* in ascending order (no CUDA call).
 
@@ -51,24 +57,25 @@ def requested_devices(device) -> str | tuple[int, ...]:
     ------
     ValueError
         A str other than ``"all"``, an empty list, an item that is not an integer, an index outside 0 to 1023, or
-        a device given twice; the message names the forms allowed.
+        a device given twice; the message names the forms allowed. Values of the wrong kind (the str, the
+        non-integer item) raise :class:`DeviceChoiceError`, also a TypeError.
     """
     if isinstance(device, str):
         if device.strip().lower() == "all":
             return "all"
-        raise ValueError(f"device={device!r} is not a device choice: give {_FORMS}.")
+        raise DeviceChoiceError(f"device={device!r} is not a device choice: give {_FORMS}.")
     if isinstance(device, (bytes, bytearray, Mapping)):
-        raise ValueError(f"device={device!r} is not a device choice: give {_FORMS}.")
+        raise DeviceChoiceError(f"device={device!r} is not a device choice: give {_FORMS}.")
     try:
         items = list(device)
     except TypeError:
-        raise ValueError(f"device={device!r} is not a device choice: give {_FORMS}.") from None
+        raise DeviceChoiceError(f"device={device!r} is not a device choice: give {_FORMS}.") from None
     if not items:
         raise ValueError(f"device={device!r} names no device: give {_FORMS}.")
     bad = [d for d in items if isinstance(d, bool) or not isinstance(d, numbers.Integral)]
     if bad:
-        raise ValueError(f"device={device!r}: {bad[0]!r} ({type(bad[0]).__name__}) is not a device index; "
-                         f"give {_FORMS}.")
+        raise DeviceChoiceError(f"device={device!r}: {bad[0]!r} ({type(bad[0]).__name__}) is not a device index; "
+                                f"give {_FORMS}.")
     items = [int(d) for d in items]
     outside = [d for d in items if not 0 <= d <= MAX_DEVICE]
     if outside:

@@ -647,8 +647,9 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     TypeError, ValueError
         A bad argument (raised here, before any CUDA or CUPTI work; the message names the argument, the value and
         what is allowed); an interval below what the chip can do (raised on start). For several devices: a
-        device list that is empty, repeats a device or holds a non-integer raises ValueError here, and a device
-        this process does not see raises ValueError on start, before any device's sampler starts.
+        device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value of the
+        wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does not
+        see raises ValueError on start, before any device's sampler starts.
     SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
         On start: see :meth:`Sampler.start`.
 

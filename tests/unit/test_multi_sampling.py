@@ -221,21 +221,21 @@ def test_stop_failure_on_one_device_still_stops_the_other(fake):
 # the device argument
 
 
-@pytest.mark.parametrize("device, needle", [
-    ("gpu0", "'gpu0' is not a device choice"),
-    ("0,1", "'0,1' is not a device choice"),
-    ([], "names no device"),
-    ([0, 0], "names device 0 more than once"),
-    ((1, 0, 1), "names device 1 more than once"),
-    ([0, -1], "-1 is not a device index"),
-    ([0, 1024], "1024 is not a device index"),
-    ([0, 1.0], "1.0 (float) is not a device index"),
-    ([0, True], "True (bool) is not a device index"),
-    ([0, "1"], "'1' (str) is not a device index"),
-    (b"\x00", "is not a device choice"),
-    ({0: "a"}, "is not a device choice"),
+@pytest.mark.parametrize("device, needle, wrong_kind", [
+    ("gpu0", "'gpu0' is not a device choice", True),
+    ("0,1", "'0,1' is not a device choice", True),
+    (b"\x00", "is not a device choice", True),
+    ({0: "a"}, "is not a device choice", True),
+    ([0, 1.0], "1.0 (float) is not a device index", True),
+    ([0, True], "True (bool) is not a device index", True),
+    ([0, "1"], "'1' (str) is not a device index", True),
+    ([], "names no device", False),
+    ([0, 0], "names device 0 more than once", False),
+    ((1, 0, 1), "names device 1 more than once", False),
+    ([0, -1], "-1 is not a device index", False),
+    ([0, 1024], "1024 is not a device index", False),
 ])
-def test_bad_device_values_name_the_choices_before_any_cuda(monkeypatch, device, needle):
+def test_bad_device_values_name_the_choices_before_any_cuda(monkeypatch, device, needle, wrong_kind):
     def no_cuda():
         raise AssertionError("a bad device argument must be refused before any CUDA call")
 
@@ -243,6 +243,8 @@ def test_bad_device_values_name_the_choices_before_any_cuda(monkeypatch, device,
     with pytest.raises(ValueError) as exc:
         gs.sample(device=device)
     assert needle in str(exc.value) and "an int, 'all', or a list of distinct device indices" in str(exc.value)
+    # a value of the wrong kind is also the TypeError that gs.sample(device="cuda:0") always raised
+    assert isinstance(exc.value, TypeError) == wrong_kind
 
 
 def test_devices_this_process_does_not_see_start_nothing(fake):
