@@ -63,6 +63,9 @@ _EXPORTS = {
     # PM sampling
     "sample": "gpuscope._sampling",
     "Sampler": "gpuscope._sampling",
+    "MultiSampler": "gpuscope._multi_sampling",
+    "combine_devices": "gpuscope._multi_sampling",
+    "select_device": "gpuscope._multi_sampling",
     "NotSinglePassError": "gpuscope.errors",
     "to_chrome_trace": "gpuscope._io",
     "to_perfetto": "gpuscope._io",

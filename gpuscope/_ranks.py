@@ -347,6 +347,10 @@ def _rank_of(datasets, sources) -> list[int]:
 def _check_same(datasets, sources) -> str:
     kinds = [ds.attrs.get("kind") for ds in datasets]
     chips = [ds.attrs.get("chip", "") for ds in datasets]
+    several = [s for ds, s in zip(datasets, sources) if "device" in ds.dims]
+    if several:
+        raise RankMergeError(f"{several} hold the samples of several devices (dim 'device', from gpuscope.sample("
+                             "device=[...])); merge one device per rank: gpuscope.select_device(ds, device)")
     if any(k not in ("range", "pm_sampling") for k in kinds):
         bad = [f"{s} ({k!r})" for s, k in zip(sources, kinds) if k not in ("range", "pm_sampling")]
         raise RankMergeError(f"only range results (kind 'range') and PM samples (kind 'pm_sampling') merge across "
@@ -450,7 +454,10 @@ def _merge_range(datasets, offsets):
     return data_vars, coords
 
 
-def _merge_pm(datasets, offsets):
+def _merge_pm(datasets, offsets, dim="rank"):
+    """PM samples of several sessions along *dim* (``rank``, or ``device`` for :func:`gpuscope.combine_devices`):
+    (dim, sample) variables and coords padded past each session's last sample, ``time`` from the earliest start.
+    *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps."""
     import xarray as xr
 
     n = max(ds.sizes["time"] for ds in datasets)
@@ -458,26 +465,26 @@ def _merge_pm(datasets, offsets):
     clock = "cuptiGetTimestamp" if offsets is None else _WALL
     offsets = [0] * len(datasets) if offsets is None else offsets
     origin = min(int(ds.attrs["session_start_ns"]) + off for ds, off in zip(datasets, offsets))
+    dims = (dim, "sample")
     coords = {}
     for name in ("start_ns", "end_ns"):
         cols = [ds[name].values.astype(np.int64) + off for ds, off in zip(datasets, offsets)]
-        coords[name] = (("rank", "sample"), _stack(cols, positions, n, np.int64, -1),
-                        {"units": "ns", "clock": clock, "description": "-1 past the rank's last sample"})
+        coords[name] = (dims, _stack(cols, positions, n, np.int64, -1),
+                        {"units": "ns", "clock": clock, "description": f"-1 past the {dim}'s last sample"})
     times = [ds["end_ns"].values.astype(np.int64) + off - origin for ds, off in zip(datasets, offsets)]
-    coords["time"] = (("rank", "sample"), _stack(times, positions, n, np.int64, -1),
-                      {"units": "ns", "description": "ns from time_origin_ns (the earliest rank's session start) to "
-                                                     "the sample's end; -1 past the rank's last sample"})
+    coords["time"] = (dims, _stack(times, positions, n, np.int64, -1),
+                      {"units": "ns", "description": f"ns from time_origin_ns (the earliest {dim}'s session start) to "
+                                                     f"the sample's end; -1 past the {dim}'s last sample"})
     if all("range" in ds.coords for ds in datasets):
-        coords["range"] = (("rank", "sample"), _stack([ds["range"].values for ds in datasets], positions, n, str, ""),
+        coords["range"] = (dims, _stack([ds["range"].values for ds in datasets], positions, n, str, ""),
                            dict(datasets[0]["range"].attrs))
-    coords["samples"] = ("rank", np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
-                         {"description": "samples of each rank (the rest of its row is padding)"})
+    coords["samples"] = (dim, np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
+                         {"description": f"samples of each {dim} (the rest of its row is padding)"})
     data_vars = {}
     for name in dict.fromkeys(v for ds in datasets for v in ds.data_vars):
         cols = [ds[name].values if name in ds else np.full(ds.sizes["time"], np.nan) for ds in datasets]
         attrs = next(ds[name].attrs for ds in datasets if name in ds)
-        data_vars[name] = xr.DataArray(_stack(cols, positions, n, np.float64, np.nan), dims=("rank", "sample"),
-                                       attrs=dict(attrs))
+        data_vars[name] = xr.DataArray(_stack(cols, positions, n, np.float64, np.nan), dims=dims, attrs=dict(attrs))
     return data_vars, coords, origin
 
 
@@ -485,26 +492,34 @@ def _is_scalar(value) -> bool:
     return np.ndim(value) == 0 and isinstance(value, (str, int, float, np.integer, np.floating))
 
 
-def _attrs(datasets, sources, ranks):
-    """Attrs equal on every rank stay attrs; scalars that differ, and :data:`_RANK_ATTRS`, become rank coords."""
-    keys = list(dict.fromkeys(k for ds in datasets for k in ds.attrs if k not in _SKIP_ATTRS))
+def split_attrs(datasets, dim, always, skip=()):
+    """Attrs equal on every Dataset stay attrs; scalars that differ, and the keys of *always* (key -> fill where a
+    Dataset lacks it), become coordinates along *dim*; *skip* is left out. Returns (attrs, coords, dropped): the
+    list attrs that differ, which neither can hold."""
+    keys = list(dict.fromkeys(k for ds in datasets for k in ds.attrs if k not in skip))
     attrs, coords, dropped = {}, {}, []
     for key in keys:
         values = [ds.attrs.get(key) for ds in datasets]
         same = all(v is not None for v in values) and all(np.array_equal(values[0], v) for v in values[1:])
-        if same and key not in _RANK_ATTRS:
+        if same and key not in always:
             attrs[key] = values[0]
-        elif key in _RANK_ATTRS or all(v is None or _is_scalar(v) for v in values):
+        elif key in always or all(v is None or _is_scalar(v) for v in values):
             present = [v for v in values if v is not None]
-            fill = _RANK_ATTRS.get(key, "" if any(isinstance(v, str) for v in present) else -1)
+            fill = always.get(key, "" if any(isinstance(v, str) for v in present) else -1)
             column = [fill if v is None else v for v in values]
             if isinstance(fill, str):
                 column = [str(v) for v in column]
-            coords[key] = ("rank", np.asarray(column))
+            coords[key] = (dim, np.asarray(column))
         else:
             dropped.append(key)
-    for key, fill in _RANK_ATTRS.items():
-        coords.setdefault(key, ("rank", np.full(len(datasets), fill)))
+    for key, fill in always.items():
+        coords.setdefault(key, (dim, np.full(len(datasets), fill)))
+    return attrs, coords, dropped
+
+
+def _attrs(datasets, sources, ranks):
+    """Attrs equal on every rank stay attrs; scalars that differ, and :data:`_RANK_ATTRS`, become rank coords."""
+    attrs, coords, dropped = split_attrs(datasets, "rank", _RANK_ATTRS, _SKIP_ATTRS)
     coords["device"] = ("rank", np.asarray(coords.pop("device_index")[1], dtype=np.int64),
                         {"description": "CUDA device ordinal the rank profiled (its attr device_index)"})
     coords["file"] = ("rank", np.asarray([str(s) for s in sources], dtype=str))

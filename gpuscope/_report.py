@@ -387,7 +387,8 @@ def report(ds, **options) -> Report:
     gpuscope.errors.NotGpuscopeDataError
         *ds* is not a gpuscope Dataset.
     ValueError
-        An unknown option or ``by`` value.
+        An unknown option or ``by`` value; a Dataset of several devices (report each
+        :func:`gpuscope.select_device`).
 
     Examples
     --------
@@ -396,6 +397,10 @@ def report(ds, **options) -> Report:
     >>> gpuscope.report(ds)["bound_by"]
     """
     kind = _kind(ds)
+    if "device" in ds.dims:
+        held = ds["device"].values.tolist() if "device" in ds.coords else list(range(ds.sizes["device"]))
+        raise ValueError(f"This Dataset holds the samples of devices {held} (dim 'device'); report one at a time: "
+                         f"gpuscope.report(gpuscope.select_device(ds, {held[0]})) (gpuscope show does each).")
     builders = {"range": (_range_report, {"by"}), "pm_sampling": (_pm_report, {"by"}), "pc_sampling": (_pc_report, {"top"})}
     build, allowed = builders[kind]
     unknown = set(options) - allowed

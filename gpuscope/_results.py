@@ -159,28 +159,38 @@ def sampling_dataset(
         "span_start_ns": [int(s.start_ns) for s in spans],
         "span_end_ns": [int(s.end_ns) for s in spans],
     }
-    span = innermost_span((start_ns + end_ns) // 2, table["span_start_ns"], table["span_end_ns"])
-    if ranges is None:
-        ranges = np.array(table["span_path"] + [""], dtype=str)[span]  # index -1 picks the ""
-    time = xr.DataArray(end_ns - np.int64(session_start_ns), dims="time", attrs={"units": "ns"})
     data_vars = {
         name: xr.DataArray(row, dims="time", attrs=dict(properties.get(name, {})))
         for name, row in zip(metrics, values)
     }
-    coords = {
-        "time": time,
-        "start_ns": xr.DataArray(start_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
-        "end_ns": xr.DataArray(end_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
-        "range": xr.DataArray(np.asarray(ranges, dtype=str).reshape(start_ns.shape), dims="time",
-                              attrs=_SAMPLE_RANGE_ATTRS),
-        "span": xr.DataArray(span, dims="time", attrs=_SAMPLE_SPAN_ATTRS),
-    }
+    coords = sample_coords(start_ns, end_ns, session_start_ns, table, ranges)
     all_attrs = {"kind": "pm_sampling", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
     all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns), **table)
     all_attrs.update(attrs or {})
     if executions is not None:
         all_attrs.update(_execution_attrs(executions))
     return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+
+
+def sample_coords(start_ns, end_ns, session_start_ns: int, table: dict, ranges=None) -> dict:
+    """The per-sample coordinates of a PM sampling Dataset (see :func:`sampling_dataset`): ``time``, ``start_ns``,
+    ``end_ns``, ``range`` and ``span``, from the samples' CUPTI timestamps and the span table *table* (lists
+    keyed by :data:`SPAN_ATTRS`); *ranges* None derives each sample's range path from the table."""
+    import xarray as xr
+
+    start_ns = np.asarray(start_ns, dtype=np.int64)
+    end_ns = np.asarray(end_ns, dtype=np.int64)
+    span = innermost_span((start_ns + end_ns) // 2, table["span_start_ns"], table["span_end_ns"])
+    if ranges is None:
+        ranges = np.array(list(table["span_path"]) + [""], dtype=str)[span]  # index -1 picks the ""
+    return {
+        "time": xr.DataArray(end_ns - np.int64(session_start_ns), dims="time", attrs={"units": "ns"}),
+        "start_ns": xr.DataArray(start_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
+        "end_ns": xr.DataArray(end_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
+        "range": xr.DataArray(np.asarray(ranges, dtype=str).reshape(start_ns.shape), dims="time",
+                              attrs=_SAMPLE_RANGE_ATTRS),
+        "span": xr.DataArray(span, dims="time", attrs=_SAMPLE_SPAN_ATTRS),
+    }
 
 
 #: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one entry per kernel execution.

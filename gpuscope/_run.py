@@ -38,7 +38,7 @@ class RunOptions:
     output: str | None = None
     trace: str | None = None  # a Perfetto/Chrome trace of the results (gpuscope.to_perfetto)
     report: bool = True
-    device: int = 0
+    device: int | str | list = 0  # a list or "all": PM sampling on several devices (sample only)
     kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
 
 
@@ -68,6 +68,14 @@ def check_options(opts: RunOptions) -> None:
                        "script.py [args...]).")
     if opts.kernel_times and opts.sample is None:
         raise RunError("--kernel-times goes with --sample: range profiling records its kernels anyway.")
+    if not isinstance(opts.device, int):
+        if opts.sample is None:
+            raise RunError(f"--device {_device_text(opts.device)} goes with --sample (PM sampling of several "
+                           "devices in one process); range profiling runs on one device: give one index, or one "
+                           "process per GPU (docs/multi-gpu.md).")
+        if opts.kernel_times:
+            raise RunError(f"--kernel-times records the kernels of one device; --device {_device_text(opts.device)} "
+                           "names several: give one index.")
     if opts.sample is not None:
         if opts.metrics is not None:
             raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
@@ -86,6 +94,10 @@ def check_options(opts: RunOptions) -> None:
             folder = os.path.dirname(os.path.abspath(target))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 raise OSError(f"cannot write {target!r}: {folder!r} is not a writable folder.")
+
+
+def _device_text(device) -> str:
+    return device if isinstance(device, str) else ",".join(map(str, device))
 
 
 def _profiler_kwargs(opts: RunOptions) -> dict:
@@ -228,6 +240,8 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4
+    from ._multi_sampling import each_device
+
     ds = session.dataset
     if opts.output:
         from ._io import save_dataset
@@ -235,11 +249,12 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
         save_dataset(ds, opts.output)
         print(f"gpuscope run: saved {opts.output}" + (" (the script failed; this is what was collected)" if code else ""),
               file=sys.stderr)
-    size = ds.sizes.get("range", ds.sizes.get("time", 0))
+    parts = each_device(ds)  # several devices sampled: each one's samples, reported and traced on its own
+    size = sum(p.sizes.get("range", p.sizes.get("time", 0)) for p in parts)
     if opts.trace and size:
         from ._io import to_perfetto
 
-        to_perfetto(opts.trace, ds)
+        to_perfetto(opts.trace, *parts)
         print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
     if size == 0:
         what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"
@@ -249,5 +264,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
               "column.", file=sys.stderr)
         return code or EXIT_NOTHING_PROFILED
     if opts.report:
-        print(f"\n{report(ds)}", file=out)
+        for part in parts:
+            label = f"\ndevice {part.attrs['device_index']}:" if len(parts) > 1 else ""
+            print(f"{label}\n{report(part)}", file=out)
     return code

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable, Sequence
 import time
 import warnings
 
@@ -583,8 +584,8 @@ class Sampler:
         )
 
 
-def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -> Sampler:
-    """Sample hardware metrics over time on a GPU (CUPTI PM sampling): no replay, low overhead.
+def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[int] = 0, **options):
+    """Sample hardware metrics over time on a GPU, or on several (CUPTI PM sampling): no replay, low overhead.
 
     Parameters
     ----------
@@ -601,8 +602,11 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
         without loss. A shorter interval loses samples, counted in ``attrs["lost_samples"]`` with a warning
         that gives the decode cost measured in the run and the interval to use. At most one minute (or
         2**32 - 1 cycles).
-    device : int
-        CUDA device index (0 to 1023).
+    device : int, "all" or list of int
+        CUDA device index (0 to 1023). ``"all"`` (every device this process sees) or a list of distinct indices
+        such as ``[0, 1]`` samples those devices at once, one independent session per device, all started on
+        entry and all stopped on exit (also when one of them fails), into one Dataset with a ``device`` dim (see
+        :func:`gpuscope.combine_devices`; ``kernels=True`` is for one device).
     hardware_buffer_size : int, optional
         Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB; 1 MiB to 1 TiB).
     decode_period : float, optional
@@ -633,14 +637,19 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
 
     Returns
     -------
-    Sampler
-        A context manager; ``.dataset`` after the block holds the samples (dim ``time``).
+    Sampler or MultiSampler
+        A context manager; ``.dataset`` after the block holds the samples: dim ``time`` for one device; for
+        several (a :class:`~gpuscope.MultiSampler`), dims ``device`` and ``sample`` with each device's sample
+        times as (device, sample) coordinates on one clock, and ``.datasets`` each device's own.
 
     Raises
     ------
     TypeError, ValueError
         A bad argument (raised here, before any CUDA or CUPTI work; the message names the argument, the value and
-        what is allowed); an interval below what the chip can do (raised on start).
+        what is allowed); an interval below what the chip can do (raised on start). For several devices: a
+        device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value of the
+        wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does not
+        see raises ValueError on start, before any device's sampler starts.
     SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
         On start: see :meth:`Sampler.start`.
 
@@ -650,5 +659,16 @@ def sample(metrics="pm-default", interval="100us", device: int = 0, **options) -
     ...     with gpuscope.range("solve"):
     ...         run_simulation()
     >>> ts = s.dataset             # dims: time; coords start_ns, end_ns, range
+
+    Every GPU of the process at once:
+
+    >>> with gpuscope.sample(device="all") as s:
+    ...     run_on_two_gpus()
+    >>> both = s.dataset           # dims: device, sample; coords time, start_ns, end_ns, range (device, sample)
+    >>> ph = gpuscope.phases(gpuscope.select_device(both, 1))
     """
+    if isinstance(device, (str, Iterable)):
+        from ._multi_sampling import MultiSampler
+
+        return MultiSampler(metrics, interval, device, **options)
     return Sampler(metrics, interval, device, **options)

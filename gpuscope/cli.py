@@ -344,8 +344,14 @@ def _show(args) -> int:
     options = {}
     if args.by:
         options["by"] = args.by
+    from ._multi_sampling import each_device
+
     for path in args.files:
-        print(report(_open(path), **options))
+        parts = each_device(_open(path))  # a file of several devices: each device's report
+        for part in parts:
+            if len(parts) > 1:
+                print(f"device {part.attrs['device_index']}:")
+            print(report(part, **options))
     return EXIT_OK
 
 
@@ -389,6 +395,21 @@ def _counts(text: str) -> int:
     return value
 
 
+def _devices(text: str):
+    """``--device``: an index, a comma-separated list of them (a list even of one: ``0,``) or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        indices = [int(p) for p in parts if p]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU index, a comma-separated list of them (0,1) or "
+                                         "'all'") from None
+    if not indices:
+        raise argparse.ArgumentTypeError(f"{text!r} names no GPU; give an index, a list (0,1) or 'all'")
+    return indices if "," in text else indices[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuscope", description="In-process NVIDIA GPU profiling for Python.",
                      epilog="Exit statuses: 0 ok, 1 no GPU, 2 no CUPTI, 3 counters unavailable, 4 bad input, "
@@ -421,7 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
     r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")
     r.add_argument("--no-report", action="store_true", help="do not print the report")
-    r.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    r.add_argument("--device", type=_devices, default=0, metavar="N|N,M|all",
+                   help="GPU index (default 0); with --sample also a comma-separated list or 'all': every device "
+                        "sampled at once, one Dataset with a device dim")
     r.add_argument("script", help="the Python script")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(func=_run)

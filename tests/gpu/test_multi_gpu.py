@@ -1,5 +1,7 @@
 """Two GPUs, two processes: the Dask-CUDA and MPI examples each give a merged Dataset whose per-rank counters
-equal a single-GPU run of the same work in this process. Skipped unless two GPUs (and the engines) are present.
+equal a single-GPU run of the same work in this process. Two GPUs, one process: ``gs.sample(device=[0, 1])``
+gives one Dataset with a device dim, each GPU busy while its own work ran. Skipped unless two GPUs (and the
+engines) are present.
 
     source tests/gpu/device_env.sh && source tests/gpu/multi_env.sh && python3 -m pytest -m gpu tests/gpu/test_multi_gpu.py
 """
@@ -8,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +80,51 @@ def test_mpirun_two_ranks(tmp_path, single_gpu):
     # one clock: both ranks started within the job's few seconds on the wall clock
     starts = merged["start_ns"].where(merged["start_ns"] >= 0).min("range").values
     assert abs(starts[0] - starts[1]) < 60e9
+
+
+def test_sample_both_gpus_from_one_process():
+    """PM sampling of both GPUs in this process: GPU 0 works in range gpu0, then GPU 1 in range gpu1. Each device's
+    samples must show its SMs busy in its own range and idle in the other's: the ranges are stamped on the CUPTI
+    clock, so this holds only if both devices' sample timestamps are on that one clock."""
+    from numba import cuda
+
+    @cuda.jit
+    def fma(x, n):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(n):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    size = 1 << 20
+    arrays = {}
+    for d in (0, 1):
+        with cuda.gpus[d]:
+            arrays[d] = cuda.to_device(np.ones(size, np.float32))
+            fma[size // 256, 256](arrays[d], 10)  # compiled and loaded on this device before sampling
+            cuda.synchronize()
+    with gs.sample("pm-default", "100us", device=[0, 1]) as s:
+        for d in (0, 1):
+            with cuda.gpus[d], gs.range(f"gpu{d}"):
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < 0.4:
+                    for _ in range(10):
+                        fma[size // 256, 256](arrays[d], 2000)
+                    cuda.synchronize()
+    ds = s.dataset
+    assert ds["device"].values.tolist() == [0, 1] and ds.attrs["merged_devices"] == 2
+    assert (ds["samples"].values > 4000).all(), ds["samples"].values  # ~0.8 s at 100 us on each device
+    assert ds.attrs["lost_samples"] == sum(s.datasets[d].attrs["lost_samples"] for d in (0, 1))
+    assert ds["start_ns"].attrs["clock"] == "cuptiGetTimestamp"
+    active = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
+    for d in (0, 1):
+        one = gs.select_device(ds, d)
+        assert one.attrs["device_index"] == d and one.sizes["time"] == int(ds["samples"].sel(device=d))
+        mine = one[active].where(one["range"] == f"gpu{d}", drop=True)[3:-3]
+        other = one[active].where(one["range"] == f"gpu{1 - d}", drop=True)[3:-3]
+        assert mine.size > 1000 and other.size > 1000, (d, mine.size, other.size)
+        assert float(mine.median()) > 50 and float(other.median()) < 5, (d, float(mine.median()), float(other.median()))
+    # both devices sampled the whole block: their last samples are close (stopping one waits for its last decode)
+    last = [int(ds["time"].sel(device=d).values[int(ds["samples"].sel(device=d)) - 1]) for d in (0, 1)]
+    assert abs(last[0] - last[1]) < 100e6, last
