@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root: the GPU tests, the quickstart's GPU snippets and the tutorials,
-# with logs under ${OUT:-/tmp/gpuscope-check}. Prints a short summary last.
-#   bash benchmarks/device_check.sh
+# On the GPU machine, from the repository root: the GPU tests (in a random order), then the quickstart's GPU
+# snippets, the tutorials and a live demo, with logs under ${OUT:-/tmp/gpuscope-check}. Prints a short summary
+# last. Each part fits one 600 s device call:
+#   bash benchmarks/device_check.sh tests        # GPUSCOPE_TEST_SHUFFLE=<seed> picks the order (default 1)
+#   bash benchmarks/device_check.sh tutorials
 set -u
 OUT=${OUT:-/tmp/gpuscope-check}; mkdir -p "$OUT"
+PART=${1:-all}
 source tests/gpu/device_env.sh >/dev/null 2>&1
-timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/gpu > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?" > "$OUT/summary.txt"
+: > "$OUT/summary.txt"
+if [ "$PART" = "tests" ] || [ "$PART" = "all" ]; then
+    GPUSCOPE_TEST_SHUFFLE=${GPUSCOPE_TEST_SHUFFLE:-1} timeout 560 python3 -m pytest -m gpu -v -p no:cacheprovider -rA \
+        --tb=short --durations=15 -o faulthandler_timeout=150 tests/gpu > "$OUT/gpu_tests.log" 2>&1
+    echo "gpu tests rc=$?" >> "$OUT/summary.txt"
+    grep -E "shuffled|passed|failed" "$OUT/gpu_tests.log" | tail -2 >> "$OUT/summary.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
+    [ "$PART" = "tests" ] && { cat "$OUT/summary.txt"; exit 0; }
+fi
 python3 - <<'PY'
 import re, pathlib
 text = pathlib.Path("docs/quickstart.md").read_text()
@@ -33,6 +43,4 @@ done
 (cd /tmp && timeout 150 python3 -m gpuscope demo > "$OUT/demo.log" 2>&1; echo "live demo rc=$?" >> "$OUT/summary.txt")
 grep -E "segments between change points|look alike" "$OUT/demo.log" >> "$OUT/summary.txt"
 ls /tmp/tutorial_out /tmp/*.png >> "$OUT/summary.txt" 2>&1
-grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -1 >> "$OUT/summary.txt"
-grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"

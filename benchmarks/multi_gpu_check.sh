@@ -18,7 +18,7 @@ timeout 150 mpiexec -n 2 python3 examples/mpi_two_gpus.py --out "$OUT/mpi_merged
 echo "mpi example rc=$?" >> "$OUT/summary.txt"
 timeout 250 python3 -m pytest -m gpu -v -p no:cacheprovider -rA tests/gpu/test_multi_gpu.py > "$OUT/gpu_tests.log" 2>&1
 echo "test_multi_gpu rc=$?" >> "$OUT/summary.txt"
-tail -4 "$OUT/dask_example.log" "$OUT/mpi_example.log" >> "$OUT/summary.txt" 2>&1
+tail -n 4 "$OUT/dask_example.log" "$OUT/mpi_example.log" >> "$OUT/summary.txt" 2>&1
 grep -E "passed|failed|skipped" "$OUT/gpu_tests.log" | tail -1 >> "$OUT/summary.txt"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"

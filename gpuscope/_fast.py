@@ -51,7 +51,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
         ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
         ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
-        ``pc_dropped_samples``, ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and
+        ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel), ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and
         ``kernels_without_ipc`` (kernels only one half saw).
 
     Raises
@@ -90,9 +90,14 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     names = {str(k): match_kernel(str(k), sampled) for k in per_kernel["kernel"].values}
     both = {k: n for k, n in names.items() if n is not None}
     if not both:
+        unattributed = int(pc.attrs.get("non_user_kernel_samples", 0))
+        why = (f" CUPTI counted {unattributed} PC samples it could not attribute: the kernels ran under range "
+               "profiling or between pc_sample blocks earlier in this process, and PC sampling does not map them "
+               "again; run profile_fast_topdown in a fresh process or before other profiling.") if unattributed else ""
         raise FastTopDownError(
             f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
-            f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each call?")
+            f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "
+            f"call?{why}")
     ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))
     ipc = ipc[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]]
     ipc.attrs = dict(ranges.attrs)
@@ -110,6 +115,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
                                 "sampling, the second as the range pass (CUPTI gives no PC samples during a pass)",
         pc_total_samples=int(pc.attrs.get("total_samples", 0)),
         pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
+        pc_unattributed_samples=int(pc.attrs.get("non_user_kernel_samples", 0)),
         pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),
         kernels_without_pc_samples=sorted(set(names) - set(both)),
         kernels_without_ipc=sorted(set(sampled) - set(both.values())),

@@ -99,6 +99,20 @@ def _reason_table(cupti_names: list[str]):
     return base, column
 
 
+def sample_total(records, reason_indices, reason_names) -> int:
+    """Every sample accounted for: those in the records, dropped ones, and those CUPTI could not attribute.
+
+    A sample is counted once, in its warp state; the ``*_not_issued`` rows repeat samples already counted.
+    CUPTI's own ``totalSamples`` (``records.total_samples``) is not used: on the H100 (CUPTI 13.0) it leaves out
+    what a drain delivers in a process's first block and what ``cuptiPCSamplingDisable`` hands over, so at
+    long periods it reports a few hundred samples where the records hold 10^5 (docs/pc-sampling.md).
+    """
+    _, column = _reason_table(list(reason_names))
+    states = [int(i) for i, n in zip(reason_indices, reason_names) if n in column and not column[n][1]]
+    delivered = int(np.sum(records.samples[np.isin(records.stall_reason_index, states)]))
+    return delivered + int(records.dropped_samples) + int(records.non_user_kernel_samples)
+
+
 def records_dataset(records, reason_indices, reason_names, source_map, *, device_info=None, chip="", attrs=None):
     """Build the PC-sampling Dataset from raw records (:class:`gpuscope.cupti.pc_sampling.PCRecords`).
 
@@ -149,7 +163,8 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         "description": [STALL_REASONS.get(b, ("other", "not described by gpuscope"))[1] for b in base],
     }
     totals = {
-        "total_samples": records.total_samples,
+        "total_samples": sample_total(records, reason_indices, reason_names),
+        "cupti_total_samples": records.total_samples,
         "dropped_samples": records.dropped_samples,
         "non_user_kernel_samples": records.non_user_kernel_samples,
         "hardware_buffer_full": int(records.hardware_buffer_full),
@@ -454,22 +469,18 @@ class PCSampler:
             raise error
         self.records = C.PCRecords.concat(self._parts)
         self._parts = []
+        total = sample_total(self.records, self.reason_indices, self.reason_names)
         if self.records.dropped_samples or self.records.hardware_buffer_full:
             warnings.warn(
-                f"PC sampling dropped {self.records.dropped_samples} of {self.records.total_samples} samples"
+                f"PC sampling dropped {self.records.dropped_samples} of {total} samples"
                 + (" (the hardware buffer filled)" if self.records.hardware_buffer_full else "")
                 + "; use a longer period or a larger hardware_buffer_size.",
                 GpuscopeWarning,
                 stacklevel=3,
             )
-        if self.records.total_samples and not np.size(self.records.samples):
-            warnings.warn(
-                f"CUPTI counted {self.records.total_samples} PC samples but delivered no PC records. On the H100 "
-                "(CUPTI 13.0) this was seen in a long process that had run many profiling sessions before (and "
-                "after cuptiProfilerGetCounterAvailability): run PC sampling in a fresh process, or first.",
-                GpuscopeWarning,
-                stacklevel=3,
-            )
+        if self.records.non_user_kernel_samples:
+            warnings.warn(unattributed_message(self.records.non_user_kernel_samples, total), GpuscopeWarning,
+                          stacklevel=3)
         if not failed:
             self.dataset = self.build()
 
@@ -507,6 +518,18 @@ class PCSampler:
                 stacklevel=3,
             )
         return ds
+
+
+def unattributed_message(unattributed: int, total: int) -> str:
+    """Why CUPTI counted samples it gave no records for, and what to do (measured on the H100, CUPTI 13.0)."""
+    return (
+        f"CUPTI could not attribute {unattributed} of {total} PC samples to a kernel (its non-user kernel "
+        "samples): they have no records. CUPTI maps a kernel for PC sampling only if it first sees it run inside "
+        "a pc_sample block (or before any gpuscope session in the process, or under gs.sample); a kernel that ran "
+        "under range profiling (gs.Profiler) or between pc_sample blocks is not mapped again in this process. "
+        "Sample it in a fresh process, or before profiling it otherwise; a kernel launched for the first time "
+        "inside the block is mapped (docs/pc-sampling.md)."
+    )
 
 
 def _quietly(fn, *args) -> None:

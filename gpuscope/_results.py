@@ -349,8 +349,10 @@ def pc_sampling_dataset(pcs: dict, samples, samples_not_issued, reasons: dict, t
       ``cupti_name``, ``description``, ``category`` (Top-Down node: frontend_fetch, frontend_decode,
       backend_core, backend_memory; ``issued`` for selected/not_selected; ``other``).
     * kernel coords: ``kernel_mangled_name``.
-    * attrs: device and versions, ``kind="pc_sampling"``, ``total_samples``, ``dropped_samples``,
-      ``non_user_kernel_samples``, ``hardware_buffer_full`` (0/1), plus *attrs* (period, collection mode).
+    * attrs: device and versions, ``kind="pc_sampling"``, ``total_samples`` (delivered + dropped + non-user:
+      every sample accounted for), ``cupti_total_samples`` (CUPTI's own counter, an undercount on CUPTI 13.0),
+      ``dropped_samples``, ``non_user_kernel_samples`` (samples CUPTI could not attribute to a kernel: no
+      records), ``hardware_buffer_full`` (0/1), plus *attrs* (period, collection mode).
     """
     import xarray as xr
 

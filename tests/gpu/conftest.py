@@ -3,6 +3,9 @@
 Run them on a GPU machine with ``python3 -m pytest -m gpu tests/gpu``. Without a GPU they are not collected.
 """
 
+import os
+import random
+
 import pytest
 
 
@@ -31,7 +34,12 @@ def pytest_collection_modifyitems(config, items):
                 present = _gpu_present()
             if not present:
                 item.add_marker(pytest.mark.skip(reason="no NVIDIA GPU/driver on this machine"))
-    # PC sampling first: after the ~45 sessions of the other tests in one process, CUPTI 13.0 counted PC samples but
-    # delivered no records (H100). After any single range-profiling, PM-sampling or launch-recorder session it does
-    # deliver them; test_pc_sampling.py checks both orders in fresh processes (docs/pc-sampling.md).
-    items.sort(key=lambda item: 0 if "test_pc_sampling" in str(item.fspath) else 1)
+    # GPUSCOPE_TEST_SHUFFLE=<seed> runs the GPU tests in a random order (benchmarks/device_check.sh does): no test
+    # may depend on what ran before it in the process. PC-sampling tests use kernels that CUPTI first sees inside
+    # their pc_sample block (tests/gpu/test_pc_sampling.py says why).
+    seed = os.environ.get("GPUSCOPE_TEST_SHUFFLE")
+    if seed:
+        random.Random(int(seed)).shuffle(items)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"GPU tests shuffled with seed {seed}")

@@ -125,6 +125,10 @@ def test_sample_both_gpus_from_one_process():
         other = one[active].where(one["range"] == f"gpu{1 - d}", drop=True)[3:-3]
         assert mine.size > 1000 and other.size > 1000, (d, mine.size, other.size)
         assert float(mine.median()) > 50 and float(other.median()) < 5, (d, float(mine.median()), float(other.median()))
-    # both devices sampled the whole block: their last samples are close (stopping one waits for its last decode)
-    last = [int(ds["time"].sel(device=d).values[int(ds["samples"].sel(device=d)) - 1]) for d in (0, 1)]
-    assert abs(last[0] - last[1]) < 100e6, last
+    # both devices sampled the whole block: each one's samples reach the end of the last range (the devices stop
+    # one after the other, so their last samples differ by a stop's length: 285 ms on the 2 x H200)
+    for d in (0, 1):
+        one = gs.select_device(ds, d)
+        spans = gs.spans(one)
+        block_end = int(spans[spans["path"] == "gpu1"]["end_ns"].max())
+        assert int(np.nanmax(one["end_ns"].values)) >= block_end - 1_000_000, d

@@ -1,16 +1,42 @@
 """PC sampling on the GPU: the hottest stall of a memory-bound and a compute-bound Numba kernel lands on the
 source line that does the work, with the stall reason the kernel's bound predicts."""
 
+import numpy as np
 import pytest
 
 import gpuscope
 from benchmarks import bench_pc_sampling as B
 
 
+class FreshWork:
+    """The benchmark's two kernels as new dispatchers (new modules), first launched inside a pc_sample block.
+
+    CUPTI maps a kernel for PC sampling only if it first sees it run inside a block (or before any profiling in
+    the process): one that ran under range profiling or between blocks is not mapped again. New dispatchers of
+    the same functions keep these tests independent of what ran before them in the process.
+    """
+
+    def __init__(self):
+        from numba import cuda
+
+        self.arrays = B.Workload()  # its warm-up launches the module-level kernels, not these
+        self.stream = cuda.jit(lineinfo=True)(B.stream.py_func)
+        self.fma = cuda.jit(lineinfo=True)(B.fma.py_func)
+
+    def run(self, n: int):
+        w = self.arrays
+        for k in range(n):
+            if k % 2 == 0:
+                self.stream[(B.N_STREAM + B.THREADS - 1) // B.THREADS, B.THREADS](w.x, w.y, w.z, np.float32(2.0))
+            else:
+                self.fma[(B.N_FMA + B.THREADS - 1) // B.THREADS, B.THREADS](w.out, np.float32(0.999),
+                                                                          np.float32(0.001))
+
+
 @pytest.fixture(scope="module")
 def sampled():
-    work = B.Workload()
-    with gpuscope.pc_sample(period=2**10, kernels=[B.stream, B.fma]) as pcs:
+    work = FreshWork()
+    with gpuscope.pc_sample(period=2**10, kernels=[work.stream, work.fma]) as pcs:
         work.run(20)
     return work, pcs.dataset
 
@@ -28,8 +54,24 @@ def _hot(ds, suffix):
 def test_samples_were_collected(sampled):
     _, ds = sampled
     assert ds.attrs["total_samples"] > 1000
-    assert ds.attrs["dropped_samples"] == 0
-    assert int(ds.samples.sum()) > 0.5 * ds.attrs["total_samples"]
+    assert ds.attrs["dropped_samples"] == 0 and ds.attrs["non_user_kernel_samples"] == 0
+    assert int(ds.samples.sum()) == ds.attrs["total_samples"]  # every sample counted is in the records
+
+
+def test_sample_counts_scale_with_the_period(sampled):
+    """The records hold 1/8 of the samples at 8x the period (CUPTI's own totalSamples does not: at 2^15 it said
+    a few hundred where the records held ~2e5); every sample is accounted for."""
+    work, _ = sampled
+    totals = {}
+    for log2 in (10, 13):
+        with gpuscope.pc_sample(period=2**log2) as pcs:
+            work.run(40)
+        ds = pcs.dataset
+        assert "cupti_total_samples" in ds.attrs
+        assert int(ds.samples.sum()) + ds.attrs["dropped_samples"] + ds.attrs["non_user_kernel_samples"] == \
+            ds.attrs["total_samples"]
+        totals[log2] = ds.attrs["total_samples"]
+    assert totals[10] / totals[13] == pytest.approx(8, rel=0.15), totals
 
 
 def test_stream_waits_on_memory_at_its_load_line(sampled):
@@ -98,6 +140,43 @@ def test_pc_sampling_before_and_after_range_profiling(order):
     assert total > 1000 and delivered > 0  # records delivered, whatever ran first
 
 
+_FIRST_SEEN = r"""
+import json, sys, warnings
+import numpy as np
+import gpuscope
+from benchmarks import bench_pc_sampling as B
+work = B.Workload()  # both kernels load and run before any CUPTI call: both could be mapped
+with gpuscope.Profiler("fast-topdown", mode="kernel"):
+    work.stream()  # stream runs under range profiling
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with gpuscope.pc_sample(period=2**10, kernels=[B.stream, B.fma]) as s:
+        work.run(20)
+ds = s.dataset
+print(json.dumps({"kernels": [str(k) for k in ds.kernel.values], "unattributed": ds.attrs["non_user_kernel_samples"],
+                  "total": ds.attrs["total_samples"], "in_records": int(ds.samples.sum()),
+                  "warned": any("could not attribute" in str(w.message) for w in caught)}))
+"""
+
+
+def test_a_kernel_range_profiled_first_is_counted_and_explained_not_lost():
+    """CUPTI 13.0 does not map a kernel for PC sampling once it ran under range profiling: its samples are
+    counted as unattributed and gpuscope says why; the kernel that did not run under it is sampled."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _FIRST_SEEN], capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert any(k.endswith("fma") for k in got["kernels"]), got
+    assert got["in_records"] + got["unattributed"] == got["total"]
+    if not any(k.endswith("stream") for k in got["kernels"]):  # CUPTI 13.0 on the H100
+        assert got["unattributed"] > 0.1 * got["total"] and got["warned"], got
+
+
 def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
     """gs.profile_fast_topdown (PC samples + one range pass) against the 7-pass counter Top-Down, same kernels."""
     import numpy as np
@@ -119,3 +198,55 @@ def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
             pp = 100 * abs(float(fast[node].sel(kernel=kernel)) - float(counter[node])) / ipc_max
             assert pp < 5, (kernel, node, pp)
     assert np.isfinite(fast["retire"]).all()
+
+
+_CUPY_FAST = r"""
+import json
+import cupy as cp
+import gpuscope
+from gpuscope._names import match_kernel
+a = cp.asarray(cp.random.random((4096, 4096)), dtype=cp.float16)
+b = cp.asarray(cp.random.random((4096, 4096)), dtype=cp.float16)
+scale = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2.0f + 1.0f", "gpuscope_scale")
+x = cp.ones(1 << 24, dtype=cp.float32)
+
+def step(n):
+    for _ in range(n):
+        cp.matmul(a, b)
+        scale(x)
+
+fast = gpuscope.profile_fast_topdown(step, 10, period=2**10)
+with gpuscope.Profiler("topdown", mode="kernel") as prof:
+    step(2)
+full = gpuscope.aggregate(gpuscope.topdown(prof.dataset, check="ignore"), by="kernel")
+rows = {}
+for k in fast.kernel.values:
+    ref = full.sel(kernel=match_kernel(str(k), [str(n) for n in full.kernel.values]))
+    rows[str(k)] = {n: [float(fast[n].sel(kernel=k)), float(ref[n])] for n in ("retire", "frontend", "backend")}
+    rows[str(k)]["launches"] = int(fast["launches"].sel(kernel=k))
+    rows[str(k)]["samples"] = int(fast["pc_samples"].sel(kernel=k))
+print(json.dumps({"rows": rows, "ipc_max": full.attrs["topdown_ipc_max"],
+                  "without_pc": fast.attrs["kernels_without_pc_samples"]}))
+"""
+
+
+def test_fast_topdown_on_cupy_gemm_and_elementwise_kernels():
+    """One call on CuPy's kernels (a cuBLAS tensor-core GEMM and an ElementwiseKernel), in a fresh process: both
+    get a fast Top-Down whose level 1 is within 5 points of IPC_MAX of the 7-pass counter Top-Down."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("cupy")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _CUPY_FAST], capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = got["rows"]
+    assert any("gpuscope_scale" in k for k in rows) and len(rows) >= 2, rows
+    for kernel, row in rows.items():
+        assert row["launches"] == 10 and row["samples"] > 0, (kernel, row)
+        for node in ("retire", "frontend", "backend"):
+            fast, counter = row[node]
+            assert abs(fast - counter) / got["ipc_max"] < 0.05, (kernel, node, fast, counter)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import gpuscope as gs
 from gpuscope import _pcsampling as P
 from gpuscope import _source
 from gpuscope.cupti import _types as T
@@ -172,3 +173,57 @@ def test_plots_draw(tmp_path):
     ax2 = pc_plot.plot_kernel_stalls(ds)
     assert len(ax2.patches) == 2 * ds.category.to_series().nunique() or len(ax2.patches) > 0
     ax2.figure.savefig(tmp_path / "k.png")
+
+
+def test_sample_total_counts_each_sample_once_and_not_cuptis_undercount():
+    # CUPTI's totalSamples said 3 (at long periods on the H100 it says a few hundred where the records hold 10^5);
+    # the records hold 22 warp-state samples (the 4 in long_scoreboard_not_issued repeat samples already counted)
+    rec = _records()
+    rec.total_samples, rec.dropped_samples, rec.non_user_kernel_samples = 3, 1, 5
+    assert P.sample_total(rec, INDICES, NAMES) == 22 + 1 + 5
+    reg = _source.CubinRegistry(crc=lambda b: 5)
+    smap = _source.SourceMap(reg, lookup=lambda c, f, o: (0, "", ""))
+    ds = P.records_dataset(rec, INDICES, NAMES, smap, chip="GH100", attrs={"compute_capability": "9.0"})
+    assert (ds.attrs["total_samples"], ds.attrs["cupti_total_samples"]) == (28, 3)
+    assert int(ds.samples.sum()) + ds.attrs["dropped_samples"] + ds.attrs["non_user_kernel_samples"] == 28
+
+
+class _Context:
+    handle = 1
+
+    def make_current(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Buffer:
+    remaining_pcs = 0
+
+    def __init__(self, records):
+        self.records = records
+
+    def take(self):
+        return self.records
+
+    def release(self):
+        pass
+
+
+def test_samples_cupti_could_not_attribute_are_counted_and_explained(monkeypatch):
+    from gpuscope.cupti import pc_sampling as C
+
+    rec = _records()
+    rec.non_user_kernel_samples = 40
+    sampler = P.PCSampler(period=1024, drain_interval=None)
+    sampler._state, sampler._context, sampler._buffer = "sampling", _Context(), _Buffer(rec)
+    sampler.reason_indices, sampler.reason_names = INDICES, NAMES
+    monkeypatch.setattr(P, "_synchronize", lambda ctx: None)
+    monkeypatch.setattr(P, "_get_data", lambda ctx, buf: PCRecords.empty())
+    monkeypatch.setattr(C, "disable", lambda ctx: None)
+    monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
+    monkeypatch.setattr(P.PCSampler, "_settle", lambda self: None)
+    with pytest.warns(gs.GpuscopeWarning, match=r"could not attribute 40 of 62 PC samples.*range profiling"):
+        sampler.close()
+    assert sampler.dataset == "built" and sampler.records.non_user_kernel_samples == 40
