@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._shield import run_shielded
 from .errors import CuptiMemoryError
 
 __all__ = ["Pipeline"]
@@ -116,9 +117,9 @@ class Pipeline:
                 for _ in range(pool_size):
                     self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
         except BaseException:
-            self.close_workers()
-            for h in self._hosts:
-                h.close()
+            # A Ctrl-C while the workers start (about 1 s) must not leave them, or their dispatcher, behind; a
+            # second Ctrl-C cannot cut this short.
+            run_shielded(self.close_workers)
             raise
         self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()

@@ -331,3 +331,39 @@ def test_the_cupti_version_probe_never_imports_from_the_cwd(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     api = _lib._probe_version_in_child(_lib.load().path)
     assert api == _lib.load().api_version and not marker.exists()
+
+
+def test_ctrl_c_while_the_workers_start_leaves_no_worker_behind(monkeypatch):
+    """Ctrl-C while the evaluation workers start (about 1 s), and again while they are being stopped: the pipeline
+    still stops every worker it spawned before the interrupt propagates (seen on the H100: a dispatcher thread
+    and two worker processes were left)."""
+    from gpuscope import _pm_pipeline
+    from gpuscope.cupti import pm_sampling as pm
+
+    closed = threading.Event()
+
+    class Starting:
+        pool_note = ""
+
+        def __init__(self, *args, **kwargs):
+            self.images = [np.zeros(8, np.uint8), np.zeros(8, np.uint8)]
+
+        def start(self):
+            pass
+
+        def wait_ready(self):
+            ctrl_c()  # the first Ctrl-C lands while the workers connect
+            time.sleep(1.0)
+
+        def close(self):
+            ctrl_c()  # the second one lands while they are stopped
+            time.sleep(0.1)
+            closed.set()
+
+    monkeypatch.setattr(_pm_workers, "ProcessEvaluation", Starting)
+    monkeypatch.setattr(pm, "counter_data_size", lambda *a: 8)
+    monkeypatch.setattr(pm, "initialize_counter_data", lambda *a: None)
+    with pytest.raises(KeyboardInterrupt):
+        _pm_pipeline.Pipeline(1, "GH100", ["m"], None, samples_per_image=4, pool_size=2, evaluators=1,
+                              period_s=0.01, clock=lambda: 0, evaluate_in="process")
+    assert closed.is_set()
