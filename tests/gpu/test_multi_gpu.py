@@ -72,7 +72,7 @@ def test_mpirun_two_ranks(tmp_path, single_gpu):
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     merged = gs.open_dataset(out)
-    assert merged["device"].values.tolist() == [0, 1] and merged.attrs["launcher"] == "mpich"
+    assert merged["device"].values.tolist() == [0, 1] and merged.attrs["launcher"] in ("mpich", "openmpi")
     _check(merged, single_gpu)
     from_files = gs.open_ranks(files)  # the same ranks from their own files
     for metric in multi_gpu_work.EXACT:
@@ -125,10 +125,10 @@ def test_sample_both_gpus_from_one_process():
         other = one[active].where(one["range"] == f"gpu{1 - d}", drop=True)[3:-3]
         assert mine.size > 1000 and other.size > 1000, (d, mine.size, other.size)
         assert float(mine.median()) > 50 and float(other.median()) < 5, (d, float(mine.median()), float(other.median()))
-    # both devices sampled the whole block: each one's samples reach the end of the last range (the devices stop
-    # one after the other, so their last samples differ by a stop's length: 285 ms on the 2 x H200)
+    # both devices sampled the whole block: on each, the samples of the last range end at the same time (the
+    # devices stop one after the other, so their very last samples differ by a stop's length: 285 ms on 2 x H200)
+    ends = []
     for d in (0, 1):
         one = gs.select_device(ds, d)
-        spans = gs.spans(one)
-        block_end = int(spans[spans["path"] == "gpu1"]["end_ns"].max())
-        assert int(np.nanmax(one["end_ns"].values)) >= block_end - 1_000_000, d
+        ends.append(float(one["end_ns"].where(one["range"] == "gpu1", drop=True).max()))
+    assert abs(ends[0] - ends[1]) < 5e6, ends
