@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -72,21 +73,15 @@ def fma(out, a, b, iters):
         out[i] = v0 + v1 + v2 + v3
 
 
-@cuda.jit(lineinfo=True)
-def sub_wave(out, a, b, iters):
-    # the FMA kernel's body, under its own name: launched with fewer blocks than one wave
-    i = cuda.grid(1)
-    if i < out.size:
-        v0 = out[i]
-        v1 = v0 + 1.0
-        v2 = v0 + 2.0
-        v3 = v0 + 3.0
-        for _ in range(iters):
-            v0 = v0 * a + b
-            v1 = v1 * a + b
-            v2 = v2 * a + b
-            v3 = v3 * a + b
-        out[i] = v0 + v1 + v2 + v3
+def _renamed(fn, name):
+    """*fn* under another name: Numba names a kernel after its Python function, and the Top-Down is per name."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = name
+    return copy
+
+
+# the FMA kernel's body under its own name: launched with fewer blocks than one wave
+sub_wave = cuda.jit(lineinfo=True)(_renamed(fma.py_func, "sub_wave"))
 
 
 @cuda.jit(lineinfo=True)
@@ -298,7 +293,7 @@ def cmd_cost(args):
         t = statistics.median(times)
         out["cases"][name] = {"end_to_end_s": t, "times": times, "executions_of_work": execs,
                               "ms_per_launch": 1e3 * (t - plain * execs) / n}
-        if isinstance(r, object) and hasattr(r, "attrs") and "pc_total_samples" in getattr(r, "attrs", {}):
+        if "pc_total_samples" in getattr(r, "attrs", {}):
             out["cases"][name]["samples"] = int(r.attrs["pc_total_samples"])
             out["cases"][name]["dropped"] = int(r.attrs["pc_dropped_samples"])
             out["cases"][name]["samples_per_launch"] = [float(v) for v in r["samples_per_launch"].values]
@@ -463,17 +458,24 @@ print("RESULT " + json.dumps(out))
 """
 
 
+def _in_fresh_process(script: str, *argv: str) -> dict:
+    """Run *script* in a new Python process from the repository root; its last ``RESULT <json>`` line, or the exit
+    status and the end of its stderr. The warnings it printed are kept."""
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    row = json.loads(line[-1][7:]) if line else {"argv": list(argv), "rc": proc.returncode,
+                                                  "stderr": proc.stderr[-1500:]}
+    row["warnings"] = [ln for ln in proc.stderr.splitlines() if "Warning" in ln][-5:]
+    return row
+
+
 def cmd_together(args):
     out = []
     for order, mode in (("pc-inside-sizing-iteration", "iteration"), ("pc-inside-range", "kernel"),
                         ("pc-inside-range", "user"), ("range-inside-pc", "kernel"), ("range-inside-pc", "user")):
-        proc = subprocess.run([sys.executable, "-c", _TOGETHER, order, mode], capture_output=True, text=True,
-                              timeout=300, cwd=Path(__file__).resolve().parents[1])
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        row = json.loads(line[-1][7:]) if line else {"order": order, "rc": proc.returncode,
-                                                      "stderr": proc.stderr[-1500:]}
+        row = _in_fresh_process(_TOGETHER, order, mode)
         row["mode"] = mode
-        row["warnings"] = [ln for ln in proc.stderr.splitlines() if "Warning" in ln][-5:]
         out.append(row)
         print(row, flush=True)
     return out
@@ -558,11 +560,7 @@ print("RESULT " + json.dumps(out))
 def cmd_firstlaunch(args):
     out = []
     for case in ("A-then-AB", "A-outside-B-then-AB", "range-A-then-AB", "pm-AB-then-AB"):
-        proc = subprocess.run([sys.executable, "-c", _FIRST_LAUNCH, case], capture_output=True, text=True,
-                              timeout=200, cwd=Path(__file__).resolve().parents[1])
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        row = json.loads(line[-1][7:]) if line else {"case": case, "rc": proc.returncode,
-                                                      "stderr": proc.stderr[-1500:]}
+        row = _in_fresh_process(_FIRST_LAUNCH, case)
         out.append(row)
         print(row, flush=True)
     return out

@@ -47,22 +47,32 @@ def fma(out, a, b):
 
 
 class Workload:
-    """Device arrays and the two launches; ``run(n)`` launches n kernels alternating stream and fma."""
+    """Device arrays and the two launches; ``run(n)`` launches n kernels alternating stream and fma.
 
-    def __init__(self):
+    ``fresh=True`` uses new dispatchers of the two functions (new modules, same source lines), not launched yet:
+    CUPTI maps a kernel for PC sampling only if it first sees it run inside a ``pc_sample`` block (or before any
+    profiling in the process), so PC sampling these works whatever ran before in the process. ``kernels`` holds
+    the two dispatchers in use.
+    """
+
+    def __init__(self, fresh: bool = False):
         rng = np.random.default_rng(0)
         self.x = cuda.to_device(rng.random(N_STREAM, dtype=np.float32))
         self.y = cuda.to_device(rng.random(N_STREAM, dtype=np.float32))
         self.z = cuda.device_array(N_STREAM, dtype=np.float32)
         self.out = cuda.to_device(np.ones(N_FMA, dtype=np.float32))
-        self.run(2)
-        cuda.synchronize()
+        if fresh:
+            self.kernels = (cuda.jit(lineinfo=True)(stream.py_func), cuda.jit(lineinfo=True)(fma.py_func))
+        else:
+            self.kernels = (stream, fma)
+            self.run(2)
+            cuda.synchronize()
 
     def stream(self):
-        stream[(N_STREAM + THREADS - 1) // THREADS, THREADS](self.x, self.y, self.z, np.float32(2.0))
+        self.kernels[0][(N_STREAM + THREADS - 1) // THREADS, THREADS](self.x, self.y, self.z, np.float32(2.0))
 
     def fma(self):
-        fma[(N_FMA + THREADS - 1) // THREADS, THREADS](self.out, np.float32(0.999), np.float32(0.001))
+        self.kernels[1][(N_FMA + THREADS - 1) // THREADS, THREADS](self.out, np.float32(0.999), np.float32(0.001))
 
     def run(self, n: int):
         for k in range(n):

@@ -91,9 +91,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     both = {k: n for k, n in names.items() if n is not None}
     if not both:
         unattributed = int(pc.attrs.get("non_user_kernel_samples", 0))
-        why = (f" CUPTI counted {unattributed} PC samples it could not attribute: the kernels ran under range "
-               "profiling or between pc_sample blocks earlier in this process, and PC sampling does not map them "
-               "again; run profile_fast_topdown in a fresh process or before other profiling.") if unattributed else ""
+        why = " " + _pcsampling.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0))) \
+            if unattributed else ""
         raise FastTopDownError(
             f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
             f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "

@@ -1,42 +1,17 @@
 """PC sampling on the GPU: the hottest stall of a memory-bound and a compute-bound Numba kernel lands on the
 source line that does the work, with the stall reason the kernel's bound predicts."""
 
-import numpy as np
 import pytest
 
 import gpuscope
 from benchmarks import bench_pc_sampling as B
 
 
-class FreshWork:
-    """The benchmark's two kernels as new dispatchers (new modules), first launched inside a pc_sample block.
-
-    CUPTI maps a kernel for PC sampling only if it first sees it run inside a block (or before any profiling in
-    the process): one that ran under range profiling or between blocks is not mapped again. New dispatchers of
-    the same functions keep these tests independent of what ran before them in the process.
-    """
-
-    def __init__(self):
-        from numba import cuda
-
-        self.arrays = B.Workload()  # its warm-up launches the module-level kernels, not these
-        self.stream = cuda.jit(lineinfo=True)(B.stream.py_func)
-        self.fma = cuda.jit(lineinfo=True)(B.fma.py_func)
-
-    def run(self, n: int):
-        w = self.arrays
-        for k in range(n):
-            if k % 2 == 0:
-                self.stream[(B.N_STREAM + B.THREADS - 1) // B.THREADS, B.THREADS](w.x, w.y, w.z, np.float32(2.0))
-            else:
-                self.fma[(B.N_FMA + B.THREADS - 1) // B.THREADS, B.THREADS](w.out, np.float32(0.999),
-                                                                          np.float32(0.001))
-
-
 @pytest.fixture(scope="module")
 def sampled():
-    work = FreshWork()
-    with gpuscope.pc_sample(period=2**10, kernels=[work.stream, work.fma]) as pcs:
+    # kernels CUPTI first sees inside the block: these tests do not depend on what ran before them
+    work = B.Workload(fresh=True)
+    with gpuscope.pc_sample(period=2**10, kernels=list(work.kernels)) as pcs:
         work.run(20)
     return work, pcs.dataset
 
@@ -107,18 +82,13 @@ def test_second_sampler_and_exceptions_leave_cupti_usable(sampled):
 
 _BOTH_ORDERS = r"""
 import sys, warnings
-import numpy as np
-from numba import cuda
 import gpuscope
 from benchmarks import bench_pc_sampling as B
 work = B.Workload()
 def pcs():
-    # new dispatchers: kernels CUPTI first sees inside the block (see FreshWork)
-    stream, fma = cuda.jit(lineinfo=True)(B.stream.py_func), cuda.jit(lineinfo=True)(B.fma.py_func)
-    with gpuscope.pc_sample(period=2**10, kernels=[stream, fma]) as s:
-        for _ in range(10):
-            stream[(B.N_STREAM + 255) // 256, 256](work.x, work.y, work.z, np.float32(2.0))
-            fma[(B.N_FMA + 255) // 256, 256](work.out, np.float32(0.999), np.float32(0.001))
+    fresh = B.Workload(fresh=True)  # kernels CUPTI first sees inside the block
+    with gpuscope.pc_sample(period=2**10, kernels=list(fresh.kernels)) as s:
+        fresh.run(20)
     return s.records
 def ranges():
     with gpuscope.Profiler("topdown", mode="kernel") as prof:
