@@ -24,6 +24,11 @@ Run on the GPU machine from the repository root (``source tests/gpu/device_env.s
     PC sampling inside an open one-pass range session and the other way round, each in a fresh process.
 ``sessions``
     One process alternating range-profiling and PC-sampling sessions: records delivered per round.
+``breakdown``
+    Where the fast Top-Down's time goes: three calls in one process (the first pays the process's one-time
+    costs), each CUPTI call's time and count, gpuscope's stages, and cProfile's top entries.
+    ``--hold-gb G`` holds G GiB of device memory through CuPy first; ``--mixed`` adds a CuPy GEMM and a
+    reduction every tenth launch (``cost`` takes both too).
 """
 
 from __future__ import annotations
@@ -230,15 +235,37 @@ def cmd_validate(args):
 
 
 class Pair:
-    """The cost workload: alternating a streaming kernel (3 x 64 MiB) and an FMA kernel."""
+    """The cost workload: alternating a streaming kernel (3 x 64 MiB) and an FMA kernel; with *mixed*, every
+    tenth launch is instead a CuPy GEMM (cuBLAS, 2048^2 fp32) then a CuPy sum (a CUB reduction)."""
 
-    def __init__(self):
+    def __init__(self, mixed: bool = False):
         self.k = Kernels(with_cupy=False)
+        self.mixed = mixed
+        if mixed:
+            import cupy as cp
+
+            a = cp.random.default_rng(0).random((2048, 2048), dtype=cp.float32)
+            self._library = lambda: (cp.matmul(a, a), a.sum())
+            self._library()
 
     def run(self, n):
         for i in range(n):
-            self.k.launch["stream" if i % 2 == 0 else "fma"]()
+            if self.mixed and i % 10 == 9:
+                self._library()
+            else:
+                self.k.launch["stream" if i % 2 == 0 else "fma"]()
         cuda.synchronize()
+
+
+def _hold(gib: float):
+    """Hold *gib* GiB of device memory through CuPy (as a process with a model or a dataset resident does)."""
+    if not gib:
+        return None
+    import cupy as cp
+
+    block = cp.ones(int(gib * (1 << 30)) // 4, dtype=cp.float32)
+    cp.cuda.runtime.deviceSynchronize()
+    return block
 
 
 def _timed(fn, repeats):
@@ -255,10 +282,11 @@ def _timed(fn, repeats):
 def cmd_cost(args):
     import gpuscope as gs
 
-    w = Pair()
+    held = _hold(args.hold_gb)  # noqa: F841  (kept alive for the whole run)
+    w = Pair(mixed=args.mixed)
     n = args.launches
     plain, _ = _timed(lambda: w.run(n), 5)
-    out = {"launches": n, "plain_s": plain, "cases": {}}
+    out = {"launches": n, "plain_s": plain, "hold_gib": args.hold_gb, "mixed": args.mixed, "cases": {}}
 
     def fast(period):
         return gs.profile_fast_topdown(w.run, n, period=period, check="ignore")
@@ -356,6 +384,109 @@ def cmd_cost(args):
                       "ms_per_launch": 1e3 * (ncu_s - plain_proc) / n}
         print("NCU", out["ncu"]["ms_per_launch"], "ms/launch; process", ncu_s, "plain", plain_proc, flush=True)
     return out
+
+
+def _cupti_call_timer():
+    """Time every CUPTI call (by wrapping the one place gpuscope calls them): name -> [seconds, calls]."""
+    from gpuscope.cupti import _api
+
+    spent: dict[str, list] = {}
+    call = _api._Bound.__call__
+
+    def timed(self, *args):
+        t0 = time.perf_counter()
+        try:
+            return call(self, *args)
+        finally:
+            row = spent.setdefault(self.name, [0.0, 0])
+            row[0] += time.perf_counter() - t0
+            row[1] += 1
+
+    _api._Bound.__call__ = timed
+    return spent
+
+
+def _stage_timer(spent: dict, targets):
+    """Wrap ``(owner, attribute, label)`` callables so each call adds its time to ``spent[label]``."""
+    for owner, attr, label in targets:
+        fn = getattr(owner, attr)
+
+        def wrapper(*a, _fn=fn, _label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, wrapper)
+
+
+def cmd_breakdown(args):
+    import cProfile
+    import io
+    import pstats
+
+    import gpuscope as gs
+    from gpuscope import _fast, _pcsampling, _session
+    from gpuscope.cupti import host, profiler, range_profiler
+    from gpuscope.metrics import topdown as td
+
+    held = _hold(args.hold_gb)  # noqa: F841
+    w = Pair(mixed=args.mixed)
+    n = args.launches
+    plain, _ = _timed(lambda: w.run(n), 3)
+    cupti = _cupti_call_timer()
+    stages: dict[str, float] = {}
+    _stage_timer(stages, [
+        (_session.Profiler, "__init__", "Profiler.__init__"),
+        (profiler, "pm_counter_availability", "  counter availability"),
+        (host.ProfilerHost, "__init__", "  ProfilerHost.__init__"),
+        (host.ProfilerHost, "add_metrics", "  ProfilerHost.add_metrics"),
+        (host.ProfilerHost, "config_image", "  ProfilerHost.config_image"),
+        (_session.Profiler, "_properties", "  metric properties"),
+        (_session.Profiler, "start", "Profiler.start"),
+        (range_profiler.RangeProfiler, "__init__", "  RangeProfiler enable"),
+        (range_profiler.RangeProfiler, "counter_data_image", "  counter_data_image"),
+        (_session.Profiler, "step", "Profiler.step"),
+        (_session.Profiler, "_size_image", "  size image"),
+        (_session.Profiler, "close", "Profiler.close"),
+        (_session.Profiler, "_collect_iterations", "  collect iterations"),
+        (_session.Profiler, "_teardown", "  teardown"),
+        (_pcsampling.PCSampler, "start", "pc start"),
+        (_pcsampling.PCSampler, "close", "pc close"),
+        (_pcsampling, "stall_percentages", "stall_percentages"),
+        (td, "aggregate", "aggregate"),
+        (_pcsampling, "fast_topdown", "fast_topdown (combine)"),
+    ])
+    calls = []
+    for i in range(args.repeats):
+        cupti.clear()
+        stages.clear()
+        prof = cProfile.Profile()
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        prof.enable()
+        ds = _fast.profile_fast_topdown(w.run, n, period=args.period, check="ignore")
+        prof.disable()
+        total = time.perf_counter() - t0
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(35)
+        top = sorted(cupti.items(), key=lambda kv: -kv[1][0])
+        row = {"call": i, "end_to_end_s": total, "work_twice_plain_s": 2 * plain,
+               "ms_per_launch": 1e3 * (total - 2 * plain) / n,
+               "launches_seen": int(ds["launches"].sum()), "kernels": [str(k) for k in ds["kernel"].values],
+               "stages_s": {k: round(v, 4) for k, v in stages.items()},
+               "cupti_s": {k: [round(v[0], 4), v[1]] for k, v in top[:25]},
+               "cupti_total_s": sum(v[0] for v in cupti.values())}
+        calls.append(row)
+        print(f"CALL {i}: {total:.3f} s end to end, {row['ms_per_launch']:.2f} ms/launch, "
+              f"CUPTI {row['cupti_total_s']:.3f} s", flush=True)
+        print("  STAGES", row["stages_s"], flush=True)
+        print("  CUPTI", {k: v for k, v in list(row["cupti_s"].items())[:12]}, flush=True)
+        if i == args.repeats - 1:
+            print(text.getvalue()[:6000], flush=True)
+    return {"launches": n, "plain_s": plain, "hold_gib": args.hold_gb, "mixed": args.mixed, "calls": calls,
+            "gpuscope": gs.__version__}
 
 
 def _close_timers():
@@ -568,7 +699,10 @@ def cmd_firstlaunch(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["validate", "cost", "periods", "together", "sessions", "firstlaunch", "workload"])
+    ap.add_argument("command", choices=["validate", "cost", "periods", "together", "sessions", "firstlaunch", "workload",
+                                        "breakdown"])
+    ap.add_argument("--hold-gb", type=float, default=0.0)
+    ap.add_argument("--mixed", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--launches", type=int, default=200)
     ap.add_argument("--periods", type=int, nargs="+", default=[1024, 32768])

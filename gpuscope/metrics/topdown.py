@@ -236,7 +236,7 @@ def architecture(compute_capability) -> Architecture:
 # ---------------------------------------------------------------------------------------------------------------
 # The hierarchy, as data
 
-Inputs = Mapping[str, "xr.DataArray | float"]
+Inputs = Mapping[str, "xr.Variable | float"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +253,8 @@ class Node:
         Input roles: ``ipc_executed``, ``threads_per_inst``, ``ipc_issued``, ``stalls`` (all stall reasons of
         the architecture, for the shares) and ``stall:<reason>``.
     formula : callable
-        Pure function of the prepared inputs (see :func:`_inputs`) returning a DataArray.
+        Pure function of the prepared inputs (see :func:`_inputs`: ``xarray.Variable`` objects) returning a
+        Variable.
     expression : str
         The formula as text, stored in the node's ``formula`` attribute.
     description : str
@@ -264,35 +265,35 @@ class Node:
     parent: str
     level: int
     requires: tuple[str, ...]
-    formula: Callable[[Inputs], xr.DataArray]
+    formula: Callable[[Inputs], xr.Variable]
     expression: str
     description: str
 
 
-def _retire(v: Inputs) -> xr.DataArray:
+def _retire(v: Inputs) -> xr.Variable:
     return v["ipc_executed"] * v["warp_efficiency"]
 
 
-def _branch(v: Inputs) -> xr.DataArray:
+def _branch(v: Inputs) -> xr.Variable:
     return v["ipc_executed"] * (1.0 - v["warp_efficiency"])
 
 
-def _replay(v: Inputs) -> xr.DataArray:
+def _replay(v: Inputs) -> xr.Variable:
     return v["ipc_issued"] - v["ipc_executed"]
 
 
-def _divergence(v: Inputs) -> xr.DataArray:
+def _divergence(v: Inputs) -> xr.Variable:
     return _branch(v) + _replay(v)
 
 
-def _stall(v: Inputs) -> xr.DataArray:
+def _stall(v: Inputs) -> xr.Variable:
     return v["ipc_max"] - _divergence(v) - _retire(v)
 
 
-def _stall_part(reasons: Sequence[str]) -> Callable[[Inputs], xr.DataArray]:
+def _stall_part(reasons: Sequence[str]) -> Callable[[Inputs], xr.Variable]:
     """STALL times the summed shares of ``reasons`` (those the Dataset has; optional ones may be absent)."""
 
-    def formula(v: Inputs) -> xr.DataArray:
+    def formula(v: Inputs) -> xr.Variable:
         return _stall(v) * sum(v[f"share:{r}"] for r in reasons if f"share:{r}" in v)
 
     return formula
@@ -537,22 +538,24 @@ def _missing_error(missing: Sequence[str], arch: Architecture) -> MissingMetrics
     )
 
 
-def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.DataArray | float]:
+def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.Variable | float]:
     """Inputs in the module's units: per-SM IPCs, warp efficiency in [0, 1], stall shares in [0, 1]."""
     needed = [m for role in (*_IPC, "stalls") for m in _resolve(arch, role)]
     missing = [m for m in needed if m not in ds.variables]
     if missing:
         raise _missing_error(missing, arch)
 
-    def get(name: str) -> xr.DataArray:
-        return ds[name].astype(float)  # arithmetic below drops the metric's attrs
+    def get(name: str) -> xr.Variable:
+        # Variables, not DataArrays: the formulas below broadcast by dim name and skip index alignment, which
+        # made up most of the time of a Top-Down on a few ranges (about 1 ms per operation, 250 operations).
+        return ds[name].variable.astype(float)  # arithmetic below drops the metric's attrs
 
     per_sm = float(arch.smsp_per_sm)
     stall_pct = {r: get(m) for r in (*arch.stall_reasons, *arch.optional_stall_reasons) if (m := stall_metric(r)) in ds}
     total = sum(stall_pct.values())
     # No stalled warp at all leaves the split undefined, not zero.
     total = total.where(total > 0)
-    v: dict[str, xr.DataArray | float] = {
+    v: dict[str, xr.Variable | float] = {
         "ipc_max": arch.ipc_max,
         "ipc_executed": get(IPC_EXECUTED) * per_sm,
         "ipc_issued": get(IPC_ISSUED) * per_sm,
@@ -705,7 +708,7 @@ def check_levels(td: xr.Dataset, tolerance: float = LEVEL_TOLERANCE, on_error: s
 # Aggregation and dynamic analysis
 
 
-def _weights(ds: xr.Dataset, weight, dim: str) -> xr.DataArray:
+def _weights(ds: xr.Dataset, weight, dim: str) -> xr.Variable:
     if isinstance(weight, xr.DataArray):
         return weight
     names = WEIGHT_METRICS if weight is None else (weight,)
