@@ -7,6 +7,7 @@ its driver; ``ctx`` arguments are ``CUcontext`` handles as integers.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from ctypes import POINTER
 
@@ -95,14 +96,29 @@ def counter_availability(ctx: int, allow_device_level_counters: bool = False) ->
     return image
 
 
-def pm_counter_availability(device_index: int) -> np.ndarray:
-    """PM sampling's counter-availability image for a device (two calls: size, then data)."""
+_pm_availability: dict[int, np.ndarray] = {}
+
+
+def pm_counter_availability(device_index: int, cached: bool = True) -> np.ndarray:
+    """PM sampling's counter-availability image for a device (two calls: size, then data).
+
+    With *cached* (the default), the image is queried once per device and process and kept, read-only: the two
+    calls take 0.11-0.16 s on the H100 (CUPTI 13.0), paid by every session otherwise, and the image describes
+    the chip's counters, which do not change while the process runs.
+    """
+    if cached and device_index in _pm_availability:
+        return _pm_availability[device_index]
     p = params(T.CUpti_PmSampling_GetCounterAvailability_Params, deviceIndex=device_index)
     _pm.cuptiPmSamplingGetCounterAvailability(p)
     image = np.zeros(p.counterAvailabilityImageSize, dtype=np.uint8)
     p.pCounterAvailabilityImage = image.ctypes.data
     _pm.cuptiPmSamplingGetCounterAvailability(p)
+    image.flags.writeable = False
+    _pm_availability[device_index] = image
     return image
+
+
+os.register_at_fork(after_in_child=_pm_availability.clear)  # a child queries its own
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The Profiler Host API through the real libcupti, with no GPU and no driver."""
 
+import ctypes
+import types
+
 import numpy as np
 import pytest
 
@@ -104,3 +107,29 @@ def test_pm_availability_image_gives_the_range_profilers_config(metric_set):
     a = host.config_image("GH100", ProfilerType.RANGE_PROFILER, metrics, pm)
     b = host.config_image("GH100", ProfilerType.RANGE_PROFILER, metrics, rng)
     assert a.tobytes() == b.tobytes()
+
+
+def test_counter_availability_is_queried_once_per_device(monkeypatch):
+    """Every session needs the availability image; CUPTI's query takes about 0.1 s on the H100, so gpuscope keeps
+    it per device (read-only) and asks again only with cached=False."""
+    from gpuscope.cupti import profiler
+
+    calls = []
+    image = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
+
+    def query(p):
+        calls.append(int(p.deviceIndex))
+        if p.pCounterAvailabilityImage:
+            ctypes.memmove(p.pCounterAvailabilityImage, image.ctypes.data, image.size)
+        else:
+            p.counterAvailabilityImageSize = image.size
+
+    monkeypatch.setattr(profiler, "_pm", types.SimpleNamespace(cuptiPmSamplingGetCounterAvailability=query))
+    monkeypatch.setattr(profiler, "_pm_availability", {})
+    first = profiler.pm_counter_availability(1)
+    assert calls == [1, 1] and first.tobytes() == image.tobytes() and not first.flags.writeable
+    assert profiler.pm_counter_availability(1) is first and calls == [1, 1]
+    profiler.pm_counter_availability(2)
+    assert calls == [1, 1, 2, 2]
+    again = profiler.pm_counter_availability(1, cached=False)
+    assert calls[-2:] == [1, 1] and again.tobytes() == image.tobytes()
