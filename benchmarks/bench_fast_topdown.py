@@ -191,46 +191,55 @@ def cmd_validate(args):
 
     k = Kernels()
     timings = {}
-    t0 = time.perf_counter()
-    fast = gs.profile_fast_topdown(k.run, args.fast_launches, period=args.period, check="ignore")
-    timings["fast_s"] = time.perf_counter() - t0
+    periods = args.validate_periods or [args.period]
+    fasts = {}
+    for period in periods:  # all before the counter run: CUPTI maps kernels for PC sampling at their first launch
+        t0 = time.perf_counter()
+        fasts[period] = gs.profile_fast_topdown(k.run, args.fast_launches, period=period, check="ignore")
+        timings[f"fast_s period={period}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with gs.Profiler("topdown", mode="kernel") as prof:
         k.run(args.counter_launches)
     full = gs.topdown(prof.dataset, check="ignore")
     timings["counter_s"] = time.perf_counter() - t0
-    nodes = [n for n in fast.data_vars if n in full.data_vars]
-    counter = _median_node_table(full.isel(range=[i for i, n in enumerate(full["kernel"].values) if str(n)]), nodes)
-    ipc_max = float(full.attrs.get("topdown_ipc_max", 4.0))
-    rows, worst = [], {}
-    for kernel in fast["kernel"].values:
-        ref_name = match_kernel(str(kernel), list(counter))
-        if ref_name is None:
-            worst[str(kernel)] = {"error": f"not in the counter run: {list(counter)}"}
-            continue
-        ref = counter[ref_name]
-        diffs = {}
-        for node in nodes:
-            f, c = float(fast[node].sel(kernel=kernel)), ref[node]
-            diffs[node] = 100 * (f - c) / ipc_max
-            rows.append((str(kernel), node, c, f, diffs[node]))
-        node_max = max(diffs, key=lambda n: abs(diffs[n]))
-        worst[str(kernel)] = {"node": node_max, "pp": diffs[node_max],
-                              "samples": int(fast["pc_samples"].sel(kernel=kernel)),
-                              "launches": int(fast["launches"].sel(kernel=kernel))}
-    result = {"ipc_max": ipc_max, "period": args.period, "fast_launches": args.fast_launches,
-              "counter_launches": args.counter_launches, "timings": timings, "worst": worst,
-              "rows": rows, "fast_attrs": {a: str(fast.attrs.get(a)) for a in (
-                  "kernels_without_pc_samples", "kernels_without_ipc", "pc_total_samples", "pc_dropped_samples")},
+    counter = None
+    by_period = {}
+    for period, fast in fasts.items():
+        nodes = [n for n in fast.data_vars if n in full.data_vars]
+        counter = _median_node_table(full.isel(range=[i for i, n in enumerate(full["kernel"].values) if str(n)]),
+                                     nodes)
+        ipc_max = float(full.attrs.get("topdown_ipc_max", 4.0))
+        rows, worst = [], {}
+        for kernel in fast["kernel"].values:
+            ref_name = match_kernel(str(kernel), list(counter))
+            if ref_name is None:
+                worst[str(kernel)] = {"error": f"not in the counter run: {list(counter)}"}
+                continue
+            ref = counter[ref_name]
+            diffs = {}
+            for node in nodes:
+                f, c = float(fast[node].sel(kernel=kernel)), ref[node]
+                diffs[node] = 100 * (f - c) / ipc_max
+                rows.append((str(kernel), node, c, f, diffs[node]))
+            node_max = max(diffs, key=lambda n: abs(diffs[n]))
+            worst[str(kernel)] = {"node": node_max, "pp": diffs[node_max],
+                                  "samples": int(fast["pc_samples"].sel(kernel=kernel)),
+                                  "launches": int(fast["launches"].sel(kernel=kernel))}
+        by_period[period] = {"worst": worst, "rows": rows, "fast_attrs": {a: str(fast.attrs.get(a)) for a in (
+            "kernels_without_pc_samples", "kernels_without_ipc", "pc_total_samples", "pc_dropped_samples")}}
+        print(f"## period {period}")
+        print("| kernel | node | counter (7 passes) | fast | diff (pp of IPC_MAX) |")
+        print("|---|---|---|---|---|")
+        for kernel, node, c, f, d in rows:
+            if abs(c) > 1e-3 or abs(f) > 1e-3:
+                print(f"| {kernel} | {node} | {c:.3f} | {f:.3f} | {d:+.1f} |")
+        for kernel, w in worst.items():
+            print("WORST", period, kernel, w)
+        print("ATTRS", period, by_period[period]["fast_attrs"])
+    result = {"ipc_max": ipc_max, "periods": periods, "fast_launches": args.fast_launches,
+              "counter_launches": args.counter_launches, "timings": timings, "by_period": by_period,
               "counter_kernels": list(counter)}
-    print("| kernel | node | counter (7 passes) | fast | diff (pp of IPC_MAX) |")
-    print("|---|---|---|---|---|")
-    for kernel, node, c, f, d in rows:
-        if abs(c) > 1e-3 or abs(f) > 1e-3:
-            print(f"| {kernel} | {node} | {c:.3f} | {f:.3f} | {d:+.1f} |")
-    for kernel, w in worst.items():
-        print("WORST", kernel, w)
-    print("ATTRS", result["fast_attrs"], "COUNTER KERNELS", list(counter))
+    print("COUNTER KERNELS", list(counter), "TIMINGS", timings)
     return result
 
 
@@ -309,7 +318,8 @@ def cmd_cost(args):
 
     cases = {f"fast period={p}": (lambda p=p: fast(p), 2) for p in args.periods}
     cases["counter topdown, iteration mode"] = (counter("iteration"), None)
-    cases["counter topdown, kernel mode"] = (counter("kernel"), 1)
+    if not args.skip_kernel_mode:
+        cases["counter topdown, kernel mode"] = (counter("kernel"), 1)
     for name, (fn, executions) in cases.items():
         times = []
         for _ in range(args.repeats):
@@ -386,8 +396,13 @@ def cmd_cost(args):
     return out
 
 
-def _cupti_call_timer():
-    """Time every CUPTI call (by wrapping the one place gpuscope calls them): name -> [seconds, calls]."""
+WATCHED = ("cuptiRangeProfilerStart", "cuptiRangeProfilerStop", "cuptiRangeProfilerSetConfig",
+           "cuptiPCSamplingDisable", "cuptiPCSamplingEnable", "cuptiPCSamplingGetData")
+
+
+def _cupti_call_timer(each: dict | None = None):
+    """Time every CUPTI call (by wrapping the one place gpuscope calls them): name -> [seconds, calls]; with
+    *each*, also every call's time of the functions in WATCHED (name -> list of seconds)."""
     from gpuscope.cupti import _api
 
     spent: dict[str, list] = {}
@@ -398,9 +413,12 @@ def _cupti_call_timer():
         try:
             return call(self, *args)
         finally:
+            dt = time.perf_counter() - t0
             row = spent.setdefault(self.name, [0.0, 0])
-            row[0] += time.perf_counter() - t0
+            row[0] += dt
             row[1] += 1
+            if each is not None and self.name in WATCHED:
+                each.setdefault(self.name, []).append(round(dt, 5))
 
     _api._Bound.__call__ = timed
     return spent
@@ -435,8 +453,18 @@ def cmd_breakdown(args):
     w = Pair(mixed=args.mixed)
     n = args.launches
     plain, _ = _timed(lambda: w.run(n), 3)
-    cupti = _cupti_call_timer()
+    each: dict[str, list] = {}
+    cupti = _cupti_call_timer(each)
     stages: dict[str, float] = {}
+    executions: list[float] = []
+    run = w.run
+
+    def timed_run(k):
+        t0 = time.perf_counter()
+        run(k)
+        executions.append(round(time.perf_counter() - t0, 4))
+
+    w.run = timed_run
     _stage_timer(stages, [
         (_session.Profiler, "__init__", "Profiler.__init__"),
         (profiler, "pm_counter_availability", "  counter availability"),
@@ -462,6 +490,8 @@ def cmd_breakdown(args):
     for i in range(args.repeats):
         cupti.clear()
         stages.clear()
+        each.clear()
+        executions.clear()
         prof = cProfile.Profile()
         cuda.synchronize()
         t0 = time.perf_counter()
@@ -477,16 +507,119 @@ def cmd_breakdown(args):
                "launches_seen": int(ds["launches"].sum()), "kernels": [str(k) for k in ds["kernel"].values],
                "stages_s": {k: round(v, 4) for k, v in stages.items()},
                "cupti_s": {k: [round(v[0], 4), v[1]] for k, v in top[:25]},
-               "cupti_total_s": sum(v[0] for v in cupti.values())}
+               "cupti_total_s": sum(v[0] for v in cupti.values()),
+               "executions_s": list(executions), "watched_calls_s": {k: list(v) for k, v in each.items()}}
         calls.append(row)
         print(f"CALL {i}: {total:.3f} s end to end, {row['ms_per_launch']:.2f} ms/launch, "
               f"CUPTI {row['cupti_total_s']:.3f} s", flush=True)
         print("  STAGES", row["stages_s"], flush=True)
+        print("  EXECUTIONS", row["executions_s"], "plain", round(plain, 4), "WATCHED",
+              {k: v[:8] for k, v in each.items()}, flush=True)
         print("  CUPTI", {k: v for k, v in list(row["cupti_s"].items())[:12]}, flush=True)
         if i == args.repeats - 1:
             print(text.getvalue()[:6000], flush=True)
+    # the range profiler's Start in other sessions: the 7-pass set in iteration mode, one-pass user ranges,
+    # kernel mode with a filter (Stop/Start around each left-out launch)
+    others = {}
+    w.run = run
+    for label, go in (
+        ("topdown iteration (8 executions)", lambda: _iterate(gs, "topdown", w, n)),
+        ("launch set, user ranges x3", lambda: _user_ranges(gs, w, n)),
+        ("launch set, kernel mode, launch_skip=100", lambda: _kernel_skip(gs, w, n)),
+    ):
+        each.clear()
+        cupti.clear()
+        t0 = time.perf_counter()
+        go()
+        others[label] = {"s": round(time.perf_counter() - t0, 4),
+                         "watched_calls_s": {k: (v[:10], round(sum(v), 4), len(v)) for k, v in each.items()}}
+        print("OTHER", label, others[label], flush=True)
+    launch_times = _launch_times(gs, w, n, args.period)
     return {"launches": n, "plain_s": plain, "hold_gib": args.hold_gb, "mixed": args.mixed, "calls": calls,
-            "gpuscope": gs.__version__}
+            "other_sessions": others, "launch_times": launch_times, "gpuscope": gs.__version__}
+
+
+def cmd_pcstart(args):
+    """The first launch in a pc_sample block waits about 0.3 s (H100): does it depend on the hardware buffer CUPTI
+    allocates (default 512 MiB), or on a launch of gpuscope's own before the user's?"""
+    import gpuscope as gs
+
+    w = Pair()
+    n = args.launches
+    rows = []
+    for hw in (None, 1 << 29, 1 << 27, 1 << 26, 1 << 24, None):
+        names = ["stream" if i % 2 == 0 else "fma" for i in range(n)]
+        t0 = time.perf_counter()
+        with gs.pc_sample(period=args.period, hardware_buffer_size=hw) as s:
+            t1 = time.perf_counter()
+            first = None
+            for name in names:
+                t2 = time.perf_counter()
+                w.k.launch[name]()
+                first = first if first is not None else time.perf_counter() - t2
+            cuda.synchronize()
+            t3 = time.perf_counter()
+        t4 = time.perf_counter()
+        a = s.dataset.attrs
+        rows.append({"hardware_buffer_size": hw, "start_s": round(t1 - t0, 4), "first_launch_s": round(first, 4),
+                     "launches_s": round(t3 - t1, 4), "close_s": round(t4 - t3, 4), "block_s": round(t4 - t0, 4),
+                     "samples": int(a["total_samples"]), "dropped": int(a["dropped_samples"]),
+                     "hardware_buffer_full": int(a["hardware_buffer_full"])})
+        print("PCSTART", rows[-1], flush=True)
+    return rows
+
+
+def _launch_times(gs, w, n, period):
+    """Host time of each launch, and of the synchronisation after them: plain, under PC sampling, and in the
+    range pass of an iteration-mode session."""
+    names = ["stream" if i % 2 == 0 else "fma" for i in range(n)]
+
+    def loop():
+        each = []
+        for name in names:
+            t0 = time.perf_counter()
+            w.k.launch[name]()
+            each.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cuda.synchronize()
+        return each, time.perf_counter() - t0
+
+    def summary(each, sync):
+        return {"first5_ms": [round(1e3 * t, 3) for t in each[:5]], "median_ms": round(1e3 * statistics.median(each), 3),
+                "sum_s": round(sum(each), 4), "sync_s": round(sync, 4)}
+
+    out = {"plain": summary(*loop())}
+    with gs.pc_sample(period=period):
+        got = loop()
+    out["pc_sample"] = summary(*got)
+    with gs.Profiler("fast-topdown", mode="iteration") as prof:
+        prof.step()
+        loop()
+        prof.step()
+        got = loop()
+    out["range pass"] = summary(*got)
+    for k, v in out.items():
+        print("LAUNCHES", k, v, flush=True)
+    return out
+
+
+def _iterate(gs, metrics, w, n):
+    with gs.Profiler(metrics, mode="iteration") as prof:
+        for _ in range(prof.passes + 1):
+            with gs.range("step"):
+                w.run(n)
+
+
+def _user_ranges(gs, w, n):
+    with gs.Profiler("launch", mode="user"):
+        for i in range(3):
+            with gs.range(f"r{i}"):
+                w.run(n // 10)
+
+
+def _kernel_skip(gs, w, n):
+    with gs.Profiler("launch", mode="kernel", launch_skip=100):
+        w.run(110)
 
 
 def _close_timers():
@@ -700,14 +833,18 @@ def cmd_firstlaunch(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["validate", "cost", "periods", "together", "sessions", "firstlaunch", "workload",
-                                        "breakdown"])
+                                        "breakdown", "pcstart"])
     ap.add_argument("--hold-gb", type=float, default=0.0)
     ap.add_argument("--mixed", action="store_true")
+    ap.add_argument("--skip-kernel-mode", action="store_true",
+                    help="cost: leave out kernel replay (it saves and restores every allocation: with --hold-gb 60 "
+                         "it did not finish two repeats in 200 s)")
     ap.add_argument("--out")
     ap.add_argument("--launches", type=int, default=200)
     ap.add_argument("--periods", type=int, nargs="+", default=[1024, 32768])
     ap.add_argument("--log2", type=int, nargs="+", default=[10, 12, 13, 14, 15, 17])
     ap.add_argument("--period", type=int, default=1024)
+    ap.add_argument("--validate-periods", type=int, nargs="+")
     ap.add_argument("--fast-launches", type=int, default=10)
     ap.add_argument("--counter-launches", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)

@@ -254,6 +254,15 @@ def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None, check: str = "ignore"):
 # The sampler
 
 
+def default_hardware_buffer(period_log2: int | None) -> int | None:
+    """PC sampling's device buffer in bytes for a period of ``2**period_log2`` cycles: 512 MiB at 2**10 (CUPTI's
+    default; None, CUPTI's choice, for no period), halved per doubling of the period (the sample rate halves),
+    at least 32 MiB."""
+    if period_log2 is None:
+        return None
+    return max(32 << 20, (512 << 20) >> max(0, period_log2 - 10))
+
+
 def _get_data(ctx, buffer):
     from .cupti import pc_sampling as C
 
@@ -282,6 +291,8 @@ class PCSampler:
                  buffer_pcs: int = 10000, hardware_buffer_size: int | None = None,
                  scratch_buffer_size: int | None = None, mode: str = "continuous", start_stop: bool = False,
                  worker_sleep_ms: int = 10):
+        from ._filters import checked_int
+
         if mode not in ("continuous", "serialized"):
             raise ValueError(f"mode must be 'continuous' or 'serialized', got {mode!r}")
         if drain_interval is not None and drain_interval <= 0:
@@ -293,7 +304,8 @@ class PCSampler:
         self.mode = mode
         self.drain_interval = drain_interval
         self.buffer_pcs = int(buffer_pcs)
-        self.hardware_buffer_size = hardware_buffer_size
+        self.hardware_buffer_size = default_hardware_buffer(self.period_log2) if hardware_buffer_size is None \
+            else checked_int(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20)
         self.scratch_buffer_size = scratch_buffer_size
         self.start_stop = bool(start_stop)
         self.worker_sleep_ms = int(worker_sleep_ms)
@@ -505,6 +517,7 @@ class PCSampler:
         attrs = {
             "collection_mode": self.mode,
             "sampling_period_cycles": 0 if self.period_log2 is None else 2**self.period_log2,
+            "hardware_buffer_bytes": 512 << 20 if self.hardware_buffer_size is None else self.hardware_buffer_size,
             "drain_errors": "; ".join(self.drain_errors),
         }
         ds = records_dataset(self.records, self.reason_indices, self.reason_names, source_map,

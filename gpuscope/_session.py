@@ -289,15 +289,8 @@ class Profiler:
 
     def _use_kernel(self) -> None:
         from . import _launches
-        from .cupti import activity
         from .cupti.activity import timestamp
 
-        if activity.callbacks_registered():
-            raise SessionConflictError(
-                "Kernel replay (mode='kernel') after gs.sample(kernels=True) in the same process hung on the H100 "
-                "(CUPTI 13.0; benchmarks/probe_kernel_records_twice.py): CUPTI keeps the activity callbacks of "
-                "kernels=True for the life of the process. Run the kernel-mode Profiler before sampling with "
-                "kernels=True (as tutorials/sampling_phases.py does), or in a fresh process.")
         self.mode_used = Mode.KERNEL
         self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
                                                  self._annotate, timestamp)

@@ -12,6 +12,12 @@ finds the cubins the way each library keeps them:
 
 Lines come from ``cuptiGetSassToSourceCorrelation``, which needs the kernel compiled with line info
 (``@cuda.jit(lineinfo=True)``, CuPy ``options=("-lineinfo",)``). Without it, a PC keeps its function and offset.
+
+CUPTI keeps, per process, the first cubin it was given for a CRC, and ``cuptiGetCubinCrc`` leaves the symbol
+names out: a second Numba compile of the same function (same code, a new ``[abi:v<n>]`` version tag in its
+name) has the same CRC, and CUPTI then rejects the new name (``CUPTI_ERROR_INVALID_PARAMETER``) while still
+answering for the first one (H100, CUPTI 13.0; ``benchmarks/probe_pc_between.py --steps``). :class:`SourceMap`
+then asks with the name that resolved first for that CRC, if it differs only in that tag.
 """
 
 from __future__ import annotations
@@ -315,6 +321,21 @@ class Location:
 
 _UNKNOWN = Location("", 0, "")
 
+# CRC -> function names cuptiGetSassToSourceCorrelation resolved in this process (CUPTI's own cache is per CRC)
+_resolved: dict[int, set[str]] = {}
+_VERSION_TAG = re.compile(r"B(\d+)v(\d+)")
+
+
+def _without_version_tag(name: str) -> str:
+    """A Numba mangled name without its ``[abi:v<n>]`` tag (``B2v3``), which changes with every compile."""
+    return _VERSION_TAG.sub(lambda m: "" if int(m.group(1)) == 1 + len(m.group(2)) else m.group(0), name)
+
+
+def _aliases(crc: int, function: str) -> list[str]:
+    """Names CUPTI resolved before for this CRC that are *function* but for Numba's version tag."""
+    bare = _without_version_tag(function)
+    return sorted(n for n in _resolved.get(crc, ()) if n != function and _without_version_tag(n) == bare)
+
 
 class SourceMap:
     """Maps (cubin CRC, mangled function, PC offset) to file, line and the line's text, with caching.
@@ -348,6 +369,16 @@ class SourceMap:
                 return lines[line - 1].strip() if 0 < line <= len(lines) else ""
         return linecache.getline(path, line).strip()
 
+    def _resolve(self, cubin: bytes, crc: int, function: str, pc_offset: int) -> tuple[int, str, str]:
+        for name in (function, *_aliases(crc, function)):
+            try:
+                found = self._lookup(cubin, name, pc_offset)
+            except CuptiError:
+                continue
+            _resolved.setdefault(crc, set()).add(name)
+            return found
+        return 0, "", ""
+
     def locate(self, crc: int, function: str, pc_offset: int) -> Location:
         key = (int(crc), function, int(pc_offset))
         if key in self._cache:
@@ -357,10 +388,7 @@ class SourceMap:
         if cubin is None:
             self.without_cubin.add(function)
         else:
-            try:
-                line, file, directory = self._lookup(cubin, function, pc_offset)
-            except CuptiError:
-                line, file, directory = 0, "", ""
+            line, file, directory = self._resolve(cubin, int(crc), function, int(pc_offset))
             if line > 0 and file:
                 path = file if os.path.isabs(file) or not directory else os.path.join(directory, file)
                 loc = Location(path, int(line), self._line_text(path, int(line)))

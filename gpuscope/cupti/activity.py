@@ -146,11 +146,6 @@ def _on_completed(context, stream, buffer, size, valid):
         sink.errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def callbacks_registered() -> bool:
-    """Whether this process registered activity callbacks (a ``kernels=True`` session ran): CUPTI keeps them."""
-    return bool(_registered)
-
-
 def _forget_in_child() -> None:  # a forked child gets neither CUPTI's registration nor its buffers
     global _lock, _sink
     _lock = threading.Lock()

@@ -101,14 +101,3 @@ def test_nothing_in_common_and_bad_input_say_what_to_do(recorded):  # noqa: F811
     assert ran == []  # refused before any work
     with pytest.raises(TypeError, match="callable"):
         gs.profile_fast_topdown(pc)
-
-
-def test_kernel_replay_after_kernel_records_is_refused_not_hung(monkeypatch):
-    """On the H100, kernel replay after gs.sample(kernels=True) in one process hung: gpuscope refuses it and says
-    what to do, before any CUPTI call of the replay."""
-    from gpuscope import _session
-    from gpuscope.cupti import activity
-
-    monkeypatch.setattr(activity, "_registered", ["requested", "completed"])
-    with pytest.raises(gs.SessionConflictError, match="before sampling with kernels=True"):
-        _session.Profiler.__new__(_session.Profiler)._use_kernel()

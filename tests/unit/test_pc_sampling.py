@@ -227,3 +227,18 @@ def test_samples_cupti_could_not_attribute_are_counted_and_explained(monkeypatch
     with pytest.warns(gs.GpuscopeWarning, match=r"could not attribute 40 of 62 PC samples.*range profiling"):
         sampler.close()
     assert sampler.dataset == "built" and sampler.records.non_user_kernel_samples == 40
+
+
+def test_hardware_buffer_follows_the_period():
+    """CUPTI sets up its device buffer at a block's first launch (0.31 s at 512 MiB, 0.09 s at 64 MiB on the
+    H100): gpuscope sizes it to the sample rate, CUPTI's 512 MiB at period 2**10, halved per doubling."""
+    from gpuscope import _pcsampling as P
+
+    assert P.default_hardware_buffer(10) == 512 << 20
+    assert P.default_hardware_buffer(13) == 64 << 20
+    assert P.default_hardware_buffer(20) == 32 << 20
+    assert P.default_hardware_buffer(5) == 512 << 20 and P.default_hardware_buffer(None) is None
+    assert P.PCSampler(period=2**13).hardware_buffer_size == 64 << 20
+    assert P.PCSampler(period=2**13, hardware_buffer_size=256 << 20).hardware_buffer_size == 256 << 20
+    with pytest.raises(ValueError, match="hardware_buffer_size"):
+        P.PCSampler(period=2**13, hardware_buffer_size=4096)

@@ -72,3 +72,34 @@ def test_source_map_line_text_from_given_sources():
                              sources={"k.cu": "int a;\n  y[i] = x[i];\n"})
     loc = smap.locate(1, "k", 16)
     assert (loc.file, loc.line, loc.text) == ("/far/away/k.cu", 2, "y[i] = x[i];")
+
+
+def test_second_compile_with_the_same_crc_resolves_through_the_first_name(monkeypatch):
+    """CUPTI keeps the first cubin it parsed per CRC, and the CRC leaves names out: a recompiled Numba kernel
+    (tag v3 -> v5, same code) is rejected under its new name, so gpuscope asks under the name that resolved first
+    (measured on the H100: benchmarks/probe_pc_between.py --steps)."""
+    from gpuscope.errors import CuptiValueError
+
+    monkeypatch.setattr(_source, "_resolved", {})
+    first = NUMBA_NAME.replace("B2v1", "B2v3")
+    second = NUMBA_NAME.replace("B2v1", "B2v5")
+    other = NUMBA_NAME.replace("10stream_add", "9other_add")
+    parsed: dict[int, str] = {}  # CUPTI's cache: CRC -> the names of the first cubin given
+
+    def cupti(cubin, function, offset):
+        names = parsed.setdefault(7, cubin.decode())
+        if function not in names.split():
+            raise CuptiValueError(1, "cuptiGetSassToSourceCorrelation", "CUPTI_ERROR_INVALID_PARAMETER")
+        return 12, "k.py", "/src"
+
+    reg1 = _source.CubinRegistry(crc=lambda b: 7)
+    reg1.add(f"{first} {other}".encode())
+    assert _source.SourceMap(reg1, lookup=cupti).locate(7, first, 16).line == 12
+    reg2 = _source.CubinRegistry(crc=lambda b: 7)
+    reg2.add(f"{second} {other}".encode())
+    smap = _source.SourceMap(reg2, lookup=cupti)
+    assert smap.locate(7, second, 16).line == 12 and not smap.without_lineinfo
+    # a name that is not the same kernel but for the tag is not guessed
+    assert smap.locate(7, second.replace("10stream_add", "10stream_sub"), 16).line == 0
+    assert _source._without_version_tag(second) == _source._without_version_tag(first) == NUMBA_NAME.replace(
+        "B2v1", "")
