@@ -34,7 +34,11 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     *args, **kwargs
         Passed to *work*.
     period : int
-        PC sampling period in cycles per SM, a power of two from 32 to 2**31 (:func:`gpuscope.pc_sample`).
+        PC sampling period in cycles per SM, a power of two from 32 to 2**31 (:func:`gpuscope.pc_sample`). The
+        stall split depends on it for some kernels (on the H100 at 2**13, contended atomics moved 33 points of
+        IPC_MAX from ``lg_throttle`` to ``drain`` and ``long_scoreboard``); 2**10 is the validated default. At
+        2**10 the GPU makes samples faster than CUPTI decodes them: keep *work* to a representative slice
+        (up to about 50 ms of GPU time), or CUPTI's buffer fills and samples are lost (warned).
     device : int
         GPU index.
     levels : sequence of int
@@ -51,8 +55,10 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
         ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
         ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
-        ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel), ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and
-        ``kernels_without_ipc`` (kernels only one half saw).
+        ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel),
+        ``pc_hardware_buffer_full`` (1: CUPTI lost samples it did not count; gpuscope warned),
+        ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and ``kernels_without_ipc`` (kernels only
+        one half saw).
 
     Raises
     ------
@@ -115,6 +121,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         pc_total_samples=int(pc.attrs.get("total_samples", 0)),
         pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
         pc_unattributed_samples=int(pc.attrs.get("non_user_kernel_samples", 0)),
+        pc_hardware_buffer_full=int(pc.attrs.get("hardware_buffer_full", 0)),
         pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),
         kernels_without_pc_samples=sorted(set(names) - set(both)),
         kernels_without_ipc=sorted(set(sampled) - set(both.values())),

@@ -73,6 +73,7 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
     per_kernel = pc["kernel_samples"].sum("stall_reason")
     np.testing.assert_allclose(result["samples_per_launch"], per_kernel.sel(kernel=result["kernel"]) / 3)
     assert result.attrs["pc_total_samples"] == 536398 and result.attrs["pc_dropped_samples"] == 0
+    assert result.attrs["pc_hardware_buffer_full"] == 0
     assert "iteration-mode" in result.attrs["fast_topdown_collection"]
     assert result.attrs["kernels_without_pc_samples"] == [] and result.attrs["kernels_without_ipc"] == []
 

@@ -230,15 +230,22 @@ def test_samples_cupti_could_not_attribute_are_counted_and_explained(monkeypatch
 
 
 def test_hardware_buffer_follows_the_period():
-    """CUPTI sets up its device buffer at a block's first launch (0.31 s at 512 MiB, 0.09 s at 64 MiB on the
-    H100): gpuscope sizes it to the sample rate, CUPTI's 512 MiB at period 2**10, halved per doubling."""
+    """CUPTI sets up its device buffer at a block's first launch (0.29 s at 512 MiB, 0.11 s at 128 MiB on the
+    H100), but below period 2**15 the buffer holds the samples CUPTI has not decoded yet: CUPTI's 512 MiB there."""
     from gpuscope import _pcsampling as P
 
-    assert P.default_hardware_buffer(10) == 512 << 20
-    assert P.default_hardware_buffer(13) == 64 << 20
-    assert P.default_hardware_buffer(20) == 32 << 20
-    assert P.default_hardware_buffer(5) == 512 << 20 and P.default_hardware_buffer(None) is None
-    assert P.PCSampler(period=2**13).hardware_buffer_size == 64 << 20
-    assert P.PCSampler(period=2**13, hardware_buffer_size=256 << 20).hardware_buffer_size == 256 << 20
+    assert P.default_hardware_buffer(10) is None and P.default_hardware_buffer(14) is None
+    assert P.default_hardware_buffer(15) == P.default_hardware_buffer(20) == 128 << 20
+    assert P.default_hardware_buffer(None) is None
+    assert P.PCSampler(period=2**15).hardware_buffer_size == 128 << 20
+    assert P.PCSampler(period=2**15, hardware_buffer_size=256 << 20).hardware_buffer_size == 256 << 20
     with pytest.raises(ValueError, match="hardware_buffer_size"):
         P.PCSampler(period=2**13, hardware_buffer_size=4096)
+
+
+def test_a_full_hardware_buffer_is_said_to_lose_uncounted_samples():
+    from gpuscope import _pcsampling as P
+
+    text = P.overflow_message(0, 2_479_002, True, 10)
+    assert "lost samples" in text and "does not count" in text and "period=32768" in text
+    assert "dropped 5 of 100" in P.overflow_message(5, 100, False, 12)
