@@ -103,6 +103,16 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
             f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
             f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "
             f"call?{why}")
+    unsampled = {k: int(per_kernel["count"].sel(kernel=k)) for k in names if k not in both}
+    if unsampled:
+        import warnings
+
+        from .errors import GpuscopeWarning
+
+        warnings.warn(_pcsampling.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
+                                                    int(pc.attrs.get("total_samples", 0)))
+                      + " They are left out of the result (kernels_without_pc_samples).", GpuscopeWarning,
+                      stacklevel=2)
     ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))
     ipc = ipc[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]]
     ipc.attrs = dict(ranges.attrs)

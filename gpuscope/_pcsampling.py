@@ -328,6 +328,9 @@ class PCSampler:
         self._buffer = None
         self._state = "new"  # new -> sampling -> closed
         self._finalizer = None
+        self._recorder = None
+        #: mangled name -> launches in the block on this context (None: not tracked, another recorder was open)
+        self.launches: dict[str, int] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> PCSampler:
@@ -401,12 +404,35 @@ class PCSampler:
             raise
         self._state = "sampling"
         self._finalizer = weakref.finalize(self, _emergency_disable, self._context.handle, self.device)
+        self._track_launches()
         self._started_ns = time.perf_counter_ns()
         if self.drain_interval:
             self._thread = threading.Thread(target=self._drain_loop, name="gpuscope-pc-drain", daemon=True)
             self._thread.start()
 
+    def _track_launches(self) -> None:
+        """Count the block's launches per kernel (CUPTI's launch callbacks), so that a kernel that ran but got no
+        samples is named even when CUPTI does not count its samples as unattributed (seen on the H100)."""
+        from .cupti import callbacks
+
+        ctx = self._context.handle
+        counts: dict[str, int] = {}
+
+        def on_launch(launch):
+            if launch.context == ctx:
+                counts[launch.symbol] = counts.get(launch.symbol, 0) + 1
+
+        try:
+            self._recorder = callbacks.LaunchRecorder(on_launch)
+        except GpuscopeError as exc:  # another CUPTI subscriber (not gpuscope) holds the callbacks
+            self.drain_errors.append(f"launches not counted: {exc}")
+            return
+        self.launches = counts
+
     def _release(self) -> None:
+        if self._recorder is not None:
+            _quietly(self._recorder.close)
+            self._recorder = None
         if self._context is not None:
             _quietly(self._context.close)
         with _active_lock:
@@ -490,15 +516,27 @@ class PCSampler:
             warnings.warn(overflow_message(self.records.dropped_samples, total,
                                            bool(self.records.hardware_buffer_full), self.period_log2),
                           GpuscopeWarning, stacklevel=3)
-        if self.records.non_user_kernel_samples:
+        missing = self.kernels_without_samples()
+        if missing:
+            warnings.warn(unsampled_message(missing, self.records.non_user_kernel_samples, total), GpuscopeWarning,
+                          stacklevel=3)
+        elif self.records.non_user_kernel_samples:
             warnings.warn(unattributed_message(self.records.non_user_kernel_samples, total), GpuscopeWarning,
                           stacklevel=3)
         if not failed:
             self.dataset = self.build()
 
+    def kernels_without_samples(self) -> dict[str, int]:
+        """Kernels launched in the block (on its context) that have no PC record: mangled name -> launches.
+        Empty when launches were not tracked."""
+        if not self.launches or self.records is None:
+            return {}
+        sampled = set(map(str, self.records.function))
+        return {k: n for k, n in sorted(self.launches.items()) if k and k not in sampled}
+
     def build(self, sources=None):
         """(Re)build the Dataset from :attr:`records`, e.g. with more ``sources`` for line text."""
-        from ._source import CubinRegistry, SourceMap
+        from ._source import CubinRegistry, SourceMap, pretty_function
         from .cupti import profiler
 
         registry = CubinRegistry()
@@ -518,6 +556,9 @@ class PCSampler:
             "collection_mode": self.mode,
             "sampling_period_cycles": 0 if self.period_log2 is None else 2**self.period_log2,
             "hardware_buffer_bytes": 512 << 20 if self.hardware_buffer_size is None else self.hardware_buffer_size,
+            "launches_counted": -1 if self.launches is None else sum(self.launches.values()),
+            "kernels_without_samples": ", ".join(f"{pretty_function(k)} ({n})"
+                                                 for k, n in self.kernels_without_samples().items()),
             "drain_errors": "; ".join(self.drain_errors),
         }
         ds = records_dataset(self.records, self.reason_indices, self.reason_names, source_map,
@@ -546,6 +587,20 @@ def overflow_message(dropped: int, total: int, buffer_full: bool, period_log2: i
     else:
         text += "; use a longer period or a larger hardware_buffer_size"
     return text + "."
+
+
+def unsampled_message(missing: dict[str, int], unattributed: int, total: int) -> str:
+    """Kernels that launched in a block but have no PC sample: what CUPTI counted for them, and why."""
+    from ._source import pretty_function
+
+    names = ", ".join(f"{pretty_function(k)} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
+    counted = (f"CUPTI counted {unattributed} of {total} samples as unattributed (non-user kernel samples)"
+               if unattributed else "CUPTI counted no sample as unattributed: their samples were lost uncounted")
+    return (f"No PC samples for {names}, which ran in the block; {counted}. CUPTI maps a kernel for PC sampling "
+            "only if it first sees it run inside a pc_sample block (or before any gpuscope session in the process, "
+            "or under gs.sample): a kernel that ran under range profiling (gs.Profiler) or between pc_sample blocks "
+            "is not mapped again in this process. Sample it in a fresh process, or before profiling it otherwise. "
+            "(A kernel shorter than one sampling period per SM may also get no sample.)")
 
 
 def unattributed_message(unattributed: int, total: int) -> str:

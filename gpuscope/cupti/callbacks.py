@@ -14,7 +14,7 @@ import threading
 import warnings
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uint32, c_uint64, c_void_p
 
-from ..errors import GpuscopeError, GpuscopeWarning
+from ..errors import GpuscopeWarning
 from ._api import Functions
 
 __all__ = ["Launch", "LaunchRecorder"]
@@ -91,13 +91,28 @@ class Launch:
 
 _lock = threading.Lock()
 _subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
-_current = None  # the open LaunchRecorder
+_listening: tuple = ()  # the open, unpaused LaunchRecorders (a Profiler session and a pc_sample block may both be)
+_open: set = set()  # every open LaunchRecorder, paused or not
 
 
 def _dispatch(userdata, domain, cbid, address):
-    recorder = _current
-    if recorder is not None:
+    for recorder in _listening:
         recorder._on_callback(cbid, address)
+
+
+def _listen(recorder, on: bool) -> None:
+    """Add or remove *recorder* from the listeners, enabling CUPTI's launch callbacks while any listens (with
+    _lock held)."""
+    global _listening
+    others = tuple(r for r in _listening if r is not recorder)
+    if on:
+        if not others:
+            _enable(1)  # first: if CUPTI refuses, nothing changed
+        _listening = (*others, recorder)
+    else:
+        _listening = others
+        if not others:
+            _enable(0)
 
 
 def _enable(flag: int) -> None:
@@ -106,9 +121,10 @@ def _enable(flag: int) -> None:
 
 
 def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
-    global _current, _lock
+    global _listening, _lock
     _lock = threading.Lock()
-    _current = None
+    _listening = ()
+    _open.clear()
     _subscription.clear()
 
 
@@ -123,8 +139,8 @@ class LaunchRecorder:
     so they must be quick, and they must not raise (an exception becomes a warning).
 
     gpuscope subscribes to CUPTI's callbacks once per process (``cuptiSubscribe``) and keeps the subscription,
-    enabling the launch callbacks while a recorder is open (or resumed) and disabling them at :meth:`close` (or
-    :meth:`pause`).
+    enabling the launch callbacks while any recorder is open and not paused. Several recorders may be open (a
+    ``Profiler`` session and a ``pc_sample`` block); each hears every launch.
 
     Parameters
     ----------
@@ -137,28 +153,19 @@ class LaunchRecorder:
     ------
     ProfilerBusyError
         Another CUPTI callback subscriber exists in this process (CUPTI allows one).
-    GpuscopeError
-        Another LaunchRecorder is open.
     """
 
     def __init__(self, on_enter, on_exit=None):
-        global _current
         self._on_enter, self._on_exit = on_enter, on_exit
         self._pending = threading.local()
         with _lock:
-            if _current is not None:
-                raise GpuscopeError("Another gpuscope launch recorder is open in this process; close it first.")
             if not _subscription:
                 callback = _CALLBACK(_dispatch)
                 handle = c_void_p()
                 _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
                 _subscription[:] = [handle.value, callback]
-            _current = self
-            try:
-                _enable(1)
-            except BaseException:
-                _current = None
-                raise
+            _listen(self, True)
+            _open.add(self)
         self._open = True
 
     def _on_callback(self, cbid, address):
@@ -186,30 +193,30 @@ class LaunchRecorder:
         return not self._open
 
     def pause(self) -> None:
-        """Disable the launch callbacks until :meth:`resume` (launches then cost nothing extra)."""
+        """Stop hearing launches until :meth:`resume` (with no other recorder listening, launches then cost
+        nothing extra)."""
         with _lock:
-            if _current is self:
-                _enable(0)
+            if self in _open:
+                _listen(self, False)
 
     def resume(self) -> None:
-        """Enable the launch callbacks again after :meth:`pause`."""
+        """Hear launches again after :meth:`pause`."""
         with _lock:
-            if _current is self:
-                _enable(1)
+            if self in _open:
+                _listen(self, True)
 
     def close(self) -> None:
-        """Stop hearing launches: the launch callbacks are disabled (safe to call twice)."""
-        global _current
+        """Stop hearing launches; CUPTI's launch callbacks are disabled when no recorder listens (safe to call
+        twice)."""
         if not self._open:
             return
         self._open = False
         with _lock:
-            if _current is self:
-                _current = None
-                try:
-                    _enable(0)
-                except Exception as exc:
-                    warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
+            _open.discard(self)
+            try:
+                _listen(self, False)
+            except Exception as exc:
+                warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
 
     def __enter__(self):
         return self

@@ -136,13 +136,15 @@ with warnings.catch_warnings(record=True) as caught:
 ds = s.dataset
 print(json.dumps({"kernels": [str(k) for k in ds.kernel.values], "unattributed": ds.attrs["non_user_kernel_samples"],
                   "total": ds.attrs["total_samples"], "in_records": int(ds.samples.sum()),
-                  "warned": any("could not attribute" in str(w.message) for w in caught)}))
+                  "without_samples": ds.attrs["kernels_without_samples"],
+                  "warned": [str(w.message)[:120] for w in caught if "PC samples" in str(w.message)]}))
 """
 
 
 def test_a_kernel_range_profiled_first_is_counted_and_explained_not_lost():
-    """CUPTI 13.0 does not map a kernel for PC sampling once it ran under range profiling: its samples are
-    counted as unattributed and gpuscope says why; the kernel that did not run under it is sampled."""
+    """CUPTI 13.0 does not map a kernel for PC sampling once it ran under range profiling: CUPTI counts its samples
+    as unattributed, or (in some runs) not at all; either way gpuscope names the kernel, from the block's launch
+    count, and says why. The kernel that did not run under range profiling is sampled."""
     import json
     import subprocess
     import sys
@@ -155,7 +157,8 @@ def test_a_kernel_range_profiled_first_is_counted_and_explained_not_lost():
     assert any(k.endswith("fma") for k in got["kernels"]), got
     assert got["in_records"] + got["unattributed"] == got["total"]
     if not any(k.endswith("stream") for k in got["kernels"]):  # CUPTI 13.0 on the H100
-        assert got["unattributed"] > 0.1 * got["total"] and got["warned"], got
+        assert "stream (10)" in got["without_samples"], got
+        assert any("No PC samples for" in w and "stream" in w for w in got["warned"]), got
 
 
 def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):

@@ -83,7 +83,8 @@ def test_short_names_are_matched_and_kernels_only_one_half_saw_are_named(recorde
     ncu = _ncu_dataset()
     names = np.array(["fma", "unrelated_kernel"])  # a decorated name and a kernel PC sampling never saw
     ranges = _range_pass(ncu.isel(kernel=[0, 0]), names, launches=2)
-    result, _, _ = _run(pc, ranges)
+    with pytest.warns(gs.GpuscopeWarning, match=r"No PC samples for unrelated_kernel \(2 launches\).*left out"):
+        result, _, _ = _run(pc, ranges)
     assert result["kernel"].values.tolist() == ["benchmarks.bench_pc_sampling.fma"]
     assert result.attrs["kernels_without_pc_samples"] == ["unrelated_kernel"]
     assert result.attrs["kernels_without_ipc"] == ["benchmarks.bench_pc_sampling.stream"]

@@ -249,3 +249,51 @@ def test_a_full_hardware_buffer_is_said_to_lose_uncounted_samples():
     text = P.overflow_message(0, 2_479_002, True, 10)
     assert "lost samples" in text and "does not count" in text and "period=32768" in text
     assert "dropped 5 of 100" in P.overflow_message(5, 100, False, 12)
+
+
+def test_a_kernel_that_ran_without_samples_is_named_even_when_cupti_counts_nothing(monkeypatch):
+    """On the H100, CUPTI sometimes neither delivers nor counts the samples of a kernel it did not map: the
+    block's launch count names that kernel, so the loss is said."""
+    from gpuscope.cupti import pc_sampling as C
+
+    rec = _records()
+    rec.non_user_kernel_samples = 0
+    sampler = P.PCSampler(period=1024, drain_interval=None)
+    sampler._state, sampler._context, sampler._buffer = "sampling", _Context(), _Buffer(rec)
+    sampler.reason_indices, sampler.reason_names = INDICES, NAMES
+    sampled = str(rec.function[0])
+    sampler.launches = {sampled: 10, "_Z6streamPfS_": 10}
+    monkeypatch.setattr(P, "_synchronize", lambda ctx: None)
+    monkeypatch.setattr(P, "_get_data", lambda ctx, buf: PCRecords.empty())
+    monkeypatch.setattr(C, "disable", lambda ctx: None)
+    monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
+    monkeypatch.setattr(P.PCSampler, "_settle", lambda self: None)
+    with pytest.warns(gs.GpuscopeWarning, match=r"No PC samples for stream \(10 launches\).*"
+                                                r"lost uncounted.*first sees it run inside"):
+        sampler.close()
+    assert sampler.kernels_without_samples() == {"_Z6streamPfS_": 10}
+
+
+def test_launch_recorders_share_the_callbacks(monkeypatch):
+    """A Profiler session and a pc_sample block can both hear launches: CUPTI's launch callbacks are on while
+    any recorder listens."""
+    from gpuscope.cupti import callbacks
+
+    calls = []
+    monkeypatch.setattr(callbacks, "_enable", lambda flag: calls.append(flag))
+    monkeypatch.setattr(callbacks, "_subscription", [1, None])
+    monkeypatch.setattr(callbacks, "_listening", ())
+    monkeypatch.setattr(callbacks, "_open", set())
+    heard = []
+    a = callbacks.LaunchRecorder(lambda launch: heard.append("a"))
+    b = callbacks.LaunchRecorder(lambda launch: heard.append("b"))
+    assert calls == [1] and callbacks._listening == (a, b)
+    a.pause()
+    assert callbacks._listening == (b,) and calls == [1]
+    b.close()
+    assert calls == [1, 0]
+    a.resume()
+    assert calls == [1, 0, 1] and callbacks._listening == (a,)
+    a.close()
+    b.close()
+    assert calls == [1, 0, 1, 0] and callbacks._listening == () and not callbacks._open
