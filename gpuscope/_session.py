@@ -192,9 +192,9 @@ class Profiler:
         try:
             self.chip = profiler.chip_name(self.device)
             self.metrics = _catalog.resolve(metrics, self.chip, "range")
-            # PM sampling's availability query, not the range profiler's: once cuptiProfilerGetCounterAvailability
-            # has run in a process, CUPTI 13.0 delivers no PC sampling records there (H100); the config images
-            # built from either image are byte-identical on GH100 (tests/unit/test_host.py).
+            # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
+            # process): the config images built from it and from the range profiler's are byte-identical on
+            # GH100 (tests/unit/test_host.py).
             self._availability = profiler.pm_counter_availability(self.device)
             self._host = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
             self._host.add_metrics(self.metrics)
