@@ -10,8 +10,10 @@ together``).
 
 from __future__ import annotations
 
+import warnings
+
 from . import _validate
-from .errors import GpuscopeError
+from .errors import GpuscopeError, GpuscopeWarning
 
 __all__ = ["profile_fast_topdown", "FAST_SET"]
 
@@ -105,10 +107,6 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
             f"call?{why}")
     unsampled = {k: int(per_kernel["count"].sel(kernel=k)) for k in names if k not in both}
     if unsampled:
-        import warnings
-
-        from .errors import GpuscopeWarning
-
         warnings.warn(_pcsampling.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
                                                     int(pc.attrs.get("total_samples", 0)))
                       + " They are left out of the result (kernels_without_pc_samples).", GpuscopeWarning,
@@ -133,7 +131,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         pc_unattributed_samples=int(pc.attrs.get("non_user_kernel_samples", 0)),
         pc_hardware_buffer_full=int(pc.attrs.get("hardware_buffer_full", 0)),
         pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),
-        kernels_without_pc_samples=sorted(set(names) - set(both)),
+        kernels_without_pc_samples=sorted(unsampled),
         kernels_without_ipc=sorted(set(sampled) - set(both.values())),
     )
     return result

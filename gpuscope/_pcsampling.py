@@ -589,6 +589,15 @@ def overflow_message(dropped: int, total: int, buffer_full: bool, period_log2: i
     return text + "."
 
 
+# CUPTI's rule for which kernels it samples (measured on the H100, CUPTI 13.0; docs/pc-sampling.md)
+_FIRST_LAUNCH_RULE = (
+    "CUPTI maps a kernel for PC sampling only if it first sees it run inside a pc_sample block (or before any "
+    "gpuscope session in the process, or under gs.sample); a kernel that ran under range profiling (gs.Profiler) "
+    "or between pc_sample blocks is not mapped again in this process. Sample it in a fresh process, or before "
+    "profiling it otherwise; a kernel launched for the first time inside the block is mapped (docs/pc-sampling.md)."
+)
+
+
 def unsampled_message(missing: dict[str, int], unattributed: int, total: int) -> str:
     """Kernels that launched in a block but have no PC sample: what CUPTI counted for them, and why."""
     from ._source import pretty_function
@@ -596,23 +605,14 @@ def unsampled_message(missing: dict[str, int], unattributed: int, total: int) ->
     names = ", ".join(f"{pretty_function(k)} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
     counted = (f"CUPTI counted {unattributed} of {total} samples as unattributed (non-user kernel samples)"
                if unattributed else "CUPTI counted no sample as unattributed: their samples were lost uncounted")
-    return (f"No PC samples for {names}, which ran in the block; {counted}. CUPTI maps a kernel for PC sampling "
-            "only if it first sees it run inside a pc_sample block (or before any gpuscope session in the process, "
-            "or under gs.sample): a kernel that ran under range profiling (gs.Profiler) or between pc_sample blocks "
-            "is not mapped again in this process. Sample it in a fresh process, or before profiling it otherwise. "
-            "(A kernel shorter than one sampling period per SM may also get no sample.)")
+    return (f"No PC samples for {names}, which ran in the block; {counted}. {_FIRST_LAUNCH_RULE} (A kernel "
+            "shorter than one sampling period per SM may also get no sample.)")
 
 
 def unattributed_message(unattributed: int, total: int) -> str:
-    """Why CUPTI counted samples it gave no records for, and what to do (measured on the H100, CUPTI 13.0)."""
-    return (
-        f"CUPTI could not attribute {unattributed} of {total} PC samples to a kernel (its non-user kernel "
-        "samples): they have no records. CUPTI maps a kernel for PC sampling only if it first sees it run inside "
-        "a pc_sample block (or before any gpuscope session in the process, or under gs.sample); a kernel that ran "
-        "under range profiling (gs.Profiler) or between pc_sample blocks is not mapped again in this process. "
-        "Sample it in a fresh process, or before profiling it otherwise; a kernel launched for the first time "
-        "inside the block is mapped (docs/pc-sampling.md)."
-    )
+    """Why CUPTI counted samples it gave no records for, and what to do."""
+    return (f"CUPTI could not attribute {unattributed} of {total} PC samples to a kernel (its non-user kernel "
+            f"samples): they have no records. {_FIRST_LAUNCH_RULE}")
 
 
 def _quietly(fn, *args) -> None:
