@@ -7,6 +7,8 @@ Run on the GPU machine from the repository root (``source tests/gpu/device_env.s
     python3 benchmarks/bench_fast_topdown.py periods --out fast_periods.json
     python3 benchmarks/bench_fast_topdown.py together --out fast_together.json
     python3 benchmarks/bench_fast_topdown.py sessions --rounds 30 --out fast_sessions.json
+    python3 benchmarks/bench_fast_topdown.py breakdown --launches 200 --out fast_breakdown.json
+    python3 benchmarks/bench_fast_topdown.py pcstart --period 8192 --out fast_pcstart.json
 
 ``validate``
     Eight kernels with different bottlenecks (memory streaming, an FMA chain, divergent branches, shared-memory
@@ -24,6 +26,8 @@ Run on the GPU machine from the repository root (``source tests/gpu/device_env.s
     PC sampling inside an open one-pass range session and the other way round, each in a fresh process.
 ``sessions``
     One process alternating range-profiling and PC-sampling sessions: records delivered per round.
+``pcstart``
+    A PC sampling block's start, first launch and close against the device buffer's size.
 ``breakdown``
     Where the fast Top-Down's time goes: three calls in one process (the first pays the process's one-time
     costs), each CUPTI call's time and count, gpuscope's stages, and cProfile's top entries.
@@ -337,44 +341,6 @@ def cmd_cost(args):
             out["cases"][name]["samples_per_launch"] = [float(v) for v in r["samples_per_launch"].values]
         print(name, out["cases"][name]["ms_per_launch"], "ms/launch", [round(x, 3) for x in times], flush=True)
 
-    # where the fast Top-Down's time goes (one run, period 2^10)
-    from gpuscope import _pcsampling
-    from gpuscope._fast import FAST_SET
-
-    br = {}
-    t0 = time.perf_counter()
-    pcs = _pcsampling.pc_sample(period=1024)
-    pcs.start()
-    br["pc_start"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    w.run(n)
-    br["pc_work"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    pcs.close()
-    br["pc_close_and_build"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    pcs.build()
-    br["pc_build_again"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    prof = gs.Profiler(FAST_SET, mode="kernel")
-    prof.__enter__()
-    br["range_enter"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    w.run(n)
-    br["range_work"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    prof.__exit__(None, None, None)
-    br["range_exit"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    with gs.Profiler(FAST_SET, mode="iteration") as it:
-        for _ in range(2):
-            with gs.range("step"):
-                w.run(n)
-    br["range_iteration_mode_two_executions"] = time.perf_counter() - t1
-    br["iteration_rows"] = int(it.dataset.sizes.get("range", 0))
-    out["breakdown_s"] = br
-    print("BREAKDOWN", {k: round(v, 4) for k, v in br.items()}, flush=True)
-
     ncu = args.ncu
     if ncu and Path(ncu).exists():
         metrics = list(gs.metric_set("topdown").metrics)
@@ -628,20 +594,8 @@ def _close_timers():
     from gpuscope.cupti import pc_sampling as C
 
     spent = {"sync": 0.0, "settle": 0.0, "disable": 0.0, "build": 0.0, "get_data_calls": 0}
-
-    def timed(key, fn):
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[key] += time.perf_counter() - t0
-        return wrapper
-
-    _pcsampling._synchronize = timed("sync", _pcsampling._synchronize)
-    _pcsampling.PCSampler._settle = timed("settle", _pcsampling.PCSampler._settle)
-    _pcsampling.PCSampler.build = timed("build", _pcsampling.PCSampler.build)
-    C.disable = timed("disable", C.disable)
+    _stage_timer(spent, [(_pcsampling, "_synchronize", "sync"), (_pcsampling.PCSampler, "_settle", "settle"),
+                         (_pcsampling.PCSampler, "build", "build"), (C, "disable", "disable")])
     get = _pcsampling._get_data
 
     def counted(*a):

@@ -6,11 +6,14 @@ set -u
 OUT=${OUT:-/tmp/gpuscope-fast}; mkdir -p "$OUT"
 source tests/gpu/device_env.sh >/dev/null 2>&1
 B=benchmarks/bench_fast_topdown.py
-for step in "validate" "cost --launches 200 --periods 1024 32768 --repeats 2" "periods" "together" "sessions --rounds 24"; do
+for step in "validate --validate-periods 1024 8192" "cost --launches 200 --periods 1024 8192 32768 --repeats 3" \
+            "breakdown --launches 200 --repeats 2" "pcstart --period 8192" "periods" "together" "sessions --rounds 24"; do
     name=${step%% *}
     timeout 280 python3 $B $step --out "$OUT/fast_$name.json" > "$OUT/fast_$name.log" 2>&1
     echo "fast $name rc=$?" >> "$OUT/fast_summary.txt"
 done
 grep -hE "^WORST|^ATTRS" "$OUT/fast_validate.log" >> "$OUT/fast_summary.txt"
-grep -hE "ms/launch|^BREAKDOWN|^NCU" "$OUT/fast_cost.log" >> "$OUT/fast_summary.txt"
+grep -hE "ms/launch|^NCU" "$OUT/fast_cost.log" >> "$OUT/fast_summary.txt"
+grep -hE "^CALL|EXECUTIONS|^LAUNCHES" "$OUT/fast_breakdown.log" | cut -c1-400 >> "$OUT/fast_summary.txt"
+grep -h "^PCSTART" "$OUT/fast_pcstart.log" >> "$OUT/fast_summary.txt"
 cat "$OUT/fast_summary.txt"
