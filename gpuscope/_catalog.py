@@ -19,7 +19,7 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 
-from .errors import NoGpuError, UnknownMetricError, UnsupportedChipError
+from .errors import CuptiNotSupportedError, NoGpuError, UnknownMetricError, UnsupportedChipError
 from .metrics import catalog as _sets
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "metric_sets",
     "metric_set",
     "resolve",
+    "resolution",
     "config_image",
     "split_name",
     "units_of",
@@ -129,7 +130,16 @@ class _ChipMetrics:
 
         self.chip, self.kind = chip, kind
         profiler_type = ProfilerType.RANGE_PROFILER if kind is MetricKind.RANGE else ProfilerType.PM_SAMPLING
-        self.host = host.ProfilerHost(chip, profiler_type)
+        try:
+            self.host = host.ProfilerHost(chip, profiler_type)
+        except CuptiNotSupportedError:
+            from .cupti import _api
+
+            # CUPTI 12.x lists chips it cannot profile (GV11B; Maxwell, Pascal and Tegra X1/X2 on 12.6)
+            raise UnsupportedChipError(
+                f"CUPTI {'%d.%d' % _api.version()} lists {chip} but cannot profile it ({kind.value} profiling: "
+                "cuptiProfilerHostInitialize says CUPTI_ERROR_NOT_SUPPORTED). docs/support.md lists the chips each "
+                "CUPTI profiles.") from None
         self.types: dict[str, str] = {}
         for metric_type in MetricType:
             for base in self.host.base_metrics(metric_type):
@@ -185,6 +195,12 @@ class _ChipMetrics:
             name,
             tuple(close),
         )
+
+    def has(self, name: str) -> bool:
+        """Whether *name* is a complete metric name on this chip."""
+        base, suffix = split_name(name)
+        metric_type = self.types.get(base)
+        return metric_type is not None and suffix in self.suffixes(metric_type)
 
     def _other_kind_has(self, base: str) -> MetricKind | None:
         other = MetricKind.SAMPLING if self.kind is MetricKind.RANGE else MetricKind.RANGE
@@ -447,7 +463,8 @@ def metric_set(name: str):
 def resolve(metrics: str | Iterable[str], chip: str | None = None, kind: str = "range") -> list[str]:
     """Turn a metric-set name or a list of names into a checked list of full metric names.
 
-    Duplicates are dropped, order kept.
+    A set is resolved for the chip (:func:`resolution` says what it substituted or left out); duplicates are
+    dropped, order kept.
 
     Raises
     ------
@@ -456,30 +473,77 @@ def resolve(metrics: str | Iterable[str], chip: str | None = None, kind: str = "
     ValueError
         A named set is for the other kind of profiling, or the list is empty.
     """
+    return list(resolution(metrics, chip, kind).metrics)
+
+
+def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str = "range"):
+    """Like :func:`resolve`, with what the chip collects instead of the sets' own metrics.
+
+    Set names (alone or among metric names) become the set as the chip collects it
+    (:meth:`gpuscope.metrics.catalog.MetricSet.on_chip`): a metric the chip lacks is replaced by the chip's
+    equivalent, or left out where it has none.
+
+    Returns
+    -------
+    gpuscope.metrics.catalog.SetOnChip
+        ``metrics`` (checked full names), ``substituted`` (set metric -> what stands in), ``left_out``;
+        ``.attrs()`` gives the Dataset attrs that record them.
+
+    Raises
+    ------
+    UnknownMetricError, ValueError, TypeError
+        As :func:`resolve`.
+    """
     kind = _kind(kind)
-    if isinstance(metrics, str):
-        if metrics in _sets.all_sets():
-            mset = _sets.get_set(metrics)
-            if mset.kind != kind.value:
-                raise ValueError(
-                    f"Metric set {metrics!r} is for {mset.kind} profiling, not {kind.value}. "
-                    f"Sets for {kind.value}: {', '.join(metric_sets(kind.value))}."
-                )
-            names = list(mset.metrics)
-        else:
-            names = [metrics]
-    else:
-        names = list(metrics)
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
     if not names:
         raise ValueError("No metrics given.")
     cm = _chip_metrics(_check_chip(chip), kind)
+    sets = _sets.all_sets()
     out: list[str] = []
+    substituted: dict = {}
+    left_out: list[str] = []
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"Metric names are strings, got {name!r}.")
-        if name not in out:
+        if name in sets:
+            mset = sets[name]
+            if mset.kind != kind.value:
+                raise ValueError(
+                    f"Metric set {name!r} is for {mset.kind} profiling, not {kind.value}. "
+                    f"Sets for {kind.value}: {', '.join(metric_sets(kind.value))}."
+                )
+            on_chip = _set_on_chip(name, cm.chip, kind)
+            substituted.update(on_chip.substituted)
+            left_out += [m for m in on_chip.left_out if m not in left_out]
+            out += [cm.check(m) for m in on_chip.metrics if m not in out]
+        elif "__" not in name and (close := difflib.get_close_matches(name, sets, n=3, cutoff=0.6)):
+            raise UnknownMetricError(
+                f"{name!r} is neither a metric nor a metric set. Did you mean the set {' or '.join(map(repr, close))}? "
+                f"Metric sets: {', '.join(sets)}.", name, tuple(close))
+        elif name not in out:
             out.append(cm.check(name))
-    return out
+    return _sets.SetOnChip(tuple(out), substituted, tuple(left_out))
+
+
+@functools.lru_cache(maxsize=None)
+def _set_on_chip(name: str, chip: str, kind: MetricKind):
+    """A built-in set as *chip* collects it: alternatives for what the chip lacks, and in PM sampling for what
+    does not fit in its one pass on its own (Turing's DRAM throughput)."""
+    cm = _chip_metrics(chip, kind)
+
+    def fits(group) -> bool:
+        if kind is MetricKind.RANGE:
+            return True
+        from .cupti import host
+        from .errors import CuptiError
+
+        try:
+            return host.num_passes(config_image(list(group), chip, kind.value)) == 1
+        except CuptiError:  # CUPTI 12.6 lists GA10B's mcc__* metrics for PM sampling but cannot configure them
+            return False
+
+    return _sets.get_set(name).on_chip(cm.has, fits)
 
 
 def split_list(items: str | Iterable[str]) -> list[str]:
@@ -492,7 +556,7 @@ def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | l
     """Comma-separated metric and set names -> (what :func:`resolve` takes, the kind of profiling).
 
     One set name stays a set name (so sessions can record it); several sets and names become one list in order,
-    duplicates dropped. Without *kind*, the kind is the sets' kind (``pm-default`` means PM sampling), else range.
+    duplicates dropped, set names kept (:func:`resolve` takes each as the chip collects it). Without *kind*, the kind is the sets' kind (``pm-default`` means PM sampling), else range.
 
     Raises
     ------
@@ -515,8 +579,7 @@ def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | l
     kind = _kind(kind or inferred).value
     if len(names) == 1:
         return names[0], kind
-    out = [m for n in names for m in (sets[n].metrics if n in sets else (n,))]
-    return list(dict.fromkeys(out)), kind
+    return list(dict.fromkeys(names)), kind  # set names stay: resolve() takes each set as the chip collects it
 
 
 def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter_availability=None):

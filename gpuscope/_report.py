@@ -22,6 +22,9 @@ __all__ = ["Report", "report", "GPU_TIME", "group_key", "topdown_per_launch"]
 #: The metric that is GPU time (ns) per launch or range.
 GPU_TIME = "gpu__time_duration.sum"
 
+#: DRAM bytes read and written, as each chip names them.
+DRAM_BYTES = (("dram__bytes_read.sum", "dram__bytes_write.sum"), ("dram__bytes_op_read.sum", "dram__bytes_op_write.sum"))
+
 #: Short column labels for metrics that often appear in reports.
 SHORT_NAMES = {
     "gr__cycles_active.avg.pct_of_peak_sustained_elapsed": "GR active %",
@@ -32,6 +35,13 @@ SHORT_NAMES = {
     "dram__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
     "pcie__read_bytes.sum.per_second": "PCIe read GB/s",
     "pcie__write_bytes.sum.per_second": "PCIe write GB/s",
+    "pcie__throughput.avg.pct_of_peak_sustained_elapsed": "PCIe %",
+    "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read %",
+    "dramc__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
+    "mcc__dram_throughput_op_read.avg.pct_of_peak_sustained_elapsed": "DRAM read %",
+    "mcc__dram_throughput_op_write.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
+    "dram__bytes_op_read.sum.per_second": "DRAM read B/s",
+    "dram__bytes_op_write.sum.per_second": "DRAM write B/s",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory %",
     "l1tex__throughput.avg.pct_of_peak_sustained_active": "L1 %",
@@ -251,8 +261,10 @@ def _range_report(ds, *, by: str | None = None) -> Report:
     throughput = [m for m in ds.data_vars if ds[m].dims == ("range",) and ".pct_of_peak" in m]
     for m in throughput:
         frame[SHORT_NAMES.get(m, m)] = per_group(ds[m].values, "mean")
-    if GPU_TIME in ds and {"dram__bytes_read.sum", "dram__bytes_write.sum"} <= set(ds.data_vars):
-        moved = per_group(ds["dram__bytes_read.sum"].values + ds["dram__bytes_write.sum"].values)
+    # GB20x names its DRAM byte counters dram__bytes_op_read/_op_write (the launch set substitutes them there)
+    dram = next(([r, w] for r, w in DRAM_BYTES if {r, w} <= set(ds.data_vars)), None)
+    if GPU_TIME in ds and dram:
+        moved = per_group(ds[dram[0]].values + ds[dram[1]].values)
         frame["DRAM GB/s"] = moved / (frame["gpu_time_ms"].to_numpy() * 1e-3) / 1e9
     if share_of and "share" in frame:
         frame = frame.sort_values("share", ascending=False, kind="stable")

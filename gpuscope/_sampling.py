@@ -228,7 +228,8 @@ class Sampler:
         self._initialized = True
         self.chip = profiler.chip_name(self.device)
         self.availability = pm.counter_availability(self.device)
-        self.metrics = _catalog.resolve(self._requested_metrics, self.chip, "sampling")
+        resolved = _catalog.resolution(self._requested_metrics, self.chip, "sampling")
+        self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
         check_single_pass(self.metrics, self.chip, self.availability)
         self.trigger = choose_trigger(self.chip)
         self._check_interval(info)
@@ -538,6 +539,7 @@ class Sampler:
                 "images_recovered": int(backend.images_recovered) if backend else 0,
                 "images_lost": int(backend.images_lost) if backend else 0,
                 "pool_note": self._decoder.pool_note,
+                **self._set_attrs,
                 "inexact_batches": int(self._decoder.inexact_batches),
                 "decode_us_per_sample": float(round(self.decode_us_per_sample, 3)),
                 "decode_seconds": float(round(self._decoder.decode_seconds, 6)),

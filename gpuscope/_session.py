@@ -191,7 +191,8 @@ class Profiler:
         profiler.initialize()
         try:
             self.chip = profiler.chip_name(self.device)
-            self.metrics = _catalog.resolve(metrics, self.chip, "range")
+            resolved = _catalog.resolution(metrics, self.chip, "range")
+            self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
             # GH100 (tests/unit/test_host.py).
@@ -488,7 +489,8 @@ class Profiler:
 
             attrs = {"metric_set": self.metric_set, "mode": self.mode_used.value, "mode_requested": self.mode.value,
                      "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
-                     "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._notes}
+                     "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._set_attrs,
+                     **self._notes}
             self._dataset = _results.range_dataset(self._rows, self.metrics, self.properties, self.device_info,
                                                    self.chip, attrs)
         return self._dataset

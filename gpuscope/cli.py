@@ -52,6 +52,14 @@ def _metrics(args) -> int:
         chips = cat.list_chips()
         print(json.dumps(chips) if args.json else "\n".join(chips))
         return EXIT_OK
+    if args.support:
+        from . import _support
+
+        info = _support.chip_support(args.chip or cat._check_chip(None))
+        print(json.dumps(info.as_dict(), indent=2) if args.json else _support.format_support(info))
+        return EXIT_OK
+    if args.sets and args.chip:
+        return _sets_on_chip(args, cat.canonical_chip(args.chip))
     if args.sets:
         sets = cat.metric_sets()
         if args.json:
@@ -142,6 +150,37 @@ def _metrics(args) -> int:
     return EXIT_OK
 
 
+def _sets_on_chip(args, chip: str) -> int:
+    """``gpuscope metrics --sets --chip X``: every set as the chip collects it, with what was substituted."""
+    from . import _support
+
+    info = _support.chip_support(chip)
+    if args.json:
+        print(json.dumps({s["name"]: s for s in info.as_dict()["sets"]}, indent=2))
+        return EXIT_OK
+    for st in info.sets:
+        if st.error:
+            print(f"{st.name} ({st.kind}) on {info.chip}: unsupported: {st.error}")
+            continue
+        print(f"{st.name} ({st.kind}, {len(st.metrics)} metrics, {st.passes} pass{'es' if st.passes != 1 else ''} "
+              f"on {info.chip}, {st.status}): {_catalog_description(st.name)}")
+        for m in st.metrics:
+            print(f"    {m}")
+        for original, used in st.substituted.items():
+            print(f"  substituted: {original} -> {', '.join(used)}")
+        for original in st.left_out:
+            print(f"  left out: {original} (no equivalent on {info.chip})")
+    print(f"\n{info.chip} ({info.family}): " + ("verified on hardware" if info.hardware else
+                                                "checked offline only (CUPTI host API), not run on this GPU"))
+    return EXIT_OK
+
+
+def _catalog_description(name: str) -> str:
+    from . import _catalog
+
+    return _catalog.metric_set(name).description
+
+
 # --------------------------------------------------------------------------------------------------------------
 # gpuscope check
 # --------------------------------------------------------------------------------------------------------------
@@ -174,6 +213,8 @@ def _check(args) -> int:
 
     from .cupti import _lib
 
+    if getattr(args, "chip", None):
+        return _check_chip(args)
     try:
         lib = _lib.load()
         report["cupti"] = {"version": lib.version_string, "api_version": lib.api_version, "path": lib.path,
@@ -224,6 +265,7 @@ def _check(args) -> int:
             chip = profiler.chip_name(args.device)
             report["chip"] = chip
             lines.append(("chip", chip))
+            _add_support(report, lines, chip)
             for api, label in ((ProfilerApi.RANGE_PROFILING, "range profiling"), (ProfilerApi.PM_SAMPLING,
                                                                                  "PM sampling")):
                 support = profiler.device_support(int(args.device), api)
@@ -263,6 +305,42 @@ def _check(args) -> int:
     finally:
         ctx.close()
     return _finish(args, report, lines, code)
+
+
+def _add_support(report: dict, lines: list, chip: str) -> None:
+    """Which sets are complete and reduced on *chip*, and whether it was verified on hardware."""
+    from . import _support
+
+    try:
+        info = _support.chip_support(chip)
+    except GpuscopeError as exc:
+        lines.append(("sets", f"unknown: {exc}"))
+        return
+    report["support"] = info.as_dict()
+    by_status: dict = {}
+    for st in info.sets:
+        by_status.setdefault(st.status, []).append(st.name)
+    lines.append(("Top-Down", f"{info.family}" + (f", IPC_MAX {info.ipc_max:g}" if info.ipc_max else "")))
+    lines.append(("sets", "; ".join(f"{k}: {', '.join(v)}" for k, v in by_status.items())
+                  + (f" (details: gpuscope metrics --chip {chip} --support)" if "reduced" in by_status else "")))
+    lines.append(("verified", f"on hardware: {info.hardware}" if info.hardware else
+                  "offline only (CUPTI host API); gpuscope was not run on this chip's hardware"))
+
+
+def _check_chip(args) -> int:
+    """``gpuscope check --chip X``: what gpuscope supports on a chip, offline."""
+    from . import _support
+    from .cupti import _lib
+
+    lib = _lib.load()
+    info = _support.chip_support(args.chip)
+    if args.json:
+        print(json.dumps({"gpuscope": __version__, "cupti": lib.version_string, "support": info.as_dict()},
+                         indent=2))
+    else:
+        print(f"gpuscope {__version__}, CUPTI {lib.version_string} at {lib.path}")
+        print(_support.format_support(info))
+    return EXIT_OK
 
 
 _CHECK_KEYS = ("cupti", "driver", "gpu", "chip", "range_profiling", "pm_sampling", "counters_readable")
@@ -486,13 +564,18 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--describe", nargs="+", metavar="METRIC", help="description, units, complete names")
     action.add_argument("--passes", nargs="*", metavar="METRICS",
                         help="pass count for metric and set names, comma-separated (e.g. topdown,launch)")
-    action.add_argument("--sets", action="store_true", help="the named metric sets")
+    action.add_argument("--sets", action="store_true",
+                        help="the named metric sets; with --chip, as that chip collects them")
     action.add_argument("--chips", action="store_true", help="chips the loaded CUPTI supports")
+    action.add_argument("--support", action="store_true",
+                        help="the chip's Top-Down table, each set as it collects it (complete, reduced: what was "
+                             "substituted or left out), and whether it was verified on hardware")
     m.add_argument("--json", action="store_true", help="machine-readable output")
     m.set_defaults(func=_metrics)
 
     c = sub.add_parser("check", help="is this machine ready to profile? (exit status 0 if so)")
     c.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    c.add_argument("--chip", help="no GPU needed: what gpuscope supports on this chip (GB202, rtx 5090, ...)")
     c.add_argument("--json", action="store_true", help="machine-readable output, every key present")
     c.set_defaults(func=_check)
 

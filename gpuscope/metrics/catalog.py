@@ -1,18 +1,55 @@
 """Named metric sets, kept as data in ``data/metric_sets.json``.
 
 Each set has a kind (``"range"`` for the range profiler, ``"sampling"`` for PM sampling), a description, its
-exact CUPTI metric names, and the pass count CUPTI computed for it per chip and CUPTI version (checked by the
-tests against the loaded CUPTI). Pure data: nothing here loads CUPTI.
+exact CUPTI metric names as GH100 spells them, what a chip without one of them collects instead (its
+*alternatives*), and the pass count CUPTI computed for it per chip and CUPTI version (checked by the tests against
+the loaded CUPTI). Pure data: nothing here loads CUPTI; :meth:`MetricSet.on_chip` takes the chip's metric list
+as a predicate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 from importlib import resources
 
-__all__ = ["MetricSet", "get_set", "set_names", "all_sets"]
+__all__ = ["MetricSet", "SetOnChip", "get_set", "set_names", "all_sets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SetOnChip:
+    """A metric set as one chip collects it.
+
+    Attributes
+    ----------
+    metrics : tuple of str
+        What the chip collects, in the set's order (a substitute takes its original's place).
+    substituted : dict
+        Set metric -> the chip's metrics that stand in for it.
+    left_out : tuple of str
+        Set metrics the chip has no equivalent for.
+    """
+
+    metrics: tuple[str, ...]
+    substituted: dict
+    left_out: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Whether the chip collects the set exactly as named."""
+        return not self.substituted and not self.left_out
+
+    def attrs(self) -> dict:
+        """Dataset attrs that say what changed (empty for a complete set): ``metric_set_substituted`` as
+        ``"original -> substitute"`` strings and ``metric_set_left_out``."""
+        out: dict = {}
+        if self.substituted:
+            out["metric_set_substituted"] = [f"{k} -> {', '.join(v)}" for k, v in self.substituted.items()]
+        if self.left_out:
+            out["metric_set_left_out"] = list(self.left_out)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +66,9 @@ class MetricSet:
         Exact CUPTI metric names.
     passes : dict
         ``{chip: {cupti_version: passes}}`` as CUPTI computed them, e.g. ``{"GH100": {"13.1": 7}}``.
+    alternatives : dict
+        Metric -> groups of metrics, tried in order on a chip that lacks it; the first group the chip has in full
+        stands in for it; with none (or no groups), it is left out.
     """
 
     name: str
@@ -36,6 +76,33 @@ class MetricSet:
     description: str
     metrics: tuple[str, ...]
     passes: dict
+    alternatives: dict = dataclasses.field(default_factory=dict)
+
+    def on_chip(self, has, fits=lambda group: True) -> SetOnChip:
+        """The set as a chip collects it.
+
+        *has(name)* says whether the chip has a complete metric name; *fits(group)* whether a group of metrics can
+        be collected in the set's kind on its own (PM sampling: in one pass). A metric with alternatives that the
+        chip lacks, or that does not fit, is replaced by the first group that the chip has and that fits.
+
+        A metric the chip lacks and the set gives no alternatives for stays in the list, so that resolving it
+        raises with CUPTI's close matches (the tests make sure no built-in set does that on a listed chip).
+        """
+        metrics: list[str] = []
+        substituted: dict[str, tuple[str, ...]] = {}
+        left_out: list[str] = []
+        for name in self.metrics:
+            if name not in self.alternatives or (has(name) and fits((name,))):
+                metrics.append(name)
+                continue
+            group = next((tuple(g) for g in self.alternatives[name] if all(has(m) for m in g) and fits(tuple(g))),
+                         None)
+            if group is None:
+                left_out.append(name)
+            else:
+                substituted[name] = group
+                metrics += group
+        return SetOnChip(tuple(dict.fromkeys(metrics)), substituted, tuple(left_out))
 
     def recorded_passes(self, chip: str, cupti_version: str) -> int | None:
         """The pass count recorded for *chip* and CUPTI *cupti_version* ("13.1"), or None if not recorded."""
@@ -48,7 +115,8 @@ def all_sets() -> dict[str, MetricSet]:
     text = resources.files("gpuscope.metrics").joinpath("data/metric_sets.json").read_text()
     raw = json.loads(text)["sets"]
     return {
-        name: MetricSet(name, s["kind"], s["description"], tuple(s["metrics"]), s.get("passes", {}))
+        name: MetricSet(name, s["kind"], s["description"], tuple(s["metrics"]), s.get("passes", {}),
+                        {m: tuple(tuple(g) for g in groups) for m, groups in s.get("alternatives", {}).items()})
         for name, s in raw.items()
     }
 
@@ -69,4 +137,6 @@ def get_set(name: str) -> MetricSet:
     try:
         return all_sets()[name]
     except KeyError:
-        raise KeyError(f"No metric set called {name!r}. Metric sets: {', '.join(all_sets())}.") from None
+        close = difflib.get_close_matches(str(name), all_sets(), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise KeyError(f"No metric set called {name!r}.{hint} Metric sets: {', '.join(all_sets())}.") from None

@@ -30,6 +30,10 @@ so they never explain a lost issue slot. They are collected only to check that t
 warp-active cycles (:data:`COVERAGE_TOLERANCE`); a gap there means a reason the set does not collect (``gmma``
 on Hopper unless asked for) was significant, and gpuscope warns.
 
+Which reasons each chip has is per architecture family (:mod:`gpuscope.metrics.architectures`, ``docs/support.md``):
+``imc_miss`` exists from Volta to Hopper and not on Blackwell, ``gmma`` only on Hopper; the ``*_pipe_*`` reasons some
+chips list (``long_scoreboard_pipe_l1tex``) are parts of another reason and are not added again.
+
 Levels
 ------
 A level's *cut* is its nodes plus the leaves of shallower levels (``retire`` has no children, so it belongs to
@@ -48,6 +52,8 @@ import xarray as xr
 
 from .. import _validate
 from ..errors import GpuscopeWarning, MissingMetricsError
+from .architectures import (ARCHITECTURES, IPC_EXECUTED, IPC_ISSUED, NOT_STALLS, STALL_PARENT, SUB_REASONS,
+                            THREADS_PER_INST, Architecture, architecture, stall_metric)
 
 __all__ = [
     "ARCHITECTURES",
@@ -56,6 +62,7 @@ __all__ = [
     "NODES",
     "NOT_STALLS",
     "STALL_PARENT",
+    "SUB_REASONS",
     "WEIGHT_METRICS",
     "Architecture",
     "Node",
@@ -72,30 +79,6 @@ __all__ = [
 WARP_SIZE = 32
 UNITS = "warp inst/cycle/SM"
 
-#: Level-2 node that each warp stall reason is charged to (paper Tables VI and VIII; see module docstring).
-STALL_PARENT: Mapping[str, str] = {
-    "no_instruction": "frontend_fetch",
-    "barrier": "frontend_fetch",
-    "membar": "frontend_fetch",
-    "branch_resolving": "frontend_fetch",
-    "sleeping": "frontend_fetch",
-    "misc": "frontend_decode",
-    "dispatch_stall": "frontend_decode",
-    "math_pipe_throttle": "backend_core",
-    "wait": "backend_core",
-    "gmma": "backend_core",
-    "long_scoreboard": "backend_memory",
-    "imc_miss": "backend_memory",
-    "mio_throttle": "backend_memory",
-    "drain": "backend_memory",
-    "lg_throttle": "backend_memory",
-    "short_scoreboard": "backend_memory",
-    "tex_throttle": "backend_memory",
-}
-
-#: Warp states that are not stalls; collected only for the coverage check.
-NOT_STALLS = ("selected", "not_selected")
-
 #: Percentage points by which the collected warp states may miss (or exceed) 100% before gpuscope warns.
 #: Values from different replay passes do not add up exactly, so this cannot be tight.
 COVERAGE_TOLERANCE = 5.0
@@ -107,131 +90,6 @@ LEVEL_TOLERANCE = 0.02
 
 #: Metrics that weight ranges in :func:`aggregate`, first found wins; kernel length in cycles, as the paper does.
 WEIGHT_METRICS = ("sm__cycles_elapsed.max", "sm__cycles_elapsed.avg", "sm__cycles_elapsed.sum")
-
-IPC_EXECUTED = "smsp__inst_executed.avg.per_cycle_active"
-IPC_ISSUED = "smsp__inst_issued.avg.per_cycle_active"
-THREADS_PER_INST = "smsp__thread_inst_executed_per_inst_executed.ratio"
-
-
-def stall_metric(reason: str) -> str:
-    """The CUPTI metric for a warp stall reason, in percent of warp-active cycles."""
-    return f"smsp__warp_issue_stalled_{reason}_per_warp_active.pct"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Per-architecture tables
-
-
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    """Which CUPTI metrics feed Top-Down on a range of compute capabilities.
-
-    Attributes
-    ----------
-    name : str
-        Architecture family.
-    cc_min, cc_max : tuple of int
-        Inclusive range of compute capabilities, as ``(major, minor)``.
-    stall_reasons : tuple of str
-        Stall reasons that are always collected and charged to the hierarchy.
-    optional_stall_reasons : tuple of str
-        Stall reasons charged to the hierarchy when the Dataset has them, not part of the default metric set.
-    smsp_per_sm : int
-        Dispatch units per SM, which is ``IPC_MAX``.
-    source : str
-        How the metric names were checked.
-    """
-
-    name: str
-    cc_min: tuple[int, int]
-    cc_max: tuple[int, int]
-    stall_reasons: tuple[str, ...]
-    optional_stall_reasons: tuple[str, ...] = ()
-    smsp_per_sm: int = 4
-    source: str = ""
-
-    @property
-    def ipc_max(self) -> float:
-        return float(self.smsp_per_sm)
-
-    @property
-    def metrics(self) -> dict[str, str]:
-        """Role -> metric name for every input this architecture collects by default."""
-        roles = {"ipc_executed": IPC_EXECUTED, "threads_per_inst": THREADS_PER_INST, "ipc_issued": IPC_ISSUED}
-        roles.update({f"stall:{r}": stall_metric(r) for r in self.stall_reasons + NOT_STALLS})
-        return roles
-
-    @property
-    def optional_metrics(self) -> dict[str, str]:
-        return {f"stall:{r}": stall_metric(r) for r in self.optional_stall_reasons}
-
-
-_VOLTA_REASONS = tuple(r for r in STALL_PARENT if r != "gmma")
-
-#: The tables, newest last. Volta through Ada share the paper's Table II/IV/VI/VIII metrics (``lg_throttle`` and
-#: ``sleeping`` exist from CC 7.0 on, per the Nsight Compute stall-reason table).
-ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture("Volta/Turing", (7, 0), (7, 5), _VOLTA_REASONS, source="paper Tables II/IV/VI/VIII, ncu guide"),
-    Architecture("Ampere/Ada", (8, 0), (8, 9), _VOLTA_REASONS, source="paper Tables II/IV/VI/VIII, ncu guide"),
-    Architecture(
-        "Hopper",
-        (9, 0),
-        (9, 0),
-        _VOLTA_REASONS,
-        optional_stall_reasons=("gmma",),
-        source="GH100 metric list of CUPTI 13.1 (range profiler and PM sampling)",
-    ),
-    # Blackwell has no imc_miss stall reason (GB100 and GB202 metric lists of CUPTI 13.1).
-    Architecture(
-        "Blackwell",
-        (10, 0),
-        (12, 9),
-        tuple(r for r in _VOLTA_REASONS if r != "imc_miss"),
-        source="GB100 and GB202 metric lists of CUPTI 13.1",
-    ),
-)
-
-
-def _parse_cc(cc) -> tuple[int, int]:
-    if isinstance(cc, tuple | list) and len(cc) == 2:
-        return int(cc[0]), int(cc[1])
-    text = str(cc).strip()
-    major, _, minor = text.partition(".")
-    try:
-        return int(major), int(minor or 0)
-    except ValueError:
-        raise ValueError(f"compute capability must look like '9.0' or (9, 0), got {cc!r}") from None
-
-
-def architecture(compute_capability) -> Architecture:
-    """The Top-Down table for a compute capability.
-
-    Parameters
-    ----------
-    compute_capability : str, tuple or Architecture
-        ``"9.0"``, ``(9, 0)``, ``9.0``; an :class:`Architecture` is returned as is.
-
-    Returns
-    -------
-    Architecture
-
-    Raises
-    ------
-    ValueError
-        The compute capability is malformed or has no table (CUPTI's profiling API needs CC 7.0 or newer).
-    """
-    if isinstance(compute_capability, Architecture):
-        return compute_capability
-    cc = _parse_cc(compute_capability)
-    for arch in ARCHITECTURES:
-        if arch.cc_min <= cc <= arch.cc_max:
-            return arch
-    raise ValueError(
-        f"no Top-Down table for compute capability {cc[0]}.{cc[1]}; tables cover "
-        f"{ARCHITECTURES[0].cc_min[0]}.{ARCHITECTURES[0].cc_min[1]} to "
-        f"{ARCHITECTURES[-1].cc_max[0]}.x (CUPTI's profiling API needs CC 7.0 or newer)"
-    )
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The hierarchy, as data
@@ -480,7 +338,7 @@ def required_metrics(compute_capability, levels=(1, 2, 3), *, optional: bool = F
     Parameters
     ----------
     compute_capability : str, tuple or Architecture
-        E.g. ``"9.0"``.
+        A chip (``"GB202"``) or a compute capability (``"9.0"``); see :mod:`gpuscope.metrics.architectures`.
     levels : int or sequence of int
         Levels to compute. Levels 1-3 need the same metrics (frontend/backend already need every stall reason
         for the shares), so this only matters for a future table that differs.
@@ -518,12 +376,20 @@ def required_metrics(compute_capability, levels=(1, 2, 3), *, optional: bool = F
 
 
 def _arch_of(ds: xr.Dataset, arch) -> Architecture:
+    """The table for *arch* if given, else for the Dataset's chip, else for its compute capability."""
     if arch is not None:
         return architecture(arch)
-    cc = ds.attrs.get("compute_capability")
+    chip, cc = ds.attrs.get("chip"), ds.attrs.get("compute_capability")
+    if chip:
+        try:
+            return architecture(str(chip))
+        except ValueError:
+            if cc is None:
+                raise
     if cc is None:
         raise ValueError(
-            "the Dataset has no 'compute_capability' attribute; pass arch='9.0' (or the GPU's compute capability)"
+            "the Dataset has no 'chip' or 'compute_capability' attribute; pass arch='GH100' (the GPU's chip) or "
+            "arch='9.0' (its compute capability)"
         )
     return architecture(cc)
 
@@ -533,7 +399,7 @@ def _missing_error(missing: Sequence[str], arch: Architecture) -> MissingMetrics
     return MissingMetricsError(
         f"Top-Down needs {len(missing)} metric(s) that the Dataset does not have:\n  {listing}\n"
         f"Collect them with the 'topdown' metric set (e.g. gpuscope.Profiler(metrics='topdown')); "
-        f"gpuscope.metrics.topdown.required_metrics('{arch.cc_min[0]}.{arch.cc_min[1]}') lists it.",
+        f"gpuscope.metrics.topdown.required_metrics('{arch.chips[0]}') lists it.",
         tuple(missing),
     )
 
