@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 import gpuscope as gs
+from gpuscope import _catalog
 from gpuscope import _demo, _run, _session, cli
 
 
@@ -89,7 +90,9 @@ def test_filters_and_metric_lists_are_passed(fake, tmp_path, capsys):
     args = fake.made[0].args
     assert args["kernels"] == ["stream", "regex:fma|div", "other"] and args["exclude"] == ["warmup"]
     assert (args["launch_skip"], args["launch_count"], args["mode"]) == (2, 10, "user")
-    metrics = args["metrics"]
+    # the sets stay names, so that the session takes each as its chip collects it
+    assert args["metrics"] == ["topdown", "launch"]
+    metrics = _catalog.resolve(args["metrics"], "GH100")
     assert metrics[0] == gs.metric_set("topdown").metrics[0] and "sm__ctas_launched.sum" in metrics
     assert len(metrics) == len(set(metrics))  # the sets' shared metrics once
 
