@@ -120,3 +120,68 @@ def format_support(s: ChipSupport) -> str:
         for original in st.left_out:
             lines.append(f"        {original}: left out (no equivalent on {s.chip})")
     return "\n".join(lines)
+
+
+def _short(metric: str) -> str:
+    return metric.split(".")[0]
+
+
+def support_markdown() -> str:
+    """The generated tables of ``docs/support.md`` for the loaded CUPTI (``tests/unit/test_support_doc.py`` checks
+    that the page holds them; regenerate with ``python -c "from gpuscope import _support;
+    print(_support.support_markdown())"``)."""
+    from .metrics.architectures import ARCHITECTURES, NOT_STALLS, STALL_PARENT, SUB_REASONS
+
+    chips = _catalog.list_chips()
+    tables = [a for a in ARCHITECTURES if any(c in chips for c in a.chips)]
+    out = ["### Architecture families", "",
+           "| family | chips | compute capability | warp schedulers per SM | IPC_MAX | stall reasons | "
+           "verified |", "|---|---|---|---|---|---|---|"]
+    for a in tables:
+        listed = [c for c in a.chips if c in chips]
+        verified = "hardware (" + HARDWARE_VERIFIED[listed[0]].split(" (")[0] + ")" if any(
+            c in HARDWARE_VERIFIED for c in listed) else "offline"
+        extra = f" + optional {', '.join(a.optional_stall_reasons)}" if a.optional_stall_reasons else ""
+        out.append(f"| {a.name} | {', '.join(listed)} | {a.cc_text} | {a.smsp_per_sm} | {a.ipc_max:g} | "
+                   f"{len(a.stall_reasons)}{extra} | {verified} |")
+    out += ["", "### Stall reasons and their Top-Down node", "",
+            "`x`: the chip lists the reason and the `topdown` set collects it; `opt`: listed, collected only when "
+            "asked (`required_metrics(chip, optional=True)`); `part`: listed by some chips of the family as a part "
+            "of its parent reason, not collected (its cycles are in the parent's node); `-`: the chips do not have "
+            "it.", "",
+            "| reason | level-3 node | " + " | ".join(a.name for a in tables) + " |",
+            "|---|---|" + "---|" * len(tables)]
+    for reason in (*STALL_PARENT, *SUB_REASONS, *NOT_STALLS):
+        if reason in NOT_STALLS:
+            node = "none: not a stall (coverage check only)"
+        elif reason in SUB_REASONS:
+            node = f"part of `{STALL_PARENT[SUB_REASONS[reason]]}_{SUB_REASONS[reason]}`"
+        else:
+            node = f"`{STALL_PARENT[reason]}_{reason}`"
+
+        def mark(a):
+            if reason in NOT_STALLS or reason in a.stall_reasons:
+                return "x"
+            if reason in a.optional_stall_reasons:
+                return "opt"
+            return "part" if reason in a.sub_reasons else "-"
+
+        out.append(f"| `{reason}` | {node} | " + " | ".join(mark(a) for a in tables) + " |")
+    names = list(_catalog.metric_sets())
+    out += ["", "### Built-in sets on each chip", "",
+            "Passes as CUPTI's host API counts them without a device (every counter assumed free). **complete**: "
+            "the set as named; otherwise what the chip collects instead (`a -> b`) or leaves out (`-a`), by base "
+            "name.", "", "| chip | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for chip in chips:
+        info = chip_support(chip)
+        cells = []
+        for st in info.sets:
+            if st.error:
+                cells.append("not profilable")
+                continue
+            text = f"{st.passes}p complete" if st.status == "complete" else f"{st.passes}p reduced:"
+            notes = [f"{_short(k)} -> {', '.join(_short(m) for m in v)}" for k, v in st.substituted.items()]
+            notes += [f"-{_short(m)}" for m in st.left_out]
+            cells.append(" ".join([text, "; ".join(notes)]).strip())
+        out.append(f"| {chip} | " + " | ".join(cells) + " |")
+    return "\n".join(out)

@@ -78,3 +78,23 @@ def test_check_without_gpu(capsys):
     assert data["cupti"]["version"] == "%d.%d" % _api.version()
     code, out, _ = run(capsys, "check")
     assert "no NVIDIA driver" in out and "NOT ready to profile" in out
+
+
+def test_metrics_support_and_sets_on_a_chip(capsys):
+    code, out, _ = run(capsys, "metrics", "--chip", "rtx 5090", "--support")
+    assert code == 0 and out.startswith("GB202: Blackwell GB20x")
+    assert "topdown         range    reduced" in out and "imc_miss" in out and "offline only" in out
+    code, out, _ = run(capsys, "metrics", "--chip", "GB202", "--sets")
+    assert code == 0 and "substituted: dram__bytes_read.sum -> dram__bytes_op_read.sum" in out
+    assert "left out: smsp__warp_issue_stalled_imc_miss_per_warp_active.pct" in out
+    code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--support", "--json")
+    data = json.loads(out)
+    assert data["verified"] == "hardware" and {s["status"] for s in data["sets"]} == {"complete"}
+
+
+def test_check_on_a_chip_works_offline(capsys):
+    code, out, _ = run(capsys, "check", "--chip", "ga10b")
+    assert code == 0 and "GA10B: Ampere Tegra (Orin), compute capability 8.7" in out
+    assert "dram__bytes_read.sum: left out" in out
+    code, _, err = run(capsys, "check", "--chip", "GB2O2")
+    assert code == 4 and "Closest: GB202" in err
