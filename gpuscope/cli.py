@@ -152,7 +152,7 @@ def _metrics(args) -> int:
 
 def _sets_on_chip(args, chip: str) -> int:
     """``gpuscope metrics --sets --chip X``: every set as the chip collects it, with what was substituted."""
-    from . import _support
+    from . import _catalog, _support
 
     info = _support.chip_support(chip)
     if args.json:
@@ -163,7 +163,7 @@ def _sets_on_chip(args, chip: str) -> int:
             print(f"{st.name} ({st.kind}) on {info.chip}: unsupported: {st.error}")
             continue
         print(f"{st.name} ({st.kind}, {len(st.metrics)} metrics, {st.passes} pass{'es' if st.passes != 1 else ''} "
-              f"on {info.chip}, {st.status}): {_catalog_description(st.name)}")
+              f"on {info.chip}, {st.status}): {_catalog.metric_set(st.name).description}")
         for m in st.metrics:
             print(f"    {m}")
         for original, used in st.substituted.items():
@@ -173,12 +173,6 @@ def _sets_on_chip(args, chip: str) -> int:
     print(f"\n{info.chip} ({info.family}): " + ("verified on hardware" if info.hardware else
                                                 "checked offline only (CUPTI host API), not run on this GPU"))
     return EXIT_OK
-
-
-def _catalog_description(name: str) -> str:
-    from . import _catalog
-
-    return _catalog.metric_set(name).description
 
 
 # --------------------------------------------------------------------------------------------------------------

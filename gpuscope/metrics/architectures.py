@@ -1,7 +1,7 @@
 """Top-Down tables per architecture family: which warp stall reasons each chip has and where each one goes.
 
 Pure data and lookups, no CUPTI. The stall lists were read from CUPTI's host API (``smsp__warp_issue_stalled_*``
-base metrics of every chip CUPTI 13.1 lists, and of GV100 under CUPTI 12.x); ``tests/unit/test_architectures.py``
+base metrics of every chip CUPTI 13.1 lists, and of GV100 under CUPTI 12.x); ``tests/unit/test_support_matrix.py``
 re-reads them from the installed CUPTI and fails when a chip has a reason that no node takes, or a table expects
 a reason the chip lacks. ``docs/support.md`` prints these tables.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
+
+from ..errors import UnsupportedChipError
 
 __all__ = [
     "ARCHITECTURES",
@@ -65,8 +67,9 @@ IPC_EXECUTED = "smsp__inst_executed.avg.per_cycle_active"
 IPC_ISSUED = "smsp__inst_issued.avg.per_cycle_active"
 THREADS_PER_INST = "smsp__thread_inst_executed_per_inst_executed.ratio"
 
-_COMMON = tuple(r for r in STALL_PARENT if r not in ("gmma", "imc_miss"))
-_WITH_IMC = (*_COMMON, "imc_miss")
+# in STALL_PARENT's (the paper's) order, which required_metrics keeps
+_WITH_IMC = tuple(r for r in STALL_PARENT if r != "gmma")
+_COMMON = tuple(r for r in _WITH_IMC if r != "imc_miss")
 
 
 def stall_metric(reason: str) -> str:
@@ -74,8 +77,8 @@ def stall_metric(reason: str) -> str:
     return f"smsp__warp_issue_stalled_{reason}_per_warp_active.pct"
 
 
-class UnknownChipError(ValueError):
-    """No Top-Down table covers this chip or compute capability."""
+class UnknownChipError(UnsupportedChipError):
+    """No Top-Down table covers this chip or compute capability (a ``ValueError`` and a ``GpuscopeError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
