@@ -1,0 +1,381 @@
+"""Finding the repeated loop body in a stream of kernel launches (gpuscope._repetition: pure logic, no GPU)."""
+
+import doctest
+import random
+
+import pytest
+
+import gpuscope._repetition
+from gpuscope._repetition import Event, Repetition, Step, Tracker, find
+
+
+def launch(name: str, grid=(1024, 1, 1), block=(256, 1, 1)) -> tuple:
+    return (f"_Z{len(name)}{name}PfS_S_i", grid, block)
+
+
+A, B, C = launch("stream_add"), launch("stream_scale", (2048, 1, 1)), launch("stream_triad")
+D, E = launch("gemm_tile", (32, 32, 1), (16, 16, 1)), launch("softmax_rows", (512, 1, 1), (128, 1, 1))
+FILL, COPY, FILL_BIG = launch("fill"), launch("copy_h2d"), launch("fill", (4096, 1, 1))
+FINAL, CHECKPOINT, REDUCE = launch("finalize"), launch("checkpoint", (1, 1, 1)), launch("reduce_sum", (1, 1, 1))
+ABC = [A, B, C]
+
+
+def kernels(n: int) -> list:
+    return [launch(f"k{i}") for i in range(n)]
+
+
+def thue_morse(n: int) -> list:
+    """Overlap-free, hence cube-free: no stretch is three copies of anything."""
+    return [B if i.bit_count() % 2 else A for i in range(n)]
+
+
+def with_checkpoints(steps: int) -> list:
+    out = []
+    for step in range(steps):
+        out += ABC + ([CHECKPOINT] if step % 10 == 9 else [])
+    return [*out, REDUCE]
+
+
+def nested(blocks: int) -> list:
+    return (ABC * 5 + [D, E] * 5) * blocks
+
+
+STREAMS = {
+    "plain": (ABC * 30, {}),
+    "setup": ([FILL, COPY, FILL_BIG] + ABC * 30, {}),
+    "setup_ends_like_body": ([FILL, FINAL] + [A, B, FINAL] * 30 + [REDUCE], {}),
+    "warmup_grid": ([launch("stream_add", (8, 1, 1))] + [B, C] + ABC * 30, {}),
+    "warmup_extra_kernel": ([A, launch("autotune")] + [B, C] + ABC * 30, {}),
+    "checkpoints": (with_checkpoints(30), {}),
+    "extra_inside": (ABC * 10 + [A, CHECKPOINT, B, C] + ABC * 10, {}),
+    "break": (ABC * 10 + [A, B] + ABC * 10, {}),
+    "two_loops": (ABC * 20 + [D, E] * 20, {}),
+    "nested": (nested(4), {}),
+    "nested_outer": (nested(8), {"min_repeats": 6}),
+    "distinct": (kernels(500), {}),
+    "thue_morse": (thue_morse(2048), {"max_period": 64}),
+    "random5": (random.Random(7).choices(kernels(5), k=400), {}),
+    "grids_alternate": ([A, launch("stream_add", (512, 1, 1))] * 20, {}),
+    "period_1": ([D] * 100, {}),
+    "body_at_max_period": (kernels(256) * 3, {}),
+    "body_over_max_period": (kernels(257) * 3, {}),
+}
+CODES = {Step.SEARCHING: "s", Step.BEGIN: "B", Step.INSIDE: "i", Step.RESTART: "R", Step.LOST: "L"}
+
+
+def reference(stream, min_repeats=3, max_period=256):
+    """The definition, checked directly: the first launch ending min_repeats copies of a period, shortest period."""
+    for i in range(len(stream)):
+        for p in range(1, max_period + 1):
+            start = i - min_repeats * p + 1
+            if start < 0:
+                break
+            if all(stream[k] == stream[k - p] for k in range(start + p, i + 1)):
+                return Repetition(start, tuple(stream[start : start + p]), i, min_repeats)
+    return None
+
+
+def run(stream, **kwargs):
+    tracker = Tracker(**kwargs)
+    return tracker, [tracker.feed(s) for s in stream]
+
+
+def codes(events) -> str:
+    """One letter per event; EXTRA is x between iterations, X inside one."""
+    return "".join(("x" if e.between else "X") if e.kind is Step.EXTRA else CODES[e.kind] for e in events)
+
+
+def test_plain_loop():
+    tracker, events = run(ABC * 30)
+    assert tracker.repetition == Repetition(offset=0, period=(A, B, C), found_at=8, repeats=3)
+    assert codes(events) == "s" * 9 + "Bii" * 27
+    assert events[9] == Event(Step.BEGIN, iteration=0, position=0, last=False)
+    assert events[10] == Event(Step.INSIDE, iteration=0, position=1, last=False)
+    assert events[11] == Event(Step.INSIDE, iteration=0, position=2, last=True)
+    assert events[89] == Event(Step.INSIDE, iteration=26, position=2, last=True)
+    counts = (tracker.extras_between, tracker.extras_inside, tracker.restarts, tracker.losses)
+    assert counts == (0, 0, 0, 0)
+
+
+def test_lock_is_reported_on_the_confirming_launch():
+    tracker = Tracker()
+    for s in ABC * 2 + [A, B]:
+        assert tracker.feed(s) == Event(Step.SEARCHING)
+    assert not tracker.locked and tracker.searching_launches == 8
+    assert tracker.feed(C) == Event(Step.SEARCHING)
+    assert tracker.locked and tracker.searching_launches == 0
+
+
+def test_setup_launches_before_the_loop():
+    tracker, events = run(STREAMS["setup"][0])
+    assert tracker.repetition == Repetition(3, (A, B, C), 11, 3)
+    assert codes(events) == "s" * 12 + "Bii" * 27
+
+
+def test_setup_ending_like_the_body_rotates_the_period():
+    # fill, F, then (A B F) x 30: the stream is periodic from the setup's F, so the period is F A B. Every labelled
+    # launch still holds the period's signature; the loop's last F begins an iteration that the reduction spoils.
+    stream = STREAMS["setup_ends_like_body"][0]
+    tracker, events = run(stream)
+    assert tracker.repetition == Repetition(1, (FINAL, A, B), 9, 3)
+    assert codes(events) == "s" * 10 + "Bii" * 27 + "B" + "X"
+    assert events[-1] == Event(Step.EXTRA, iteration=27, position=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # The period starts after the last launch that differs from one period later.
+        ("warmup_grid", Repetition(1, (B, C, A), 9, 3)),
+        ("warmup_extra_kernel", Repetition(2, (B, C, A), 10, 3)),
+    ],
+)
+def test_warmup_step_that_differs(name, expected):
+    tracker, events = run(STREAMS[name][0])
+    assert tracker.repetition == expected
+    rest = len(events) - expected.found_at - 1
+    assert codes(events) == "s" * (expected.found_at + 1) + ("Bii" * 30)[:rest]
+    assert events[-1] == Event(Step.INSIDE, iteration=27, position=1)  # the loop's last B C: an iteration left open
+
+
+def test_checkpoints_between_iterations_are_extras_not_losses():
+    tracker, events = run(with_checkpoints(30))
+    expected = "s" * 9 + "".join("Bii" + ("x" if step % 10 == 9 else "") for step in range(3, 30)) + "x"
+    assert codes(events) == expected
+    assert events[-1] == Event(Step.EXTRA, between=True)
+    assert (tracker.extras_between, tracker.extras_inside, tracker.losses) == (4, 0, 0)
+    assert tracker.repetition == Repetition(0, (A, B, C), 8, 3)
+
+
+def test_extra_inside_an_iteration_keeps_the_expected_position():
+    tracker, events = run(STREAMS["extra_inside"][0])
+    assert codes(events) == "s" * 9 + "Bii" * 7 + "BXii" + "Bii" * 10
+    assert events[31] == Event(Step.EXTRA, iteration=7, position=1)  # spoiled from position 1 on
+    assert events[32] == Event(Step.INSIDE, iteration=7, position=1)
+    assert events[33] == Event(Step.INSIDE, iteration=7, position=2, last=True)
+    assert events[34] == Event(Step.BEGIN, iteration=8, position=0)
+    assert (tracker.extras_between, tracker.extras_inside, tracker.losses) == (0, 1, 0)
+
+
+def test_break_in_one_iteration_restarts():
+    tracker, events = run(STREAMS["break"][0])
+    assert codes(events) == "s" * 9 + "Bii" * 7 + "Bi" + "Rii" + "Bii" * 9
+    assert events[32] == Event(Step.RESTART, iteration=8, position=0)
+    assert events[35] == Event(Step.BEGIN, iteration=9, position=0)
+    assert (tracker.restarts, tracker.losses) == (1, 0)
+
+
+def test_two_loops_one_after_another():
+    stream = STREAMS["two_loops"][0]
+    tracker, events = run(stream)
+    # 9 launches of the second loop (more than max(3, 8)) lose the first; searching them again finds the second,
+    # whose iteration under way at the loss (launch 68 is its position 0) is not reported.
+    assert codes(events) == "s" * 9 + "Bii" * 17 + "x" * 8 + "L" + "s" + "Bi" * 15
+    assert tracker.repetition == Repetition(60, (D, E), 65, 3)
+    found = find(stream[60:])
+    assert (found.offset + 60, found.period, found.found_at + 60) == (60, (D, E), 65)
+    assert events[70] == Event(Step.BEGIN, iteration=0, position=0)
+    assert (tracker.extras_between, tracker.losses) == (8, 1)
+
+
+def test_a_loop_sharing_its_first_kernel_is_lost_through_restarts():
+    # (A D) after (A B C): every A restarts, every D is an extra; together they count toward the loss.
+    tracker, events = run(ABC * 10 + [A, D] * 20)
+    assert codes(events) == "s" * 9 + "Bii" * 7 + "BX" + "RX" * 3 + "RL" + "Bi" * 15
+    assert tracker.repetition == Repetition(30, (A, D), 35, 3)
+    assert (tracker.restarts, tracker.extras_inside, tracker.losses) == (4, 4, 1)
+
+
+def test_max_extras():
+    tracker, events = run(ABC * 10 + [D, E] * 10, max_extras=2)
+    assert codes(events) == "s" * 9 + "Bii" * 7 + "xxL" + "sss" + "Bi" * 7
+    assert tracker.repetition == Repetition(30, (D, E), 35, 3)
+    tracker, events = run(with_checkpoints(15), max_extras=0)
+    # Lost at the checkpoint, found again on steps 10-12, lost again at the reduction.
+    assert codes(events[27:]) == "BiiL" + "s" * 9 + "Bii" * 2 + "L"
+    assert (tracker.losses, tracker.locked) == (2, False)
+
+
+def test_nested_loops_inner_loops_in_turn():
+    # Outer loop (ABC x 5, DE x 5) x 4. With min_repeats=3 each inner loop is found in turn: ABC x 5 gives two
+    # reported iterations once found again; DE x 5 is lost before it completes an iteration that began after its
+    # lock. The outer body is never confused with them, and nothing is mislabelled (test_no_mislabel).
+    tracker, events = run(nested(4))
+    first = "s" * 9 + "Bii" * 2 + "x" * 8 + "L" + "s"
+    later = "x" * 8 + "L" + "Bii" * 2 + "x" * 8 + "L" + "s"
+    assert codes(events) == first + later * 3
+    assert tracker.losses == 7
+
+
+def test_nested_loops_outer_period_when_inner_loops_repeat_too_few_times():
+    tracker, events = run(nested(8), min_repeats=6)
+    assert tracker.repetition == Repetition(0, tuple(nested(1)), 149, 6)
+    assert codes(events) == "s" * 150 + ("B" + "i" * 24) * 2
+
+
+@pytest.mark.parametrize("name", ["distinct", "thue_morse"])
+def test_no_repetition_never_locks(name):
+    stream, kwargs = STREAMS[name]
+    tracker, events = run(stream, **kwargs)
+    assert codes(events) == "s" * len(stream)
+    assert tracker.repetition is None and tracker.searching_launches == len(stream)
+    assert find(stream, **kwargs) is None
+
+
+def test_thue_morse_has_squares():
+    # Cube-free, not square-free: two copies are found, which shows the bound on copies is what stops the search.
+    assert find(thue_morse(64), min_repeats=2) == Repetition(1, (B,), 2, 2)  # A B B
+
+
+def test_same_kernel_alternating_grids_has_period_two():
+    stream = STREAMS["grids_alternate"][0]
+    assert find(stream) == Repetition(0, tuple(stream[:2]), 5, 3)
+
+
+def test_period_one():
+    tracker, events = run([D] * 100)
+    assert tracker.repetition == Repetition(0, (D,), 2, 3)
+    assert events[3:] == [Event(Step.BEGIN, iteration=k, position=0, last=True) for k in range(97)]
+
+
+def test_max_period_bound():
+    body = kernels(256)
+    assert find(body * 3) == Repetition(0, tuple(body), 767, 3)
+    assert find(kernels(257) * 3) is None
+    assert find(kernels(257) * 3, max_period=257).found_at == 770
+    tracker, _ = run(kernels(257) * 3)
+    assert not tracker.locked
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_find_agrees_with_tracker_and_definition(name):
+    stream, kwargs = STREAMS[name]
+    expected = reference(stream, **kwargs)
+    assert find(stream, **kwargs) == expected
+    tracker = Tracker(**kwargs)
+    for index, signature in enumerate(stream):
+        tracker.feed(signature)
+        if tracker.locked:
+            break
+    assert tracker.repetition == expected
+    if expected is not None:
+        assert index == expected.found_at
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_no_mislabel(name):
+    stream, kwargs = STREAMS[name]
+    tracker = Tracker(**kwargs)
+    for signature in stream:
+        event = tracker.feed(signature)
+        if event.kind in (Step.BEGIN, Step.INSIDE, Step.RESTART):
+            assert tracker.repetition.period[event.position] == signature
+            assert event.last == (event.position == len(tracker.repetition.period) - 1)
+
+
+def perturbed_loops(rng: random.Random, length: int) -> list:
+    """Random noise and loops of random bodies, some iterations with an extra launch or cut short."""
+    pool, out = kernels(6), []
+    while len(out) < length:
+        if rng.random() < 0.3:
+            out += rng.choices(pool, k=rng.randint(1, 6))
+            continue
+        body = rng.choices(pool, k=rng.randint(1, 7))
+        for _ in range(rng.randint(1, 12)):
+            step = list(body)
+            if rng.random() < 0.2:
+                step.insert(rng.randrange(len(step) + 1), rng.choice(pool))
+            if rng.random() < 0.1:
+                step = step[: rng.randrange(len(step))]
+            out += step
+    return out
+
+
+def test_random_streams_agree_with_the_definition():
+    rng = random.Random(1)
+    for _ in range(300):
+        stream = perturbed_loops(rng, 120)
+        kwargs = {"min_repeats": rng.choice([2, 3, 4]), "max_period": rng.choice([3, 8, 30])}
+        assert find(stream, **kwargs) == reference(stream, **kwargs)
+
+
+def test_events_follow_the_protocol():
+    # What a caller relies on: BEGIN and EXTRA-between only with no iteration open; RESTART, INSIDE and EXTRA-inside
+    # only in the open one, at the next position; last or LOST closes it; iterations numbered in turn from each lock.
+    rng = random.Random(2)
+    for _ in range(300):
+        tracker = Tracker(rng.choice([2, 3]), rng.choice([8, 30]), rng.choice([None, 0, 2]))
+        open_iteration, expected, previous = None, 0, -1
+        for signature in perturbed_loops(rng, 200):
+            event = tracker.feed(signature)
+            kind = event.kind
+            if kind is Step.BEGIN:
+                assert open_iteration is None and event.position == 0 and event.iteration in (previous + 1, 0)
+            elif kind is Step.RESTART:
+                assert open_iteration is not None and (event.iteration, event.position) == (open_iteration + 1, 0)
+            elif kind is Step.INSIDE:
+                assert (event.iteration, event.position) == (open_iteration, expected)
+            elif kind is Step.EXTRA:
+                assert event.between == (open_iteration is None)
+                assert event.between or (event.iteration, event.position) == (open_iteration, expected)
+            else:
+                assert kind is Step.LOST or open_iteration is None
+                open_iteration = None
+            if kind in (Step.BEGIN, Step.RESTART, Step.INSIDE):
+                assert tracker.repetition.period[event.position] == signature
+                open_iteration = None if event.last else event.iteration
+                expected, previous = event.position + 1, event.iteration
+
+
+def test_memory_stays_bounded_over_a_long_random_stream():
+    rng = random.Random(3)
+    pool = kernels(200)
+    tracker = Tracker()
+    bound = tracker.min_repeats * tracker.max_period
+    launches = locks = 0
+    for _ in range(70):  # random stretches and loops of random bodies: both states, losses and searches again
+        stream = rng.choices(pool, k=1000) + rng.choices(pool, k=rng.randint(1, 40)) * 25
+        for signature in stream:
+            was_locked = tracker.locked
+            tracker.feed(signature)
+            launches += 1
+            locks += tracker.locked and not was_locked
+            assert tracker.held <= bound
+    assert (launches, locks, tracker.losses) == (101_250, 71, 70)
+    distinct = Tracker(max_period=64)
+    for signature in kernels(100_000):
+        distinct.feed(signature)
+    assert distinct.held == 64
+    assert len(distinct._search.seen) == 64  # signatures out of the window are forgotten, not kept as empty lists
+
+
+def test_reset_starts_a_new_stream():
+    tracker, first = run(STREAMS["two_loops"][0])
+    tracker.reset()
+    assert not tracker.locked and tracker.losses == 0 and tracker.held == 0
+    assert [tracker.feed(s) for s in STREAMS["two_loops"][0]] == first
+
+
+def test_step_is_a_string():
+    assert Step("begin") is Step.BEGIN and Step.BEGIN == "begin" and str(Step.LOST) == "lost"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_repeats": 1}, "min_repeats must be an integer >= 2"),
+        ({"max_period": 0}, "max_period must be an integer >= 1"),
+        ({"max_extras": -1}, "max_extras must be None or an integer >= 0"),
+    ],
+)
+def test_bad_parameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Tracker(**kwargs)
+    if "max_extras" not in kwargs:
+        with pytest.raises(ValueError, match=message):
+            find([], **kwargs)
+
+
+def test_docstring_example():
+    assert doctest.testmod(gpuscope._repetition).attempted == 4
+    assert doctest.testmod(gpuscope._repetition).failed == 0
