@@ -11,9 +11,39 @@ first use.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 from ._version import __version__
-from .metrics import accessor as _accessor  # registers ds.gpuscope on xarray Datasets (no CUDA, no matplotlib)
+
+
+class _RegisterAccessor(importlib.abc.MetaPathFinder):
+    """Registers ``ds.gpuscope`` on xarray Datasets when xarray is imported: ``import gpuscope`` does not import
+    xarray itself (0.45-0.8 s, paid by every ``gpuscope run`` and script that only profiles until it needs it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "xarray":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            importlib.import_module("gpuscope.metrics.accessor")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "xarray" in sys.modules:
+    from .metrics import accessor as _accessor  # noqa: F401  (registers ds.gpuscope; no CUDA, no matplotlib)
+else:
+    sys.meta_path.insert(0, _RegisterAccessor())
 
 # public name -> module that defines it (imported lazily, PEP 562)
 _EXPORTS = {
@@ -47,6 +77,7 @@ _EXPORTS = {
     # user ranges
     "range": "gpuscope._ranges",
     "Profiler": "gpuscope._session",
+    "release": "gpuscope._keep",
     "replay": "gpuscope._session",
     "profile": "gpuscope._kernels",
     "open_dataset": "gpuscope._io",

@@ -147,6 +147,14 @@ class PrimaryContext:
     def make_current(self) -> None:
         _check(_driver().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
+    def unique_id(self) -> int:
+        """The context's unique id (``cuCtxGetId``): a context destroyed and made again at the same address gets
+        another. The handle where the driver is older than CUDA 12.0."""
+        try:
+            return int(_check(_driver().cuCtxGetId(self._ctx), "cuCtxGetId"))
+        except (AttributeError, GpuscopeError):
+            return self.handle
+
     def close(self) -> None:
         """Release the retained context (safe twice)."""
         if self._open:

@@ -104,9 +104,12 @@ class _Base:
 class KernelReplay(_Base):
     """``"kernel"`` mode: CUPTI kernel replay of each selected launch; left-out launches run unprofiled."""
 
-    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None):
         super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
         self.selected: list[Selected] = []
+        self.image_first = 0  # index in selected of the first launch the counter-data image holds
+        self.capacity = capacity  # launches the image holds (0: no limit here); when full, on_full() empties it
+        self._on_full = on_full
         self.running = False  # whether the session has started the range profiler (set by the session)
         self.paused = False  # stopped for left-out launches, to start again before the next selected one
         self.errors: list[str] = []
@@ -122,13 +125,15 @@ class KernelReplay(_Base):
                     self.errors.append(f"cuptiRangeProfilerStop before a left-out launch: {exc}")
             return None
         self._serial.acquire()
-        if self.paused:  # started again only when a selected launch comes: a run of left-out launches pays once
-            try:
+        try:
+            if self.capacity and len(self.selected) - self.image_first >= self.capacity:
+                self._on_full()  # collects the full image, empties it and starts the profiler
+            elif self.paused:  # started again only when a selected launch comes: left-out launches pay once
                 self.rp.start()
                 self.paused = False
-            except BaseException:
-                self._serial.release()
-                raise
+        except BaseException:
+            self._serial.release()
+            raise
         self.selected.append(chosen)
         return chosen
 

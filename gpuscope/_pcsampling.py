@@ -372,7 +372,7 @@ class PCSampler:
         gpuscope.errors.CuptiError
             CUPTI refused (another tool holds PC sampling on the GPU, an unsupported device, ...).
         """
-        from . import _device
+        from . import _device, _keep
         from .cupti import pc_sampling as C
 
         if self._state != "new":
@@ -386,6 +386,7 @@ class PCSampler:
             _active[self.device] = self
         enabled = False
         try:
+            _keep.release(self.device)  # with a range profiler kept enabled, CUPTI delivers no PC records
             self.device_info = _device.device_info(self.device)
             self._context = _device.PrimaryContext(self.device)
             _synchronize(self._context)  # work launched before the block is not sampled

@@ -211,11 +211,12 @@ class Sampler:
         return self
 
     def _setup(self) -> None:
-        from . import _catalog, _device, _ranges
+        from . import _catalog, _device, _keep, _ranges
         from .cupti import activity, host, profiler
         from .cupti import pm_sampling as pm
         from .cupti._types import PmTriggerMode, ProfilerApi, ProfilerType
 
+        _keep.release(self.device)  # a range profiler kept enabled holds the counters (HARDWARE_BUSY)
         self._context = _device.PrimaryContext(self.device)  # initialises the driver, keeps the device alive
         info = _device.device_info(self.device)
         support = profiler.device_support(self._context_device(), ProfilerApi.PM_SAMPLING)

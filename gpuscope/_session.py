@@ -81,6 +81,12 @@ class _Row:
         self.count = 0
 
 
+#: Ranges of the counter-data image when ``max_ranges`` is not given (user and kernel modes): CUPTI's first Start
+#: after Enable costs about 0.2 s with 64 ranges on an H100 and 1.3 s with 1,024 (docs/measurements.md), so the
+#: image is small and emptied into rows whenever it fills.
+DEFAULT_RANGES = 64
+
+
 class Profiler:
     """A range-profiling session on one GPU.
 
@@ -105,10 +111,13 @@ class Profiler:
         Range nesting levels CUPTI profiles (user mode). Each level costs one more cycle per pass; deeper
         ranges are not profiled (a warning says so).
     max_ranges : int or None
-        Ranges the counter-data image holds per pass group: in user and kernel modes (default 1024) the ranges or
-        launches of the whole session, in iteration mode the launches of one iteration. CUPTI's cost per range
-        grows with the image (on an H100: 1.6 ms per launch per pass with 208 ranges, 2.3 ms with 1024), so in
-        iteration mode the default (None) sizes it from the first iteration, which runs unprofiled.
+        Ranges the counter-data image holds. CUPTI's cost grows with it (on an H100 the first
+        ``cuptiRangeProfilerStart`` of a profiler takes about 0.2 s with 64 ranges and 1.3 s with 1,024, and each
+        range of a pass costs more), so by default (None) gpuscope keeps it small: 64 in user and kernel modes,
+        emptied into rows whenever it fills (a user range path may then have rows in several ``pass_group``\ s),
+        and enlarged for the next pass group if a multi-pass group overflowed; in iteration mode it is sized from
+        the first iteration, which runs unprofiled, to hold one iteration's launches. An explicit value fixes the
+        size: what does not fit is dropped (a warning says how much).
     progress : bool or None
         Show a tqdm bar for replays; None shows it on a terminal when a replay needs more than 4 cycles.
     sample_every : int
@@ -152,11 +161,14 @@ class Profiler:
         A bad option (the message says which and what is allowed).
     """
 
+    _fixed_ranges = _grow = False  # max_ranges given by the user; an image to enlarge before the next group
+    _key, _context_id, _collector = None, 0, None
+
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False):
-        from . import _catalog, _device
+        from . import _catalog, _device, _keep
         from ._filters import KernelFilter, checked_int
         from .cupti import host, profiler
         from .cupti._types import ProfilerType
@@ -171,7 +183,9 @@ class Profiler:
         if self.mode is not Mode.USER:
             self.max_depth = 1
         self._size_from_first = max_ranges is None and self.mode in (Mode.ITERATION, Mode.AUTO)
-        self.max_ranges = checked_int(1024 if max_ranges is None else max_ranges, "max_ranges", maximum=1 << 20)
+        self._fixed_ranges = max_ranges is not None
+        self.max_ranges = checked_int(DEFAULT_RANGES if max_ranges is None else max_ranges, "max_ranges",
+                                      maximum=1 << 20)
         self.progress = progress
         self.sample_every = checked_int(sample_every, "sample_every")
         self.filter = KernelFilter.build(kernels, exclude, launch_skip, launch_count)
@@ -197,11 +211,18 @@ class Profiler:
             # process): the config images built from it and from the range profiler's are byte-identical on
             # GH100 (tests/unit/test_host.py).
             self._availability = profiler.pm_counter_availability(self.device)
-            self._host = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
-            self._host.add_metrics(self.metrics)
-            self._config = self._host.config_image()
-            self.passes = host.num_passes(self._config)
-            self.properties = {m: self._properties(m) for m in self.metrics}
+
+            def make():
+                h = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
+                h.add_metrics(self.metrics)
+                config = h.config_image()
+                config.flags.writeable = False
+                return _keep.HostSetup(h, config, host.num_passes(config),
+                                       {m: _properties(h, m) for m in self.metrics})
+
+            setup = _keep.host_for(self.device, self.chip, tuple(self.metrics), make)
+            self._host, self._config, self.passes = setup.host, setup.config, setup.passes
+            self.properties = {m: dict(p) for m, p in setup.properties.items()}
         except BaseException:
             profiler.deinitialize()
             self._context.close()
@@ -211,13 +232,6 @@ class Profiler:
         self._dataset = None
         self._rows: list[dict] = []
         self._notes: dict = {}
-
-    def _properties(self, metric: str) -> dict:
-        from . import _catalog
-
-        p = self._host.metric_properties(metric)
-        return {"units": _catalog.units_of(_catalog.split_name(metric)[1], p.units), "description": p.description, "metric_type": p.metric_type.name.lower(),
-                "hw_unit": p.hw_unit}
 
     def __repr__(self):
         mode = self.mode.value if self.mode_used is self.mode else f"{self.mode.value}->{self.mode_used.value}"
@@ -236,7 +250,7 @@ class Profiler:
 
     def start(self) -> Profiler:
         """Arm the session (``with`` does it). Raises SessionConflictError if this device has one."""
-        from .cupti import callbacks, range_profiler
+        from .cupti import callbacks
         from .cupti._types import ProfilerRange, ReplayMode
         from .cupti.activity import timestamp
 
@@ -260,17 +274,15 @@ class Profiler:
         self._iteration: dict[str, int] = {}
         try:
             self._context.make_current()
+            self._context_id = self._context.unique_id()
             # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
             self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
-            self._rp = range_profiler.RangeProfiler(self._context.handle)
-            self._image = self._rp.counter_data_image(self.metrics, self.max_ranges)
             if self.mode is Mode.USER:
-                self._rp.set_config(self._config, self._image, ProfilerRange.USER, ReplayMode.USER, self.max_ranges,
-                                    self.max_depth, 1, 0, 1)
+                self._configure(ProfilerRange.USER, ReplayMode.USER, self.max_ranges, self.max_depth)
             elif self.mode is Mode.ITERATION:
                 self._use_iteration()
-            else:  # kernel, or auto until it chooses
-                self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+            else:  # kernel, or auto until it chooses: configured here, not in a launch callback
+                self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
                 if self.mode is Mode.KERNEL:
                     self._use_kernel()
             if self.mode is Mode.USER and self.continuous:
@@ -288,13 +300,47 @@ class Profiler:
         self._state = "open"
         return self
 
+    def _configure(self, range_mode, replay_mode, ranges: int, depth: int = 1) -> None:
+        """Make ``self._rp`` a stopped range profiler with this configuration and ``self._image`` its counter-data
+        image: the one kept from an earlier session when it matches (see :mod:`gpuscope._keep`), else a new one.
+
+        CUPTI cannot change an enabled profiler's configuration once it has collected, so a profiler this session
+        already has is disabled first.
+        """
+        from . import _keep
+        from .cupti import profiler, range_profiler
+
+        key = (self._context.handle, tuple(self.metrics), int(range_mode), int(replay_mode), int(ranges), int(depth))
+        if key == self._key:
+            return
+        if self._rp is not None:
+            rp, self._rp = self._rp, None
+            rp.close()
+        kept = _keep.take(self.device, key, self._context_id) if _keep.enabled() else None
+        if kept is not None:  # the session holds its own context and initialisation: drop the kept ones
+            kept.context.close()
+            profiler.deinitialize()
+            self._rp, self._image = kept.profiler, kept.image
+            self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
+        else:
+            self._rp = range_profiler.RangeProfiler(self._context.handle)
+            self._image = self._rp.counter_data_image(self.metrics, ranges)
+            self._rp.set_config(self._config, self._image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
+        self._key, self.max_ranges = key, int(ranges)
+        if self._collector is not None:
+            self._collector.rp = self._rp
+
     def _use_kernel(self) -> None:
         from . import _launches
+        from .cupti._types import ProfilerRange, ReplayMode
         from .cupti.activity import timestamp
 
         self.mode_used = Mode.KERNEL
+        self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
         self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
-                                                 self._annotate, timestamp)
+                                                 self._annotate, timestamp,
+                                                 capacity=0 if self._fixed_ranges else self.max_ranges,
+                                                 on_full=self._flush_kernels)
         self._rp.start()
         self._running = self._collector.running = True
 
@@ -306,8 +352,7 @@ class Profiler:
         self.mode_used = Mode.ITERATION
         self.cycles = self.passes
         if not self._size_from_first:
-            self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges,
-                                1, 1, 0, 1)
+            self._configure(ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges)
         self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
                                                     self._annotate, timestamp)
 
@@ -351,6 +396,7 @@ class Profiler:
             self._state = "closed"
             return
         error = None
+        clean = False  # the profiler stopped and no pass group half collected: it may be kept
         try:
             if self._stack:
                 _warn(f"gpuscope.Profiler closed inside open ranges ({_ranges.current_path()!r}); they are dropped.")
@@ -361,21 +407,29 @@ class Profiler:
                     if not self._collector.paused:
                         self._rp.stop()
                     self._running = self._collector.running = False
-                self._collect_kernels()
+                self._finish_kernels()
+                clean = True
             elif self.mode_used is Mode.ITERATION:
                 if self._collector.in_iteration:
                     self._end_iteration()
+                clean = self._collector.group is None
                 if self._collector.group is not None or not self._rows:
                     error = self._incomplete_iterations()
             elif self.continuous and self._running:
                 self._rp.stop()
                 self._running = False
                 self._collect(self._group_index)
+                clean = True
             elif self._group_cycles:
                 error = self._incomplete_group()
+            else:
+                clean = self.mode_used is Mode.USER
             self._report_selection()
+        except BaseException:
+            clean = False
+            raise
         finally:
-            self._teardown()
+            self._teardown(keep=clean)
             self._state = "closed"
         if error is not None:
             raise error
@@ -435,27 +489,34 @@ class Profiler:
         if errors:
             _warn(f"{len(errors)} launch(es) could not be left out cleanly: {errors[0]}")
 
-    def _teardown(self) -> None:
+    def _teardown(self, keep: bool = False) -> None:
+        """Release what the session holds. With *keep* (a clean close: the profiler stopped, no pass group half
+        collected, the image emptied), the range profiler goes to :mod:`gpuscope._keep` for the next session."""
+        from . import _keep
         from .cupti import profiler
 
         _ranges.remove_listener(self)
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
                    or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False)))
-        for name in ("_recorder", "_rp"):
-            obj = getattr(self, name, None)
-            if obj is not None:
+        recorder, self._recorder = getattr(self, "_recorder", None), None
+        if recorder is not None:
+            recorder.close()
+        rp, self._rp = getattr(self, "_rp", None), None
+        if rp is not None and keep and not started and _keep.enabled():
+            _keep.keep(self.device, _keep.Kept(self._key, self._context_id, self._context, rp, self._config,
+                                               self._image))
+        else:
+            if rp is not None:
                 try:
-                    if name == "_rp" and started:  # disabling a started range profiler breaks later sessions
-                        obj.stop()
+                    if started:  # disabling a started range profiler breaks later sessions
+                        rp.stop()
                 except Exception as exc:
                     _warn(f"cuptiRangeProfilerStop during cleanup failed: {exc}")
-                obj.close()
-                setattr(self, name, None)
+                rp.close()
+            profiler.deinitialize()
+            self._context.close()
         self._running = False
-        self._host.close()
-        profiler.deinitialize()
-        self._context.close()
         with _active_lock:
             if _active.get(self.device) is self:
                 del _active[self.device]
@@ -543,6 +604,9 @@ class Profiler:
         self._stack.append(False)  # True only once CUPTI has the range, so a refused push leaves the stacks whole
         if not forward:
             return
+        key = path if cupti_name is None else f"{path.rsplit('/', 1)[0]}/{cupti_name}" if depth > 1 else cupti_name
+        if self.continuous and depth == 1 and key not in self._group_rows and len(self._group_rows) >= self.max_ranges:
+            self._flush_ranges()
         try:
             self._rp.push_range(cupti_name or path.rsplit("/", 1)[-1])
         except BaseException:
@@ -552,7 +616,6 @@ class Profiler:
             raise
         self._stack[-1] = True
         self._cycle_pushes += 1
-        key = path if cupti_name is None else f"{path.rsplit('/', 1)[0]}/{cupti_name}" if depth > 1 else cupti_name
         known = self._group_rows.setdefault(key, row)
         if known.start_ns < 0:
             from .cupti.activity import timestamp
@@ -605,12 +668,28 @@ class Profiler:
             self._collect(self._group_index)
             self._group_index += 1
 
+    def _flush_ranges(self) -> None:
+        """User mode, one continuous pass, the counter-data image full: collect what it holds and go on with it
+        emptied (the ranges after this get rows of the next ``pass_group``)."""
+        self._rp.stop()
+        self._collect(self._group_index)
+        self._group_index += 1
+        self._rp.start()
+        self._running = True
+        self._notes["image_flushes"] = self._notes.get("image_flushes", 0) + 1
+
     def _collect(self, group: int) -> None:
         """Decode the finished pass group, evaluate its ranges and keep them as rows."""
         from .cupti import range_profiler
+        from .cupti._types import ProfilerRange, ReplayMode
 
         dropped = self._rp.decode()
-        if dropped:
+        if dropped and not self._fixed_ranges:
+            _warn(f"{dropped} range(s) of pass group {group} did not fit the counter-data image ({self.max_ranges} "
+                  f"ranges) and were dropped; the image is enlarged to {4 * self.max_ranges} for the next groups. "
+                  "Pass gpuscope.Profiler(max_ranges=...) to size it yourself.")
+            self._grow = True
+        elif dropped:
             _warn(f"{dropped} range(s) did not fit the counter-data image and were dropped; pass "
                   f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
         if self._bad_group:
@@ -623,6 +702,9 @@ class Profiler:
                 self._rows.append(self._record(name, self._host.evaluate(image, index, self.metrics), group))
         self._rp.initialize_counter_data(self._image)
         self._new_group()
+        if self._grow:
+            self._grow = False
+            self._configure(ProfilerRange.USER, ReplayMode.USER, min(4 * self.max_ranges, 1 << 20), self.max_depth)
 
     def _record(self, cupti_name: str, values, group: int) -> dict:
         row = self._group_rows.get(cupti_name) or _Row(cupti_name)
@@ -692,9 +774,7 @@ class Profiler:
         """Size the counter-data image for iterations of *launches* launches (CUPTI's cost per range grows with it)."""
         from .cupti._types import ProfilerRange, ReplayMode
 
-        self.max_ranges = min(max(launches + max(8, launches // 4), 16), 1 << 20)
-        self._image = self._rp.counter_data_image(self.metrics, self.max_ranges)
-        self._rp.set_config(self._config, self._image, ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges, 1, 1, 0, 1)
+        self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(launches))
 
     def _end_iteration(self) -> None:
         if self._collector.counting:  # the first iteration sized the image; the next one is pass 0
@@ -743,12 +823,27 @@ class Profiler:
                   f"iterations; dropped {len(lost)} launch(es) from there ({sorted(set(lost))[:5]}) and "
                   f"{unmatched} launch(es) of later iterations. Values of kept launches are complete.")
 
+    def _flush_kernels(self) -> None:
+        """Kernel mode, the counter-data image full (called at the entry of the launch that would not fit): collect
+        what it holds and go on with it emptied."""
+        collector = self._collector
+        if not collector.paused:
+            self._rp.stop()
+        self._collect_kernels()
+        self._rp.start()
+        collector.paused = False
+        self._notes["image_flushes"] = self._notes.get("image_flushes", 0) + 1
+
     def _collect_kernels(self) -> None:
+        """Decode and evaluate the launches the image holds (those since the last flush)."""
         from .cupti import range_profiler
 
         dropped = self._rp.decode()
         image = self._image
-        launches = self._collector.selected
+        collector = self._collector
+        first = collector.image_first
+        launches = collector.selected[first:]
+        collector.image_first = len(collector.selected)
         count = range_profiler.num_ranges(image)
         if dropped:
             _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
@@ -761,11 +856,14 @@ class Profiler:
             values = self._host.evaluate(image, index, self.metrics)
             if launches is None:
                 name = range_profiler.range_name(image, index, "/")
-                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": index, "values": values,
+                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": first + index, "values": values,
                                    "pass_group": 0, "first_iteration": 0, "iterations": 1})
             else:
-                self._rows.append(self._launch_row(launches[index], index, values, 0, 0, 1))
+                self._rows.append(self._launch_row(launches[index], first + index, values, 0, 0, 1))
         self._rp.initialize_counter_data(image)
+
+    def _finish_kernels(self) -> None:
+        self._collect_kernels()
         replay_ms = [(s.exit_ns - s.enter_ns) / 1e6 for s in self._collector.selected if s.exit_ns > 0]
         if replay_ms:
             self._notes["replay_ms_per_launch"] = float(np.median(replay_ms))
@@ -891,6 +989,21 @@ class Profiler:
 # pass, plus a restore of the device memory in use before every pass after the first (about 0.6 ms per GiB).
 _REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
 _REPLAY_WARN_GIB = 4.0
+
+
+def _properties(host, metric: str) -> dict:
+    from . import _catalog
+
+    p = host.metric_properties(metric)
+    return {"units": _catalog.units_of(_catalog.split_name(metric)[1], p.units), "description": p.description,
+            "metric_type": p.metric_type.name.lower(), "hw_unit": p.hw_unit}
+
+
+def _capacity(launches: int) -> int:
+    """Ranges of a counter-data image for iterations of *launches* launches: a power of two with room to spare, so
+    that sessions with about as many launches share one kept configuration."""
+    need = launches + max(8, launches // 4)
+    return min(max(16, 1 << (need - 1).bit_length()), 1 << 20)
 
 
 def _divergence(passes, position: int):

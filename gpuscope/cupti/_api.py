@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from ctypes import POINTER, c_char_p, c_int
 
 from ..errors import CuptiNotFoundError, cupti_error
 from . import _lib
 from ._types import Version
 
-__all__ = ["Functions", "params", "version", "library", "error_message", "CUPTI_SUCCESS"]
+__all__ = ["Functions", "params", "version", "library", "error_message", "observe", "CUPTI_SUCCESS"]
 
 CUPTI_SUCCESS = 0
 CUPTI_ERROR_NOT_READY = 13
@@ -65,6 +66,17 @@ def _cdll(which: str) -> ctypes.CDLL:
 
 
 _message_fn = None
+_observer = None
+
+
+def observe(callback) -> None:
+    """Call ``callback(name, seconds)`` after every CUPTI call from now on (None: stop).
+
+    For benchmarks that break a session's time down by CUPTI call (``benchmarks/bench_session_cost.py``); one
+    observer per process. Costs one global lookup per call while none is set.
+    """
+    global _observer
+    _observer = callback
 
 
 def error_message(status: int) -> str:
@@ -109,7 +121,12 @@ class _Bound:
 
     def __call__(self, *args):
         fn = self._fn or self._resolve()
-        status = fn(*args)
+        if _observer is None:
+            status = fn(*args)
+        else:
+            began = time.perf_counter()
+            status = fn(*args)
+            _observer(self.name, time.perf_counter() - began)
         if status != CUPTI_SUCCESS and status not in self.allowed:
             raise cupti_error(status, self.name, error_message(status))
         return status

@@ -1,0 +1,321 @@
+"""The fixed cost of a gpuscope session, per mode, cold (first in the process) and warm, and `gpuscope run` vs ncu.
+
+Run on the GPU machine from the repository root::
+
+    source tests/gpu/device_env.sh; python3 benchmarks/bench_session_cost.py --out session_cost.json
+
+Each mode runs in a fresh child process: ``--sessions`` sessions one after another (the first is *cold*, the
+others *warm*), each around the smallest work the mode can profile: one launch of a 0.5 ms FMA kernel, or one
+range around it. For each session it records what the user waits for, from entering the API to holding the
+Dataset (and the Top-Down, where the mode gives one), broken into stages (enter, body, exit, Dataset, analysis)
+and into CUPTI calls (every call through the shim is timed: ``gpuscope.cupti._api.observe``). Import times of
+gpuscope and Numba are taken at the start of each child.
+
+Modes: ``user`` (2 counters, one range), ``kernel1`` / ``kernel`` (one-pass set / Top-Down, kernel replay of one
+launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, 8 one-launch
+iterations: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
+``fast`` (``profile_fast_topdown`` of one launch). ``--process mixed`` runs them in a process that also imported
+CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
+
+``--run`` adds whole processes: a script of 30 steps x 3 Numba kernels run plainly, under ``gpuscope run --set
+topdown`` (``--launch-count 3`` and every launch), and under ``ncu`` with the same metrics (``-c 3`` and every
+launch), all in this run; costs are each process minus the plain one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
+MODES = ["user", "kernel1", "kernel", "iteration1", "iteration", "pm", "pc", "fast"]
+
+SCRIPT = '''
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def scale(x, a):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = a * x[i]
+
+@cuda.jit
+def add(x, y):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += y[i]
+
+@cuda.jit
+def fma(x, iters):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        for _ in range(iters):
+            v = v * 1.000001 + 0.5
+        x[i] = v
+
+x = cuda.to_device(np.ones(1 << 22, np.float32))
+y = cuda.to_device(np.ones(1 << 22, np.float32))
+for step in range(STEPS):
+    scale[4096, 1024](x, 0.5)
+    add[4096, 1024](x, y)
+    fma[4096, 1024](x, 200)
+cuda.synchronize()
+'''
+
+
+class Calls:
+    """Seconds per CUPTI call since the last :meth:`take` (through the shim's observer)."""
+
+    def __init__(self):
+        from gpuscope.cupti import _api
+
+        self.times = defaultdict(float)
+        _api.observe(self._add)
+
+    def _add(self, name, seconds):
+        self.times[name.replace("cupti", "")] += seconds
+
+    def take(self) -> dict:
+        out = {k: round(v * 1e3, 2) for k, v in sorted(self.times.items(), key=lambda kv: -kv[1]) if v >= 5e-4}
+        self.times.clear()
+        return out
+
+
+def _kernel():
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit(lineinfo=True)
+    def fma(x, iters):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(iters):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    x = cuda.to_device(np.ones(1 << 20, np.float32))
+
+    def launch():
+        fma[4096, 256](x, 2000)
+
+    launch()
+    cuda.synchronize()
+    return launch, cuda.synchronize
+
+
+def _mixed(hold_gb: int):
+    import cupy as cp
+    from numba import cuda
+
+    a = cp.random.rand(2048, 2048, dtype=cp.float32)
+    (a @ a).sum().item()
+    held = [cuda.device_array(1 << 30, "u1") for _ in range(hold_gb)]
+    for h in held:
+        h[:1] = 1
+    cuda.synchronize()
+    return held, a
+
+
+def session(mode: str, launch, sync) -> dict:
+    """One session of *mode* around one launch: seconds per stage."""
+    import gpuscope as gs
+
+    t = {}
+    t0 = time.perf_counter()
+    analysis = None
+    if mode in ("user", "kernel1", "kernel", "iteration1", "iteration"):
+        metrics = ONE_PASS if mode in ("user", "kernel1", "iteration1") else "topdown"
+        kind = {"user": "user", "kernel1": "kernel", "kernel": "kernel"}.get(mode, "iteration")
+        extra = {"max_ranges": 16} if mode == "iteration1" else {}
+        prof = gs.Profiler(metrics, mode=kind, progress=False, **extra)
+        prof.start()
+        t1 = time.perf_counter()
+        if mode == "user":
+            with gs.range("r"):
+                launch()
+        elif kind == "kernel":
+            launch()
+        else:
+            for _ in range(1 if mode == "iteration1" else 8):
+                with gs.range("step"):
+                    launch()
+        sync()
+        t2 = time.perf_counter()
+        prof.close()
+        t3 = time.perf_counter()
+        ds = prof.dataset
+        t4 = time.perf_counter()
+        if metrics == "topdown":
+            analysis = gs.topdown(ds)
+    elif mode in ("pm", "pc"):
+        s = gs.sample(ONE_PASS, interval="100us") if mode == "pm" else gs.pc_sample()
+        s.__enter__()
+        t1 = time.perf_counter()
+        launch()
+        sync()
+        t2 = time.perf_counter()
+        s.__exit__(None, None, None)
+        t3 = time.perf_counter()
+        ds = s.dataset
+        t4 = time.perf_counter()
+    elif mode == "fast":
+        t1 = t2 = t3 = t0
+        ds = gs.profile_fast_topdown(launch)
+        t4 = time.perf_counter()
+    else:
+        raise ValueError(mode)
+    t5 = time.perf_counter()
+    t.update(enter_s=t1 - t0, body_s=t2 - t1, exit_s=t3 - t2, dataset_s=t4 - t3, analysis_s=t5 - t4, total_s=t5 - t0)
+    rows = ds.sizes.get("range", ds.sizes.get("time", ds.sizes.get("kernel", ds.sizes.get("pc", 0))))
+    t = {k: round(v, 4) for k, v in t.items()}
+    t["rows"] = int(rows)
+    if analysis is not None:
+        t["topdown_vars"] = len(analysis.data_vars)
+    return t
+
+
+def child(mode: str, sessions: int, process: str, hold: int) -> dict:
+    t0 = time.perf_counter()
+    import gpuscope  # noqa: F401
+
+    t1 = time.perf_counter()
+    import numba.cuda  # noqa: F401
+
+    t2 = time.perf_counter()
+    launch, sync = _kernel()
+    keep = _mixed(hold) if process == "mixed" else None  # noqa: F841  (held while the sessions run)
+    out = {"mode": mode, "process": process, "import_gpuscope_s": round(t1 - t0, 3),
+           "import_numba_s": round(t2 - t1, 3), "sessions": []}
+    calls = Calls()
+    for i in range(sessions):
+        try:
+            r = session(mode, launch, sync)
+        except Exception as exc:
+            r = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+        r["calls"] = calls.take()
+        out["sessions"].append(r)
+    t = time.perf_counter()
+    import gpuscope.cupti._api as api
+
+    api.observe(None)
+    out["atexit_from_s"] = round(t - t0, 3)
+    return out
+
+
+def run_child(mode, sessions, process, hold, timeout=300) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, "--sessions", str(sessions), "--process", process,
+           "--hold", str(hold)]
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "process": process, "error": f"timed out after {timeout} s"}
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    res = json.loads(line[7:]) if line else {"mode": mode, "process": process, "rc": p.returncode,
+                                              "stderr": p.stderr[-1500:]}
+    res["process_s"] = round(time.perf_counter() - t, 3)
+    return res
+
+
+def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
+    """Plain script, gpuscope run and ncu on the same script, in this run: wall seconds of each process."""
+    import gpuscope as gs
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
+    script = tmp / "three_kernels.py"
+    script.write_text(SCRIPT.replace("STEPS", str(steps)))
+    metrics = ",".join(gs.metric_set("topdown").metrics)
+    py = sys.executable
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cases = [("plain", [py, str(script)]),
+             ("gpuscope run --launch-count 3", [py, "-m", "gpuscope", "run", "--set", "topdown", "--launch-count", "3",
+                                                "--no-report", str(script)]),
+             ("gpuscope run (every launch)", [py, "-m", "gpuscope", "run", "--set", "topdown", "--no-report",
+                                              str(script)])]
+    if ncu:
+        cases += [("ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py, str(script)]),
+                  ("ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py, str(script)])]
+    out = []
+    for label, cmd in cases:
+        walls, rc, err = [], 0, ""
+        for _ in range(repeat):
+            t = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=580)
+            walls.append(time.perf_counter() - t)
+            rc, err = p.returncode, p.stderr[-400:]
+        out.append({"case": label, "steps": steps, "wall_s": [round(w, 3) for w in walls], "rc": rc,
+                    **({"stderr": err} if rc else {})})
+    plain = min(out[0]["wall_s"])
+    for o in out:
+        o["over_plain_s"] = round(min(o["wall_s"]) - plain, 3)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def summary(results: dict) -> str:
+    lines = ["| process | mode | import gpuscope s | cold: total s (enter/exit/dataset+analysis) | warm: total s "
+             "(median) | warm CUPTI calls over 20 ms |", "|---|---|---|---|---|---|"]
+    for r in results["modes"]:
+        ss = [s for s in r.get("sessions", []) if "total_s" in s]
+        if not ss:
+            lines.append(f"| {r.get('process')} | {r['mode']} | | error: {r.get('error') or r.get('sessions') or r.get('stderr', '')[-200:]} | | |")
+            continue
+        cold, warm = ss[0], ss[1:]
+        wt = statistics.median(s["total_s"] for s in warm) if warm else float("nan")
+        big = {k: v for k, v in (warm[-1]["calls"] if warm else {}).items() if v >= 20}
+        lines.append(f"| {r['process']} | {r['mode']} | {r['import_gpuscope_s']:.2f} | {cold['total_s']:.3f} "
+                     f"({cold['enter_s']:.2f}/{cold['exit_s']:.2f}/{cold['dataset_s'] + cold['analysis_s']:.2f}) | "
+                     f"{wt:.3f} | {big} |")
+    for w in results.get("processes", []):
+        lines.append(f"whole process: {w['case']}: {w['wall_s']} s, over plain {w['over_plain_s']} s (rc {w['rc']})")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--process", default="base", choices=["base", "mixed"])
+    ap.add_argument("--processes", default="base", help="comma list of process kinds to run the modes in")
+    ap.add_argument("--hold", type=int, default=8, help="GB of device arrays a 'mixed' process holds")
+    ap.add_argument("--run", action="store_true", help="also time gpuscope run and ncu on a 3-kernel script")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.sessions, args.process, args.hold)))
+        return
+    results = {"modes": [], "processes": []}
+    for process in args.processes.split(","):
+        for mode in args.modes.split(","):
+            r = run_child(mode, args.sessions, process, args.hold)
+            results["modes"].append(r)
+            print(json.dumps(r), flush=True)
+    if args.run:
+        ncu = args.ncu if Path(args.ncu).exists() else None
+        results["processes"] = whole_processes(ncu, args.steps, args.repeat)
+    text = summary(results)
+    results["summary"] = text
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

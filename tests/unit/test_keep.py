@@ -1,0 +1,224 @@
+"""What sessions keep between them (gpuscope._keep) and small counter-data images emptied when full (no GPU)."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from gpuscope import _keep, _session
+from gpuscope._filters import KernelFilter
+from gpuscope._launches import KernelReplay
+from gpuscope.cupti.callbacks import Launch
+
+CTX = 0x1234
+
+
+class FakeFinalizer:
+    def __init__(self):
+        self.detached = False
+
+    def detach(self):
+        self.detached = True
+
+
+class FakeProfiler:
+    def __init__(self):
+        self.closed = 0
+        self._finalizer = FakeFinalizer()
+
+    def close(self):
+        self.closed += 1
+
+
+class FakeContext:
+    def __init__(self):
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.fixture
+def kept_state(monkeypatch):
+    """A clean keeper whose releases count (cuptiProfilerDeInitialize is not called)."""
+    deinit = []
+    monkeypatch.setattr(_keep, "_kept", {})
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: deinit.append(1))
+    return deinit
+
+
+def kept(key=("ctx", ("m",), 1, 2, 64, 1), context_id=7):
+    return _keep.Kept(key, context_id, FakeContext(), FakeProfiler(), "config", "image")
+
+
+def test_take_gives_back_only_the_same_configuration_on_the_same_context(kept_state):
+    k = kept()
+    _keep.keep(0, k)
+    assert _keep.kept_devices() == [0]
+    assert _keep.take(0, k.key, 7) is k
+    assert _keep.kept_devices() == [] and k.profiler.closed == 0
+    assert _keep.take(0, k.key, 7) is None  # taken once
+
+    other = kept()
+    _keep.keep(0, other)
+    assert _keep.take(0, ("ctx", ("m",), 1, 2, 128, 1), 7) is None  # another size: released, not reused
+    assert other.profiler.closed == 1 and other.context.closed == 1 and kept_state == [1]
+
+
+def test_a_context_made_again_is_not_touched(kept_state):
+    k = kept()
+    _keep.keep(0, k)
+    assert _keep.take(0, k.key, context_id=8) is None
+    assert k.profiler.closed == 0 and k.profiler._finalizer.detached  # its context is gone: never disabled
+    assert k.context.closed == 1
+
+
+def test_release_one_device_or_all(kept_state):
+    a, b, c = kept(), kept(), kept()
+    _keep.keep(0, a)
+    _keep.keep(1, b)
+    _keep.keep(1, c)  # replaces b, which is released
+    assert b.profiler.closed == 1
+    assert _keep.release(0) == 1 and a.profiler.closed == 1
+    assert _keep.release(0) == 0
+    assert _keep.release() == 1 and c.profiler.closed == 1
+    assert _keep.kept_devices() == []
+
+
+def test_release_failure_is_a_warning(kept_state):
+    k = kept()
+
+    def refuse():
+        raise RuntimeError("CUPTI said no")
+
+    k.profiler.close = refuse
+    _keep.keep(0, k)
+    with pytest.warns(Warning, match="releasing the kept range profiler failed: CUPTI said no"):
+        assert _keep.release() == 1
+    assert _keep.kept_devices() == []
+
+
+def test_env_switches_keeping_off(monkeypatch):
+    monkeypatch.setenv(_keep.ENV, "0")
+    assert not _keep.enabled()
+    monkeypatch.setenv(_keep.ENV, "1")
+    assert _keep.enabled()
+    monkeypatch.delenv(_keep.ENV)
+    assert _keep.enabled()
+
+
+def test_host_setup_is_made_once_per_device_chip_and_metrics(monkeypatch):
+    monkeypatch.setattr(_keep, "_hosts", {})
+    made = []
+
+    def make():
+        made.append(1)
+        return _keep.HostSetup("host", "config", 7, {})
+
+    one = _keep.host_for(0, "GH100", ("a", "b"), make)
+    assert _keep.host_for(0, "GH100", ("a", "b"), make) is one and len(made) == 1
+    _keep.host_for(1, "GH100", ("a", "b"), make)
+    _keep.host_for(0, "GH100", ("a",), make)
+    assert len(made) == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_forgets_the_parents_profiler(kept_state):
+    k = kept()
+    _keep.keep(0, k)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing kept, nothing disabled
+        os.write(w, f"{_keep.kept_devices()} {k.profiler.closed} {k.profiler._finalizer.detached}".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 100).decode() == "[] 0 True"
+    assert _keep.kept_devices() == [0] and not k.profiler._finalizer.detached
+
+
+@pytest.mark.parametrize("launches, ranges", [(0, 16), (1, 16), (8, 16), (9, 32), (24, 32), (25, 64), (200, 256),
+                                              (10**7, 1 << 20)])
+def test_iteration_images_are_powers_of_two_with_room(launches, ranges):
+    assert _session._capacity(launches) == ranges
+
+
+class FakeRP:
+    def __init__(self):
+        self.calls = []
+
+    def start(self):
+        self.calls.append("start")
+
+    def stop(self):
+        self.calls.append("stop")
+
+
+def test_kernel_mode_empties_a_full_image_at_the_launch_that_would_not_fit():
+    rp = FakeRP()
+    full = []
+    replay = KernelReplay(rp, CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0, capacity=2,
+                          on_full=lambda: (full.append(len(replay.selected)),
+                                           setattr(replay, "image_first", len(replay.selected))))
+    for i in range(5):
+        token = replay.on_enter(Launch(f"k{i}", (1, 1, 1), (32, 1, 1), CTX))
+        replay.on_exit(token)
+    assert full == [2, 4]  # before the 3rd and the 5th launch
+    assert [s.kernel for s in replay.selected] == ["k0", "k1", "k2", "k3", "k4"] and replay.image_first == 4
+
+
+def test_kernel_mode_without_capacity_never_empties():
+    replay = KernelReplay(FakeRP(), CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0,
+                          on_full=lambda: pytest.fail("emptied"))
+    for i in range(100):
+        replay.on_exit(replay.on_enter(Launch("k", (1, 1, 1), (32, 1, 1), CTX)))
+
+
+def test_user_mode_empties_a_full_image_into_the_next_pass_group(monkeypatch):
+    from tests.unit.test_session_faults import FakeRangeProfiler, user_session
+
+    monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 1)
+    rp = FakeRangeProfiler()
+    p = user_session(rp, cycles=1)
+    p.max_depth, p.max_ranges, p._running = 1, 2, True
+    for name in ["a", "b", "a", "c", "d", "e"]:  # a repeated path stays one range of the image
+        p.range_push(name)
+        p.range_pop(name)
+    assert [c for c in rp.calls if c in ("stop", "start") or c.startswith("collect")] == [
+        "stop", "collect 0 bad=False", "start", "stop", "collect 1 bad=False", "start"]
+    assert p._group_index == 2 and p._notes["image_flushes"] == 2
+    assert list(p._group_rows) == ["e"]
+
+
+def test_import_gpuscope_leaves_xarray_until_it_is_imported():
+    code = ("import sys, gpuscope; assert 'xarray' not in sys.modules, 'imported'; import xarray; "
+            "ds = xarray.Dataset(); print(type(ds.gpuscope).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "GpuscopeAccessor"
+
+
+def test_accessor_is_there_when_xarray_came_first():
+    code = "import xarray, gpuscope; print(type(xarray.Dataset().gpuscope).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "GpuscopeAccessor", out.stderr
+
+
+def test_threads_share_the_keeper_safely(kept_state):
+    errors = []
+
+    def churn(device):
+        try:
+            for _ in range(200):
+                _keep.keep(device, kept())
+                _keep.take(device, kept().key, 7)
+        except Exception as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(d % 2,)) for d in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
