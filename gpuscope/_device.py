@@ -10,7 +10,8 @@ import functools
 
 from .errors import GpuscopeError, NoGpuError
 
-__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "PrimaryContext"]
+__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "process_memory_gib",
+           "PrimaryContext"]
 
 
 def _driver():
@@ -129,6 +130,36 @@ def memory_used_gib(index: int = 0) -> float:
         ctx.make_current()
         free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
     return (int(total) - int(free)) / 2**30
+
+
+def process_memory_gib(index: int = 0) -> float | None:
+    """Device memory this process holds on device *index*, in GiB, from NVML (``cuda.bindings.nvml``); None where
+    NVML cannot say (no NVML binding, or this process's id is not the one NVML sees, as in some containers)."""
+    import os
+
+    try:
+        from cuda.bindings import nvml
+    except ImportError:
+        return None
+    try:
+        nvml.init_v2()
+    except Exception:
+        return None
+    try:
+        handle = nvml.device_get_handle_by_pci_bus_id_v2(device_info(index).pci_bus_id)
+        infos = nvml.device_get_compute_running_processes_v3(handle)
+        pid = os.getpid()
+        for i in range(len(infos)):
+            if int(infos[i].pid) == pid:
+                return int(infos[i].used_gpu_memory) / 2**30
+        return None
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.shutdown()
+        except Exception:
+            pass
 
 
 class PrimaryContext:

@@ -114,7 +114,7 @@ class Profiler:
         Ranges the counter-data image holds. CUPTI's cost grows with it (on an H100 the first
         ``cuptiRangeProfilerStart`` of a profiler takes about 0.2 s with 64 ranges and 1.3 s with 1,024, and each
         range of a pass costs more), so by default (None) gpuscope keeps it small: 64 in user and kernel modes,
-        emptied into rows whenever it fills (a user range path may then have rows in several ``pass_group``\ s),
+        emptied into rows whenever it fills (a user range path may then have rows in several ``pass_group`` values),
         and enlarged for the next pass group if a multi-pass group overflowed; in iteration mode it is sized from
         the first iteration, which runs unprofiled, to hold one iteration's launches. An explicit value fixes the
         size: what does not fit is dropped (a warning says how much).
@@ -275,6 +275,9 @@ class Profiler:
         try:
             self._context.make_current()
             self._context_id = self._context.unique_id()
+            from . import _modules
+
+            _modules.watch()  # modules loaded from here on are read (the kernel-replay cost warning)
             # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
             self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
             if self.mode is Mode.USER:
@@ -870,28 +873,45 @@ class Profiler:
             self._warn_replay_cost(float(np.median(replay_ms)))
 
     def _warn_replay_cost(self, ms: float) -> None:
-        """Kernel replay that is dear for a reason gpuscope can name: say which, and what is cheaper."""
+        """Kernel replay dearer than expected, or memory that makes it dear: say what was observed, and what is
+        cheaper. Causes are named only when seen: the memory this process holds, and loaded modules built with
+        relocatable device code (read from their cubins as they loaded, :mod:`gpuscope._modules`)."""
         if self.passes < 2:
             return
-        from . import _device
+        from . import _device, _modules
 
-        held = _device.memory_used_gib(self.device)
+        device_gib = _device.memory_used_gib(self.device)
+        own_gib = _device.process_memory_gib(self.device)
+        held = device_gib if own_gib is None else own_gib
+        whose = "the device has" if own_gib is None else "this process holds"
         expected = (_REPLAY_FIXED_MS + _REPLAY_PASS_MS * self.passes
                     + _REPLAY_RESTORE_MS_PER_GIB * held * (self.passes - 1))
-        if held >= _REPLAY_WARN_GIB:
-            cause = (f"the device holds {held:.1f} GiB, which CUPTI's kernel replay restores before each of the "
-                     f"{self.passes - 1} passes after the first")
-        elif ms > 1.8 * expected:
-            # gpuscope cannot see which module was built with -rdc, so it names what it has measured, not a verdict
-            cause = (f"about {expected:.0f} ms was expected with {held:.1f} GiB in use on the device. gpuscope cannot "
-                     "tell the cause here; one measured on an H100 is a loaded module built with relocatable device "
-                     "code (cooperative groups, e.g. CuPy RawModule(enable_cooperative_groups=True), or -rdc=true; "
-                     "even unused, CUPTI then restores much more per pass)")
-        else:
+        dear = ms > 1.8 * expected
+        if not dear and held < _REPLAY_WARN_GIB:
             return
-        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes): {cause}. mode='iteration' "
-              "(pass k on the k-th iteration of a repeated top-level range, or between Profiler.step() calls) saves "
-              "and restores nothing: about 1.1 ms per launch per pass on an H100, whatever the memory held.")
+        seen = _modules.seen()
+        causes = []
+        if held >= _REPLAY_WARN_GIB:
+            causes.append(f"{whose} {held:.1f} GiB of device memory in use, which CUPTI's kernel replay restores "
+                          f"before each of the {self.passes - 1} passes after the first")
+        if dear and seen.relocatable:
+            names = sorted({n for kernels, _ in seen.relocatable for n in kernels})
+            causes.append(f"{len(seen.relocatable)} loaded module(s) were built with relocatable device code "
+                          f"({', '.join(_readable(n) for n in names[:3]) or 'no named kernel'}: "
+                          f"{seen.relocatable[0][1][0]}); with one loaded, CUPTI restores much more per pass "
+                          "(measured on an H100: 48-90 ms per launch instead of 40)")
+        if dear and not seen.relocatable:
+            heard = (f"none of the {seen.loaded} module(s) loaded since gpuscope's first session in this process "
+                     "was built with relocatable device code (modules loaded before it were not inspected)"
+                     if seen.watching else f"the loaded modules could not be inspected ({seen.error})")
+            causes.append(f"the cause is unknown: {whose} {held:.1f} GiB in use (about {expected:.0f} ms expected "
+                          f"with it on an H100) and {heard}")
+        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes): " + "; ".join(causes)
+              + ". mode='iteration' (pass k on the k-th iteration of a repeated top-level range, or between "
+              "Profiler.step() calls) saves and restores nothing: about 1.1 ms per launch per pass on an H100, "
+              "whatever the memory held.")
+        self._notes.update(replay_memory_gib=round(held, 2), replay_memory_scope="process" if own_gib is not None
+                           else "device", relocatable_modules=len(seen.relocatable))
 
     def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int) -> dict:
         parent = launch.parent

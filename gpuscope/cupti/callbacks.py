@@ -17,7 +17,7 @@ from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uin
 from ..errors import GpuscopeWarning
 from ._api import Functions
 
-__all__ = ["Launch", "LaunchRecorder"]
+__all__ = ["Launch", "LaunchRecorder", "ModuleWatcher"]
 
 CUPTI_CB_DOMAIN_DRIVER_API = 1
 CUPTI_API_ENTER, CUPTI_API_EXIT = 0, 1
@@ -89,15 +89,32 @@ class Launch:
     context: int
 
 
+CUPTI_CB_DOMAIN_RESOURCE = 3
+CUPTI_CBID_RESOURCE_MODULE_LOADED = 3  # CUpti_CallbackIdResource (cupti_callbacks.h)
+
 _lock = threading.Lock()
 _subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
+_module_watchers: tuple = ()  # the open ModuleWatchers
 _listening: tuple = ()  # the open, unpaused LaunchRecorders (a Profiler session and a pc_sample block may both be)
 _open: set = set()  # every open LaunchRecorder, paused or not
 
 
 def _dispatch(userdata, domain, cbid, address):
+    if domain == CUPTI_CB_DOMAIN_RESOURCE:
+        for watcher in _module_watchers:
+            watcher._on_callback(cbid, address)
+        return
     for recorder in _listening:
         recorder._on_callback(cbid, address)
+
+
+def _subscribe() -> None:
+    """``cuptiSubscribe`` once per process (with _lock held): CUPTI allows one subscriber."""
+    if not _subscription:
+        callback = _CALLBACK(_dispatch)
+        handle = c_void_p()
+        _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
+        _subscription[:] = [handle.value, callback]
 
 
 def _listen(recorder, on: bool) -> None:
@@ -121,9 +138,10 @@ def _enable(flag: int) -> None:
 
 
 def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
-    global _listening, _lock
+    global _listening, _lock, _module_watchers
     _lock = threading.Lock()
     _listening = ()
+    _module_watchers = ()
     _open.clear()
     _subscription.clear()
 
@@ -159,11 +177,7 @@ class LaunchRecorder:
         self._on_enter, self._on_exit = on_enter, on_exit
         self._pending = threading.local()
         with _lock:
-            if not _subscription:
-                callback = _CALLBACK(_dispatch)
-                handle = c_void_p()
-                _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
-                _subscription[:] = [handle.value, callback]
+            _subscribe()
             _listen(self, True)
             _open.add(self)
         self._open = True
@@ -223,3 +237,61 @@ class LaunchRecorder:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _ResourceData(Structure):  # CUpti_ResourceData
+    _fields_ = [("context", c_void_p), ("resourceHandle", c_void_p), ("resourceDescriptor", c_void_p)]
+
+
+class _ModuleResourceData(Structure):  # CUpti_ModuleResourceData
+    _fields_ = [("moduleId", c_uint32), ("cubinSize", ctypes.c_size_t), ("pCubin", c_void_p)]
+
+
+class ModuleWatcher:
+    """Hear every module the driver loads in this process while open: ``on_loaded(module_id, cubin_bytes)``.
+
+    CUPTI's resource callback ``CUPTI_CBID_RESOURCE_MODULE_LOADED``, on the loading thread, with the image the
+    driver loaded (after any linking). Modules loaded before the watcher opened are not heard. The callback must
+    be quick and must not raise (an exception becomes a warning).
+
+    Raises
+    ------
+    ProfilerBusyError
+        Another CUPTI callback subscriber exists in this process (CUPTI allows one).
+    """
+
+    def __init__(self, on_loaded):
+        global _module_watchers
+        self._on_loaded = on_loaded
+        with _lock:
+            _subscribe()
+            if not _module_watchers:
+                _f.cuptiEnableCallback(1, _subscription[0], CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED)
+            _module_watchers = (*_module_watchers, self)
+        self._open = True
+
+    def _on_callback(self, cbid, address):
+        if cbid != CUPTI_CBID_RESOURCE_MODULE_LOADED:
+            return
+        try:
+            resource = _ResourceData.from_address(address)
+            module = _ModuleResourceData.from_address(resource.resourceDescriptor)
+            cubin = ctypes.string_at(module.pCubin, module.cubinSize) if module.pCubin and module.cubinSize else b""
+            self._on_loaded(int(module.moduleId), cubin)
+        except Exception as exc:  # never raise into the driver
+            warnings.warn(f"gpuscope module callback failed: {exc!r}", GpuscopeWarning, stacklevel=1)
+
+    def close(self) -> None:
+        """Stop hearing module loads (safe to call twice)."""
+        global _module_watchers
+        if not self._open:
+            return
+        self._open = False
+        with _lock:
+            _module_watchers = tuple(w for w in _module_watchers if w is not self)
+            if not _module_watchers and _subscription:
+                try:
+                    _f.cuptiEnableCallback(0, _subscription[0], CUPTI_CB_DOMAIN_RESOURCE,
+                                           CUPTI_CBID_RESOURCE_MODULE_LOADED)
+                except Exception as exc:
+                    warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)

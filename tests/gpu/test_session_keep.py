@@ -1,0 +1,168 @@
+"""Sessions one after another in one process: the kept range profiler gives the same values, small images emptied
+when full lose nothing, PM and PC sampling work after a kept profiler, and process exit leaves nothing behind."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+from gpuscope import _keep
+
+cuda = pytest.importorskip("numba.cuda")
+ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@cuda.jit(lineinfo=True)
+def fma_keep(x, iters):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        for _ in range(iters):
+            v = v * 1.000001 + 0.5
+        x[i] = v
+
+
+@cuda.jit(lineinfo=True)
+def fma_never_profiled(x, iters):  # first seen by CUPTI inside a pc_sample block
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        for _ in range(iters):
+            v = v * 0.999999 + 0.25
+        x[i] = v
+
+
+@pytest.fixture(scope="module")
+def x():
+    return cuda.to_device(np.ones(1 << 20, np.float32))
+
+
+def launch(x):
+    fma_keep[4096, 256](x, 300)
+
+
+def one_range(x, metrics=ONE_PASS):
+    with gs.Profiler(metrics) as prof:
+        with gs.range("r"):
+            launch(x)
+    return prof.dataset
+
+
+def test_sessions_of_every_mode_in_a_row_give_the_same_values(x):
+    launch(x)
+    cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        first = one_range(x)
+        again = one_range(x)
+        with gs.Profiler("topdown", mode="kernel") as k1:
+            launch(x)
+        with gs.Profiler("topdown", mode="iteration") as it:
+            for _ in range(it.passes + 1):
+                with gs.range("step"):
+                    launch(x)
+        with gs.Profiler("topdown", mode="kernel") as k2:
+            launch(x)
+        k3 = gs.Profiler("topdown", mode="kernel")
+        with k3:
+            launch(x)
+        last = one_range(x)
+    for ds in (again, last):
+        for m in ONE_PASS:  # instruction and CTA counts of the same launch are exact
+            assert float(ds[m][0]) == float(first[m][0]) > 0
+    assert "profiler_reused" not in first.attrs and again.attrs["profiler_reused"] == 1
+    assert k3.dataset.attrs["profiler_reused"] == 1  # k2's configuration
+    a, b = k1.dataset, k3.dataset
+    assert float(a["smsp__inst_executed.sum"][0]) == float(b["smsp__inst_executed.sum"][0])
+    ipc_a = float(a["smsp__inst_executed.avg.per_cycle_active"][0])
+    ipc_b = float(b["smsp__inst_executed.avg.per_cycle_active"][0])
+    assert abs(ipc_a - ipc_b) / ipc_a < 0.05
+    ipc_i = float(it.dataset["smsp__inst_executed.avg.per_cycle_active"][0])
+    assert abs(ipc_a - ipc_i) / ipc_a < 0.05
+    assert float(it.dataset["smsp__inst_executed.sum"][0]) == float(a["smsp__inst_executed.sum"][0])
+
+
+def test_small_images_are_emptied_when_full_and_lose_nothing(x):
+    launch(x)
+    with gs.Profiler(ONE_PASS, mode="kernel") as prof:
+        for _ in range(150):
+            launch(x)
+    ds = prof.dataset
+    assert ds.sizes["range"] == 150 and ds.attrs["image_flushes"] == 2
+    assert ds.launch.values.tolist() == list(range(150))
+    assert np.unique(ds["smsp__inst_executed.sum"].values).size == 1
+    with gs.Profiler(ONE_PASS) as user:
+        for i in range(100):
+            with gs.range(f"r{i}"):
+                launch(x)
+    u = user.dataset
+    assert u.sizes["range"] == 100 and u.attrs["image_flushes"] == 1
+    assert sorted(u.name.values.tolist()) == sorted(f"r{i}" for i in range(100))
+    assert np.unique(u["smsp__inst_executed.sum"].values).size == 1
+
+
+def test_pm_and_pc_sampling_after_a_kept_profiler(x):
+    one_range(x)
+    assert _keep.kept_devices() == [0]
+    with gs.sample(ONE_PASS, interval="100us") as s:
+        for _ in range(50):
+            launch(x)
+        cuda.synchronize()
+    assert _keep.kept_devices() == [] and s.dataset.sizes["time"] > 5
+    one_range(x)
+    assert _keep.kept_devices() == [0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        with gs.pc_sample() as pc:
+            for _ in range(5):
+                fma_never_profiled[4096, 256](x, 2000)
+            cuda.synchronize()
+    functions = set(map(str, pc.records.function))
+    assert any("fma_never_profiled" in f for f in functions), functions
+    assert one_range(x).attrs.get("profiler_reused", 0) == 0  # released by the PC sampler, made again
+
+
+def test_process_exit_with_a_kept_profiler_leaves_the_counters_free(tmp_path):
+    script = tmp_path / "keep_and_exit.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        from numba import cuda
+        import gpuscope as gs
+        from gpuscope import _keep
+
+        @cuda.jit
+        def k(x):
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] += 1.0
+
+        x = cuda.to_device(np.ones(1 << 16, np.float32))
+        with gs.Profiler(["smsp__inst_executed.sum"]) as prof:
+            with gs.range("r"):
+                k[256, 256](x)
+        print("kept", _keep.kept_devices(), int(prof.dataset["smsp__inst_executed.sum"][0]) > 0)
+    """))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("kept [0] True")
+    # the counters are free for the next profiler: a PM sampler here starts
+    with gs.sample(ONE_PASS, interval="100us") as s:
+        x = cuda.to_device(np.ones(1 << 20, np.float32))
+        for _ in range(20):
+            launch(x)
+        cuda.synchronize()
+    assert s.dataset.sizes["time"] > 0
+
+
+def test_release_gives_the_counters_back(x):
+    one_range(x)
+    assert gs.release() == 1 and _keep.kept_devices() == []
+    assert gs.release() == 0
+    assert one_range(x).attrs.get("profiler_reused", 0) == 0

@@ -1,0 +1,110 @@
+"""Relocatable device code read from real cubins (H100 fixtures), and the kernel-replay cost warning that states only
+what was observed (no GPU)."""
+
+import gzip
+import warnings
+from pathlib import Path
+
+import pytest
+
+from gpuscope import _modules, _session
+from gpuscope.errors import GpuscopeWarning
+
+CUBINS = Path(__file__).resolve().parents[1] / "fixtures" / "cubins"
+
+
+def cubin(name: str) -> bytes:
+    return gzip.decompress((CUBINS / f"{name}.cubin.gz").read_bytes())
+
+
+def test_a_whole_program_module_has_no_evidence():
+    assert _modules.relocatable_evidence(cubin("cupy_plain_sm90")) == []
+    assert _modules.kernel_names(cubin("cupy_plain_sm90")) == ["plain"]
+
+
+@pytest.mark.parametrize("name, kernel", [("cupy_rdc_linked_sm90", "plain"), ("numba_gridsync_sm90", "_ZN8__main__")])
+def test_modules_linked_from_relocatable_code_are_recognised(name, kernel):
+    evidence = _modules.relocatable_evidence(cubin(name))
+    assert evidence[0] == "linked by the JIT linker from objects compiled with ptxas -c (relocatable)"
+    assert "links the CUDA device runtime" in evidence
+    assert evidence[-1].startswith("keeps relocations (.nv.rel.action")
+    names = _modules.kernel_names(cubin(name))
+    assert len(names) == 1 and names[0].startswith(kernel)  # the device runtime's own functions are left out
+
+
+def test_a_cooperative_groups_object_before_linking_keeps_relocations():
+    assert _modules.relocatable_evidence(cubin("cupy_cooperative_prelink_sm90")) == [
+        "keeps relocations (.rela.nv.constant4)"]
+
+
+@pytest.mark.parametrize("data", [b"", b"not an elf", b"\x7fELF" + b"\0" * 60, cubin("cupy_plain_sm90")[:200]])
+def test_anything_else_is_not_relocatable_and_does_not_raise(data):
+    assert _modules.relocatable_evidence(data) == [] and _modules.kernel_names(data) == []
+
+
+def test_loads_heard_are_counted(monkeypatch):
+    seen = _modules.Seen()
+    monkeypatch.setattr(_modules, "_seen", seen)
+    _modules._on_loaded(1, cubin("cupy_plain_sm90"))
+    _modules._on_loaded(2, cubin("cupy_rdc_linked_sm90"))
+    assert seen.loaded == 2 and len(seen.relocatable) == 1
+    assert seen.relocatable[0][0] == ["plain"]
+
+
+class Replay:
+    """The part of a kernel-mode Profiler the cost warning reads."""
+
+    passes, device = 7, 0
+    _warn_replay_cost = _session.Profiler._warn_replay_cost
+
+    def __init__(self):
+        self._notes = {}
+
+
+def warned(monkeypatch, ms, device_gib, own_gib, seen):
+    monkeypatch.setattr("gpuscope._device.memory_used_gib", lambda index: device_gib)
+    monkeypatch.setattr("gpuscope._device.process_memory_gib", lambda index: own_gib)
+    monkeypatch.setattr(_modules, "_seen", seen)
+    replay = Replay()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        replay._warn_replay_cost(ms)
+    return [str(w.message) for w in caught if issubclass(w.category, GpuscopeWarning)], replay._notes
+
+
+def watching(relocatable=()):
+    seen = _modules.Seen()
+    seen.watching, seen.loaded, seen.relocatable = True, 5, list(relocatable)
+    return seen
+
+
+def test_expected_cost_says_nothing(monkeypatch):
+    assert warned(monkeypatch, 40.0, 0.7, 0.5, watching())[0] == []
+
+
+def test_memory_held_by_this_process_is_named(monkeypatch):
+    texts, notes = warned(monkeypatch, 104.0, 17.0, 16.2, watching())
+    assert len(texts) == 1 and "this process holds 16.2 GiB of device memory in use" in texts[0]
+    assert "relocatable" not in texts[0] and "unknown" not in texts[0]
+    assert notes == {"replay_memory_gib": 16.2, "replay_memory_scope": "process", "relocatable_modules": 0}
+
+
+def test_a_relocatable_module_seen_is_named_with_its_kernel(monkeypatch):
+    rdc = [(["_Z3cgkPfPii"], ["links the CUDA device runtime"])]
+    texts, _ = warned(monkeypatch, 89.0, 1.0, None, watching(rdc))
+    assert len(texts) == 1
+    assert "1 loaded module(s) were built with relocatable device code (cgk: links the CUDA device runtime)" in texts[0]
+    assert "unknown" not in texts[0]
+
+
+def test_no_cause_seen_says_unknown_with_the_numbers(monkeypatch):
+    texts, notes = warned(monkeypatch, 150.0, 16.5, None, watching())
+    assert len(texts) == 1 and "the device has 16.5 GiB of device memory in use" in texts[0]
+    texts, notes = warned(monkeypatch, 150.0, 1.0, 0.8, watching())
+    assert "the cause is unknown: this process holds 0.8 GiB in use (about 38 ms expected" in texts[0]
+    assert "none of the 5 module(s) loaded since gpuscope's first session" in texts[0]
+    assert notes["replay_memory_scope"] == "process"
+    unwatched = _modules.Seen()
+    unwatched.error = "ProfilerBusyError: another subscriber"
+    texts, _ = warned(monkeypatch, 150.0, 1.0, 0.8, unwatched)
+    assert "the loaded modules could not be inspected (ProfilerBusyError: another subscriber)" in texts[0]
