@@ -30,19 +30,49 @@ import warnings
 
 from .errors import GpuscopeWarning
 
-__all__ = ["Kept", "HostSetup", "take", "keep", "release", "kept_devices", "host_for", "enabled"]
+__all__ = ["Kept", "HostSetup", "take", "keep", "release", "kept_devices", "host_for", "enabled", "seconds"]
 
-#: Set GPUSCOPE_KEEP=0 to make every session enable and disable its own profiler (as before caching).
+#: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
+#: The default: the counters are the GPU's, not the process's, so a kept profiler also stops *other processes*
+#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another.
+DEFAULT_SECONDS = 10.0
+#: Process counts set by launchers of several processes that may share a GPU (MPI, Slurm): there, nothing is kept
+#: unless GPUSCOPE_KEEP says.
+_MULTI_PROCESS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
 
 _lock = threading.Lock()
 _kept: dict[int, Kept] = {}
 _hosts: dict[tuple, HostSetup] = {}
 
 
+def _count(text) -> int:
+    try:
+        return int(text or 1)
+    except ValueError:
+        return 1
+
+
+def seconds() -> float:
+    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``: until exit or
+    :func:`release`), else 10 s, or 0 (never) when a launcher of several processes (MPI, Slurm) started this one."""
+    text = os.environ.get(ENV, "").strip().lower()
+    if not text:
+        return 0.0 if any(_count(os.environ.get(v)) > 1 for v in _MULTI_PROCESS) else DEFAULT_SECONDS
+    if text in ("false", "no", "off"):
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        warnings.warn(f"{ENV}={text!r} is not a number of seconds; keeping for {DEFAULT_SECONDS:g} s.",
+                      GpuscopeWarning, stacklevel=3)
+        return DEFAULT_SECONDS
+    return max(value, 0.0)
+
+
 def enabled() -> bool:
-    """Whether sessions keep their range profiler for the next one (``GPUSCOPE_KEEP`` not ``0``)."""
-    return os.environ.get(ENV, "1").strip() not in ("0", "false", "no", "off")
+    """Whether sessions keep their range profiler for the next one (:func:`seconds` is not 0)."""
+    return seconds() > 0
 
 
 @dataclasses.dataclass
@@ -55,6 +85,7 @@ class Kept:
     profiler: object  # gpuscope.cupti.range_profiler.RangeProfiler
     config: object
     image: object
+    timer: object = None  # releases it when idle too long
 
 
 @dataclasses.dataclass
@@ -88,6 +119,8 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
         kept = _kept.pop(device, None)
     if kept is None:
         return None
+    if kept.timer is not None:
+        kept.timer.cancel()
     if kept.key == key and kept.context_id == context_id:
         return kept
     _release(kept, alive=kept.context_id == context_id)
@@ -95,12 +128,27 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
 
 
 def keep(device: int, kept: Kept) -> None:
-    """Hold *kept* for the next session on *device* (one per device; an older one is released)."""
+    """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`."""
+    idle = seconds()
+    if idle < float("inf"):
+        kept.timer = threading.Timer(idle, _expire, args=(device, kept))
+        kept.timer.name = "gpuscope-keep-timer"
+        kept.timer.daemon = True
     with _lock:
         old = _kept.pop(device, None)
         _kept[device] = kept
+    if kept.timer is not None:
+        kept.timer.start()
     if old is not None:
         _release(old)
+
+
+def _expire(device: int, kept: Kept) -> None:
+    with _lock:
+        if _kept.get(device) is not kept:
+            return
+        del _kept[device]
+    _release(kept)
 
 
 def release(device: int | None = None) -> int:
@@ -109,8 +157,10 @@ def release(device: int | None = None) -> int:
     A range-profiling session that ends cleanly leaves its CUPTI range profiler enabled, so that the next session
     with the same metrics and mode starts in milliseconds instead of 0.2-1.5 s. While it is kept, the counters are
     held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
-    them itself before PM and PC sampling, when a session needs another configuration, and at process exit; call
-    this before handing the GPU to another tool in the same process. ``GPUSCOPE_KEEP=0`` turns keeping off.
+    them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
+    until exit; under MPI or Slurm nothing is kept unless it is set), before PM and PC sampling, when a
+    session needs another configuration, and at process exit. The counters are the GPU's: while they are kept,
+    other processes cannot profile this GPU either. Call this before handing the GPU to another tool.
 
     Parameters
     ----------
@@ -139,8 +189,11 @@ def kept_devices() -> list[int]:
 def _release(kept: Kept, alive: bool = True) -> None:
     from .cupti import profiler
 
+    if kept.timer is not None:
+        kept.timer.cancel()
     try:
         if alive:
+            kept.context.make_current()  # the release may run on the timer's thread
             kept.profiler.close()
         else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
             kept.profiler._finalizer.detach()
@@ -156,6 +209,7 @@ def _forget_in_child() -> None:
     _lock = threading.Lock()
     for kept in _kept.values():
         kept.profiler._finalizer.detach()
+        kept.timer = None  # the timer thread is the parent's
     _kept.clear()
 
 

@@ -43,3 +43,13 @@ def pytest_collection_modifyitems(config, items):
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"GPU tests shuffled with seed {seed}")
+
+
+@pytest.fixture(autouse=True)
+def _give_the_counters_back():
+    """After each test, release the range profiler gpuscope keeps between sessions: the counters are the GPU's,
+    and tests that start other processes (or query availability) need them free."""
+    yield
+    from gpuscope import _keep
+
+    _keep.release()

@@ -79,13 +79,14 @@ def test_sessions_of_every_mode_in_a_row_give_the_same_values(x):
     assert "profiler_reused" not in first.attrs and again.attrs["profiler_reused"] == 1
     assert k3.dataset.attrs["profiler_reused"] == 1  # k2's configuration
     a, b = k1.dataset, k3.dataset
-    assert float(a["smsp__inst_executed.sum"][0]) == float(b["smsp__inst_executed.sum"][0])
     ipc_a = float(a["smsp__inst_executed.avg.per_cycle_active"][0])
     ipc_b = float(b["smsp__inst_executed.avg.per_cycle_active"][0])
     assert abs(ipc_a - ipc_b) / ipc_a < 0.05
     ipc_i = float(it.dataset["smsp__inst_executed.avg.per_cycle_active"][0])
     assert abs(ipc_a - ipc_i) / ipc_a < 0.05
-    assert float(it.dataset["smsp__inst_executed.sum"][0]) == float(a["smsp__inst_executed.sum"][0])
+    td_a, td_b = gs.topdown(a), gs.topdown(b)  # the Top-Down of the same launch, fresh and kept profiler
+    ipc_max = float(td_a.attrs["topdown_ipc_max"])
+    assert max(abs(float(td_a[v][0]) - float(td_b[v][0])) for v in td_a.data_vars) / ipc_max * 100 < 2.0
 
 
 def test_small_images_are_emptied_when_full_and_lose_nothing(x):

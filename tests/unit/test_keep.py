@@ -36,6 +36,9 @@ class FakeContext:
     def __init__(self):
         self.closed = 0
 
+    def make_current(self):
+        pass
+
     def close(self):
         self.closed += 1
 
@@ -44,6 +47,7 @@ class FakeContext:
 def kept_state(monkeypatch):
     """A clean keeper whose releases count (cuptiProfilerDeInitialize is not called)."""
     deinit = []
+    monkeypatch.setenv("GPUSCOPE_KEEP", "inf")  # no idle timers unless a test asks for them
     monkeypatch.setattr(_keep, "_kept", {})
     monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: deinit.append(1))
     return deinit
@@ -222,3 +226,35 @@ def test_threads_share_the_keeper_safely(kept_state):
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("env, expected", [({}, 10.0), ({"GPUSCOPE_KEEP": "0"}, 0.0), ({"GPUSCOPE_KEEP": "2.5"}, 2.5),
+                                           ({"GPUSCOPE_KEEP": "inf"}, float("inf")), ({"GPUSCOPE_KEEP": "off"}, 0.0),
+                                           ({"OMPI_COMM_WORLD_SIZE": "4"}, 0.0), ({"SLURM_NTASKS": "1"}, 10.0),
+                                           ({"SLURM_NTASKS": "8", "GPUSCOPE_KEEP": "30"}, 30.0)])
+def test_how_long_a_profiler_is_kept(monkeypatch, env, expected):
+    for name in ("GPUSCOPE_KEEP", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _keep.seconds() == expected
+
+
+def test_a_bad_keep_value_warns_and_uses_the_default(monkeypatch):
+    monkeypatch.setenv("GPUSCOPE_KEEP", "ten")
+    with pytest.warns(Warning, match="GPUSCOPE_KEEP='ten' is not a number of seconds"):
+        assert _keep.seconds() == 10.0
+
+
+def test_an_idle_profiler_is_released_by_its_timer(kept_state, monkeypatch):
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0.05")
+    k = kept()
+    _keep.keep(0, k)
+    k.timer.join(5)
+    assert _keep.kept_devices() == [] and k.profiler.closed == 1 and kept_state == [1]
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0.2")
+    taken = kept()
+    _keep.keep(0, taken)
+    assert _keep.take(0, taken.key, 7) is taken  # taken in time: its timer is cancelled
+    taken.timer.join(5)
+    assert taken.profiler.closed == 0 and _keep.kept_devices() == []
