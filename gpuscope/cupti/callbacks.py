@@ -90,7 +90,7 @@ class Launch:
 
 
 CUPTI_CB_DOMAIN_RESOURCE = 3
-CUPTI_CBID_RESOURCE_MODULE_LOADED = 3  # CUpti_CallbackIdResource (cupti_callbacks.h)
+CUPTI_CBID_RESOURCE_MODULE_LOADED = 6  # CUpti_CallbackIdResource (cupti_callbacks.h)
 
 _lock = threading.Lock()
 _subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
