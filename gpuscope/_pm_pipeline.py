@@ -49,7 +49,7 @@ class Pipeline:
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
                  pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
-                 evaluate_in: str = "thread"):
+                 evaluate_in: str = "thread", images=None):
         from .cupti import host
         from .cupti import pm_sampling as pm
         from .cupti._types import ProfilerType
@@ -114,15 +114,23 @@ class Pipeline:
             if self.evaluate_in == "thread":
                 self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
                 evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
-                for _ in range(pool_size):
-                    self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+                if images is not None:  # an earlier session's pool, initialised (gpuscope._keep)
+                    pool, self._discard = images
+                    self.pool_size = len(pool)
+                    for image in pool:
+                        self._free.put(image)
+                else:
+                    for _ in range(pool_size):
+                        self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
         except BaseException:
             # A Ctrl-C while the workers start (about 1 s) must not leave them, or their dispatcher, behind; a
             # second Ctrl-C cannot cut this short.
             run_shielded(self.close_workers)
             raise
-        self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
+        if images is None or self.evaluate_in != "thread":
+            self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
+        self.spare = None  # after finish(): (pool, discard image), all initialised, when every image came back
         self._stop = threading.Event()
         self._stopping = threading.Event()  # Stop is waiting for the lock: no more decodes until finish()
         self._threads = [threading.Thread(target=self._decode_loop, name="gpuscope-pm-decode", daemon=True)] + [
@@ -322,6 +330,16 @@ class Pipeline:
                 thread.join()
         while not self._full.empty():  # evaluators never started (start failed): nothing to evaluate
             self._full.get_nowait()
+        pool = []
+        while not self._free.empty():
+            pool.append(self._free.get_nowait())
+        if self._backend is None and len(pool) == self.pool_size and not self.errors:
+            try:  # the pool can serve the next session (gpuscope._keep)
+                with self._lock:
+                    self._pm.initialize_counter_data(self.handle, self._discard)
+                self.spare = (pool, self._discard)
+            except Exception as exc:
+                self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
         self._current = self._discard = None
         self._free = queue.Queue()
         for h in self._hosts:

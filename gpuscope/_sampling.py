@@ -216,7 +216,6 @@ class Sampler:
         from .cupti import pm_sampling as pm
         from .cupti._types import PmTriggerMode, ProfilerApi, ProfilerType
 
-        _keep.release(self.device)  # a range profiler kept enabled holds the counters (HARDWARE_BUSY)
         self._context = _device.PrimaryContext(self.device)  # initialises the driver, keeps the device alive
         info = _device.device_info(self.device)
         support = profiler.device_support(self._context_device(), ProfilerApi.PM_SAMPLING)
@@ -236,10 +235,23 @@ class Sampler:
         self._check_interval(info)
         self.device_info = info
         self.config = host.config_image(self.chip, ProfilerType.PM_SAMPLING, self.metrics, self.availability)
-        self._handle = pm.enable(self.device)
         trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
-        pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
         samples_per_image = self._samples_per_image or default_samples_per_image(self.interval_ns)
+        # an earlier session's sampler, configured the same way, is taken back; anything else kept is released
+        # first (a kept range profiler holds the counters: HARDWARE_BUSY)
+        self._key = ("pm", self._context.handle, tuple(self.metrics), self.hardware_buffer_size, self._hw_interval,
+                     int(trigger), samples_per_image, self.image_pool, self.evaluate_in, self.evaluators)
+        self._context_id = self._context.unique_id()
+        kept = _keep.take(self.device, self._key, self._context_id) if _keep.enabled() else None
+        images = None
+        if kept is not None:  # this session holds its own context and initialisation
+            kept.context.close()
+            profiler.deinitialize()
+            self._handle, images = kept.profiler.handle, kept.image
+            self.image_pool, self.reused = len(images[0]), True
+        else:
+            self._handle = pm.enable(self.device)
+            pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
         if self.image_pool is None:
             image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
             self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
@@ -254,6 +266,7 @@ class Sampler:
             evaluate_in=self.evaluate_in,
             period_s=self.decode_period,
             interval_ns=self.interval_ns,
+            images=images,
         )
         self.evaluate_in, self.image_pool = self._decoder.evaluate_in, self._decoder.pool_size
         if self._decoder.pool_note:
@@ -402,7 +415,7 @@ class Sampler:
 
     def _teardown(self) -> None:
         """Undo whatever :meth:`_setup` did, in reverse; trouble becomes warnings."""
-        from . import _ranges
+        from . import _keep, _ranges
         from .cupti import pm_sampling as pm
         from .cupti import profiler
 
@@ -415,6 +428,15 @@ class Sampler:
             steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
         elif self._decoder is not None:
             steps.append(("evaluation workers", self._decoder.close_workers))
+        spare = getattr(self._decoder, "spare", None)
+        if (self._handle is not None and spare is not None and not getattr(self, "_started", False)
+                and self._context is not None and _keep.enabled()):
+            # a clean stop: the sampler, its configuration and its image pool serve the next session
+            handle, self._handle = self._handle, None
+            context, self._context = self._context, None
+            self._initialized = False
+            steps.append(("keep", lambda: _keep.keep(self.device, _keep.Kept(
+                self._key, self._context_id, context, KeptSampler(handle), self.config, spare))))
         if self._handle is not None:
             handle, self._handle = self._handle, None
             steps.append(("cuptiPmSamplingDisable", lambda: pm.disable(handle)))
@@ -524,6 +546,7 @@ class Sampler:
                 "trigger": self.trigger.value,
                 "hardware_interval": int(self._hw_interval),
                 "hardware_buffer_size": self.hardware_buffer_size,
+                "sampler_reused": int(getattr(self, "reused", False)),
                 "session_end_ns": int(self.stop_ns),
                 "lost_samples": int(self.lost_samples),
                 "overflows": int(self.overflows),
@@ -547,6 +570,21 @@ class Sampler:
                 "stop_call_ns": int(self.stop_call_ns),
             },
         )
+
+
+class KeptSampler:
+    """A PM sampling object kept enabled and configured between sessions (:mod:`gpuscope._keep`)."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def close(self) -> None:
+        """``cuptiPmSamplingDisable`` (once)."""
+        from .cupti import pm_sampling as pm
+
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            pm.disable(handle)
 
 
 def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[int] = 0, **options):

@@ -167,3 +167,26 @@ def test_release_gives_the_counters_back(x):
     assert gs.release() == 1 and _keep.kept_devices() == []
     assert gs.release() == 0
     assert one_range(x).attrs.get("profiler_reused", 0) == 0
+
+
+def pm_session(x, launches=50):
+    with gs.sample(ONE_PASS, interval="100us") as s:
+        for _ in range(launches):
+            launch(x)
+        cuda.synchronize()
+    return s.dataset
+
+
+def test_pm_sampler_kept_between_sessions_then_released_for_range_profiling(x):
+    first = pm_session(x)
+    assert first.attrs["sampler_reused"] == 0 and _keep.kept_devices() == [0]
+    second = pm_session(x)
+    assert second.attrs["sampler_reused"] == 1
+    for ds in (first, second):
+        assert ds.sizes["time"] > 5 and ds.attrs["lost_samples"] == 0
+    a = float(first["smsp__inst_executed.sum"].sum())
+    b = float(second["smsp__inst_executed.sum"].sum())
+    assert abs(a - b) / a < 0.1  # the same 50 launches, counted by samples of about the same span
+    ds = one_range(x)  # the kept sampler holds the counters: the range profiler releases it first
+    assert float(ds["smsp__inst_executed.sum"][0]) > 0
+    assert pm_session(x).attrs["sampler_reused"] == 0
