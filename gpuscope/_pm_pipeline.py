@@ -330,7 +330,7 @@ class Pipeline:
                 thread.join()
         while not self._full.empty():  # evaluators never started (start failed): nothing to evaluate
             self._full.get_nowait()
-        pool = []
+        pool = [] if self._current is None or self._current is self._discard else [self._current]  # taken, unused
         while not self._free.empty():
             pool.append(self._free.get_nowait())
         if self._backend is None and len(pool) == self.pool_size and not self.errors:
