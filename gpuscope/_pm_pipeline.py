@@ -131,6 +131,7 @@ class Pipeline:
             self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self.spare = None  # after finish(): (pool, discard image), all initialised, when every image came back
+        self.clean = False  # after finish(): no decode or evaluation error
         self._stop = threading.Event()
         self._stopping = threading.Event()  # Stop is waiting for the lock: no more decodes until finish()
         self._threads = [threading.Thread(target=self._decode_loop, name="gpuscope-pm-decode", daemon=True)] + [
@@ -330,6 +331,7 @@ class Pipeline:
                 thread.join()
         while not self._full.empty():  # evaluators never started (start failed): nothing to evaluate
             self._full.get_nowait()
+        self.clean = not self.errors  # the sampling object may serve the next session (gpuscope._keep)
         pool = [] if self._current is None or self._current is self._discard else [self._current]  # taken, unused
         while not self._free.empty():
             pool.append(self._free.get_nowait())

@@ -247,8 +247,9 @@ class Sampler:
         if kept is not None:  # this session holds its own context and initialisation
             kept.context.close()
             profiler.deinitialize()
-            self._handle, images = kept.profiler.handle, kept.image
-            self.image_pool, self.reused = len(images[0]), True
+            self._handle, images, self.reused = kept.profiler.handle, kept.image, True
+            if images is not None:
+                self.image_pool = len(images[0])
         else:
             self._handle = pm.enable(self.device)
             pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
@@ -429,9 +430,10 @@ class Sampler:
         elif self._decoder is not None:
             steps.append(("evaluation workers", self._decoder.close_workers))
         spare = getattr(self._decoder, "spare", None)
-        if (self._handle is not None and spare is not None and not getattr(self, "_started", False)
+        if (self._handle is not None and getattr(self._decoder, "clean", False) and not getattr(self, "_started", False)
                 and self._context is not None and _keep.enabled()):
-            # a clean stop: the sampler, its configuration and its image pool serve the next session
+            # a clean stop: the sampler, its configuration and (evaluating in threads) its image pool serve the next
+            # session; worker processes' shared images are the workers' and go with them
             handle, self._handle = self._handle, None
             context, self._context = self._context, None
             self._initialized = False
