@@ -14,7 +14,9 @@ gpuscope and Numba are taken at the start of each child.
 Modes: ``user`` (2 counters, one range), ``kernel1`` / ``kernel`` (one-pass set / Top-Down, kernel replay of one
 launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, 8 one-launch
 iterations: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
-``fast`` (``profile_fast_topdown`` of one launch). ``--process mixed`` runs them in a process that also imported
+``pm_thread`` (the same, evaluated in threads, not worker processes), ``fast`` (``profile_fast_topdown`` of one
+launch). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown --launch-count 3`` inside its
+process (before the script, the script, after it, CUPTI calls). ``--process mixed`` runs them in a process that also imported
 CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 
 ``--run`` adds whole processes: a script of 30 steps x 3 Numba kernels run plainly, under ``gpuscope run --set
@@ -38,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
-MODES = ["user", "kernel1", "kernel", "iteration1", "iteration", "pm", "pc", "fast"]
+MODES = ["user", "kernel1", "kernel", "iteration1", "iteration", "pm", "pm_thread", "pc", "fast"]
 
 SCRIPT = '''
 import numpy as np
@@ -160,8 +162,9 @@ def session(mode: str, launch, sync) -> dict:
         t4 = time.perf_counter()
         if metrics == "topdown":
             analysis = gs.topdown(ds)
-    elif mode in ("pm", "pc"):
-        s = gs.sample(ONE_PASS, interval="100us") if mode == "pm" else gs.pc_sample()
+    elif mode in ("pm", "pm_thread", "pc"):
+        s = (gs.pc_sample() if mode == "pc" else
+             gs.sample(ONE_PASS, interval="100us", evaluate_in="thread" if mode == "pm_thread" else "process"))
         s.__enter__()
         t1 = time.perf_counter()
         launch()
@@ -230,6 +233,46 @@ def run_child(mode, sessions, process, hold, timeout=300) -> dict:
     return res
 
 
+RUN_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from gpuscope import cli, _run
+from gpuscope.cupti import _api
+calls = {}
+_api.observe(lambda name, s: calls.__setitem__(name, calls.get(name, 0.0) + s))
+marks = {"imported": time.perf_counter() - t0}
+execute = _run.execute
+def timed(script, args):
+    marks["script_start"] = time.perf_counter() - t0
+    try:
+        return execute(script, args)
+    finally:
+        marks["script_end"] = time.perf_counter() - t0
+_run.execute = timed
+code = cli.main(["run", "--set", "topdown", "--launch-count", "3", "--no-report", sys.argv[1]])
+marks["done"] = time.perf_counter() - t0
+top = dict(sorted(((k, round(v * 1e3, 1)) for k, v in calls.items() if v > 0.005), key=lambda kv: -kv[1]))
+print("RUNBREAKDOWN " + json.dumps({"rc": code, "marks": marks, "cupti_ms": top}))
+"""
+
+
+def run_breakdown(steps: int) -> dict:
+    """Stages of ``gpuscope run --set topdown --launch-count 3`` on the 3-kernel script, inside its process."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
+    script = tmp / "three_kernels.py"
+    script.write_text(SCRIPT.replace("STEPS", str(steps)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", RUN_CHILD, str(script)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    wall = time.perf_counter() - t
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RUNBREAKDOWN ")), None)
+    shutil.rmtree(tmp, ignore_errors=True)
+    out = json.loads(line[13:]) if line else {"rc": p.returncode, "stderr": p.stderr[-1500:]}
+    out["process_wall_s"] = round(wall, 3)
+    return out
+
+
 def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
     """Plain script, gpuscope run and ncu on the same script, in this run: wall seconds of each process."""
     import gpuscope as gs
@@ -296,13 +339,14 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--run-breakdown", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.sessions, args.process, args.hold)))
         return
     results = {"modes": [], "processes": []}
-    for process in args.processes.split(","):
+    for process in args.processes.split(",") if args.modes else []:
         for mode in args.modes.split(","):
             r = run_child(mode, args.sessions, process, args.hold)
             results["modes"].append(r)
@@ -310,6 +354,9 @@ def main():
     if args.run:
         ncu = args.ncu if Path(args.ncu).exists() else None
         results["processes"] = whole_processes(ncu, args.steps, args.repeat)
+    if args.run_breakdown:
+        results["run_breakdown"] = run_breakdown(args.steps)
+        print(json.dumps(results["run_breakdown"]))
     text = summary(results)
     results["summary"] = text
     if args.out:

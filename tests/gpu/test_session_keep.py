@@ -115,7 +115,8 @@ def test_pm_and_pc_sampling_after_a_kept_profiler(x):
         for _ in range(50):
             launch(x)
         cuda.synchronize()
-    assert _keep.kept_devices() == [] and s.dataset.sizes["time"] > 5
+    assert _keep.kept_devices() == [0] and s.dataset.sizes["time"] > 5  # now the PM sampler is kept
+    assert _keep._kept[0].key[0] == "pm"
     one_range(x)
     assert _keep.kept_devices() == [0]
     with warnings.catch_warnings():
