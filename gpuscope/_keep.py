@@ -27,12 +27,14 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
 import threading
 import warnings
 
 from .errors import GpuscopeWarning
 
-__all__ = ["Kept", "HostSetup", "take", "keep", "release", "kept_devices", "host_for", "enabled", "seconds"]
+__all__ = ["Kept", "HostSetup", "take", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
+           "import_xarray_soon", "imports_done"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
@@ -210,6 +212,34 @@ def _detach(kept: Kept) -> None:
     finalizer = getattr(kept.profiler, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
+
+
+_importer: threading.Thread | None = None
+
+
+def import_xarray_soon() -> None:
+    """Import xarray on a background thread while a session runs (once per process): the first Dataset of a process
+    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps."""
+    global _importer
+    with _lock:
+        if _importer is not None or "xarray" in sys.modules:
+            return
+        _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
+        _importer.start()
+
+
+def _import_xarray() -> None:
+    try:
+        import xarray  # noqa: F401
+    except Exception:  # the Dataset's own import raises it where the user sees it
+        pass
+
+
+def imports_done() -> None:
+    """Wait for :func:`import_xarray_soon` (sessions call it when they close: no thread outlives them)."""
+    importer = _importer
+    if importer is not None and importer is not threading.current_thread():
+        importer.join()
 
 
 def _forget_in_child() -> None:

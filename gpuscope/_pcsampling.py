@@ -387,6 +387,7 @@ class PCSampler:
         enabled = False
         try:
             _keep.release(self.device)  # with a range profiler kept enabled, CUPTI delivers no PC records
+            _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
             self.device_info = _device.device_info(self.device)
             self._context = _device.PrimaryContext(self.device)
             _synchronize(self._context)  # work launched before the block is not sampled
@@ -525,6 +526,9 @@ class PCSampler:
             warnings.warn(unattributed_message(self.records.non_user_kernel_samples, total), GpuscopeWarning,
                           stacklevel=3)
         if not failed:
+            from . import _keep
+
+            _keep.imports_done()
             self.dataset = self.build()
 
     def kernels_without_samples(self) -> dict[str, int]:

@@ -217,6 +217,7 @@ class Sampler:
         from .cupti._types import PmTriggerMode, ProfilerApi, ProfilerType
 
         self._context = _device.PrimaryContext(self.device)  # initialises the driver, keeps the device alive
+        _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
         info = _device.device_info(self.device)
         support = profiler.device_support(self._context_device(), ProfilerApi.PM_SAMPLING)
         if not support.supported:
@@ -361,6 +362,9 @@ class Sampler:
                     self.stop_ns = activity.timestamp()
                 self._values, self._stamps = self._decoder.series()
                 self.lost_samples = self._count_lost()
+                from . import _keep
+
+                _keep.imports_done()
 
     def _count_lost(self) -> int:
         starts, ends = self._stamps[:, 0], self._stamps[:, 1]

@@ -275,9 +275,10 @@ class Profiler:
         try:
             self._context.make_current()
             self._context_id = self._context.unique_id()
-            from . import _modules
+            from . import _keep, _modules
 
             _modules.watch()  # modules loaded from here on are read (the kernel-replay cost warning)
+            _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
             # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
             self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
             if self.mode is Mode.USER:
@@ -434,6 +435,9 @@ class Profiler:
         finally:
             self._teardown(keep=clean)
             self._state = "closed"
+            from . import _keep
+
+            _keep.imports_done()
         if error is not None:
             raise error
         if self.print_report:
