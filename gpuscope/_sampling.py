@@ -434,10 +434,11 @@ class Sampler:
         elif self._decoder is not None:
             steps.append(("evaluation workers", self._decoder.close_workers))
         spare = getattr(self._decoder, "spare", None)
-        if (self._handle is not None and getattr(self._decoder, "clean", False) and not getattr(self, "_started", False)
+        if (self._handle is not None and spare is not None and not getattr(self, "_started", False)
                 and self._context is not None and _keep.enabled()):
-            # a clean stop: the sampler, its configuration and (evaluating in threads) its image pool serve the next
-            # session; worker processes' shared images are the workers' and go with them
+            # a clean stop, evaluating in threads: the sampler, its configuration and its image pool serve the next
+            # session. With worker processes nothing is kept: a process that held 8 GB and CuPy crashed (SIGSEGV)
+            # in a later session on a kept sampler whose pool the workers had made anew
             handle, self._handle = self._handle, None
             context, self._context = self._context, None
             self._initialized = False
