@@ -190,7 +190,7 @@ def kept_devices() -> list[int]:
         return sorted(_kept)
 
 
-def _release(kept: Kept, alive: bool = True) -> None:
+def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
     from .cupti import profiler
 
     if kept.timer is not None:
@@ -204,7 +204,8 @@ def _release(kept: Kept, alive: bool = True) -> None:
         profiler.deinitialize()
         kept.context.close()
     except Exception as exc:  # cleanup never raises
-        warnings.warn(f"gpuscope: releasing the kept range profiler failed: {exc}", GpuscopeWarning, stacklevel=3)
+        if not quiet:
+            warnings.warn(f"gpuscope: releasing the kept range profiler failed: {exc}", GpuscopeWarning, stacklevel=3)
 
 
 def _detach(kept: Kept) -> None:
@@ -253,7 +254,12 @@ def _forget_in_child() -> None:
 
 
 def _at_exit() -> None:
-    release()
+    """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly."""
+    with _lock:
+        gone = list(_kept.values())
+        _kept.clear()
+    for kept in gone:
+        _release(kept, quiet=True)
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
