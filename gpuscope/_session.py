@@ -17,8 +17,12 @@ Two collection modes (measured on an H100, see docs/range-profiling.md):
     pass k on the k-th iteration of a pass group, launches matched across iterations; no memory saved or
     restored (see :mod:`gpuscope._launches`).
 ``"auto"``
-    ``"iteration"`` if the session first sees a top-level range, ``"kernel"`` if it first sees a launch outside
-    every range. ``Profiler.mode_used`` and the Dataset's ``mode`` attribute say which.
+    ``"iteration"`` if the session first sees a top-level range. Launches outside every range before it are
+    profiled by kernel replay while the launch stream is searched for a loop (:mod:`gpuscope._repetition`): a
+    top-level range coming later switches to iteration mode over the ranges (setup launches keep their rows);
+    a sequence of (kernel, grid, block) repeated three times switches to iteration mode over the iterations it
+    marks; neither, and the session stays in kernel mode. ``Profiler.mode_used`` and the Dataset's ``mode``,
+    ``iterations_found_by`` and per-row ``replay`` say what happened.
 """
 
 from __future__ import annotations
@@ -106,7 +110,9 @@ class Profiler:
         CUPTI kernel replay (CUPTI saves and restores device memory for every pass: the cost grows with the
         memory the process holds). ``"iteration"``: every selected launch is a range; pass k runs on the k-th
         execution of the repeated top-level range (or between :meth:`step` calls); nothing is replayed.
-        ``"auto"``: ``"iteration"`` if a top-level range comes first, else ``"kernel"``.
+        ``"auto"``: ``"iteration"`` over the top-level ranges, or over the iterations of a loop found in the launch
+        stream (three repeats of the same kernels, grids and blocks); kernel replay for launches before either
+        and where there is neither (module docstring).
     max_depth : int
         Range nesting levels CUPTI profiles (user mode). Each level costs one more cycle per pass; deeper
         ranges are not profiled (a warning says so).
@@ -163,6 +169,7 @@ class Profiler:
 
     _fixed_ranges = _grow = False  # max_ranges given by the user; an image to enlarge before the next group
     _key, _context_id, _collector = None, 0, None
+    _tracker = _end_after = None  # auto mode without ranges: the launch-stream tracker; a found iteration's last
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
@@ -362,15 +369,105 @@ class Profiler:
 
     def _on_enter(self, launch):
         collector = self._collector
-        if collector is None:  # auto, undecided: a launch outside every range chooses kernel replay
+        if collector is None:  # auto, undecided: a launch outside every range starts kernel replay
             if launch.context != self._context.handle or _ranges.current_path() is not None:
                 return None
             self._use_kernel()
+            if (self.mode is Mode.AUTO and not (self.filter.launch_skip or self.filter.launch_count)
+                    and "repetition_error" not in self._notes):
+                from ._repetition import Tracker
+
+                self._tracker = Tracker()  # ... until the launch stream shows a loop, or a top-level range comes
             collector = self._collector
+        if self._tracker is not None and launch.context == self._context.handle:
+            return self._follow(launch)
         return collector.on_enter(launch)
 
     def _on_exit(self, token):
         self._collector.on_exit(token)
+        if token is not None and token is self._end_after:  # the last launch of a found iteration has run
+            self._end_after = None
+            self._end_found_iteration()
+
+    # -- auto mode without annotations: iterations found in the launch stream ---------------------------
+    def _follow(self, launch):
+        """Auto mode, no top-level range yet: kernel replay while the tracker searches the launch stream for a
+        repeated sequence of (kernel, grid, block); from the first iteration after it is found, iteration replay
+        with the iterations it marks. A launch is profiled in a pass only at a position whose signature it has."""
+        from ._repetition import Step
+
+        event = self._tracker.feed((launch.symbol, launch.grid, launch.block))
+        kind = event.kind
+        if self.mode_used is Mode.KERNEL:
+            if kind is not Step.BEGIN:
+                return self._collector.on_enter(launch)
+            try:
+                self._use_found_iterations()
+            except Exception as exc:  # go on with kernel replay, from a profiler configured anew
+                self._tracker = self._collector = None
+                self.mode_used = Mode.AUTO
+                self._notes["repetition_error"] = f"{type(exc).__name__}: {exc}"
+                _warn(f"A loop was found in the launch stream, but iteration replay could not start ({exc}); "
+                      "kernel replay goes on.")
+                return self._on_enter(launch)
+        c = self._collector
+        if kind in (Step.BEGIN, Step.RESTART):
+            if c.in_iteration:
+                self._end_found_iteration()
+            c.begin(self._group_index)
+        elif kind is Step.LOST:
+            if c.in_iteration:
+                self._end_found_iteration()
+            self._notes["repetition_losses"] = self._tracker.losses
+        if kind in (Step.BEGIN, Step.RESTART, Step.INSIDE) or (kind is Step.EXTRA and c.in_iteration):
+            token = c.on_enter(launch)
+            if event.last:
+                self._end_after = token
+            return token
+        self._notes["launches_between_iterations"] = self._notes.get("launches_between_iterations", 0) + 1
+        return None
+
+    def _use_found_iterations(self) -> None:
+        """The tracker found the loop: collect the launches kernel replay profiled so far, and go on in iteration
+        mode (a profiler configured for user replay: CUPTI cannot change a used profiler's configuration)."""
+        from . import _launches
+        from .cupti._types import ProfilerRange, ReplayMode
+        from .cupti.activity import timestamp
+
+        kernel_phase = self._collector
+        if self._running and not kernel_phase.paused:
+            self._rp.stop()
+        self._running = kernel_phase.running = False
+        self._collect_kernels()
+        rep = self._tracker.repetition
+        self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
+        self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
+                                                    self._annotate, timestamp)
+        self.mode_used, self.cycles = Mode.ITERATION, self.passes
+        self._notes.update(iterations_found_by="repetition", repetition_period=len(rep.period),
+                           repetition_offset=rep.offset, repetition_found_at=rep.found_at,
+                           launches_before_repetition=len(kernel_phase.selected),
+                           launches_left_out_before_repetition=kernel_phase.left_out)
+
+    def _end_found_iteration(self) -> None:
+        c = self._collector
+        if not c.in_iteration:
+            return
+        if c.end().all_passes_submitted:
+            self._collect_iterations()
+
+    def _leave_kernel_phase(self) -> None:
+        """Auto mode: a top-level range after launches outside every range (setup before the loop). The launches
+        so far keep their kernel-replay rows; the ranges decide the mode from here on."""
+        kernel_phase = self._collector
+        if self._running and not kernel_phase.paused:
+            self._rp.stop()
+        self._running = kernel_phase.running = False
+        self._collect_kernels()
+        self._tracker = None
+        self._notes["launches_before_ranges"] = len(kernel_phase.selected)
+        self._collector = None
+        self.mode_used = Mode.AUTO
 
     def _new_group(self):
         self._running = False
@@ -414,7 +511,9 @@ class Profiler:
                 self._finish_kernels()
                 clean = True
             elif self.mode_used is Mode.ITERATION:
-                if self._collector.in_iteration:
+                if self._tracker is not None:
+                    self._end_found_iteration()
+                elif self._collector.in_iteration:
                     self._end_iteration()
                 clean = self._collector.group is None
                 if self._collector.group is not None or not self._rows:
@@ -466,7 +565,9 @@ class Profiler:
         group = self._collector.group
         ran = group.passes_run if group is not None else 0
         what = (f"the top-level range {self._iter_path!r}" if self._iter_path else
-                "Profiler.step()" if self._steps else "no top-level range and no Profiler.step()")
+                "Profiler.step()" if self._steps else
+                f"the loop found in the launch stream ({self._notes.get('repetition_period')} launches per iteration)"
+                if self._tracker is not None else "no top-level range and no Profiler.step()")
         first = " plus one first iteration that sizes the counter-data image" if self._notes.get(
             "sizing_iterations") or self._size_from_first else ""
         message = (
@@ -484,6 +585,15 @@ class Profiler:
         return MultiPassRangeError(message)
 
     def _report_selection(self) -> None:
+        tracker = self._tracker
+        if tracker is not None:
+            self._notes.setdefault("iterations_found_by", "none")
+            self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts)
+            if not tracker.locked and self.mode_used is Mode.KERNEL and len(self._collector.selected) >= 30:
+                _warn(f"No repeated sequence of launches was found in {len(self._collector.selected)} launches, so "
+                      "every one was profiled by kernel replay. If the code loops, mark the loop body with "
+                      "gpuscope.range('step') (or call prof.step() at each iteration) for iteration mode, which saves "
+                      "and restores nothing.")
         c = self._collector
         if c is None:
             return
@@ -734,9 +844,11 @@ class Profiler:
         return (_ranges.current_path() or "", name)
 
     def _iteration_push(self, path: str) -> None:
+        if self._tracker is not None and self.mode_used is Mode.KERNEL:  # setup launches came first
+            self._leave_kernel_phase()
         if self.mode_used is Mode.AUTO:
             self._use_iteration()
-        if self.mode_used is not Mode.ITERATION or self._steps:
+        if self.mode_used is not Mode.ITERATION or self._steps or self._tracker is not None:
             return
         if self._iter_path is None:
             self._iter_path = path
@@ -809,7 +921,7 @@ class Profiler:
             launch = reference[index]
             if launch.wanted:
                 self._rows.append(self._launch_row(launch, index, self._host.evaluate(image, index, self.metrics),
-                                                   group.index, group.first_iteration, self.passes))
+                                                   group.index, group.first_iteration, self.passes, "iteration"))
         self._rp.initialize_counter_data(image)
         self._group_index += 1
         lost = [s.kernel for s in reference[keep:] if s.wanted]
@@ -866,7 +978,7 @@ class Profiler:
                 self._rows.append({"name": name, "depth": 1, "parent": "", "launch": first + index, "values": values,
                                    "pass_group": 0, "first_iteration": 0, "iterations": 1})
             else:
-                self._rows.append(self._launch_row(launches[index], first + index, values, 0, 0, 1))
+                self._rows.append(self._launch_row(launches[index], first + index, values, 0, 0, 1, "kernel"))
         self._rp.initialize_counter_data(image)
 
     def _finish_kernels(self) -> None:
@@ -919,13 +1031,17 @@ class Profiler:
         self._notes.update(replay_memory_gib=round(held, 2), replay_memory_scope="process" if own_gib is not None
                            else "device", relocatable_modules=len(seen.relocatable))
 
-    def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int) -> dict:
+    def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int,
+                    replay: str) -> dict:
         parent = launch.parent
         name = f"{parent}/{launch.kernel}" if parent else launch.kernel
-        return {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
-                "symbol": launch.symbol, "launch": index, "grid": launch.grid, "block": launch.block,
-                "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
-                "first_iteration": first_iteration, "iterations": iterations, "values": values}
+        row = {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
+               "symbol": launch.symbol, "launch": index, "grid": launch.grid, "block": launch.block,
+               "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
+               "first_iteration": first_iteration, "iterations": iterations, "values": values}
+        if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
+            row["replay"] = replay
+        return row
 
     def launch(self, kernel: str, grid, block, run):
         """Run one decorated kernel launch *run()* as a profiled range (used by ``gpuscope.profile``)."""

@@ -1,0 +1,140 @@
+"""Auto mode without annotations: the loop found in the launch stream gives iteration replay, values as kernel
+mode's; an annotated loop after a setup kernel stays in iteration mode; code without a loop stays in kernel mode."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+
+cuda = pytest.importorskip("numba.cuda")
+N = 1 << 22
+TOL_PP = 2.0
+
+
+@cuda.jit
+def fill_f(x, v):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = v
+
+
+@cuda.jit
+def stream_f(a, b, c):
+    i = cuda.grid(1)
+    if i < c.size:
+        c[i] = a[i] + 2.0 * b[i]
+
+
+@cuda.jit
+def fma_f(x, iters):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        for _ in range(iters):
+            v = v * 1.000001 + 0.5
+        x[i] = v
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    a = cuda.to_device(np.ones(N, np.float32))
+    b = cuda.to_device(np.ones(N, np.float32))
+    c = cuda.device_array(N, np.float32)
+    x = cuda.to_device(np.ones(N // 16, np.float32))
+    return a, b, c, x
+
+
+def setup(arrays):
+    a, b, c, x = arrays
+    fill_f[N // 256, 256](a, 1.0)
+    fill_f[N // 16 // 256, 256](x, 1.0)
+
+
+def step(arrays):
+    a, b, c, x = arrays
+    stream_f[N // 256, 256](a, b, c)
+    fma_f[N // 16 // 256, 256](x, 500)
+
+
+def per_kernel_pp(ds):
+    td = gs.topdown(ds)
+    ipc_max = float(td.attrs["topdown_ipc_max"])
+    out = {}
+    for kernel in ("stream_f", "fma_f"):
+        sel = td.isel(range=td.kernel.str.endswith(kernel).values)
+        assert sel.sizes["range"] > 0
+        out[kernel] = {v: float(sel[v].median()) / ipc_max * 100 for v in td.data_vars}
+    return out
+
+
+def test_an_unannotated_loop_is_found_and_matches_kernel_mode(arrays):
+    setup(arrays)
+    step(arrays)
+    cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        with gs.Profiler("topdown", mode="kernel") as kprof:
+            for _ in range(3):
+                step(arrays)
+        with gs.Profiler("topdown", mode="auto") as prof:
+            setup(arrays)
+            for _ in range(30):
+                step(arrays)
+    ds = prof.dataset
+    assert ds.attrs["mode"] == "iteration" and ds.attrs["iterations_found_by"] == "repetition"
+    assert ds.attrs["repetition_period"] == 2
+    replay = ds.replay.values.tolist()
+    kernel_rows = replay.count("kernel")
+    assert kernel_rows == ds.attrs["launches_before_repetition"] >= 2 + 6  # setup + the three repeats found
+    assert replay[:kernel_rows] == ["kernel"] * kernel_rows and set(replay[kernel_rows:]) == {"iteration"}
+    iteration_rows = ds.isel(range=ds.replay.values == "iteration")
+    # every complete group of 7 iterations gives one row per launch of the iteration, named by its kernel
+    assert iteration_rows.sizes["range"] >= 2 * 2
+    assert [k.rsplit(".", 1)[-1] for k in iteration_rows.kernel.values[:2]] == ["stream_f", "fma_f"]
+    k, i = per_kernel_pp(kprof.dataset), per_kernel_pp(iteration_rows)
+    worst = max(abs(k[kern][node] - i[kern][node]) for kern in k for node in k[kern])
+    print("largest found-iteration vs kernel-mode difference (pp of IPC_MAX):", round(worst, 2))
+    assert worst <= TOL_PP
+
+
+def test_an_annotated_loop_after_a_setup_kernel_stays_in_iteration_mode(arrays):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        with gs.Profiler("topdown", mode="auto") as prof:
+            setup(arrays)  # launches outside every range, before the first top-level range
+            for _ in range(prof.passes + 1):
+                with gs.range("step"):
+                    step(arrays)
+    ds = prof.dataset
+    assert ds.attrs["mode"] == "iteration" and ds.attrs["launches_before_ranges"] == 2
+    assert ds.replay.values.tolist() == ["kernel", "kernel", "iteration", "iteration"]
+    assert ds.parent.values.tolist()[2:] == ["step", "step"]
+
+
+def test_code_without_a_loop_stays_in_kernel_mode(arrays):
+    with gs.Profiler(["smsp__inst_executed.sum"], mode="auto") as prof:
+        setup(arrays)
+        step(arrays)
+    ds = prof.dataset
+    assert ds.attrs["mode"] == "kernel" and ds.attrs["iterations_found_by"] == "none"
+    assert ds.sizes["range"] == 4 and set(ds.replay.values.tolist()) == {"kernel"}
+
+
+def test_a_loop_with_a_checkpoint_kernel_every_few_steps(arrays):
+    a, b, c, x = arrays
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        with gs.Profiler(["smsp__inst_executed.sum", "sm__ctas_launched.sum"], mode="auto") as prof:
+            for i in range(40):
+                step(arrays)
+                if i % 10 == 9:
+                    fill_f[64, 256](c, 0.0)  # a checkpoint kernel, between iterations
+    ds = prof.dataset
+    assert ds.attrs["iterations_found_by"] == "repetition"
+    it = ds.isel(range=ds.replay.values == "iteration")
+    assert not any(k.endswith("fill_f") for k in it.kernel.values)  # never labelled as a loop launch
+    assert ds.attrs["launches_between_iterations"] >= 3
+    ctas = dict(zip([k.rsplit(".", 1)[-1] for k in it.kernel.values], it["sm__ctas_launched.sum"].values))
+    assert ctas["stream_f"] == N // 256 and ctas["fma_f"] == N // 16 // 256
