@@ -67,12 +67,20 @@ def fma(x, iters):
             v = v * 1.000001 + 0.5
         x[i] = v
 
+import contextlib, sys
+if "annotate" in sys.argv[1:]:
+    import gpuscope as gs
+    body = lambda: gs.range("step")
+else:
+    body = contextlib.nullcontext
 x = cuda.to_device(np.ones(1 << 22, np.float32))
 y = cuda.to_device(np.ones(1 << 22, np.float32))
+x[:] = 1.0  # a setup kernel before the loop
 for step in range(STEPS):
-    scale[4096, 1024](x, 0.5)
-    add[4096, 1024](x, y)
-    fma[4096, 1024](x, 200)
+    with body():
+        scale[4096, 1024](x, 0.5)
+        add[4096, 1024](x, y)
+        fma[4096, 1024](x, 200)
 cuda.synchronize()
 '''
 
@@ -283,29 +291,52 @@ def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
     metrics = ",".join(gs.metric_set("topdown").metrics)
     py = sys.executable
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = [py, "-m", "gpuscope", "run", "--set", "topdown", "--no-report"]
     cases = [("plain", [py, str(script)]),
-             ("gpuscope run --launch-count 3", [py, "-m", "gpuscope", "run", "--set", "topdown", "--launch-count", "3",
-                                                "--no-report", str(script)]),
-             ("gpuscope run (every launch)", [py, "-m", "gpuscope", "run", "--set", "topdown", "--no-report",
-                                              str(script)])]
+             ("gpuscope run --launch-count 3", [*run, "--launch-count", "3", str(script)]),
+             ("gpuscope run (every launch; auto: the loop found)", [*run, str(script)]),
+             ("gpuscope run, script with gs.range('step')", [*run, str(script), "annotate"]),
+             ("gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)])]
+    if steps > 100:  # kernel mode and ncu on every launch take minutes there
+        cases = [c for c in cases if "kernel" not in c[0] and "launch-count" not in c[0]]
+        ncu = None
     if ncu:
         cases += [("ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py, str(script)]),
                   ("ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py, str(script)])]
     out = []
     for label, cmd in cases:
-        walls, rc, err = [], 0, ""
+        walls, rc, err, info = [], 0, "", {}
         for _ in range(repeat):
+            saved = tmp / "run.nc"
+            saved.unlink(missing_ok=True)
+            full = cmd[:-1] + ["-o", str(saved), cmd[-1]] if cmd[1:3] == ["-m", "gpuscope"] else list(cmd)
+            if full[-1] == "annotate":  # the option goes before the script, "annotate" after it
+                full = cmd[:-2] + ["-o", str(saved), cmd[-2], "annotate"]
             t = time.perf_counter()
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=580)
+            p = subprocess.run(full, capture_output=True, text=True, env=env, timeout=580)
             walls.append(time.perf_counter() - t)
             rc, err = p.returncode, p.stderr[-400:]
-        out.append({"case": label, "steps": steps, "wall_s": [round(w, 3) for w in walls], "rc": rc,
+            if saved.exists():
+                info = _rows_of(saved)
+        out.append({"case": label, "steps": steps, "wall_s": [round(w, 3) for w in walls], "rc": rc, **info,
                     **({"stderr": err} if rc else {})})
     plain = min(out[0]["wall_s"])
     for o in out:
         o["over_plain_s"] = round(min(o["wall_s"]) - plain, 3)
+        if o.get("rows"):
+            o["ms_per_row"] = round(o["over_plain_s"] / o["rows"] * 1e3, 1)
     shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _rows_of(path: Path) -> dict:
+    """Rows of a saved range Dataset, its mode and how its iterations were found (gpuscope run -o)."""
+    import gpuscope as gs
+
+    ds = gs.open_dataset(str(path))
+    return {"rows": int(ds.sizes.get("range", 0)), "mode": ds.attrs.get("mode", ""),
+            "iterations_found_by": ds.attrs.get("iterations_found_by", ""),
+            "kernel_rows": int((ds["replay"].values == "kernel").sum()) if "replay" in ds.coords else -1}
 
 
 def summary(results: dict) -> str:
@@ -323,7 +354,9 @@ def summary(results: dict) -> str:
                      f"({cold['enter_s']:.2f}/{cold['exit_s']:.2f}/{cold['dataset_s'] + cold['analysis_s']:.2f}) | "
                      f"{wt:.3f} | {big} |")
     for w in results.get("processes", []):
-        lines.append(f"whole process: {w['case']}: {w['wall_s']} s, over plain {w['over_plain_s']} s (rc {w['rc']})")
+        lines.append(f"whole process, {w['steps']} steps: {w['case']}: {w['wall_s']} s, over plain {w['over_plain_s']} s "
+                     f"(rc {w['rc']}; rows {w.get('rows', '-')}, {w.get('ms_per_row', '-')} ms/row, mode "
+                     f"{w.get('mode', '-')}, found by {w.get('iterations_found_by', '-')})")
     return "\n".join(lines)
 
 
@@ -336,7 +369,7 @@ def main():
     ap.add_argument("--processes", default="base", help="comma list of process kinds to run the modes in")
     ap.add_argument("--hold", type=int, default=8, help="GB of device arrays a 'mixed' process holds")
     ap.add_argument("--run", action="store_true", help="also time gpuscope run and ncu on a 3-kernel script")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", default="30", help="steps of the 3-kernel script, comma list (e.g. 30,1000)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--run-breakdown", action="store_true")
@@ -353,9 +386,10 @@ def main():
             print(json.dumps(r), flush=True)
     if args.run:
         ncu = args.ncu if Path(args.ncu).exists() else None
-        results["processes"] = whole_processes(ncu, args.steps, args.repeat)
+        for steps in map(int, str(args.steps).split(",")):
+            results["processes"] += whole_processes(ncu, steps, args.repeat)
     if args.run_breakdown:
-        results["run_breakdown"] = run_breakdown(args.steps)
+        results["run_breakdown"] = run_breakdown(int(str(args.steps).split(",")[0]))
         print(json.dumps(results["run_breakdown"]))
     text = summary(results)
     results["summary"] = text
