@@ -29,7 +29,7 @@ class RunOptions:
     script: str
     args: list = dataclasses.field(default_factory=list)
     metrics: object = None  # a set name or a list of metric names; None with sample=None means "topdown"
-    mode: str = "kernel"
+    mode: str = "auto"
     kernels: list | None = None
     exclude: list | None = None
     launch_skip: int | None = None

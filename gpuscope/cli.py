@@ -503,8 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kernel-times", action="store_true",
                    help="with --sample: also record each kernel's start and end on the GPU (CUPTI activity), for "
                         "Top-Down per phase and the trace")
-    r.add_argument("--mode", choices=("kernel", "user", "iteration", "auto"), default="kernel",
-                   help="kernel: every launch is a range (default); user: gpuscope.range blocks and decorated kernels")
+    r.add_argument("--mode", choices=("kernel", "user", "iteration", "auto"), default="auto",
+                   help="auto (default): iteration replay over the script's top-level gpuscope.range, or over the "
+                        "loop found in its launch stream, kernel replay elsewhere; kernel: every launch replayed; "
+                        "user: gpuscope.range blocks and decorated kernels")
     r.add_argument("-k", "--kernels", action="append", metavar="NAMES",
                    help="profile only these kernels: names (demangled, or parts of symbols) or regex:PATTERN, "
                         "comma-separated or repeated")

@@ -77,7 +77,7 @@ def test_script_runs_as_main_with_its_argv(fake, tmp_path, capsys):
     assert saved.sizes["range"] == 15
     (prof,) = fake.made
     assert prof.events == ["enter", "exit"]
-    assert prof.args["metrics"] == "topdown" and prof.args["mode"] == "kernel"
+    assert prof.args["metrics"] == "topdown" and prof.args["mode"] == "auto"
     assert prof.args["kernels"] is None  # not given: not passed
 
 
