@@ -15,7 +15,7 @@ from gpuscope.metrics import topdown as td
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tutorials" / "report_workload.py"
-RUN = ["run", "--set", "topdown", "-k", "regex:stream|fma"]
+RUN = ["run", "--set", "topdown", "--mode", "kernel", "-k", "regex:stream|fma"]  # a row per launch: the t-tests
 
 
 def gpuscope(*argv, cwd):
