@@ -516,7 +516,10 @@ class Profiler:
                 elif self._collector.in_iteration:
                     self._end_iteration()
                 clean = self._collector.group is None
-                if self._collector.group is not None or not self._rows:
+                if self._tracker is not None:  # found iterations: an incomplete last group is said, never an error
+                    if not clean:
+                        self._incomplete_iterations() if self._rows else self._collector.take_group()
+                elif self._collector.group is not None or not self._rows:
                     error = self._incomplete_iterations()
             elif self.continuous and self._running:
                 self._rp.stop()
