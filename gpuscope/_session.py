@@ -517,8 +517,10 @@ class Profiler:
                     self._end_iteration()
                 clean = self._collector.group is None
                 if self._tracker is not None:  # found iterations: an incomplete last group is said, never an error
-                    if not clean:
-                        self._incomplete_iterations() if self._rows else self._collector.take_group()
+                    if not clean and self._rows:
+                        self._incomplete_iterations()  # warns
+                    elif not clean:
+                        self._collector.take_group()
                 elif self._collector.group is not None or not self._rows:
                     error = self._incomplete_iterations()
             elif self.continuous and self._running:
