@@ -266,3 +266,39 @@ def test_xarray_is_imported_in_the_background_and_the_thread_ends():
             "print('xarray' in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith('gpuscope-')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True []", out.stderr
+
+
+class FakeGroupCollector:
+    """An iteration collector holding an incomplete pass group (found iterations, filters that matched nothing)."""
+
+    in_iteration = counting = False
+    left_out, other_context, errors = 5, 0, []
+
+    def __init__(self):
+        self.group = object()
+
+    def take_group(self):
+        group, self.group = self.group, None
+        return group
+
+
+class FakeContextHandle:
+    handle = 1
+
+    def close(self):
+        pass
+
+
+def test_found_iterations_without_rows_close_without_an_error(monkeypatch):
+    from gpuscope._repetition import Tracker
+
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
+    p = _session.Profiler.__new__(_session.Profiler)
+    p.mode, p.mode_used = _session.Mode.AUTO, _session.Mode.ITERATION
+    p._state, p._pid, p._stack, p._rows, p._notes = "open", os.getpid(), [], [], {}
+    p._recorder = p._rp = None
+    p._tracker, p._collector, p._context = Tracker(), FakeGroupCollector(), FakeContextHandle()
+    p.device, p.print_report, p.filter = 0, False, KernelFilter.build(kernels=["nosuchkernel"])
+    with pytest.warns(Warning, match="No launch matched the kernel filters"):
+        p.close()  # no MultiPassRangeError: what gpuscope run reports as "nothing matched" (status 6)
+    assert p._collector.group is None and p._notes["iterations_found_by"] == "none"
