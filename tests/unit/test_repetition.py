@@ -379,3 +379,22 @@ def test_bad_parameters(kwargs, message):
 def test_docstring_example():
     assert doctest.testmod(gpuscope._repetition).attempted == 4
     assert doctest.testmod(gpuscope._repetition).failed == 0
+
+
+def test_a_launch_stream_recorded_on_the_h100():
+    """The launches of gpuscope's demo, recorded in kernel mode on an H100 (15 launches: 5 steps of 3 kernels)."""
+    from pathlib import Path
+
+    import gpuscope as gs
+
+    ds = gs.open_dataset(Path(gs.__file__).parent / "data" / "demo_launches.nc")
+    stream = [(str(k), (int(gx), int(gy), int(gz)), (int(bx), int(by), int(bz))) for k, gx, gy, gz, bx, by, bz in zip(
+        ds.kernel.values, ds.grid_x.values, ds.grid_y.values, ds.grid_z.values, ds.block_x.values, ds.block_y.values,
+        ds.block_z.values)]
+    assert len(stream) == 15
+    rep = find(stream)
+    assert (rep.offset, len(rep.period), rep.found_at) == (0, 3, 8)
+    assert [s[0] for s in rep.period] == ["stream", "fma", "divergent"]
+    tracker = Tracker()
+    kinds = [str(tracker.feed(s).kind) for s in [("fill", (64, 1, 1), (256, 1, 1))] + stream]
+    assert kinds[:10] == ["searching"] * 10 and kinds[10:] == ["begin", "inside", "inside"] * 2
