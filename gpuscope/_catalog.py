@@ -110,10 +110,12 @@ def units_of(suffix: str, cupti_units: str) -> str:
     if ".pct" in suffix:
         return "percent"
     if cupti_units:
-        # CUPTI 13.1 gives the numerator's unit for rates (".per_second" -> "byte"), CUPTI 13.0 on the H100 gave
-        # "byte/second" for some: say what the number is, once.
+        # CUPTI 13.1 gives the numerator's unit for rates (".per_second" -> "byte"); other versions and metrics give
+        # the whole rate ("byte/second", "instruction/gpc_cycle"): a unit that has its denominator stays as it is
+        if "/" in cupti_units:  # one denominator: "byte/second/second" (seen in H100 recordings) is byte/second
+            return "/".join(cupti_units.split("/")[:2])
         for rate, per in ((".per_second", "second"), (".per_cycle", "cycle")):
-            if rate in suffix and not cupti_units.endswith(f"/{per}"):
+            if rate in suffix:
                 return f"{cupti_units}/{per}"
         return cupti_units
     if suffix.endswith(".ratio") or suffix.endswith(".max_rate"):
@@ -547,9 +549,22 @@ def _set_on_chip(name: str, chip: str, kind: MetricKind):
 
 
 def split_list(items: str | Iterable[str]) -> list[str]:
-    """Metric and set names from command-line words: ``["a,b", "c"]`` -> ``["a", "b", "c"]`` (blanks dropped)."""
+    """Names from command-line words: ``["a,b", "c"]`` -> ``["a", "b", "c"]`` (blanks dropped).
+
+    A ``regex:`` entry runs to the end of its word, commas included (``regex:^(fma{1,2})$`` stays whole): put other
+    names before it in the word, or in words of their own.
+    """
     words = [items] if isinstance(items, str) else list(items)
-    return [part.strip() for word in words for part in word.split(",") if part.strip()]
+    out = []
+    for word in words:
+        parts = word.split(",")
+        for i, part in enumerate(parts):
+            if part.strip().startswith("regex:"):
+                out.append(",".join(parts[i:]).strip())
+                break
+            if part.strip():
+                out.append(part.strip())
+    return out
 
 
 def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | list[str], str]:

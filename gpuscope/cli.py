@@ -132,10 +132,10 @@ def _metrics(args) -> int:
                                    internal=args.internal)
         if args.json:
             print(json.dumps([i.__dict__ for i in infos], indent=2))
-            return EXIT_OK
+            return EXIT_OK if infos else EXIT_NOTHING_PROFILED
         if not infos:
             print(f"No {kind} metric matches {args.search!r}.")
-            return EXIT_OK
+            return EXIT_NOTHING_PROFILED  # as grep: a search that finds nothing is not a success
         _print_table(
             [(i.name, i.metric_type.lower(), i.hw_unit, i.description) for i in infos],
             header=("metric", "type", "unit", "description"),
@@ -507,12 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default): iteration replay over the script's top-level gpuscope.range, or over the "
                         "loop found in its launch stream, kernel replay elsewhere; kernel: every launch replayed; "
                         "user: gpuscope.range blocks and decorated kernels")
-    r.add_argument("-k", "--kernels", action="append", metavar="NAMES",
+    r.add_argument("-k", "--kernels", "--kernel-name", dest="kernels", action="append", metavar="NAMES",
                    help="profile only these kernels: names (demangled, or parts of symbols) or regex:PATTERN, "
-                        "comma-separated or repeated")
+                        "comma-separated or repeated (a regex: entry is never split at its commas)")
     r.add_argument("--exclude", action="append", metavar="NAMES", help="never profile these kernels (same forms)")
-    r.add_argument("--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
-    r.add_argument("--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
+    r.add_argument("-s", "--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
+    r.add_argument("-c", "--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
     r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")
     r.add_argument("--no-report", action="store_true", help="do not print the report")

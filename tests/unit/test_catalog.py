@@ -129,6 +129,8 @@ def test_no_chip_without_gpu_says_pass_chip():
         (".sum.per_second", "byte", "byte/second"),  # CUPTI 13.1: the numerator's unit
         (".sum.per_second", "byte/second", "byte/second"),  # CUPTI 13.0 on the H100 already says per second
         (".avg.per_cycle_active", "inst", "inst/cycle"),
+        (".avg.per_cycle_active", "instruction/gpc_cycle", "instruction/gpc_cycle"),  # never a second denominator
+        (".sum.per_second", "byte/second/second", "byte/second"),
         (".avg.pct_of_peak_sustained_elapsed", "cycle", "percent"),
         (".ratio", "", "ratio"),
         (".sum", "byte", "byte"),
@@ -136,3 +138,13 @@ def test_no_chip_without_gpu_says_pass_chip():
 )
 def test_units_of(suffix, cupti_units, expected):
     assert _catalog.units_of(suffix, cupti_units) == expected
+
+
+@pytest.mark.parametrize("words, expected", [
+    (["a,b", "c"], ["a", "b", "c"]),
+    (["regex:^(fma{1,2})$"], ["regex:^(fma{1,2})$"]),  # a regex is never split at its commas
+    (["stream,regex:a{1,2}|b", "fma"], ["stream", "regex:a{1,2}|b", "fma"]),
+    ([" , x ,"], ["x"]),
+])
+def test_split_list_keeps_a_regex_whole(words, expected):
+    assert _catalog.split_list(words) == expected

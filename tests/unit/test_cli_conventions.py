@@ -65,7 +65,7 @@ def test_search_over_descriptions_without_internal_names(capsys, tmp_path, monke
     assert list(tmp_path.glob("gpuscope/descriptions-GH100-sampling-cupti*.json"))
     # internal-only names are hidden unless asked for
     code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "internal_activity", "--names-only")
-    assert code == 0 and "No range metric matches" in out
+    assert code == cli.EXIT_NOTHING_PROFILED == 6 and "No range metric matches" in out  # as grep: nothing found
     code, out, _ = run(capsys, "metrics", "--chip", "GH100", "--search", "internal_activity", "--names-only",
                        "--internal")
     assert "lts__throughput_internal_activity" in out
@@ -158,3 +158,11 @@ def test_exit_statuses_as_documented(exc, code):
 def test_bad_usage_is_4_not_argparse_2(capsys):
     code, _, err = run(capsys, "metrics", "--type", "nonsense")
     assert code == cli.EXIT_USAGE and "invalid choice" in err
+
+
+def test_nsight_compute_short_forms_of_run(monkeypatch):
+    args = cli.build_parser().parse_args(["run", "-c", "3", "-s", "2", "--kernel-name", "regex:^(fma{1,2})$",
+                                          "-k", "stream", "script.py", "-c", "9"])
+    assert (args.launch_count, args.launch_skip) == (3, 2)  # the script's own "-c 9" stays the script's
+    assert args.kernels == ["regex:^(fma{1,2})$", "stream"] and args.args == ["-c", "9"]
+    assert _catalog.split_list(args.kernels) == ["regex:^(fma{1,2})$", "stream"]
