@@ -500,7 +500,9 @@ def open_dataset(path: str | os.PathLike):
 
     _path_arg(path, "open_dataset needs a path")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"No gpuscope dataset at {os.fspath(path)!r}.")
+        raise FileNotFoundError(f"No such file: {os.fspath(path)!r} (no gpuscope dataset there).")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{os.fspath(path)!r} is a folder, not a gpuscope dataset: give a .nc file in it.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
     tags = json.loads(ds.attrs.pop(ATTR_TYPES, "{}"))

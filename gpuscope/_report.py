@@ -268,9 +268,9 @@ def _range_report(ds, *, by: str | None = None) -> Report:
         frame["DRAM GB/s"] = moved / (frame["gpu_time_ms"].to_numpy() * 1e-3) / 1e9
     if share_of and "share" in frame:
         frame = frame.sort_values("share", ascending=False, kind="stable")
-    what = "launches" if launches else "ranges"
-    set_name = ds.attrs.get("metric_set") or f"{len(ds.attrs.get('metrics', [])) or len(ds.data_vars)} metrics"
-    title = (f"gpuscope report: {n} {what}, {len(frame)} {label}s, metric set {set_name}"
+    what = "launch" if launches else "range"
+    set_name = ds.attrs.get("metric_set") or _count(len(ds.attrs.get("metrics", [])) or len(ds.data_vars), "metric")
+    title = (f"gpuscope report: {_count(n, what)}, {_count(len(frame), label)}, metric set {set_name}"
              + (f", {mode} mode" if mode else "") + f" ({_device_line(ds)})")
     if share_of:
         notes.insert(0, f"share: of the {share_of} of all rows.")
@@ -322,7 +322,7 @@ def _pm_report(ds, *, by: str | None = None) -> Report:
         out[SHORT_NAMES.get(m, m)] = grouped[m].mean()
     interval = ds.attrs.get("interval_ns")
     every = f" every {float(interval) / 1e3:g} us" if interval else ""
-    title = f"gpuscope report: PM sampling, {n} samples{every}, {len(out)} {label}s ({_device_line(ds)})"
+    title = f"gpuscope report: PM sampling, {_count(n, 'sample')}{every}, {_count(len(out), label)} ({_device_line(ds)})"
     notes.insert(0, "time_ms: summed sample lengths; metric columns: mean over the samples (GB/s for rates).")
     lost = ds.attrs.get("lost_samples")
     if lost:
@@ -358,7 +358,7 @@ def _pc_report(ds, *, top: int = 3) -> Report:
         out[f"stall_{i + 1}_share"] = pct
     out = out.sort_values("samples", ascending=False, kind="stable")
     title = (f"gpuscope report: PC sampling, {int(ds.attrs.get('total_samples', total.sum()))} samples, "
-             f"{len(out)} kernels ({_device_line(ds)})")
+             f"{_count(len(out), 'kernel')} ({_device_line(ds)})")
     notes = ["issued: share of samples that found the warp issuing (selected); stall_N: the N-th most sampled "
              "stall reason and its share of the kernel's samples (gpuscope.fast_topdown for the hierarchy)."]
     dropped = int(ds.attrs.get("dropped_samples", 0) or 0)
@@ -425,3 +425,9 @@ def report(ds, **options) -> Report:
                     f"gpuscope report: nothing was profiled ({_device_line(ds)})",
                     ["The Dataset has no ranges: no kernel launch or range matched while the session was open."])
     return build(ds, **options)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 kernel``, ``2 kernels``, ``3 launches``."""
+    plural = noun + ("es" if noun.endswith(("ch", "sh", "s", "x")) else "s")
+    return f"{n} {noun if n == 1 else plural}"

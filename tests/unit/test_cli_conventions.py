@@ -114,7 +114,9 @@ def test_show_refuses_other_files(capsys, tmp_path, content, needle):
     code, _, err = run(capsys, "show", str(path))
     assert code == cli.EXIT_FILE and needle in err and "Traceback" not in err
     code, _, err = run(capsys, "show", str(tmp_path / "missing.nc"))
-    assert code == cli.EXIT_FILE and "No gpuscope dataset at" in err
+    assert code == cli.EXIT_FILE and "No such file:" in err and "missing.nc" in err
+    code, _, err = run(capsys, "show", str(tmp_path))
+    assert code == cli.EXIT_FILE and "is a folder, not a gpuscope dataset" in err and "Errno" not in err
 
 
 def test_compare_command(capsys, tmp_path):

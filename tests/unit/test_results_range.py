@@ -92,5 +92,5 @@ def test_netcdf_roundtrip_is_lossless(tmp_path):
 
 
 def test_open_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No gpuscope dataset"):
+    with pytest.raises(FileNotFoundError, match="No such file"):
         _io.open_dataset(tmp_path / "nope.nc")
