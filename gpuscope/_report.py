@@ -206,7 +206,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
     mode = str(ds.attrs.get("mode", ""))
     key = np.asarray(ds[by].values).astype(str) if by else group_key(ds)
     launches = "kernel" in ds.coords and bool((np.asarray(ds["kernel"].values).astype(str) != "").any())
-    label = "kernel" if launches else "range"
+    label = by or ("kernel" if launches else "range")  # the index is what the rows were grouped by
     notes = []
     frame = pd.DataFrame(index=pd.Index(list(dict.fromkeys(key.tolist())), name=label))
     frame["launches" if launches else "count"] = pd.Series(key).value_counts().reindex(frame.index).to_numpy()

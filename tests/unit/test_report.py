@@ -171,3 +171,11 @@ def test_mangled_kernel_symbols_become_readable_rows(launches):
     r = report(raw)
     assert sorted(r.index) == ["__main__.fma", "__main__.inc", "__main__.stream"]
     assert r["launches"].tolist() == [5, 5, 5]
+
+
+def test_grouping_by_launch_titles_the_rows_by_launch(launches):
+    r = report(launches, by="launch")
+    assert r.index.name == "launch"
+    assert f"{launches.sizes['range']} launches, {len(r)} launches" in r.title
+    one = report(launches.isel(range=[0]))
+    assert "report: 1 launch, 1 kernel," in one.title
