@@ -40,6 +40,7 @@ class RunOptions:
     report: bool = True
     device: int | str | list = 0  # a list or "all": PM sampling on several devices (sample only)
     kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
+    force: bool = False  # overwrite an existing output or trace file
 
 
 class RunError(GpuscopeError, ValueError):
@@ -61,7 +62,9 @@ def check_options(opts: RunOptions) -> None:
     ------
     RunError
         No script file; range profiling and PM sampling asked for together; filters with PM sampling; negative
-        counts; an output file that cannot be written.
+        counts; an output or trace file that exists (without ``force``).
+    OSError
+        An output file that cannot be written.
     """
     if not os.path.isfile(opts.script):
         raise RunError(f"No script {opts.script!r} (gpuscope run profiles a Python file: gpuscope run [options] "
@@ -89,8 +92,11 @@ def check_options(opts: RunOptions) -> None:
     for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
         if value is not None and value < 0:
             raise RunError(f"{name} must be 0 or more, not {value}.")
-    for target in (opts.output, opts.trace):
+    for flag, target in (("-o", opts.output), ("--trace", opts.trace)):
         if target:
+            if os.path.exists(target) and not opts.force:
+                raise RunError(f"{target!r} exists: gpuscope run does not overwrite it (as ncu does not). Pass "
+                               f"-f/--force to replace it, or give {flag} another name.")
             folder = os.path.dirname(os.path.abspath(target))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 raise OSError(f"cannot write {target!r}: {folder!r} is not a writable folder.")

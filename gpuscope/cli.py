@@ -386,7 +386,7 @@ def _run(args) -> int:
         launch_skip=args.launch_skip, launch_count=args.launch_count,
         sample=_run.parse_sample(args.sample) if args.sample else None,
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
-        kernel_times=args.kernel_times,
+        kernel_times=args.kernel_times, force=args.force,
     )
     return _run.run_script(opts)
 
@@ -514,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-s", "--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
     r.add_argument("-c", "--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
+    r.add_argument("-f", "--force", action="store_true", help="overwrite the -o and --trace files if they exist")
     r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")
     r.add_argument("--no-report", action="store_true", help="do not print the report")
     r.add_argument("--device", type=_devices, default=0, metavar="N|N,M|all",

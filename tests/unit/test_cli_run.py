@@ -143,11 +143,14 @@ def test_a_failing_script_keeps_its_status_when_nothing_matched(fake, tmp_path, 
         (["run", "--sample", "pm-default", "-k", "stream", "S"], cli.EXIT_USAGE, "PM sampling (--sample) covers"),
         (["run", "--launch-count", "-1", "S"], cli.EXIT_USAGE, "negative"),
         (["run", "-o", "/proc/nope/out.nc", "S"], cli.EXIT_FILE, "is not a writable folder"),
+        (["run", "-o", "EXISTS", "S"], cli.EXIT_USAGE, "exists: gpuscope run does not overwrite it"),
+        (["run", "--trace", "EXISTS", "S"], cli.EXIT_USAGE, "give --trace another name"),
     ],
 )
 def test_refused_before_the_script_starts(fake, tmp_path, capsys, argv, code, needle):
     path = script(tmp_path, "open('ran', 'w').write('yes')\n")
-    argv = [str(path) if a == "S" else a for a in argv]
+    (tmp_path / "old.nc").write_text("results of an earlier run")
+    argv = [str(path) if a == "S" else str(tmp_path / "old.nc") if a == "EXISTS" else a for a in argv]
     assert status(argv) == code
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
@@ -214,3 +217,11 @@ def test_trace_of_the_run(fake, tmp_path, capsys):
     assert len(slices) == 15  # the recording's 15 launches, one slice each
     assert {e["name"] for e in slices} == {"stream", "fma", "divergent"}
     assert cli.main(["run", "--trace", "/proc/nope/run.json", str(path)]) == cli.EXIT_FILE
+
+
+def test_force_overwrites_the_output(fake, tmp_path, capsys):
+    path = script(tmp_path, ECHO)
+    out = tmp_path / "out.nc"
+    out.write_text("results of an earlier run")
+    assert cli.main(["run", "-f", "-o", str(out), str(path)]) == 0
+    assert gs.open_dataset(out).sizes["range"] == 15
