@@ -607,7 +607,7 @@ def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter
     return host.config_image(chip, ptype, list(metrics), counter_availability)
 
 
-def count_passes(metrics, chip: str | None = None, kind: str = "range", counter_availability=None) -> int:
+def count_passes(metrics, chip: str | None = None, kind: str | None = None, counter_availability=None) -> int:
     """How many passes (replays) CUPTI needs to collect *metrics* (a set name or a list).
 
     Parameters
@@ -616,8 +616,9 @@ def count_passes(metrics, chip: str | None = None, kind: str = "range", counter_
         A metric-set name or metric names.
     chip : str, optional
         Default: the chip of GPU 0.
-    kind : {"range", "sampling"}
-        PM sampling can only collect a one-pass list.
+    kind : {"range", "sampling"}, optional
+        PM sampling can only collect a one-pass list. Default: the kind of the sets named (``"pm-default"`` is
+        PM sampling), else ``"range"``, as the command line infers it.
     counter_availability : bytes-like, optional
         The device's counter-availability image; without it CUPTI assumes every counter is free.
 
@@ -628,6 +629,8 @@ def count_passes(metrics, chip: str | None = None, kind: str = "range", counter_
     from .cupti import host
 
     chip = _check_chip(chip)
+    if kind is None:
+        metrics, kind = expand(metrics)
     names = resolve(metrics, chip, kind)
     return host.num_passes(config_image(names, chip, kind, counter_availability))
 

@@ -244,7 +244,7 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
         try:
             live = _device.device_count() > 0
         except gs.NoGpuError as exc:
-            print(f"No GPU: {exc.args[0].split('.')[0]}.")
+            print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.")  # its first clause
     if live:
         launches, series = collect()
         if record_to:

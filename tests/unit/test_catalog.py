@@ -148,3 +148,9 @@ def test_units_of(suffix, cupti_units, expected):
 ])
 def test_split_list_keeps_a_regex_whole(words, expected):
     assert _catalog.split_list(words) == expected
+
+
+def test_count_passes_infers_the_kind_of_a_set_as_the_cli_does():
+    assert gs.count_passes("pm-default", chip="GH100") == gs.count_passes("pm-default", chip="GH100",
+                                                                          kind="sampling") == 1
+    assert gs.count_passes("topdown", chip="GH100") == gs.count_passes("topdown", chip="GH100", kind="range")

@@ -37,3 +37,14 @@ def test_demo_command_without_gpu(tmp_path, capsys):
     assert "Top-Down per kernel" in capsys.readouterr().out
     if not _lib.driver_available():
         assert cli.main(["demo", "--out", str(tmp_path / "auto")]) == 0
+
+
+def test_the_no_gpu_line_is_one_balanced_clause(tmp_path, monkeypatch, capsys):
+    def no_gpu():
+        raise gs.NoGpuError("The NVIDIA driver is not available on this machine (Error loading libcuda.so.1: not "
+                            "found). gpuscope can still list metrics offline.")
+
+    monkeypatch.setattr("gpuscope._device.device_count", no_gpu)
+    _demo.main(tmp_path)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("No GPU:"))
+    assert line == "No GPU: The NVIDIA driver is not available on this machine."
