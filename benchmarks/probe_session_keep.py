@@ -37,32 +37,15 @@ import subprocess
 import sys
 import time
 import traceback
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_session_cost import Calls  # noqa: E402  (CUPTI calls timed through the shim's observer)
 
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
 CASES = ["fresh", "keep", "keep_pm", "keep_pc", "disabled_pc", "pc_keep", "rp_same", "rp_size", "rp_switch",
          "pm_restart", "cubins"]
-
-
-class Calls:
-    """Seconds per CUPTI call name since the last :meth:`take`."""
-
-    def __init__(self):
-        from gpuscope.cupti import _api
-
-        self.times = defaultdict(float)
-        _api.observe(self._add)
-
-    def _add(self, name, seconds):
-        self.times[name.replace("cupti", "")] += seconds
-
-    def take(self) -> dict:
-        out = {k: round(v * 1e3, 3) for k, v in sorted(self.times.items(), key=lambda kv: -kv[1]) if v > 1e-4}
-        self.times.clear()
-        return out
 
 
 def kernels():

@@ -33,7 +33,7 @@ import warnings
 
 from .errors import GpuscopeWarning
 
-__all__ = ["Kept", "HostSetup", "take", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
+__all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
            "import_xarray_soon", "imports_done"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
@@ -131,6 +131,20 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
     return None
 
 
+def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
+    """:func:`take`, for a session that holds its own context and profiler initialisation: the kept ones are
+    released, the profiler and images are the session's. None when keeping is off."""
+    if not enabled():
+        return None
+    kept = take(device, key, context_id)
+    if kept is not None:
+        from .cupti import profiler
+
+        kept.context.close()
+        profiler.deinitialize()
+    return kept
+
+
 def keep(device: int, kept: Kept) -> None:
     """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`."""
     idle = seconds()
@@ -176,12 +190,17 @@ def release(device: int | None = None) -> int:
     int
         How many kept profilers were released.
     """
-    with _lock:
-        devices = list(_kept) if device is None else [device]
-        gone = [_kept.pop(d) for d in devices if d in _kept]
+    gone = _pop(device)
     for kept in gone:
         _release(kept)
     return len(gone)
+
+
+def _pop(device: int | None) -> list[Kept]:
+    """Take what is kept on *device* (None: every device) out of the keeper."""
+    with _lock:
+        devices = list(_kept) if device is None else [device]
+        return [_kept.pop(d) for d in devices if d in _kept]
 
 
 def kept_devices() -> list[int]:
@@ -255,10 +274,7 @@ def _forget_in_child() -> None:
 
 def _at_exit() -> None:
     """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly."""
-    with _lock:
-        gone = list(_kept.values())
-        _kept.clear()
-    for kept in gone:
+    for kept in _pop(None):
         _release(kept, quiet=True)
 
 

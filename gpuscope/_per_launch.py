@@ -50,16 +50,26 @@ class PerLaunchModes:
         self._running = self._collector.running = True
 
     def _use_iteration(self) -> None:
-        from . import _launches
         from .cupti._types import ProfilerRange, ReplayMode
-        from .cupti.activity import timestamp
 
         self.mode_used = Mode.ITERATION
         self.cycles = self.passes
         if not self._size_from_first:
             self._configure(ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges)
-        self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
-                                                    self._annotate, timestamp)
+        self._collector = self._iteration_replay()
+
+    def _iteration_replay(self):
+        from . import _launches
+        from .cupti.activity import timestamp
+
+        return _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable, self._annotate,
+                                         timestamp)
+
+    def _stop_kernel_pass(self) -> None:
+        """Kernel mode: end the pass before collecting (it is stopped already while left-out launches run)."""
+        if self._running and not self._collector.paused:
+            self._rp.stop()
+        self._running = self._collector.running = False
 
     def _on_enter(self, launch):
         collector = self._collector
@@ -124,19 +134,14 @@ class PerLaunchModes:
     def _use_found_iterations(self) -> None:
         """The tracker found the loop: collect the launches kernel replay profiled so far, and go on in iteration
         mode (a profiler configured for user replay: CUPTI cannot change a used profiler's configuration)."""
-        from . import _launches
         from .cupti._types import ProfilerRange, ReplayMode
-        from .cupti.activity import timestamp
 
         kernel_phase = self._collector
-        if self._running and not kernel_phase.paused:
-            self._rp.stop()
-        self._running = kernel_phase.running = False
+        self._stop_kernel_pass()
         self._collect_kernels()
         rep = self._tracker.repetition
         self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
-        self._collector = _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable,
-                                                    self._annotate, timestamp)
+        self._collector = self._iteration_replay()
         self.mode_used, self.cycles = Mode.ITERATION, self.passes
         self._notes.update(iterations_found_by="repetition", repetition_period=len(rep.period),
                            repetition_offset=rep.offset, repetition_found_at=rep.found_at,
@@ -154,9 +159,7 @@ class PerLaunchModes:
         """Auto mode: a top-level range after launches outside every range (setup before the loop). The launches
         so far keep their kernel-replay rows; the ranges decide the mode from here on."""
         kernel_phase = self._collector
-        if self._running and not kernel_phase.paused:
-            self._rp.stop()
-        self._running = kernel_phase.running = False
+        self._stop_kernel_pass()
         self._collect_kernels()
         self._tracker = None
         self._notes["launches_before_ranges"] = len(kernel_phase.selected)

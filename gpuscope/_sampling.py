@@ -243,11 +243,9 @@ class Sampler:
         self._key = ("pm", self._context.handle, tuple(self.metrics), self.hardware_buffer_size, self._hw_interval,
                      int(trigger), samples_per_image, self.image_pool, self.evaluate_in, self.evaluators)
         self._context_id = self._context.unique_id()
-        kept = _keep.take(self.device, self._key, self._context_id) if _keep.enabled() else None
+        kept = _keep.reuse(self.device, self._key, self._context_id)
         images = None
-        if kept is not None:  # this session holds its own context and initialisation
-            kept.context.close()
-            profiler.deinitialize()
+        if kept is not None:
             self._handle, images, self.reused = kept.profiler.handle, kept.image, True
             if images is not None:
                 self.image_pool = len(images[0])

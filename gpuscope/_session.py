@@ -305,7 +305,7 @@ class Profiler(PerLaunchModes):
         already has is disabled first.
         """
         from . import _keep
-        from .cupti import profiler, range_profiler
+        from .cupti import range_profiler
 
         key = (self._context.handle, tuple(self.metrics), int(range_mode), int(replay_mode), int(ranges), int(depth))
         if key == self._key:
@@ -313,10 +313,8 @@ class Profiler(PerLaunchModes):
         if self._rp is not None:
             rp, self._rp = self._rp, None
             rp.close()
-        kept = _keep.take(self.device, key, self._context_id) if _keep.enabled() else None
-        if kept is not None:  # the session holds its own context and initialisation: drop the kept ones
-            kept.context.close()
-            profiler.deinitialize()
+        kept = _keep.reuse(self.device, key, self._context_id)
+        if kept is not None:
             self._rp, self._image = kept.profiler, kept.image
             self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
         else:
@@ -362,10 +360,7 @@ class Profiler(PerLaunchModes):
             if self._recorder is not None:
                 self._recorder.close()  # no launch callback from here on
             if self.mode_used is Mode.KERNEL:
-                if self._running:
-                    if not self._collector.paused:
-                        self._rp.stop()
-                    self._running = self._collector.running = False
+                self._stop_kernel_pass()
                 self._finish_kernels()
                 clean = True
             elif self.mode_used is Mode.ITERATION:

@@ -302,3 +302,13 @@ def test_found_iterations_without_rows_close_without_an_error(monkeypatch):
     with pytest.warns(Warning, match="No launch matched the kernel filters"):
         p.close()  # no MultiPassRangeError: what gpuscope run reports as "nothing matched" (status 6)
     assert p._collector.group is None and p._notes["iterations_found_by"] == "none"
+
+
+def test_reuse_hands_the_kept_profiler_to_a_session_with_its_own_context(kept_state, monkeypatch):
+    k = kept()
+    _keep.keep(0, k)
+    assert _keep.reuse(0, k.key, 7) is k
+    assert k.profiler.closed == 0 and k.context.closed == 1 and kept_state == [1]  # the session holds its own
+    _keep.keep(0, k)
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0")
+    assert _keep.reuse(0, k.key, 7) is None and _keep.kept_devices() == [0]  # keeping off: nothing taken
