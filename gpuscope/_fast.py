@@ -99,8 +99,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     both = {k: n for k, n in names.items() if n is not None}
     if not both:
         unattributed = int(pc.attrs.get("non_user_kernel_samples", 0))
-        why = " " + _pcsampling.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0))) \
-            if unattributed else ""
+        why = " " + _pcsampling.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0)),
+                                                     str(pc.attrs.get("cupti_detach", ""))) if unattributed else ""
         raise FastTopDownError(
             f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
             f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "
@@ -108,7 +108,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     unsampled = {k: int(per_kernel["count"].sel(kernel=k)) for k in names if k not in both}
     if unsampled:
         warnings.warn(_pcsampling.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
-                                                    int(pc.attrs.get("total_samples", 0)))
+                                                    int(pc.attrs.get("total_samples", 0)),
+                                                    str(pc.attrs.get("cupti_detach", "")))
                       + " They are left out of the result (kernels_without_pc_samples).", GpuscopeWarning,
                       stacklevel=2)
     ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))

@@ -20,6 +20,10 @@ exit, a forked child (which forgets, never touches, its parent's), and :func:`gp
 
 Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
 too (:func:`host_for`): they depend only on the chip and the metrics.
+
+PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cupti`, ``cuptiFinalize``): CUPTI
+maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached outside a PC block, so a
+kernel profiled by range profiling earlier got no samples. Detaching drops everything kept here first.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import warnings
 from .errors import GpuscopeWarning
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
-           "import_xarray_soon", "imports_done"]
+           "detach_cupti", "DETACH_ENV", "import_xarray_soon", "imports_done"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
@@ -232,6 +236,57 @@ def _detach(kept: Kept) -> None:
     finalizer = getattr(kept.profiler, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
+
+
+#: ``GPUSCOPE_PC_DETACH=0`` stops PC sampling from detaching CUPTI (for a process with another CUPTI client).
+DETACH_ENV = "GPUSCOPE_PC_DETACH"
+
+
+def detach_cupti() -> str:
+    """Make CUPTI forget this process before PC sampling starts (``cuptiFinalize``), so that every kernel is
+    mapped for PC sampling whatever ran before: CUPTI maps a kernel only if it did not run while CUPTI was
+    attached outside a PC block (``benchmarks/probe_pc_after_ranges.py``: a kernel profiled by a range session
+    first got 0 of 190,549 samples; after a detach, all of them). Costs 2-28 ms, plus the host objects the next
+    range session builds again.
+
+    Everything kept is released first. Nothing happens if CUPTI is not attached, if ``GPUSCOPE_PC_DETACH=0``, if
+    another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would be lost) or if a gpuscope
+    session is open. Returns ``"detached"``, ``"not attached"`` or why it did not detach.
+    """
+    from . import _modules
+    from .cupti import _api
+
+    if not _api.attached():
+        return "not attached"
+    if os.environ.get(DETACH_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return f"{DETACH_ENV}={os.environ[DETACH_ENV]}"
+    if os.environ.get("CUDA_INJECTION64_PATH"):
+        return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
+    release()
+
+    def drop_hosts():  # host objects belong to the CUPTI that is going away
+        with _lock:
+            hosts = list(_hosts.values())
+            _hosts.clear()
+        for setup in hosts:
+            _quietly_close(setup.host)
+
+    watching = _modules.pause()
+    try:
+        _api.detach(prepare=drop_hosts)
+    except RuntimeError as exc:
+        return f"a gpuscope session is open ({exc})"
+    finally:
+        if watching:
+            _modules.resume()
+    return "detached"
+
+
+def _quietly_close(obj) -> None:
+    try:
+        obj.close()
+    except Exception as exc:  # cleanup never raises
+        warnings.warn(f"gpuscope: closing {type(obj).__name__} failed: {exc}", GpuscopeWarning, stacklevel=3)
 
 
 _importer: threading.Thread | None = None

@@ -111,6 +111,23 @@ def watch() -> Seen:
     return _seen
 
 
+def pause() -> bool:
+    """Stop hearing module loads for a moment (CUPTI is detached meanwhile); whether :func:`resume` should
+    start again."""
+    global _watcher
+    with _lock:
+        watcher, _watcher = _watcher, None
+    if watcher is None:
+        return False
+    watcher.close()
+    return True
+
+
+def resume() -> None:
+    """Hear module loads again after :func:`pause` (those loaded meanwhile are not heard)."""
+    watch()
+
+
 def seen() -> Seen:
     """What has been heard so far (nothing if :func:`watch` never ran)."""
     return _seen

@@ -329,6 +329,8 @@ class PCSampler:
         self._state = "new"  # new -> sampling -> closed
         self._finalizer = None
         self._recorder = None
+        #: whether CUPTI was detached when the block started ("detached", "not attached" or why not)
+        self.cupti_detach = ""
         #: mangled name -> launches in the block on this context (None: not tracked, another recorder was open)
         self.launches: dict[str, int] | None = None
 
@@ -384,9 +386,13 @@ class PCSampler:
                     "Leave the other 'with gpuscope.pc_sample()' block first, or sample inside it."
                 )
             _active[self.device] = self
+            alone = len(_active) == 1
         enabled = False
         try:
-            _keep.release(self.device)  # with a range profiler kept enabled, CUPTI delivers no PC records
+            # a kernel that ran while CUPTI was attached outside a PC block gets no samples: start from a CUPTI that
+            # has forgotten the process (this also releases a kept range profiler, which blocks PC records)
+            self.cupti_detach = _keep.detach_cupti() if alone else "another pc_sample block is open"
+            _keep.release(self.device)
             _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
             self.device_info = _device.device_info(self.device)
             self._context = _device.PrimaryContext(self.device)
@@ -520,11 +526,11 @@ class PCSampler:
                           GpuscopeWarning, stacklevel=3)
         missing = self.kernels_without_samples()
         if missing:
-            warnings.warn(unsampled_message(missing, self.records.non_user_kernel_samples, total), GpuscopeWarning,
-                          stacklevel=3)
+            warnings.warn(unsampled_message(missing, self.records.non_user_kernel_samples, total, self.cupti_detach),
+                          GpuscopeWarning, stacklevel=3)
         elif self.records.non_user_kernel_samples:
-            warnings.warn(unattributed_message(self.records.non_user_kernel_samples, total), GpuscopeWarning,
-                          stacklevel=3)
+            warnings.warn(unattributed_message(self.records.non_user_kernel_samples, total, self.cupti_detach),
+                          GpuscopeWarning, stacklevel=3)
         if not failed:
             from . import _keep
 
@@ -565,6 +571,7 @@ class PCSampler:
             "kernels_without_samples": ", ".join(f"{pretty_function(k)} ({n})"
                                                  for k, n in self.kernels_without_samples().items()),
             "drain_errors": "; ".join(self.drain_errors),
+            "cupti_detach": self.cupti_detach,
         }
         ds = records_dataset(self.records, self.reason_indices, self.reason_names, source_map,
                              device_info=self.device_info, chip=chip, attrs=attrs)
@@ -596,28 +603,35 @@ def overflow_message(dropped: int, total: int, buffer_full: bool, period_log2: i
 
 # CUPTI's rule for which kernels it samples (measured on the H100, CUPTI 13.0; docs/pc-sampling.md)
 _FIRST_LAUNCH_RULE = (
-    "CUPTI maps a kernel for PC sampling only if it first sees it run inside a pc_sample block (or before any "
-    "gpuscope session in the process, or under gs.sample); a kernel that ran under range profiling (gs.Profiler) "
-    "or between pc_sample blocks is not mapped again in this process. Sample it in a fresh process, or before "
-    "profiling it otherwise; a kernel launched for the first time inside the block is mapped (docs/pc-sampling.md)."
+    "CUPTI maps a kernel for PC sampling only if it did not run while CUPTI was attached outside a pc_sample block "
+    "(under gs.Profiler, or between blocks); gpuscope detaches CUPTI when a block starts to avoid this, and could "
+    "not here"
 )
 
 
-def unsampled_message(missing: dict[str, int], unattributed: int, total: int) -> str:
+def _rule(detach: str) -> str:
+    if detach in ("detached", "not attached"):
+        return ("CUPTI had forgotten the process when the block started, so these kernels were not hidden by "
+                "earlier profiling.")
+    return (f"{_FIRST_LAUNCH_RULE} ({detach or 'unknown'}). Sample in a fresh process, or before profiling those "
+            f"kernels otherwise (docs/pc-sampling.md).")
+
+
+def unsampled_message(missing: dict[str, int], unattributed: int, total: int, detach: str = "") -> str:
     """Kernels that launched in a block but have no PC sample: what CUPTI counted for them, and why."""
     from ._source import pretty_function
 
     names = ", ".join(f"{pretty_function(k)} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
     counted = (f"CUPTI counted {unattributed} of {total} samples as unattributed (non-user kernel samples)"
                if unattributed else "CUPTI counted no sample as unattributed: their samples were lost uncounted")
-    return (f"No PC samples for {names}, which ran in the block; {counted}. {_FIRST_LAUNCH_RULE} (A kernel "
+    return (f"No PC samples for {names}, which ran in the block; {counted}. {_rule(detach)} (A kernel "
             "shorter than one sampling period per SM may also get no sample.)")
 
 
-def unattributed_message(unattributed: int, total: int) -> str:
+def unattributed_message(unattributed: int, total: int, detach: str = "") -> str:
     """Why CUPTI counted samples it gave no records for, and what to do."""
     return (f"CUPTI could not attribute {unattributed} of {total} PC samples to a kernel (its non-user kernel "
-            f"samples): they have no records. {_FIRST_LAUNCH_RULE}")
+            f"samples): they have no records. {_rule(detach)}")
 
 
 def _quietly(fn, *args) -> None:

@@ -25,7 +25,8 @@ from ..errors import CuptiNotFoundError, cupti_error
 from . import _lib
 from ._types import Version
 
-__all__ = ["Functions", "params", "version", "library", "error_message", "observe", "CUPTI_SUCCESS"]
+__all__ = ["Functions", "params", "version", "library", "error_message", "observe", "attached", "detach", "on_detach",
+           "CUPTI_SUCCESS"]
 
 CUPTI_SUCCESS = 0
 CUPTI_ERROR_NOT_READY = 13
@@ -67,6 +68,8 @@ def _cdll(which: str) -> ctypes.CDLL:
 
 _message_fn = None
 _observer = None
+_attached = False  # a CUPTI call was made since the process started or CUPTI last detached
+_detach_hooks: list[tuple] = []  # (before, after) from the shim modules that hold CUPTI state
 
 
 def observe(callback) -> None:
@@ -77,6 +80,44 @@ def observe(callback) -> None:
     """
     global _observer
     _observer = callback
+
+
+def attached() -> bool:
+    """Whether CUPTI is attached to the process: gpuscope made a CUPTI call since start or the last :func:`detach`."""
+    return _attached
+
+
+def on_detach(before, after) -> None:
+    """Register a shim module's part of :func:`detach`: ``before()`` gives its CUPTI state back (it may raise to
+    refuse: the detach then does not happen), ``after()`` forgets what CUPTI no longer has."""
+    _detach_hooks.append((before, after))
+
+
+def detach(prepare=None) -> None:
+    """``cuptiFinalize``: CUPTI lets go of the process and forgets every kernel, module and subscriber it knew;
+    the next CUPTI call attaches it afresh.
+
+    The caller makes sure nothing holds CUPTI state (no open profiler, sampler, activity collection or launch
+    listener); the shim modules' hooks give back what only they know of (the callback subscription, the
+    activity buffers) and refuse with :class:`RuntimeError` if still in use. ``prepare()`` runs once every hook
+    has agreed, just before CUPTI detaches. Measured on the H100 (CUPTI 13.0): 2-28 ms.
+    """
+    global _attached
+    for before, _ in _detach_hooks:
+        before()
+    if prepare is not None:
+        prepare()
+    finalize = _cdll("cupti").cuptiFinalize
+    finalize.restype = c_int
+    began = time.perf_counter()
+    status = finalize()
+    if _observer is not None:
+        _observer("cuptiFinalize", time.perf_counter() - began)
+    for _, after in _detach_hooks:
+        after()
+    if status != CUPTI_SUCCESS:
+        raise cupti_error(status, "cuptiFinalize", error_message(status))
+    _attached = False
 
 
 def error_message(status: int) -> str:
@@ -120,7 +161,9 @@ class _Bound:
         return fn
 
     def __call__(self, *args):
+        global _attached
         fn = self._fn or self._resolve()
+        _attached = True
         if _observer is None:
             status = fn(*args)
         else:

@@ -19,6 +19,7 @@ from ctypes import CFUNCTYPE, POINTER, byref, c_size_t, c_uint8, c_uint32, c_uin
 
 import numpy as np
 
+from . import _api
 from ._api import Functions
 
 __all__ = ["timestamp", "KernelRecords", "KernelRecord", "parse_kernel_records", "KERNEL_RECORD_FORMAT"]
@@ -155,6 +156,23 @@ def _forget_in_child() -> None:  # a forked child gets neither CUPTI's registrat
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _before_detach() -> None:
+    """Flush what CUPTI still holds before :func:`_api.detach` (refuses while records are collected)."""
+    if _sink is not None:
+        raise RuntimeError("kernel activity records are being collected")
+    if _registered:
+        _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
+
+
+def _after_detach() -> None:  # CUPTI forgot the buffer callbacks and the buffers it had
+    with _lock:
+        _registered.clear()
+        _buffers.clear()
+
+
+_api.on_detach(_before_detach, _after_detach)
 
 
 class KernelRecords:

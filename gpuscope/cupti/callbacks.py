@@ -15,6 +15,7 @@ import warnings
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uint32, c_uint64, c_void_p
 
 from ..errors import GpuscopeWarning
+from . import _api
 from ._api import Functions
 
 __all__ = ["Launch", "LaunchRecorder", "ModuleWatcher"]
@@ -147,6 +148,20 @@ def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _before_detach() -> None:
+    """Unsubscribe for :func:`_api.detach` (refuses while a launch listener or module watcher is open)."""
+    with _lock:
+        if _listening or _module_watchers:
+            raise RuntimeError(f"{len(_listening)} launch listener(s) and {len(_module_watchers)} module watcher(s) "
+                               "are open")
+        if _subscription:
+            _f.cuptiUnsubscribe(_subscription[0])
+            _subscription.clear()
+
+
+_api.on_detach(_before_detach, lambda: None)
 
 
 class LaunchRecorder:

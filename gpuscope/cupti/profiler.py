@@ -13,6 +13,7 @@ from ctypes import POINTER
 
 import numpy as np
 
+from . import _api
 from . import _types as T
 from ._api import Functions, params, version
 from ._types import ProfilerApi, SupportLevel
@@ -66,6 +67,11 @@ def initialize() -> None:
         _init_count += 1
 
 
+def _before_detach() -> None:
+    if _init_count:
+        raise RuntimeError(f"the CUPTI profiler is initialised for {_init_count} session(s)")
+
+
 def deinitialize() -> None:
     """Release one :func:`initialize`; the last one calls ``cuptiProfilerDeInitialize``."""
     global _init_count
@@ -75,6 +81,9 @@ def deinitialize() -> None:
         _init_count -= 1
         if _init_count == 0:
             _f.cuptiProfilerDeInitialize(params(T.CUpti_Profiler_DeInitialize_Params))
+
+
+_api.on_detach(_before_detach, lambda: None)
 
 
 def chip_name(device_index: int) -> str:

@@ -126,39 +126,63 @@ import json, sys, warnings
 import numpy as np
 import gpuscope
 from benchmarks import bench_pc_sampling as B
-work = B.Workload()  # both kernels load and run before any CUPTI call: both could be mapped
-with gpuscope.Profiler("fast-topdown", mode="kernel"):
+work = B.Workload()  # both kernels load and run before any CUPTI call
+with gpuscope.Profiler("topdown", mode="kernel") as counters:
     work.stream()  # stream runs under range profiling
+    work.fma()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     with gpuscope.pc_sample(period=2**10, kernels=[B.stream, B.fma]) as s:
         work.run(20)
+    fast = gpuscope.profile_fast_topdown(lambda: work.run(4))  # after the counter Top-Down of the same kernels
 ds = s.dataset
 print(json.dumps({"kernels": [str(k) for k in ds.kernel.values], "unattributed": ds.attrs["non_user_kernel_samples"],
                   "total": ds.attrs["total_samples"], "in_records": int(ds.samples.sum()),
-                  "without_samples": ds.attrs["kernels_without_samples"],
-                  "warned": [str(w.message)[:120] for w in caught if "PC samples" in str(w.message)]}))
+                  "without_samples": ds.attrs["kernels_without_samples"], "detach": ds.attrs["cupti_detach"],
+                  "fast_kernels": [str(k) for k in fast.kernel.values],
+                  "fast_without": fast.attrs.get("kernels_without_pc_samples", ""),
+                  "warned": [str(w.message)[:300] for w in caught if "PC samples" in str(w.message)]}))
 """
 
 
-def test_a_kernel_range_profiled_first_is_counted_and_explained_not_lost():
-    """CUPTI 13.0 does not map a kernel for PC sampling once it ran under range profiling: CUPTI counts its samples
-    as unattributed, or (in some runs) not at all; either way gpuscope names the kernel, from the block's launch
-    count, and says why. The kernel that did not run under range profiling is sampled."""
+def _first_seen(env=None):
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", _FIRST_SEEN], capture_output=True, text=True, timeout=300, cwd=root)
+    out = subprocess.run([sys.executable, "-c", _FIRST_SEEN], capture_output=True, text=True, timeout=300, cwd=root,
+                         env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_kernel_range_profiled_first_is_pc_sampled():
+    """CUPTI maps a kernel for PC sampling only if it did not run while CUPTI was attached outside a PC block;
+    pc_sample detaches CUPTI when it starts, so a kernel profiled by a counter Top-Down first gets all its samples,
+    and so does the fast Top-Down after it (``benchmarks/probe_pc_after_ranges.py``)."""
+    got = _first_seen()
+    assert got["detach"] == "detached", got
+    assert sorted(k.rsplit(".", 1)[-1] for k in got["kernels"]) == ["fma", "stream"], got
+    assert got["unattributed"] == 0 and got["in_records"] == got["total"] and not got["without_samples"], got
+    assert not got["warned"], got
+    assert sorted(k.rsplit(".", 1)[-1] for k in got["fast_kernels"]) == ["fma", "stream"], got
+    assert not got["fast_without"], got
+
+
+def test_without_the_detach_the_lost_kernel_is_counted_and_explained():
+    """With ``GPUSCOPE_PC_DETACH=0`` (a process with another CUPTI client), CUPTI 13.0 does not map the kernel that
+    ran under range profiling: its samples are counted as unattributed, or not at all; gpuscope names the kernel,
+    from the block's launch count, and says why."""
+    got = _first_seen({"GPUSCOPE_PC_DETACH": "0"})
+    assert got["detach"] == "GPUSCOPE_PC_DETACH=0", got
     assert any(k.endswith("fma") for k in got["kernels"]), got
     assert got["in_records"] + got["unattributed"] == got["total"]
     if not any(k.endswith("stream") for k in got["kernels"]):  # CUPTI 13.0 on the H100
         assert "stream (10)" in got["without_samples"], got
-        assert any("No PC samples for" in w and "stream" in w for w in got["warned"]), got
+        assert any("No PC samples for" in w and "GPUSCOPE_PC_DETACH=0" in w for w in got["warned"]), got
 
 
 def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):

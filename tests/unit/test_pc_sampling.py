@@ -224,7 +224,7 @@ def test_samples_cupti_could_not_attribute_are_counted_and_explained(monkeypatch
     monkeypatch.setattr(C, "disable", lambda ctx: None)
     monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
     monkeypatch.setattr(P.PCSampler, "_settle", lambda self: None)
-    with pytest.warns(gs.GpuscopeWarning, match=r"could not attribute 40 of 62 PC samples.*range profiling"):
+    with pytest.warns(gs.GpuscopeWarning, match=r"could not attribute 40 of 62 PC samples.*outside a pc_sample block"):
         sampler.close()
     assert sampler.dataset == "built" and sampler.records.non_user_kernel_samples == 40
 
@@ -269,7 +269,7 @@ def test_a_kernel_that_ran_without_samples_is_named_even_when_cupti_counts_nothi
     monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
     monkeypatch.setattr(P.PCSampler, "_settle", lambda self: None)
     with pytest.warns(gs.GpuscopeWarning, match=r"No PC samples for stream \(10 launches\).*"
-                                                r"lost uncounted.*first sees it run inside"):
+                                                r"lost uncounted.*outside a pc_sample block"):
         sampler.close()
     assert sampler.kernels_without_samples() == {"_Z6streamPfS_": 10}
 
@@ -297,3 +297,10 @@ def test_launch_recorders_share_the_callbacks(monkeypatch):
     a.close()
     b.close()
     assert calls == [1, 0, 1, 0] and callbacks._listening == () and not callbacks._open
+
+
+def test_the_message_says_whether_cupti_was_detached_when_the_block_started():
+    after = P.unsampled_message({"stream": 3}, 0, 10, "detached")
+    assert "had forgotten the process" in after and "fresh process" not in after
+    refused = P.unattributed_message(5, 10, "GPUSCOPE_PC_DETACH=0")
+    assert "(GPUSCOPE_PC_DETACH=0)" in refused and "fresh process" in refused
