@@ -90,6 +90,7 @@ _EXPORTS = {
     "PCSampler": "gpuscope._pcsampling",
     "fast_topdown": "gpuscope._pcsampling",
     "profile_fast_topdown": "gpuscope._fast",
+    "FastTopDownError": "gpuscope._fast",
     "SamplerBusyError": "gpuscope.errors",
     # PM sampling
     "sample": "gpuscope._sampling",

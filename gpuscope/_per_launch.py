@@ -340,10 +340,11 @@ class PerLaunchModes:
         if replay_ms:
             self._notes["replay_ms_per_launch"] = float(np.median(replay_ms))
             # judged on the launches after the first, which may pay one-time costs (seen: 120 ms after a PC
-            # sampling block, then 40)
-            self._warn_replay_cost(float(np.median(replay_ms[1:] if len(replay_ms) > 1 else replay_ms)))
+            # sampling block, then 40; 147 ms for the second launch after CUPTI was detached)
+            self._warn_replay_cost(float(np.median(replay_ms[1:] if len(replay_ms) > 1 else replay_ms)),
+                                   len(replay_ms) - 1)
 
-    def _warn_replay_cost(self, ms: float) -> None:
+    def _warn_replay_cost(self, ms: float, judged: int | None = None) -> None:
         """Kernel replay dearer than expected, or memory that makes it dear: say what was observed, and what is
         cheaper. Causes are named only when seen: the memory this process holds, and loaded modules built with
         relocatable device code (read from their cubins as they loaded, :mod:`gpuscope._modules`)."""
@@ -357,7 +358,8 @@ class PerLaunchModes:
         whose = "the device has" if own_gib is None else "this process holds"
         expected = (_REPLAY_FIXED_MS + _REPLAY_PASS_MS * self.passes
                     + _REPLAY_RESTORE_MS_PER_GIB * held * (self.passes - 1))
-        dear = ms > 1.8 * expected
+        # a time alone says nothing on one or two launches
+        dear = ms > 1.8 * expected and (judged is None or judged >= _REPLAY_JUDGED)
         if not dear and held < _REPLAY_WARN_GIB:
             return
         seen = _modules.seen()
@@ -401,6 +403,7 @@ class PerLaunchModes:
 # pass, plus a restore of the device memory in use before every pass after the first (about 0.6 ms per GiB).
 _REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
 _REPLAY_WARN_GIB = 4.0
+_REPLAY_JUDGED = 3  # launches after the first before a cost alone (no cause seen) is warned about
 
 
 def _capacity(launches: int) -> int:

@@ -158,9 +158,11 @@ def _before_detach() -> None:
                                "are open")
         if _subscription:
             _f.cuptiUnsubscribe(_subscription[0])
+            _retired.append(_subscription[1])  # a C callback CUPTI once held is never freed
             _subscription.clear()
 
 
+_retired: list = []
 _api.on_detach(_before_detach, lambda: None)
 
 

@@ -61,14 +61,14 @@ class Replay:
         self._notes = {}
 
 
-def warned(monkeypatch, ms, device_gib, own_gib, seen):
+def warned(monkeypatch, ms, device_gib, own_gib, seen, judged=None):
     monkeypatch.setattr("gpuscope._device.memory_used_gib", lambda index: device_gib)
     monkeypatch.setattr("gpuscope._device.process_memory_gib", lambda index: own_gib)
     monkeypatch.setattr(_modules, "_seen", seen)
     replay = Replay()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        replay._warn_replay_cost(ms)
+        replay._warn_replay_cost(ms, judged)
     return [str(w.message) for w in caught if issubclass(w.category, GpuscopeWarning)], replay._notes
 
 
@@ -108,3 +108,11 @@ def test_no_cause_seen_says_unknown_with_the_numbers(monkeypatch):
     unwatched.error = "ProfilerBusyError: another subscriber"
     texts, _ = warned(monkeypatch, 150.0, 1.0, 0.8, unwatched)
     assert "the loaded modules could not be inspected (ProfilerBusyError: another subscriber)" in texts[0]
+
+
+def test_a_dear_time_on_one_or_two_launches_alone_is_not_warned_about(monkeypatch):
+    """The second launch after CUPTI was detached took 147 ms on the H100, the ones after it 40: a time alone is
+    judged on three launches after the first; memory held is named whatever the count."""
+    assert warned(monkeypatch, 150.0, 1.0, 0.8, watching(), judged=1)[0] == []
+    assert len(warned(monkeypatch, 150.0, 1.0, 0.8, watching(), judged=3)[0]) == 1
+    assert len(warned(monkeypatch, 40.0, 17.0, 16.2, watching(), judged=1)[0]) == 1
