@@ -358,11 +358,12 @@ class PerLaunchModes:
         whose = "the device has" if own_gib is None else "this process holds"
         expected = (_REPLAY_FIXED_MS + _REPLAY_PASS_MS * self.passes
                     + _REPLAY_RESTORE_MS_PER_GIB * held * (self.passes - 1))
-        # a time alone says nothing on one or two launches
-        dear = ms > 1.8 * expected and (judged is None or judged >= _REPLAY_JUDGED)
+        seen = _modules.seen()
+        dear = ms > 1.8 * expected
+        if dear and not seen.relocatable and judged is not None and judged < _REPLAY_JUDGED:
+            dear = False  # a time with no cause seen says nothing on one or two launches
         if not dear and held < _REPLAY_WARN_GIB:
             return
-        seen = _modules.seen()
         causes = []
         if held >= _REPLAY_WARN_GIB:
             causes.append(f"{whose} {held:.1f} GiB of device memory in use, which CUPTI's kernel replay restores "

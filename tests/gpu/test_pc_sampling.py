@@ -136,16 +136,17 @@ with warnings.catch_warnings(record=True) as caught:
         work.run(20)
     try:  # after the counter Top-Down of the same kernels
         fast = gpuscope.profile_fast_topdown(lambda: work.run(4))
-        fast_kernels, fast_without, fast_error = ([str(k) for k in fast.kernel.values],
-                                                  str(fast.attrs.get("kernels_without_pc_samples", "")), "")
+        without = fast.attrs.get("kernels_without_pc_samples")
+        fast_kernels, fast_error = [str(k) for k in fast.kernel.values], ""
+        fast_without = [str(k) for k in np.atleast_1d(without) if str(k)] if without is not None else []
     except gpuscope.FastTopDownError as exc:
-        fast_kernels, fast_without, fast_error = [], "", str(exc)
+        fast_kernels, fast_without, fast_error = [], [], str(exc)
 ds = s.dataset
 print(json.dumps({"kernels": [str(k) for k in ds.kernel.values], "unattributed": ds.attrs["non_user_kernel_samples"],
                   "total": ds.attrs["total_samples"], "in_records": int(ds.samples.sum()),
                   "without_samples": ds.attrs["kernels_without_samples"], "detach": ds.attrs["cupti_detach"],
                   "fast_kernels": fast_kernels, "fast_without": fast_without, "fast_error": fast_error,
-                  "warned": [str(w.message)[:300] for w in caught if "PC samples" in str(w.message)]}))
+                  "warned": [str(w.message) for w in caught if "PC samples" in str(w.message)]}))
 """
 
 

@@ -112,7 +112,9 @@ def test_no_cause_seen_says_unknown_with_the_numbers(monkeypatch):
 
 def test_a_dear_time_on_one_or_two_launches_alone_is_not_warned_about(monkeypatch):
     """The second launch after CUPTI was detached took 147 ms on the H100, the ones after it 40: a time alone is
-    judged on three launches after the first; memory held is named whatever the count."""
+    judged on three launches after the first; memory held or a relocatable module is named whatever the count."""
     assert warned(monkeypatch, 150.0, 1.0, 0.8, watching(), judged=1)[0] == []
     assert len(warned(monkeypatch, 150.0, 1.0, 0.8, watching(), judged=3)[0]) == 1
     assert len(warned(monkeypatch, 40.0, 17.0, 16.2, watching(), judged=1)[0]) == 1
+    rdc = [(["_Z3cgkPfPii"], ["links the CUDA device runtime"])]
+    assert len(warned(monkeypatch, 89.0, 1.0, None, watching(rdc), judged=1)[0]) == 1  # a cause seen is named
