@@ -281,8 +281,13 @@ def run_breakdown(steps: int) -> dict:
     return out
 
 
-def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
-    """Plain script, gpuscope run and ncu on the same script, in this run: wall seconds of each process."""
+CASES = ("plain", "count3", "auto", "annotated", "kernel", "ncu3", "ncuall")
+
+
+def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, ...] = (),
+                    timeout: float = 580) -> list[dict]:
+    """Plain script, gpuscope run and ncu on the same script, in this run: wall seconds of each process. *only*
+    (keys of :data:`CASES`) picks cases; by default kernel mode and ncu are left out above 100 steps."""
     import gpuscope as gs
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
@@ -292,17 +297,21 @@ def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
     py = sys.executable
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = [py, "-m", "gpuscope", "run", "--set", "topdown", "--no-report"]
-    cases = [("plain", [py, str(script)]),
-             ("gpuscope run --launch-count 3", [*run, "--launch-count", "3", str(script)]),
-             ("gpuscope run (every launch; auto: the loop found)", [*run, str(script)]),
-             ("gpuscope run, script with gs.range('step')", [*run, str(script), "annotate"]),
-             ("gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)])]
-    if steps > 100:  # kernel mode and ncu on every launch take minutes there
-        cases = [c for c in cases if "kernel" not in c[0] and "launch-count" not in c[0]]
-        ncu = None
+    cases = [("plain", "plain", [py, str(script)]),
+             ("count3", "gpuscope run --launch-count 3", [*run, "--launch-count", "3", str(script)]),
+             ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(script)]),
+             ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(script), "annotate"]),
+             ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)])]
     if ncu:
-        cases += [("ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py, str(script)]),
-                  ("ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py, str(script)])]
+        cases += [("ncu3", "ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py,
+                                        str(script)]),
+                  ("ncuall", "ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py,
+                                                    str(script)])]
+    if only:
+        cases = [c for c in cases if c[0] in only or c[0] == "plain"]
+    elif steps > 100:  # kernel mode and ncu on every launch take minutes there
+        cases = [c for c in cases if c[0] in ("plain", "auto", "annotated")]
+    cases = [(label, cmd) for _, label, cmd in cases]
     out = []
     for label, cmd in cases:
         walls, rc, err, info = [], 0, "", {}
@@ -313,13 +322,17 @@ def whole_processes(ncu: str | None, steps: int, repeat: int) -> list[dict]:
             if full[-1] == "annotate":  # the option goes before the script, "annotate" after it
                 full = cmd[:-2] + ["-o", str(saved), cmd[-2], "annotate"]
             t = time.perf_counter()
-            p = subprocess.run(full, capture_output=True, text=True, env=env, timeout=580)
+            try:
+                p = subprocess.run(full, capture_output=True, text=True, env=env, timeout=timeout)
+                rc, err = p.returncode, p.stderr[-400:]
+            except subprocess.TimeoutExpired:
+                rc, err = "timeout", f"stopped after {timeout} s"
             walls.append(time.perf_counter() - t)
-            rc, err = p.returncode, p.stderr[-400:]
             if saved.exists():
                 info = _rows_of(saved)
         out.append({"case": label, "steps": steps, "wall_s": [round(w, 3) for w in walls], "rc": rc, **info,
                     **({"stderr": err} if rc else {})})
+        print(json.dumps(out[-1]), flush=True)
     plain = min(out[0]["wall_s"])
     for o in out:
         o["over_plain_s"] = round(min(o["wall_s"]) - plain, 3)
@@ -371,6 +384,9 @@ def main():
     ap.add_argument("--run", action="store_true", help="also time gpuscope run and ncu on a 3-kernel script")
     ap.add_argument("--steps", default="30", help="steps of the 3-kernel script, comma list (e.g. 30,1000)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=580, help="seconds before a process is stopped")
+    ap.add_argument("--cases", default="", help=f"comma list of {','.join(CASES)} (default: all; above 100 steps "
+                                                "plain, auto and annotated)")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--run-breakdown", action="store_true")
     ap.add_argument("--out")
@@ -387,7 +403,8 @@ def main():
     if args.run:
         ncu = args.ncu if Path(args.ncu).exists() else None
         for steps in map(int, str(args.steps).split(",")):
-            results["processes"] += whole_processes(ncu, steps, args.repeat)
+            results["processes"] += whole_processes(ncu, steps, args.repeat,
+                                                    tuple(c for c in args.cases.split(",") if c), args.timeout)
     if args.run_breakdown:
         results["run_breakdown"] = run_breakdown(int(str(args.steps).split(",")[0]))
         print(json.dumps(results["run_breakdown"]))
