@@ -71,6 +71,9 @@ __all__ = [
 MAX_DEVICE = 1023
 MAX_HARDWARE_BUFFER = 1 << 40  # 1 TiB of device memory
 MAX_DECODE_PERIOD_S = 60.0
+#: Shortest decode period: a shorter one only spins the decode thread (each decode reads all that is waiting) and
+#: takes the GIL from the user's threads.
+MIN_DECODE_PERIOD_S = 0.001
 MAX_SAMPLES_PER_IMAGE = 1 << 20
 MAX_IMAGE_POOL = 1 << 16
 MAX_EVALUATORS = 256
@@ -116,6 +119,19 @@ class Sampler:
         hardware_buffer_size = _validate.integer(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20,
                                                  maximum=MAX_HARDWARE_BUFFER)
         decode_period = _validate.finite_positive_float(decode_period, "decode_period", maximum=MAX_DECODE_PERIOD_S)
+        if decode_period < MIN_DECODE_PERIOD_S:
+            raise ValueError(
+                f"decode_period must be at least {MIN_DECODE_PERIOD_S:g} s; got {decode_period!r}. Each decode takes "
+                "every sample waiting in the hardware buffer, so decoding more often loses nothing less; it only "
+                "keeps the decode thread spinning and takes the GIL from your threads. Use 0.001 to 60 (default 0.01)."
+            )
+        if unit == "ns" and value < MIN_INTERVAL_NS:
+            raise ValueError(
+                f"Sampling interval {interval!r} ({value} ns) is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
+                "PM sampling cannot deliver samples that fast (on the H100, 500 ns lost 99% of them). Use interval="
+                f"'{MIN_INTERVAL_NS // 1000}us' or longer; a number without a unit is ns (docs/pm-sampling.md lists "
+                "the shortest loss-free interval)."
+            )
         if samples_per_image is not None:
             samples_per_image = _validate.integer(samples_per_image, "samples_per_image", minimum=2,
                                                   maximum=MAX_SAMPLES_PER_IMAGE)
@@ -179,7 +195,7 @@ class Sampler:
         UnknownMetricError
             A metric name that the chip cannot PM-sample (the message names close matches).
         ValueError
-            The interval is shorter than the chip can sample.
+            An interval in cycles on a chip that samples on a time interval.
         CuptiPermissionError
             This user may not read GPU performance counters.
         CuptiNotSupportedError
@@ -302,12 +318,6 @@ class Sampler:
                     "not cycles."
                 )
             return
-        if self.interval_ns < MIN_INTERVAL_NS:
-            raise ValueError(
-                f"Sampling interval {self.interval_ns} ns is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
-                f"{self.chip} cannot deliver samples that fast without losing them. Use interval='"
-                f"{MIN_INTERVAL_NS // 1000}us' or longer (docs/pm-sampling.md lists the shortest loss-free interval)."
-            )
         if self.trigger is Trigger.SYSCLK:
             self._hw_interval = max(1, round(self.interval_ns * info.sm_clock_khz / 1e6))
         else:
@@ -618,7 +628,8 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     hardware_buffer_size : int, optional
         Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB; 1 MiB to 1 TiB).
     decode_period : float, optional
-        Seconds between decodes by the background thread (default 0.01; finite, above 0, at most 60).
+        Seconds between decodes by the background thread (default 0.01; 0.001 to 60: each decode reads every
+        sample waiting, so a shorter period would only spin the thread).
     samples_per_image : int, optional
         Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192; 2 to 2**20). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
@@ -654,10 +665,11 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     ------
     TypeError, ValueError
         A bad argument (raised here, before any CUDA or CUPTI work; the message names the argument, the value and
-        what is allowed); an interval below what the chip can do (raised on start). For several devices: a
-        device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value of the
-        wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does not
-        see raises ValueError on start, before any device's sampler starts.
+        what is allowed): an interval below 1 µs or not a whole number of ns (or cycles), a ``decode_period``
+        below 1 ms; an interval in cycles on a chip that samples on a time interval (raised on start). For several
+        devices: a device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value
+        of the wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does
+        not see raises ValueError on start, before any device's sampler starts.
     SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
         On start: see :meth:`Sampler.start`.
 
