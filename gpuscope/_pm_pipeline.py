@@ -122,13 +122,13 @@ class Pipeline:
                 else:
                     for _ in range(pool_size):
                         self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+            if images is None or self.evaluate_in != "thread":
+                self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         except BaseException:
-            # A Ctrl-C while the workers start (about 1 s) must not leave them, or their dispatcher, behind; a
-            # second Ctrl-C cannot cut this short.
+            # A Ctrl-C while the workers start (about 1 s), or a MemoryError for the last image, must not leave them,
+            # their dispatcher or their shared images behind; a second Ctrl-C cannot cut this short.
             run_shielded(self.close_workers)
             raise
-        if images is None or self.evaluate_in != "thread":
-            self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self.spare = None  # after finish(): (pool, discard image), all initialised, when every image came back
         self.clean = False  # after finish(): no decode or evaluation error

@@ -1,11 +1,20 @@
 """Faults of a PM sampler and its pipeline without a GPU (docs/reliability.md, "PM sampling"): range names thousands
-of characters long."""
+of characters long; a start that fails at its last step. Evaluation workers are real processes. Waits below are
+liveness bounds, not timings."""
+
+import gc
+import os
+import threading
 
 import numpy as np
+import pytest
 import xarray as xr
 
-from gpuscope import _io, _multi_sampling, _results, _sampling
+from gpuscope import _io, _multi_sampling, _pm_pipeline, _pm_workers, _results, _sampling
 from gpuscope._sampling import Span
+from gpuscope.cupti import pm_sampling as pm
+
+from .test_pm_workers import AVAILABILITY
 
 
 # -- long range names ----------------------------------------------------------------------------------------
@@ -62,3 +71,56 @@ def test_long_range_names_stay_shared_across_devices(tmp_path):
     again = _multi_sampling.select_device(back, 1)
     assert again.sizes["time"] == 15_000 and again["range"].values[1] == name
     assert_names_shared(again["range"].values, 3)
+
+
+# -- a start that fails at its last step ---------------------------------------------------------------------
+def gpuscope_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("gpuscope-") and t.is_alive()]
+
+
+def memfd_images() -> list[str]:
+    """This process's mappings and descriptors of shared images."""
+    with open("/proc/self/maps") as maps:
+        mapped = [line for line in maps if "gpuscope-pm-image" in line]
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "gpuscope-pm-image" in target:
+            fds.append(target)
+    return mapped + fds
+
+
+@pytest.mark.parametrize("error", [MemoryError, KeyboardInterrupt])
+def test_a_failed_last_step_of_the_start_leaves_nothing_behind(pm_recording, monkeypatch, error):
+    """The discard image was made after the rollback's `try`: a MemoryError or Ctrl-C there left 2 worker
+    processes, the dispatcher and reader threads and 4 memfd mappings until exit."""
+    meta, image, _ = pm_recording
+    made = []
+
+    class Recorded(_pm_workers.ProcessEvaluation):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def no_memory(*args):
+        raise error()
+
+    monkeypatch.setattr(_pm_workers, "ProcessEvaluation", Recorded)
+    monkeypatch.setattr(pm, "counter_data_size", lambda handle, metrics, n: image.size)
+    monkeypatch.setattr(pm, "initialize_counter_data", lambda handle, target: None)
+    monkeypatch.setattr(pm, "new_counter_data", no_memory)  # the discard image: the last step of the set-up
+    gc.collect()
+    before = memfd_images()  # an earlier test's images that are still referenced
+    with pytest.raises(error):
+        _pm_pipeline.Pipeline(1, meta["chip"], meta["metrics"], np.load(AVAILABILITY), samples_per_image=64,
+                              pool_size=4, evaluators=2, period_s=0.01, clock=lambda: 0, evaluate_in="process")
+    (backend,) = made
+    assert backend.ready_workers == 2  # the workers had started
+    assert all(w.proc.poll() is not None for w in backend._workers)  # and were stopped and reaped
+    assert not gpuscope_threads()
+    del backend, made[:]
+    gc.collect()
+    assert set(memfd_images()) <= set(before)
