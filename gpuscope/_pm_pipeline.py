@@ -4,6 +4,7 @@ images (the worker-process evaluation backend is :mod:`gpuscope._pm_workers`).""
 from __future__ import annotations
 
 import math
+import os
 import queue
 import sys
 import threading
@@ -55,6 +56,7 @@ class Pipeline:
         from .cupti._types import ProfilerType
 
         self._pm = pm
+        self._pid = os.getpid()  # a forked child must not touch this pipeline: its threads and workers are not its own
         self.handle = handle
         self.metrics = list(metrics)
         self.samples_per_image = samples_per_image
@@ -184,10 +186,20 @@ class Pipeline:
             self._full.put((self.handed_off, image))
         self.handed_off += 1
 
+    @property
+    def forked(self) -> bool:
+        """True in a child forked from the process that made this pipeline: the threads, the evaluation workers
+        and the sampling object are the parent's, and nothing here may touch them (the lock may have been held
+        by the parent's decode thread at the fork, and stay held for ever)."""
+        return os.getpid() != self._pid
+
     def stop_sampling(self, call):
         """Run *call* (``cuptiPmSamplingStop``) holding the lock of the PM sampling object, after the decode
         thread's current decode: the thread stops decoding until :meth:`finish` (a decode thread that cannot keep
-        up would otherwise take the lock again and again, and Stop would wait for seconds)."""
+        up would otherwise take the lock again and again, and Stop would wait for seconds). Does nothing in a
+        forked child."""
+        if self.forked:
+            return None
         self._stopping.set()
         with self._lock:
             return call()
@@ -312,10 +324,13 @@ class Pipeline:
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Stop the decode thread, decode what is left (call after ``cuptiPmSamplingStop``) and wait for the
-        evaluators, which need the sampling object for the timestamps (safe to call twice)."""
+        evaluators, which need the sampling object for the timestamps (safe to call twice; does nothing in a forked
+        child)."""
         if self._finished:
             return
         self._finished = True
+        if self.forked:
+            return
         self._stop.set()
         decode, *evaluate = self._threads
         if decode.is_alive():
@@ -349,7 +364,9 @@ class Pipeline:
 
     def close_workers(self) -> None:
         """Stop the evaluation workers, if any, and release the evaluator threads' host objects (safe to call twice;
-        :meth:`finish` does it too)."""
+        :meth:`finish` does it too; does nothing in a forked child, whose workers are the parent's)."""
+        if self.forked:
+            return
         if self._backend is not None:
             self._backend.close()
         for h in self._hosts:

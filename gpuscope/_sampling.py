@@ -18,6 +18,7 @@ this module holds the public :class:`Sampler` and :func:`sample`.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Iterable, Sequence
 import time
@@ -153,6 +154,7 @@ class Sampler:
         self.trigger: Trigger | None = None
         self.interval_ns: int = value if unit == "ns" else 0
         self._state = "new"
+        self._pid: int | None = None  # the process that started it: a forked child must leave it alone
         self._torn_down = False  # set once the teardown of stop() has run to its end
         self._dataset = None
         self._handle = None
@@ -205,6 +207,7 @@ class Sampler:
         """
         if self._state != "new":
             raise RuntimeError(f"This sampler was already started (state: {self._state}); make a new one.")
+        self._pid = os.getpid()
         with _active_lock:
             other = _active.get(self.device)
             if other is not None:
@@ -327,9 +330,13 @@ class Sampler:
         """Stop sampling, decode what is left and release the device (safe to call twice).
 
         Waits for the evaluator threads to finish the last images. Warns (:class:`GpuscopeWarning`) if samples
-        were lost, saying why and what to change.
+        were lost, saying why and what to change. In a child forked while the sampler ran it does nothing: the
+        sampler, its threads, workers and CUPTI state stay the parent's, which goes on sampling.
         """
         if self._state not in ("running", "stopping") or self._torn_down:
+            return
+        if self._forked:  # the parent's sampler: its threads, workers and CUPTI state are not this process's
+            self._state = "forked"
             return
         self._state = "stopping"
         run_shielded(self._stop_once)
@@ -484,8 +491,13 @@ class Sampler:
 
     # -- results ------------------------------------------------------------------------------------------
     @property
+    def _forked(self) -> bool:
+        """True in a child forked from the process that started this sampler."""
+        return self._pid is not None and os.getpid() != self._pid
+
+    @property
     def running(self) -> bool:
-        return self._state == "running"
+        return self._state == "running" and not self._forked
 
     @property
     def overflows(self) -> int:
@@ -506,6 +518,11 @@ class Sampler:
         RuntimeError
             Sampling has not been stopped yet.
         """
+        if self._forked and self._state in ("running", "stopping", "forked"):
+            raise RuntimeError(
+                f"This sampler was running in process {self._pid} when it forked this one: its samples are that "
+                "process's. Sample in this process with a gpuscope.sample(...) of its own."
+            )
         if self._state != "stopped":
             raise RuntimeError(
                 "No samples yet: read .dataset after the `with gpuscope.sample(...)` block (or after .stop())."
@@ -585,6 +602,16 @@ class Sampler:
                 "stop_call_ns": int(self.stop_call_ns),
             },
         )
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork``: the parent's samplers are not the child's (it may start its own on any device)."""
+    global _active_lock
+    _active_lock = threading.Lock()
+    _active.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class KeptSampler:

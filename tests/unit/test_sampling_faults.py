@@ -1,10 +1,13 @@
 """Faults of a PM sampler and its pipeline without a GPU (docs/reliability.md, "PM sampling"): range names thousands
-of characters long; a start that fails at its last step. Evaluation workers are real processes. Waits below are
-liveness bounds, not timings."""
+of characters long; a start that fails at its last step; a fork while it runs. CUPTI's PM sampling calls are simulated
+(test_sampling_pipeline.FakePm); evaluation workers are real processes. Waits below are liveness bounds, not
+timings."""
 
 import gc
 import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,9 +15,11 @@ import xarray as xr
 
 from gpuscope import _io, _multi_sampling, _pm_pipeline, _pm_workers, _results, _sampling
 from gpuscope._sampling import Span
+from gpuscope.cupti import host
 from gpuscope.cupti import pm_sampling as pm
 
-from .test_pm_workers import AVAILABILITY
+from .test_pm_workers import AVAILABILITY, FakePipeline, batch
+from .test_sampling_pipeline import FakePm
 
 
 # -- long range names ----------------------------------------------------------------------------------------
@@ -124,3 +129,199 @@ def test_a_failed_last_step_of_the_start_leaves_nothing_behind(pm_recording, mon
     del backend, made[:]
     gc.collect()
     assert set(memfd_images()) <= set(before)
+
+
+# -- fork ------------------------------------------------------------------------------------------------------
+#: Liveness bound (s): how long a test waits for something that must happen, before it calls it a hang.
+BOUND = 30
+
+
+def use_fake(monkeypatch, fake, evaluator=None):
+    for name in ("new_counter_data", "initialize_counter_data", "decode", "counter_data_info", "sample_times_into",
+                 "sample_info"):
+        monkeypatch.setattr(pm, name, getattr(fake, name))
+    monkeypatch.setattr(host.ProfilerHost, "evaluator", lambda self, metrics: evaluator or fake.evaluator(0.0))
+
+
+def thread_pipeline(fake, pool=4, evaluators=1):
+    pipe = _sampling._Pipeline(1, "GH100", ["a", "b"], None, samples_per_image=100, pool_size=pool,
+                               evaluators=evaluators, period_s=0.001, interval_ns=20, clock=fake.clock)
+    pipe.gil_wait_s = 0.0
+    return pipe
+
+
+def running_sampler(monkeypatch, pipe, fake, device):
+    """A Sampler as start() leaves it, over *pipe*; stopping it stops the fake hardware buffer."""
+    from gpuscope.cupti import profiler
+
+    monkeypatch.setattr(pm, "stop", lambda handle: setattr(fake, "producing", False))
+    monkeypatch.setattr(pm, "disable", lambda handle: None)
+    monkeypatch.setattr(profiler, "deinitialize", lambda: None)
+    monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 20 * fake.made)
+    s = _sampling.Sampler(device=device)
+    s._state, s._decoder, s._handle, s._initialized, s._started = "running", pipe, 1234, True, True
+    s._pid, s.start_ns, s.interval_ns = os.getpid(), 0, 20
+    _sampling._active[device] = s
+    return s
+
+
+def wait_for_child(pid) -> int:
+    """The child's exit code; a child still running after :data:`BOUND` s is killed and the test fails."""
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child did not exit within {BOUND} s: it hung")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_leaves_the_running_sampler_to_its_parent(monkeypatch):
+    """The child forks while the parent's decode thread holds the object lock (3 of 3 runs hung in
+    stop_sampling): its `with` exit returns at once and touches nothing, it can start a sampler of its own on the
+    same device, and the parent samples on and stops with every sample."""
+    fake = FakePm(3)
+    use_fake(monkeypatch, fake)
+    in_decode, go_on = threading.Event(), threading.Event()
+    decode = fake.decode
+
+    def held_decode(handle, image):  # the first decode holds the lock until the fork is done
+        in_decode.set()
+        go_on.wait()
+        return decode(handle, image)
+
+    monkeypatch.setattr(pm, "decode", held_decode)
+    pipe = thread_pipeline(fake)
+    s = running_sampler(monkeypatch, pipe, fake, device=7)
+    pipe.start(0)
+    try:
+        assert in_decode.wait(BOUND)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running anything of pytest's
+            code = 1
+            try:
+                s.__exit__(SystemExit, SystemExit(0), None)  # sys.exit() inside the `with` block
+                try:
+                    s.dataset
+                    said = "no error"
+                except RuntimeError as exc:
+                    said = "parent's" if f"process {os.getppid()}" in str(exc) else str(exc)
+                own = _sampling.Sampler(device=7)
+                own._setup = lambda: None  # the bookkeeping of gs.sample(device=7) only: no GPU here
+                own.start()
+                os.write(write, f"{s._state}|{s.running}|{said}|{_sampling._active.get(7) is own}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        assert wait_for_child(pid) == 0
+        assert os.read(read, 1000).decode() == "forked|False|parent's|True"
+        os.close(read)
+    finally:
+        go_on.set()
+    assert s.running and _sampling._active[7] is s  # the parent's sampler is untouched
+    time.sleep(0.05)  # let it sample on after the fork
+    s.stop()
+    assert s._state == "stopped" and 7 not in _sampling._active and pipe.errors == []
+    kept = s._values[:, 0].astype(np.int64)
+    assert kept.size + pipe.discarded + fake.dropped == fake.made and (np.diff(kept) > 0).all()
+    assert fake.made > 0 and kept.size > 0
+    assert not gpuscope_threads()
+
+
+class CountingBackend:
+    """A ProcessEvaluation that writes every call of close() into a pipe, from whichever process makes it."""
+
+    def __init__(self, write_fd, fake):
+        self.write_fd, self.fake = write_fd, fake
+
+    def __call__(self, pipeline, chip, metrics, availability, *, image_bytes, pool_size, workers):
+        self.images = [self.fake.new_counter_data(None, None, 100) for _ in range(pool_size)]
+        self.pool_note, self.images_lost = "", 0
+        return self
+
+    def start(self):
+        pass
+
+    def wait_ready(self):
+        return 1
+
+    def submit(self, seq, image, n, batches):
+        pass
+
+    def close(self):
+        os.write(self.write_fd, f"close in {os.getpid()};".encode())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_never_closes_the_parents_evaluation_workers(monkeypatch):
+    """Before: the child's close sent None to the parent's workers, and the parent evaluated in-process unsaid."""
+    fake = FakePm(0)
+    use_fake(monkeypatch, fake)
+    monkeypatch.setattr(pm, "counter_data_size", lambda handle, metrics, n: 1 << 10)
+    read, write = os.pipe()
+    backend = CountingBackend(write, fake)
+    monkeypatch.setattr(_pm_workers, "ProcessEvaluation", backend)
+    pipe = _sampling._Pipeline(1, "GH100", ["a", "b"], None, samples_per_image=100, pool_size=4, evaluators=1,
+                               period_s=0.001, interval_ns=20, clock=fake.clock, evaluate_in="process")
+    assert pipe._backend is backend
+    pipe.start(0)
+    stopped = []
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            pipe.stop_sampling(lambda: stopped.append(1))
+            pipe.finish()
+            pipe.close_workers()
+            code = 0 if not stopped and pipe.forked else 2
+        finally:
+            os._exit(code)
+    assert wait_for_child(pid) == 0
+    assert not pipe.forked
+    pipe.stop_sampling(lambda: stopped.append(1))
+    pipe.finish()
+    os.close(write)
+    assert os.read(read, 1000).decode() == f"close in {os.getpid()};"  # the parent's close only
+    os.close(read)
+    assert stopped == [1] and pipe.errors == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_the_parents_workers_evaluate_on_after_a_child_leaves(pm_recording, monkeypatch):
+    """Real workers: after a forked child ran its pipeline's finish and close, the parent's workers still
+    evaluate (not this process: the timestamps are rebuilt by a worker, nothing is recovered or lost)."""
+    meta, image, stamps = pm_recording
+    n = meta["completed"]
+    monkeypatch.setattr(pm, "counter_data_size", lambda handle, metrics, count: image.size)
+    monkeypatch.setattr(pm, "initialize_counter_data", lambda handle, target: None)
+    monkeypatch.setattr(pm, "new_counter_data", lambda handle, metrics, count: np.zeros(16, np.uint8))
+    pipe = _sampling._Pipeline(1, meta["chip"], meta["metrics"], np.load(AVAILABILITY), samples_per_image=n,
+                               pool_size=2, evaluators=1, period_s=0.01, interval_ns=100_000, clock=lambda: 0,
+                               evaluate_in="process")
+    backend = pipe._backend
+    assert backend is not None and backend.ready_workers == 1
+    for target in backend.images:
+        target[:] = image
+    pid = os.fork()
+    if pid == 0:
+        try:
+            pipe.finish()
+            pipe.close_workers()
+        finally:
+            os._exit(0)
+    assert wait_for_child(pid) == 0
+    fake = FakePipeline(stamps)  # answers GetSampleInfo from the recording, should a batch need it
+    pipe._pm, pipe.handle = fake._pm, None
+    backend.submit(0, backend.images[0], n, [batch(stamps, 0, n - 1)])
+    backend.close()
+    assert pipe.errors == [] and backend.workers_lost == 0 and backend.images_recovered == 0
+    assert pipe.inexact_batches == 0  # rebuilt by the worker: an image evaluated here would be read exactly
+    values, rebuilt = pipe._results[0]
+    np.testing.assert_allclose(values[:, 0], meta["values_device"][meta["metrics"][0]], rtol=1e-9, atol=1e-9)
+    assert all(w.proc.returncode == 0 for w in backend._workers)  # told to exit by the parent, once
+    pipe.close_workers()
