@@ -423,6 +423,12 @@ class Sampler:
                 f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
                 "free: use a longer interval, or more image_pool or evaluators."
             )
+        if d.images_unevaluated:
+            lines.append(
+                f"Evaluation stalled: {d.samples_unevaluated} samples in images that no evaluator thread finished "
+                f"within {d.EVALUATE_TIMEOUT_S:g} s were not evaluated (attrs 'images_lost'); those threads were left "
+                "running."
+            )
         if backend is not None and (backend.workers_lost or backend.images_lost):
             lines.append(
                 f"{backend.workers_lost} evaluation worker(s) were lost; {backend.images_recovered} image(s) they held "
@@ -593,7 +599,7 @@ class Sampler:
                 "evaluation_workers_ready": int(backend.ready_workers) if backend else 0,
                 "evaluation_workers_lost": int(backend.workers_lost) if backend else 0,
                 "images_recovered": int(backend.images_recovered) if backend else 0,
-                "images_lost": int(backend.images_lost) if backend else 0,
+                "images_lost": int(self._decoder.images_lost),
                 "pool_note": self._decoder.pool_note,
                 **self._set_attrs,
                 "inexact_batches": int(self._decoder.inexact_batches),

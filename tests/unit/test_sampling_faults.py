@@ -1,7 +1,7 @@
 """Faults of a PM sampler and its pipeline without a GPU (docs/reliability.md, "PM sampling"): range names thousands
-of characters long; a start that fails at its last step; a fork while it runs. CUPTI's PM sampling calls are simulated
-(test_sampling_pipeline.FakePm); evaluation workers are real processes. Waits below are liveness bounds, not
-timings."""
+of characters long; a start that fails at its last step; a fork while it runs; evaluations and decodes that never
+return. CUPTI's PM sampling calls are simulated (test_sampling_pipeline.FakePm); evaluation workers are real
+processes. Waits below are liveness bounds, not timings."""
 
 import gc
 import os
@@ -325,3 +325,87 @@ def test_the_parents_workers_evaluate_on_after_a_child_leaves(pm_recording, monk
     np.testing.assert_allclose(values[:, 0], meta["values_device"][meta["metrics"][0]], rtol=1e-9, atol=1e-9)
     assert all(w.proc.returncode == 0 for w in backend._workers)  # told to exit by the parent, once
     pipe.close_workers()
+
+
+# -- waits without deadlines ---------------------------------------------------------------------------------
+def test_an_evaluation_that_never_returns_is_given_up_counted_and_said(monkeypatch):
+    """Thread mode (the fallback when fewer than 2 shared images fit): an evaluation that never returns held
+    finish() for good. Now finish() gives up after EVALUATE_TIMEOUT_S without progress, counts every image not
+    evaluated and says so; the stuck thread never touches the sampling object again."""
+    monkeypatch.setattr(_pm_pipeline.Pipeline, "EVALUATE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(_pm_pipeline.Pipeline, "FREE_WAIT_S", 0.3)  # no image comes back for the last drain
+    release = threading.Event()
+
+    class Stuck:
+        def evaluate_into(self, image, first, count, out):
+            release.wait()
+
+    fake = FakePm(7)
+    use_fake(monkeypatch, fake, evaluator=Stuck())
+    pipe = thread_pipeline(fake, pool=3)
+    pipe.start(0)
+    deadline = time.monotonic() + BOUND
+    while pipe.handed_off < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pipe.stop_sampling(lambda: setattr(fake, "producing", False))
+    finisher = threading.Thread(target=pipe.finish)
+    finisher.start()
+    finisher.join(BOUND)
+    try:
+        assert not finisher.is_alive(), "finish() waited for an evaluation that never returns"
+        assert pipe.handed_off >= 2 and pipe._results == {}
+        assert pipe.images_lost == pipe.images_unevaluated == pipe.handed_off  # the one held and those queued
+        assert pipe.samples_unevaluated == fake.made - pipe.discarded - fake.dropped
+        assert any("did not finish an image within 0.3 s" in e for e in pipe.errors)
+        assert not pipe.clean and pipe.spare is None
+        assert pipe.series()[0].shape == (0, 2)
+        s = _sampling.Sampler(device=3)
+        s._decoder, s._stamps, s.lost_samples, s.interval_ns, s.metrics = pipe, np.empty((0, 2)), fake.made, 20, ["a"]
+        message = s._loss_message()
+        assert f"{pipe.samples_unevaluated} samples in images that no evaluator thread finished" in message
+        assert "'images_lost'" in message
+        release.set()  # the evaluation returns at last: the thread waits on the object lock, which finish() kept
+        time.sleep(0.05)
+        assert pipe._results == {} and fake.in_object == 0
+    finally:  # let the stuck thread end
+        release.set()
+        pipe._lock.release()
+        pipe._full.put(None)
+        for thread in pipe._threads:
+            thread.join(BOUND)
+        for h in pipe._hosts:
+            h.close()
+
+
+def test_finish_never_waits_for_ever_on_a_decode_that_does_not_return(monkeypatch):
+    monkeypatch.setattr(_pm_pipeline.Pipeline, "JOIN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(_pm_pipeline.Pipeline, "EVALUATE_TIMEOUT_S", 0.3)
+    fake = FakePm(3)
+    use_fake(monkeypatch, fake)
+    in_decode, release = threading.Event(), threading.Event()
+    decode = fake.decode
+
+    def hung(handle, image):
+        if fake.made > 50:
+            in_decode.set()
+            release.wait()
+        return decode(handle, image)
+
+    monkeypatch.setattr(pm, "decode", hung)
+    pipe = thread_pipeline(fake)
+    pipe.start(0)
+    finisher = threading.Thread(target=pipe.finish)
+    try:
+        assert in_decode.wait(BOUND)
+        finisher.start()
+        finisher.join(BOUND)
+        assert not finisher.is_alive(), "finish() waited for a decode that never returns"
+        assert any("decode thread did not stop within 0.3 s" in e for e in pipe.errors)
+        assert not pipe.clean and pipe.spare is None
+    finally:
+        fake.producing = False
+        release.set()
+        pipe._full.put(None)  # an evaluator given up on comes back to an empty queue
+        for thread in pipe._threads:
+            thread.join(BOUND)
+    assert not gpuscope_threads()
