@@ -410,6 +410,41 @@ def _encode_attr(value):
                      "bool, None, lists of those, or a dict (saved as JSON)")
 
 
+#: Variable attr of a string variable that :func:`save_dataset` stored as integer codes: the JSON list of its
+#: distinct strings, which the codes index.
+STRING_TABLE = "gpuscope_strings"
+
+
+def _encode_strings(ds):
+    """*ds* with each object-dtype string variable that is not an index (the per-sample ``range`` of PM samples) as
+    int32 codes into a table of its distinct strings: netCDF would store every sample's string in full, and xarray
+    read them back as a ``<U`` array of 4 bytes per character of the longest (GBs for long range names)."""
+    import pandas as pd
+
+    for name, var in list(ds.variables.items()):
+        if var.dtype != object or name in ds.indexes:
+            continue
+        codes, names = pd.factorize(var.values.ravel())
+        if (codes < 0).any() or not all(isinstance(v, str) for v in names):
+            continue  # not only strings: left as it is
+        coded = var.copy(data=codes.astype(np.int32).reshape(var.shape))
+        coded.attrs[STRING_TABLE] = json.dumps(list(names))
+        coded.encoding = {}  # a string encoding read from a file does not fit the codes
+        ds = ds.assign_coords({name: coded}) if name in ds.coords else ds.assign({name: coded})
+    return ds
+
+
+def _decode_strings(ds):
+    """Undo :func:`_encode_strings`: each coded variable as an object array holding one str per distinct value."""
+    for name, var in list(ds.variables.items()):
+        if STRING_TABLE in var.attrs:
+            table = np.array(json.loads(var.attrs[STRING_TABLE]), dtype=object)
+            var = var.copy(data=table[var.values])
+            del var.attrs[STRING_TABLE]
+            ds = ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
+    return ds
+
+
 def _decode_attr(value, tag: str):
     if tag == "none":
         return None
@@ -428,7 +463,8 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     as they are (bool, None, lists, which come back as a scalar when they have one element, dicts) are encoded,
     and the Dataset attr ``gpuscope_attr_types`` (a JSON dict ``{variable or "": {attr: type}}``) records how
     to decode them; other readers see ``0``/``1`` for bools, ``""`` for None and ``[]``, and JSON text for
-    dicts.
+    dicts. String variables of dtype object (the per-sample ``range`` of PM samples) are stored as integer codes
+    with their distinct strings in the attr ``gpuscope_strings`` (JSON), so a long range name is stored once.
 
     Parameters
     ----------
@@ -447,7 +483,7 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     """
     _dataset_arg(ds, "save_dataset writes")
     _path_arg(path, "save_dataset needs a path to write to")
-    out = ds.copy(deep=False)
+    out = _encode_strings(ds.copy(deep=False))
     tags = {}
     for owner, attrs in [("", out.attrs)] + [(str(k), out[k].attrs) for k in out.variables]:
         encoded = {}
@@ -515,4 +551,4 @@ def open_dataset(path: str | os.PathLike):
                 attrs[key] = value.tolist()
     if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str
         ds.attrs["metrics"] = _results._as_list(ds.attrs["metrics"])
-    return _results.upgrade(ds)
+    return _results.upgrade(_decode_strings(ds))

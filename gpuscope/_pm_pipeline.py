@@ -4,6 +4,7 @@ images (the worker-process evaluation backend is :mod:`gpuscope._pm_workers`).""
 from __future__ import annotations
 
 import math
+import os
 import queue
 import sys
 import threading
@@ -44,8 +45,14 @@ class Pipeline:
     BACKLOG_MARGIN = 32
     #: Fewest shared images worth worker processes; with fewer, images are evaluated in threads of this process.
     MIN_SHARED_POOL = 2
-    #: Seconds to wait for a free image after Stop (images come back as the evaluators finish them).
+    #: Seconds :meth:`finish` waits in all for free images after Stop (images come back as the evaluators finish
+    #: them); past it, what is left in the hardware buffer is decoded into the discard image and counted.
     FREE_WAIT_S = 30.0
+    #: Seconds :meth:`finish` waits for the decode thread to end its last drain.
+    JOIN_TIMEOUT_S = 30.0
+    #: Seconds :meth:`finish` waits for the evaluator threads while none of them finishes an image; past it, the
+    #: images they hold or have not taken are counted as lost and the threads are left to themselves.
+    EVALUATE_TIMEOUT_S = 30.0
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
                  pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
@@ -55,6 +62,7 @@ class Pipeline:
         from .cupti._types import ProfilerType
 
         self._pm = pm
+        self._pid = os.getpid()  # a forked child must not touch this pipeline: its threads and workers are not its own
         self.handle = handle
         self.metrics = list(metrics)
         self.samples_per_image = samples_per_image
@@ -86,6 +94,11 @@ class Pipeline:
         self._results: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # sequence number -> (values, stamps)
         self._batches: dict[int, list] = {}  # id(image) -> the decodes' batches in it (first, last, anchors)
         self.inexact_batches = 0  # batches whose timestamps workers could not rebuild (read with GetSampleInfo)
+        self.images_unevaluated = 0  # images finish() gave up on: an evaluator thread did not finish them in time
+        self.samples_unevaluated = 0  # the samples in them
+        self._busy: dict[str, int] = {}  # evaluator thread name -> samples in the image it is evaluating
+        self._progress = time.monotonic()  # when an evaluator thread last finished an image
+        self._free_deadline = math.inf  # set by finish(): until when the last drain may wait for free images
         self.evaluate_in = evaluate_in
         self._hosts, evaluator_objects, self._backend = [], [], None
         self.pool_note = ""  # why the pool is smaller than asked, or why evaluation moved into this process
@@ -122,13 +135,13 @@ class Pipeline:
                 else:
                     for _ in range(pool_size):
                         self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
+            if images is None or self.evaluate_in != "thread":
+                self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         except BaseException:
-            # A Ctrl-C while the workers start (about 1 s) must not leave them, or their dispatcher, behind; a
-            # second Ctrl-C cannot cut this short.
+            # A Ctrl-C while the workers start (about 1 s), or a MemoryError for the last image, must not leave them,
+            # their dispatcher or their shared images behind; a second Ctrl-C cannot cut this short.
             run_shielded(self.close_workers)
             raise
-        if images is None or self.evaluate_in != "thread":
-            self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
         self._current = self._free.get_nowait()
         self.spare = None  # after finish(): (pool, discard image), all initialised, when every image came back
         self.clean = False  # after finish(): no decode or evaluation error
@@ -169,25 +182,39 @@ class Pipeline:
         self._current = self._take_free(wait)
 
     def _take_free(self, wait: bool = False):
-        """A free image, or the discard image if none is free (*wait*: wait for one, after Stop only)."""
+        """A free image, or the discard image if none is free (*wait*: wait for one until :meth:`finish`'s
+        deadline, after Stop only)."""
         try:
-            return self._free.get(timeout=self.FREE_WAIT_S) if wait else self._free.get_nowait()
+            if wait:
+                return self._free.get(timeout=max(0.0, min(self._free_deadline - time.monotonic(), self.FREE_WAIT_S)))
+            return self._free.get_nowait()
         except queue.Empty:
             return self._discard
 
     def _queue(self, image) -> None:
-        """Hand *image* to the evaluators, with its sequence number and its decodes' batches."""
+        """Hand *image* to the evaluators, with its sequence number, its samples and its decodes' batches."""
         batches = self._batches.pop(id(image), [])
+        n = self._pm.counter_data_info(image).completed
         if self._backend is not None:
-            self._backend.submit(self.handed_off, image, self._pm.counter_data_info(image).completed, batches)
+            self._backend.submit(self.handed_off, image, n, batches)
         else:
-            self._full.put((self.handed_off, image))
+            self._full.put((self.handed_off, image, n))
         self.handed_off += 1
+
+    @property
+    def forked(self) -> bool:
+        """True in a child forked from the process that made this pipeline: the threads, the evaluation workers
+        and the sampling object are the parent's, and nothing here may touch them (the lock may have been held
+        by the parent's decode thread at the fork, and stay held for ever)."""
+        return os.getpid() != self._pid
 
     def stop_sampling(self, call):
         """Run *call* (``cuptiPmSamplingStop``) holding the lock of the PM sampling object, after the decode
         thread's current decode: the thread stops decoding until :meth:`finish` (a decode thread that cannot keep
-        up would otherwise take the lock again and again, and Stop would wait for seconds)."""
+        up would otherwise take the lock again and again, and Stop would wait for seconds). Does nothing in a
+        forked child."""
+        if self.forked:
+            return None
         self._stopping.set()
         with self._lock:
             return call()
@@ -294,43 +321,78 @@ class Pipeline:
         except Exception as exc:
             self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
 
+    @property
+    def images_lost(self) -> int:
+        """Images whose samples were never evaluated: given up on by :meth:`finish` (an evaluator thread did not
+        finish within :attr:`EVALUATE_TIMEOUT_S`), or by the worker processes' own deadlines."""
+        return self.images_unevaluated + (self._backend.images_lost if self._backend is not None else 0)
+
     # -- evaluator threads --------------------------------------------------------------------------------
     def _evaluate_loop(self, evaluator) -> None:
+        me = threading.current_thread().name
         while (item := self._full.get()) is not None:
-            seq, image = item
+            seq, image, n = item
+            self._busy[me] = n
+            result = None
             try:
-                n = self._pm.counter_data_info(image).completed
                 stamps = np.empty((n, 2), dtype=np.int64)
                 values = np.empty((n, len(self.metrics)), dtype=np.float64)
                 self.read_timestamps(image, 0, n, stamps)
                 evaluator.evaluate_into(image, 0, n, values)
-                self._results[seq] = (values, stamps)
+                result = (values, stamps)
             except Exception as exc:  # the samples are lost (and counted as such); the thread goes on
-                self.errors.append(f"evaluate: {type(exc).__name__}: {exc}")
+                error = f"evaluate: {type(exc).__name__}: {exc}"
+            with self._lock:  # finish() gives up holding it for good: either this image counts, or it is lost
+                if result is None:
+                    self.errors.append(error)
+                else:
+                    self._results[seq] = result
+                del self._busy[me]
+                self._progress = time.monotonic()
             self.recycle(image)
 
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Stop the decode thread, decode what is left (call after ``cuptiPmSamplingStop``) and wait for the
-        evaluators, which need the sampling object for the timestamps (safe to call twice)."""
+        evaluators, which need the sampling object for the timestamps (safe to call twice; does nothing in a forked
+        child).
+
+        Every wait has a deadline: the decode thread's last drain (:attr:`JOIN_TIMEOUT_S`), free images for what is
+        left in the hardware buffer (:attr:`FREE_WAIT_S` in all; then the discard image), the evaluator threads
+        (:attr:`EVALUATE_TIMEOUT_S` without an image finished). What a missed deadline costs is in :attr:`errors`,
+        :attr:`discarded` and :attr:`images_lost`.
+        """
         if self._finished:
             return
         self._finished = True
+        if self.forked:
+            return
         self._stop.set()
         decode, *evaluate = self._threads
         if decode.is_alive():
-            decode.join()
-        self.drain(wait=True)
-        self._hand_off(wait=False)  # the last, partly filled image
+            decode.join(self.JOIN_TIMEOUT_S)
+        if decode.is_alive():  # it holds the current image: leave it, and what is still in the hardware buffer
+            self.errors.append(f"the decode thread did not stop within {self.JOIN_TIMEOUT_S:g} s: the samples left "
+                               "in the hardware buffer were not decoded (counted as lost samples)")
+        else:
+            self._free_deadline = time.monotonic() + self.FREE_WAIT_S
+            self.drain(wait=True)
+            self._hand_off(wait=False)  # the last, partly filled image
         if self._backend is not None:
             self._backend.close()
         for _ in evaluate:
             self._full.put(None)
-        for thread in evaluate:
-            if thread.is_alive():
-                thread.join()
-        while not self._full.empty():  # evaluators never started (start failed): nothing to evaluate
-            self._full.get_nowait()
+        stuck = self._wait_for_evaluators(evaluate)
+        while not self._full.empty():  # evaluators never started (start failed) or gave up on: not evaluated
+            item = self._full.get_nowait()
+            if item is not None and stuck:
+                self.images_unevaluated += 1
+                self.samples_unevaluated += item[2]
+        if stuck:
+            self.errors.append(
+                f"{len(stuck)} evaluator thread(s) did not finish an image within {self.EVALUATE_TIMEOUT_S:g} s: "
+                f"{self.images_unevaluated} image(s) ({self.samples_unevaluated} samples) were not evaluated "
+                "(counted as lost samples); the thread(s) were left running")
         self.clean = not self.errors  # the sampling object may serve the next session (gpuscope._keep)
         pool = [] if self._current is None or self._current is self._discard else [self._current]  # taken, unused
         while not self._free.empty():
@@ -342,14 +404,37 @@ class Pipeline:
                 self.spare = (pool, self._discard)
             except Exception as exc:
                 self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
-        self._current = self._discard = None
+        if not decode.is_alive():
+            self._current = self._discard = None
         self._free = queue.Queue()
-        for h in self._hosts:
-            h.close()
+        busy = {t.name for t in stuck}
+        for h, thread in zip(self._hosts, evaluate):
+            if thread.name not in busy:  # a host object still evaluating is left open: closing it would crash
+                h.close()
+
+    def _wait_for_evaluators(self, evaluate: list) -> list:
+        """Wait for the evaluator threads to end (each has its ``None``); give up when none of them has finished an
+        image for :attr:`EVALUATE_TIMEOUT_S`. Returns the threads given up on.
+
+        Giving up takes the lock of the sampling object for good: a thread that comes back from its evaluation
+        then waits on it for ever, instead of calling into a sampling object that is disabled by then or storing
+        results already counted as lost."""
+        self._progress = time.monotonic()
+        while alive := [t for t in evaluate if t.is_alive()]:
+            if time.monotonic() - self._progress > self.EVALUATE_TIMEOUT_S:
+                if not self._lock.acquire(timeout=self.JOIN_TIMEOUT_S):
+                    self.errors.append("an evaluator thread holds the PM sampling object and does not return")
+                self.images_unevaluated += len(self._busy)
+                self.samples_unevaluated += sum(self._busy.values())
+                return alive
+            alive[0].join(0.25)
+        return []
 
     def close_workers(self) -> None:
         """Stop the evaluation workers, if any, and release the evaluator threads' host objects (safe to call twice;
-        :meth:`finish` does it too)."""
+        :meth:`finish` does it too; does nothing in a forked child, whose workers are the parent's)."""
+        if self.forked:
+            return
         if self._backend is not None:
             self._backend.close()
         for h in self._hosts:

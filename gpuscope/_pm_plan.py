@@ -80,22 +80,25 @@ def parse_interval(interval) -> tuple[int, str]:
 
     Accepts ``"20us"``, ``"0.5 ms"``, ``"100000ns"``, ``"1e-4s"``, ``"20000cycles"``, a
     :class:`datetime.timedelta`, or a number of nanoseconds; at most one minute (:data:`MAX_INTERVAL_NS`) or
-    2**32 - 1 cycles.
+    2**32 - 1 cycles. CUPTI takes whole ns (time trigger) or whole cycles (sys-clock trigger).
 
     Raises
     ------
     ValueError
-        The interval is not a positive time (or cycle count) within those bounds, or its unit is unknown.
+        The interval is not a positive time (or cycle count) within those bounds, not a whole number of ns (or
+        cycles), or its unit is unknown.
     TypeError
         The interval is neither a string, a number nor a timedelta.
     """
     match = _CYCLES_RE.match(interval) if isinstance(interval, str) else None
     if match:
-        cycles = round(float(match.group(1)))
-        if not 1 <= cycles <= MAX_INTERVAL_CYCLES:
-            raise ValueError(f"interval must be 1 to {MAX_INTERVAL_CYCLES:,} cycles; got {interval!r}.")
-        return cycles, "cycles"
-    return _validate.duration(interval, "interval", maximum_ns=MAX_INTERVAL_NS), "ns"
+        cycles = float(match.group(1))
+        if not cycles.is_integer() or not 1 <= cycles <= MAX_INTERVAL_CYCLES:
+            raise ValueError(f"interval must be a whole number of cycles, 1 to {MAX_INTERVAL_CYCLES:,} cycles; got "
+                             f"{interval!r}.")
+        return int(cycles), "cycles"
+    # CUPTI takes the time trigger's interval in whole ns: a fraction would be rounded away unsaid
+    return _validate.duration(interval, "interval", maximum_ns=MAX_INTERVAL_NS, whole=True), "ns"
 
 
 def choose_trigger(chip: str) -> Trigger:

@@ -23,15 +23,17 @@ class Span:
 
 
 def innermost_ranges(times_ns: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
-    """For each time, the path of the innermost user range open then ("" where none).
+    """For each time, the path of the innermost user range open then ("" where none), as an object array.
 
     "Innermost" is the most recently entered range still open; with ranges on several threads that is the
-    latest ``range_push`` of any thread.
+    latest ``range_push`` of any thread. The items are the spans' own ``str`` objects, so a path costs its length
+    once, not once per time (a ``<U`` array would take 4 bytes per character of the longest path for every time:
+    7.6 GB for a 10,000-character name over 200,000 samples).
     """
     times_ns = np.asarray(times_ns, dtype=np.int64)
     out = np.full(times_ns.shape, "", dtype=object)
     if not spans or times_ns.size == 0:
-        return out.astype(str)
+        return out
     events = sorted(
         [(s.start_ns, 1, i) for i, s in enumerate(spans)] + [(s.end_ns, 0, i) for i, s in enumerate(spans)]
     )  # at equal times, pops (0) before pushes (1)
@@ -49,7 +51,7 @@ def innermost_ranges(times_ns: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
             k += 1
         if open_spans:
             out[idx] = spans[next(reversed(open_spans))].path
-    return out.astype(str)
+    return out
 
 
 def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None = None) -> int:

@@ -460,6 +460,8 @@ def _merge_pm(datasets, offsets, dim="rank"):
     *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps."""
     import xarray as xr
 
+    from ._results import shared_strings
+
     n = max(ds.sizes["time"] for ds in datasets)
     positions = [np.arange(ds.sizes["time"]) for ds in datasets]
     clock = "cuptiGetTimestamp" if offsets is None else _WALL
@@ -476,8 +478,8 @@ def _merge_pm(datasets, offsets, dim="rank"):
                       {"units": "ns", "description": f"ns from time_origin_ns (the earliest {dim}'s session start) to "
                                                      f"the sample's end; -1 past the {dim}'s last sample"})
     if all("range" in ds.coords for ds in datasets):
-        coords["range"] = (dims, _stack([ds["range"].values for ds in datasets], positions, n, str, ""),
-                           dict(datasets[0]["range"].attrs))
+        ranges = _stack([ds["range"].values for ds in datasets], positions, n, object, "")
+        coords["range"] = (dims, shared_strings(ranges), dict(datasets[0]["range"].attrs))
     coords["samples"] = (dim, np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
                          {"description": f"samples of each {dim} (the rest of its row is padding)"})
     data_vars = {}

@@ -18,6 +18,7 @@ this module holds the public :class:`Sampler` and :func:`sample`.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Iterable, Sequence
 import time
@@ -71,6 +72,9 @@ __all__ = [
 MAX_DEVICE = 1023
 MAX_HARDWARE_BUFFER = 1 << 40  # 1 TiB of device memory
 MAX_DECODE_PERIOD_S = 60.0
+#: Shortest decode period: a shorter one only spins the decode thread (each decode reads all that is waiting) and
+#: takes the GIL from the user's threads.
+MIN_DECODE_PERIOD_S = 0.001
 MAX_SAMPLES_PER_IMAGE = 1 << 20
 MAX_IMAGE_POOL = 1 << 16
 MAX_EVALUATORS = 256
@@ -116,6 +120,19 @@ class Sampler:
         hardware_buffer_size = _validate.integer(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20,
                                                  maximum=MAX_HARDWARE_BUFFER)
         decode_period = _validate.finite_positive_float(decode_period, "decode_period", maximum=MAX_DECODE_PERIOD_S)
+        if decode_period < MIN_DECODE_PERIOD_S:
+            raise ValueError(
+                f"decode_period must be at least {MIN_DECODE_PERIOD_S:g} s; got {decode_period!r}. Each decode takes "
+                "every sample waiting in the hardware buffer, so decoding more often loses nothing less; it only "
+                "keeps the decode thread spinning and takes the GIL from your threads. Use 0.001 to 60 (default 0.01)."
+            )
+        if unit == "ns" and value < MIN_INTERVAL_NS:
+            raise ValueError(
+                f"Sampling interval {interval!r} ({value} ns) is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
+                "PM sampling cannot deliver samples that fast (on the H100, 500 ns lost 99% of them). Use interval="
+                f"'{MIN_INTERVAL_NS // 1000}us' or longer; a number without a unit is ns (docs/pm-sampling.md lists "
+                "the shortest loss-free interval)."
+            )
         if samples_per_image is not None:
             samples_per_image = _validate.integer(samples_per_image, "samples_per_image", minimum=2,
                                                   maximum=MAX_SAMPLES_PER_IMAGE)
@@ -137,6 +154,7 @@ class Sampler:
         self.trigger: Trigger | None = None
         self.interval_ns: int = value if unit == "ns" else 0
         self._state = "new"
+        self._pid: int | None = None  # the process that started it: a forked child must leave it alone
         self._torn_down = False  # set once the teardown of stop() has run to its end
         self._dataset = None
         self._handle = None
@@ -179,7 +197,7 @@ class Sampler:
         UnknownMetricError
             A metric name that the chip cannot PM-sample (the message names close matches).
         ValueError
-            The interval is shorter than the chip can sample.
+            An interval in cycles on a chip that samples on a time interval.
         CuptiPermissionError
             This user may not read GPU performance counters.
         CuptiNotSupportedError
@@ -189,6 +207,7 @@ class Sampler:
         """
         if self._state != "new":
             raise RuntimeError(f"This sampler was already started (state: {self._state}); make a new one.")
+        self._pid = os.getpid()
         with _active_lock:
             other = _active.get(self.device)
             if other is not None:
@@ -302,12 +321,6 @@ class Sampler:
                     "not cycles."
                 )
             return
-        if self.interval_ns < MIN_INTERVAL_NS:
-            raise ValueError(
-                f"Sampling interval {self.interval_ns} ns is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
-                f"{self.chip} cannot deliver samples that fast without losing them. Use interval='"
-                f"{MIN_INTERVAL_NS // 1000}us' or longer (docs/pm-sampling.md lists the shortest loss-free interval)."
-            )
         if self.trigger is Trigger.SYSCLK:
             self._hw_interval = max(1, round(self.interval_ns * info.sm_clock_khz / 1e6))
         else:
@@ -317,9 +330,13 @@ class Sampler:
         """Stop sampling, decode what is left and release the device (safe to call twice).
 
         Waits for the evaluator threads to finish the last images. Warns (:class:`GpuscopeWarning`) if samples
-        were lost, saying why and what to change.
+        were lost, saying why and what to change. In a child forked while the sampler ran it does nothing: the
+        sampler, its threads, workers and CUPTI state stay the parent's, which goes on sampling.
         """
         if self._state not in ("running", "stopping") or self._torn_down:
+            return
+        if self._forked:  # the parent's sampler: its threads, workers and CUPTI state are not this process's
+            self._state = "forked"
             return
         self._state = "stopping"
         run_shielded(self._stop_once)
@@ -406,6 +423,12 @@ class Sampler:
                 f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
                 "free: use a longer interval, or more image_pool or evaluators."
             )
+        if d.images_unevaluated:
+            lines.append(
+                f"Evaluation stalled: {d.samples_unevaluated} samples in images that no evaluator thread finished "
+                f"within {d.EVALUATE_TIMEOUT_S:g} s were not evaluated (attrs 'images_lost'); those threads were left "
+                "running."
+            )
         if backend is not None and (backend.workers_lost or backend.images_lost):
             lines.append(
                 f"{backend.workers_lost} evaluation worker(s) were lost; {backend.images_recovered} image(s) they held "
@@ -474,8 +497,13 @@ class Sampler:
 
     # -- results ------------------------------------------------------------------------------------------
     @property
+    def _forked(self) -> bool:
+        """True in a child forked from the process that started this sampler."""
+        return self._pid is not None and os.getpid() != self._pid
+
+    @property
     def running(self) -> bool:
-        return self._state == "running"
+        return self._state == "running" and not self._forked
 
     @property
     def overflows(self) -> int:
@@ -496,6 +524,11 @@ class Sampler:
         RuntimeError
             Sampling has not been stopped yet.
         """
+        if self._forked and self._state in ("running", "stopping", "forked"):
+            raise RuntimeError(
+                f"This sampler was running in process {self._pid} when it forked this one: its samples are that "
+                "process's. Sample in this process with a gpuscope.sample(...) of its own."
+            )
         if self._state != "stopped":
             raise RuntimeError(
                 "No samples yet: read .dataset after the `with gpuscope.sample(...)` block (or after .stop())."
@@ -566,7 +599,7 @@ class Sampler:
                 "evaluation_workers_ready": int(backend.ready_workers) if backend else 0,
                 "evaluation_workers_lost": int(backend.workers_lost) if backend else 0,
                 "images_recovered": int(backend.images_recovered) if backend else 0,
-                "images_lost": int(backend.images_lost) if backend else 0,
+                "images_lost": int(self._decoder.images_lost),
                 "pool_note": self._decoder.pool_note,
                 **self._set_attrs,
                 "inexact_batches": int(self._decoder.inexact_batches),
@@ -575,6 +608,16 @@ class Sampler:
                 "stop_call_ns": int(self.stop_call_ns),
             },
         )
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork``: the parent's samplers are not the child's (it may start its own on any device)."""
+    global _active_lock
+    _active_lock = threading.Lock()
+    _active.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class KeptSampler:
@@ -618,7 +661,8 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     hardware_buffer_size : int, optional
         Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB; 1 MiB to 1 TiB).
     decode_period : float, optional
-        Seconds between decodes by the background thread (default 0.01; finite, above 0, at most 60).
+        Seconds between decodes by the background thread (default 0.01; 0.001 to 60: each decode reads every
+        sample waiting, so a shorter period would only spin the thread).
     samples_per_image : int, optional
         Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192; 2 to 2**20). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.
@@ -654,10 +698,11 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     ------
     TypeError, ValueError
         A bad argument (raised here, before any CUDA or CUPTI work; the message names the argument, the value and
-        what is allowed); an interval below what the chip can do (raised on start). For several devices: a
-        device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value of the
-        wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does not
-        see raises ValueError on start, before any device's sampler starts.
+        what is allowed): an interval below 1 µs or not a whole number of ns (or cycles), a ``decode_period``
+        below 1 ms; an interval in cycles on a chip that samples on a time interval (raised on start). For several
+        devices: a device list that is empty, repeats a device or holds a non-integer raises ValueError here (a value
+        of the wrong kind, such as a str other than ``"all"``, is also a TypeError), and a device this process does
+        not see raises ValueError on start, before any device's sampler starts.
     SamplerBusyError, NotSinglePassError, UnknownMetricError, CuptiPermissionError, ProfilerBusyError
         On start: see :meth:`Sampler.start`.
 

@@ -149,7 +149,7 @@ def finite_positive_float(value, name: str, maximum: float | None = None) -> flo
     return real(value, name, minimum=0.0, maximum=maximum, exclusive_minimum=True)
 
 
-def duration(value, name: str, *, minimum_ns: int = 1, maximum_ns: int = INT64_MAX) -> int:
+def duration(value, name: str, *, minimum_ns: int = 1, maximum_ns: int = INT64_MAX, whole: bool = False) -> int:
     """A time span in whole nanoseconds.
 
     Parameters
@@ -161,6 +161,8 @@ def duration(value, name: str, *, minimum_ns: int = 1, maximum_ns: int = INT64_M
         The argument's name, for the message.
     minimum_ns, maximum_ns : int
         Inclusive bounds on the rounded value.
+    whole : bool
+        Refuse a value that is not a whole number of nanoseconds instead of rounding it.
 
     Returns
     -------
@@ -172,7 +174,7 @@ def duration(value, name: str, *, minimum_ns: int = 1, maximum_ns: int = INT64_M
     TypeError
         Neither a string, a timedelta nor a number.
     ValueError
-        A string without a known unit, NaN, infinite, or outside the bounds.
+        A string without a known unit, NaN, infinite, outside the bounds, or (*whole*) a fraction of a ns.
     """
     allowed = f"a time from {minimum_ns:,} ns to {maximum_ns:,} ns, e.g. '20us', '1ms' or a number of ns"
     if isinstance(value, datetime.timedelta):
@@ -191,6 +193,11 @@ def duration(value, name: str, *, minimum_ns: int = 1, maximum_ns: int = INT64_M
         raise TypeError(f"{name} must be {allowed}; got {value!r} ({type(value).__name__}).")
     if not math.isfinite(ns) or not minimum_ns <= round(ns) <= maximum_ns:
         raise ValueError(f"{name} must be {allowed}; got {value!r}.")
+    if whole and abs(ns - round(ns)) > 1e-3:  # a decimal string's float error is far below 1e-3 ns
+        bare = isinstance(value, numbers.Real)
+        hint = f"A number without a unit is ns: give a unit (e.g. '{ns:g}us' for µs) or " if bare else "Give "
+        raise ValueError(f"{name} must be a whole number of nanoseconds; got {value!r} ({ns:g} ns). {hint}a whole "
+                         f"number of ns, e.g. {round(ns)}.")
     return int(round(ns))
 
 

@@ -45,6 +45,46 @@ def test_parse_interval_type():
         _sampling.parse_interval([20])
 
 
+@pytest.mark.parametrize("interval, says", [
+    (1.5, "1.5 ns). A number without a unit is ns: give a unit (e.g. '1.5us' for µs) or a whole number of ns, e.g. 2"),
+    (20_000.5, "(20000.5 ns)"),
+    ("1.5ns", "Give a whole number of ns, e.g. 2"),
+    ("0.0000015ms", "(1.5 ns)"),
+])
+def test_a_fraction_of_a_ns_is_refused_not_rounded(interval, says):
+    """CUPTI takes the interval in whole ns: interval=1.5 became 2 ns without a word."""
+    with pytest.raises(ValueError, match="whole number of nanoseconds") as info:
+        _sampling.parse_interval(interval)
+    assert says in str(info.value)
+
+
+def test_a_fraction_of_a_cycle_is_refused_not_rounded():
+    with pytest.raises(ValueError, match="whole number of cycles"):
+        _sampling.parse_interval("2.5cycles")
+    assert _sampling.parse_interval("2e4cycles") == (20_000, "cycles")
+
+
+@pytest.mark.parametrize("text, ns", [("1e-4s", 100_000), ("0.3us", 300), ("0.1ms", 100_000), (2e4, 20_000)])
+def test_decimal_intervals_are_whole_ns_despite_float_error(text, ns):
+    assert _sampling.parse_interval(text) == (ns, "ns")  # 0.3 * 1000 is 300.00000000000006 in floats
+
+
+@pytest.mark.parametrize("interval", [900, "500ns", "0.5us"])
+def test_an_interval_below_a_microsecond_is_refused_by_sample_itself(interval):
+    """Refused at gs.sample(...), before any CUDA call (it used to wait for start(), on the GPU)."""
+    with pytest.raises(ValueError, match="shorter than gpuscope allows") as info:
+        _sampling.sample(interval=interval)
+    assert repr(interval) in str(info.value) and "a number without a unit is ns" in str(info.value)
+
+
+def test_a_decode_period_that_would_spin_is_refused():
+    """decode_period=1e-9 made the decode thread spin (a decode every wake-up, the GIL taken from the user)."""
+    with pytest.raises(ValueError, match="decode_period must be at least 0.001 s; got 1e-09") as info:
+        _sampling.sample(decode_period=1e-9)
+    assert "spinning" in str(info.value)
+    assert _sampling.sample(decode_period=0.001).decode_period == 0.001
+
+
 def test_trigger_per_chip():
     assert _sampling.choose_trigger("GH100") is _sampling.Trigger.TIME
     assert _sampling.choose_trigger("GA102") is _sampling.Trigger.TIME
