@@ -124,7 +124,7 @@ class Report(pd.DataFrame):
                              "the DataFrame (--csv FILE on the command line writes them all; a wider terminal shows "
                              "more).")
             if shortened:
-                notes.append("row labels shortened with '...' to fit; --csv FILE has them in full.")
+                notes.append("row labels shortened with '...' in the middle to fit; --csv FILE has them in full.")
             lines += _advice(frame, prose)
         else:
             lines.append("(no rows)")
@@ -178,16 +178,21 @@ def _text(v) -> str:
 
 
 def _shorten(label: str, width: int) -> str:
+    """*label* within *width*, its middle cut out: names that share a prefix (a module, a template) still differ
+    at their ends."""
     if len(label) <= width:
         return label
-    return label[: width - 3] + "..." if width > 3 else label[:width]
+    if width <= 3:
+        return label[:width]
+    head = (width - 3 + 1) // 2
+    return label[:head] + "..." + label[len(label) - (width - 3 - head):]
 
 
 def _layout(frame: pd.DataFrame, formatters: dict, priority, width: int) -> tuple[list[str], list, bool]:
     """The table's lines within *width*, the columns left out to fit, and whether row labels were shortened.
 
     Columns are taken in order of importance (*priority*, then the frame's order) while they fit; the row labels
-    get at least a third of the width (or what they need), and whatever the chosen columns leave over.
+    get at least half the width (or what they need), and whatever the chosen columns leave over.
     """
     levels = [[_text(v) for v in frame.index.get_level_values(i)] for i in range(frame.index.nlevels)]
     for i in range(len(levels) - 1):  # a MultiIndex prints each outer label once, as pandas does
@@ -196,7 +201,7 @@ def _layout(frame: pd.DataFrame, formatters: dict, priority, width: int) -> tupl
     names = [_text(n) for n in frame.index.names]
     natural = [max([len(n), *map(len, lab)]) for n, lab in zip(names, levels)]
     share = (width - len(_SEP) * (len(levels) - 1)) // len(levels)
-    label_w = [min(w, max(len(n), width // 3 // len(levels), 4), share) for n, w in zip(names, natural)]
+    label_w = [min(w, max(len(n), width // 2 // len(levels), 4), share) for n, w in zip(names, natural)]
     cells = {c: [formatters.get(c, _text)(v) for v in frame[c].tolist()] for c in frame.columns if c != "advice"}
     col_w = {c: max(len(str(c)), *map(len, v)) for c, v in cells.items()}
     used = sum(label_w) + len(_SEP) * (len(levels) - 1)
@@ -561,8 +566,8 @@ def _phase_topdown_report(ds) -> Report:
     rows = {p: {n: float(values[n][i]) for n in nodes} for i, p in enumerate(frame.index)
             if attributed[i] > 0 and all(np.isfinite(values[n][i]) for n in td.level_cut(1, nodes))}
     fractions = ["share", "attributed", *_topdown_columns(frame, rows, ipc_max)]
-    unattributed = [p for p in frame.index if p not in rows]
-    frame.loc[unattributed, "bound_by"] = "not attributed"
+    # no range-profiled work in the phase; work whose Top-Down is not a number stays "no data"
+    frame.loc[~(attributed > 0), "bound_by"] = "not attributed"
     by = ds.attrs.get("topdown_by", "")
     title = (f"gpuscope report: Top-Down per phase, {_count(len(frame), 'phase')}"
              + (f", joined by {by}" if by else "") + f" ({_device_line(ds)})")

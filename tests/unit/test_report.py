@@ -234,13 +234,18 @@ def test_the_width_is_the_terminals(launches, monkeypatch):
 
 
 def test_long_row_labels_are_shortened_and_said(launches):
-    name = "void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<" + "float, " * 40 + ">>"
-    long = launches.assign_coords(kernel=("range", np.where(launches["kernel"].values == "fma", name, "stream")))
+    # two template kernels that differ only at the end of their names
+    name = "void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<" + "float, " * 40 + "%s>>"
+    kernels = {"fma": name % "Sm90", "divergent": name % "Sm80", "stream": "stream"}
+    long = launches.assign_coords(kernel=("range", [kernels[k] for k in launches["kernel"].values.tolist()]))
     for width in (20, 40, 80, 133):
         text = report(long).to_text(width=width)
         _fits(text, width)
-    assert "row labels shortened" in report(long).to_text(width=80) and "void cutlass::" in text
-    assert name in report(long).index  # the DataFrame keeps it whole
+    text = report(long).to_text(width=80)
+    assert "row labels shortened with '...' in the middle" in _flat(text)
+    rows = [line.split("  ")[0] for line in text.splitlines() if line.startswith("void cutlass::")]
+    assert len(rows) == 2 and rows[0] != rows[1] and all(r.endswith(">>") for r in rows)  # still told apart
+    assert kernels["fma"] in report(long).index  # the DataFrame keeps it whole
 
 
 def test_a_phases_result_is_reported_per_phase_never_averaging_labels(series):
