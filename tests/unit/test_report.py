@@ -411,3 +411,14 @@ def test_show_raw_page_lists_every_value_with_its_unit(capsys, monkeypatch, tmp_
 def test_show_raw_page_refuses_by(capsys, monkeypatch):
     code, _, err = _show(capsys, monkeypatch, "--page", "raw", "--by", "phase", _demo.RECORDED_SERIES)
     assert code == 4 and "--by groups the rows of the details page" in err
+
+
+def test_a_phase_whose_topdown_is_not_a_number_says_no_data(unattributed):
+    broken = unattributed.copy(deep=True)
+    p = int(np.flatnonzero(broken["attributed_fraction"].values > 0)[0])
+    for node in ("retire", "divergence", "frontend", "backend"):
+        broken[node].values[p] = np.inf
+    r = report(broken)
+    phase = broken["phase_id"].values[p]
+    assert r.loc[phase, "bound_by"] == "no data" and r.loc[phase, "advice"] == ""
+    assert "not attributed" in set(r["bound_by"])  # the phase with no profiled work is still that
