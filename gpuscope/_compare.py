@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ._report import GPU_TIME, SHORT_NAMES, Report, _kind, _new, group_key, topdown_per_launch
+from ._report import GPU_TIME, SHORT_NAMES, Report, _count, _finite, _kind, _new, group_key, topdown_per_launch
 
 __all__ = ["compare"]
 
@@ -75,12 +75,15 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         ``relative`` (change / base), ``ci_low``/``ci_high`` (confidence interval of the change), ``p_value``,
         ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities: ``gpu_time_us`` per launch, Top-Down
         level 1 and 2 nodes as fractions of peak, throughput metrics in percent. Kernels found in one run only
-        get one row with the other side empty. ``print()`` shows the time rows and every significant row.
+        get one row with the other side empty. NaN and inf values are no data: left out of the means and tests
+        (``n_base``/``n_new`` count the values used) and counted in a note. ``print()`` shows the time rows and
+        every significant row, fitted to the terminal.
 
     Raises
     ------
     ValueError
-        A Dataset is not range results (PM and PC sampling are not compared), or bad ``alpha``/``min_change``.
+        A Dataset is not range results (PM and PC sampling are not compared), holds no finite metric value, or bad
+        ``alpha``/``min_change``.
     gpuscope.errors.NotGpuscopeDataError
         A Dataset is not gpuscope's.
     """
@@ -93,11 +96,18 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         if kind != "range":
             raise ValueError(f"compare() works on range-profiling results; the {label} Dataset is {kind} data. "
                              "Profile both runs with gpuscope.Profiler (or gpuscope run) and compare those.")
+    notes = []
+    for label, ds in (("base", base), ("new", new)):
+        try:
+            _, missing = _finite(ds, "range", "launch")
+        except ValueError as exc:
+            raise ValueError(f"the {label} Dataset: {exc}") from None
+        notes += [f"{label}: {n}" for n in missing]
     (qa, frac_a), (qb, frac_b) = _quantities(base), _quantities(new)
     ka, kb = group_key(base), group_key(new)
     kernels = list(dict.fromkeys([*ka.tolist(), *kb.tolist()]))
     common = [q for q in qa if q in qb]
-    rows, notes = [], []
+    rows = []
     for k in kernels:
         in_a, in_b = ka == k, kb == k
         if not in_a.any() or not in_b.any():
@@ -107,7 +117,8 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
             continue
         for q in common:
             a, b = qa[q][in_a], qb[q][in_b]
-            ma, mb = np.nanmean(a), np.nanmean(b)
+            a, b = a[np.isfinite(a)], b[np.isfinite(b)]  # NaN or inf is no data (counted in a note), not a value
+            ma, mb = (x.mean() if x.size else np.nan for x in (a, b))
             p, lo, hi = _welch(a, b, 1 - alpha)
             change = mb - ma
             relative = change / ma if ma else np.nan
@@ -127,11 +138,16 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
     notes.insert(0, f"{flagged} of {len(frame)} differences are larger than run-to-run noise (Welch t-test, "
                     f"p < {alpha:g}, and a change over {min_change:g}: relative for times and metrics, fraction of "
                     "peak for Top-Down nodes); ci: its confidence interval of new - base.")
-    title = (f"gpuscope compare: {len(kernels)} kernels; base {base.sizes['range']} ranges "
-             f"({base.attrs.get('created', '?')}), new {new.sizes['range']} ranges ({new.attrs.get('created', '?')})")
-    out = _new(frame, title, notes, ["relative"])
+    title = (f"gpuscope compare: {_count(len(kernels), 'kernel')}; base {_count(base.sizes['range'], 'range')} "
+             f"({base.attrs.get('created', '?')}), new {_count(new.sizes['range'], 'range')} "
+             f"({new.attrs.get('created', '?')})")
+    out = _new(frame, title, notes, ["relative"], _PRIORITY)
     out.attrs["fraction_quantities"] = sorted(frac_a | frac_b)
     return Comparison(out).__finalize__(out)
+
+
+#: The columns a narrow terminal keeps, most important first.
+_PRIORITY = ("base", "new", "relative", "significant", "p_value", "ci_low", "ci_high", "n_base", "n_new", "change")
 
 
 class Comparison(Report):
@@ -141,8 +157,9 @@ class Comparison(Report):
     def _constructor(self):
         return Comparison
 
-    def to_text(self, max_advice: int = 60, all_rows: bool = False) -> str:
-        """The table as text: time rows and significant rows, or every row with *all_rows*."""
+    def to_text(self, width: int | None = None, all_rows: bool = False) -> str:
+        """The table as text no wider than *width* (see :meth:`Report.to_text`): time rows and significant rows,
+        or every row with *all_rows*."""
         frame = pd.DataFrame(self)
         quantities = frame.index.get_level_values("quantity")
         keep = frame["significant"].to_numpy() | (quantities == "gpu_time_us") | quantities.str.startswith("only in")
@@ -152,4 +169,4 @@ class Comparison(Report):
         if not keep.all():
             shown.attrs["notes"] = [*self.notes, f"{int((~keep).sum())} rows within noise not shown "
                                                  "(the DataFrame has them all)."]
-        return Report.to_text(shown, max_advice)
+        return Report.to_text(shown, width)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._report import SHORT_NAMES, _scaled
+from ._report import _PROSE, SHORT_NAMES, _scaled, _width, _wrap
 
 DATA = Path(__file__).parent / "data"
 RECORDED_LAUNCHES = DATA / "demo_launches.nc"
@@ -146,8 +146,11 @@ def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
-    """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report."""
+def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int | None = None) -> dict:
+    """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report.
+
+    The tables fit *width* characters (default: the terminal's width, as ``gpuscope show``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,33 +162,65 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
     from .metrics import topdown as td
 
     outdir.mkdir(parents=True, exist_ok=True)
-    w = (out or sys.stdout).write
+    prose = min(_width(width), _PROSE)
+
+    def w(text: str, first: str = "", rest: str = "") -> None:  # a paragraph, wrapped to the terminal
+        (out or sys.stdout).write("\n".join(_wrap(text, prose, first, rest)) + "\n")
+
+    def table(title: str, rep) -> None:
+        (out or sys.stdout).write(f"\n{title}{rep.to_text(width)}\n")
+
     attrs = launches.attrs
     where = "RECORDED" if recorded else "measured now"
     w(f"gpuscope demo — {where} on {attrs.get('device_name', attrs.get('device', '?'))} "
       f"(chip {attrs.get('chip', '?')}, CUPTI {attrs.get('cupti_version', '?')}, "
-      f"recorded {attrs.get('created', '?')})\n")
+      f"recorded {attrs.get('created', '?')})")
     if recorded:
-        w("  No GPU here: this is gpuscope's analysis of recordings shipped with the package "
-          f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).\n")
+        w("No GPU here: this is gpuscope's analysis of recordings shipped with the package "
+          f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).", "  ", "  ")
 
-    table = report(launches)
     per_launch = td.topdown(launches)
     per_kernel = td.aggregate(per_launch, by="kernel")
-    w(f"\nTop-Down per kernel\n{table}\n")
-    verdicts = dict(zip(table.index, table["bound_by"]))
+    per_kernel_report = report(launches)
+    table("Top-Down per kernel\n", per_kernel_report)
+    verdicts = dict(zip(per_kernel_report.index, per_kernel_report["bound_by"]))
 
     # Segments within 2 noise sigmas of each other in every metric share a phase label (see docs/phases.md).
     ph = gs.phases(series, label_tolerance=2.0)
     n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
+    segments_table, segments = _segments(series, ph, n_phases)
+    table("", segments_table)
+    per_phase = gs.dynamic(per_launch, phases=ph)  # each phase: the Top-Down of the work in it
+    table("Top-Down per phase\n", report(per_phase))
+
+    launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
+    gs.save_dataset(launches, launches_nc)
+    gs.save_dataset(series, series_nc)
+    ax = per_kernel.gpuscope.plot.topdown(level=2)
+    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
+    fig = ax.figure
+    fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)][:6])
+    fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
+    fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    (out or sys.stdout).write("\n")
+    w(f"wrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}")
+    return {"verdicts": verdicts, "phases": n_phases, "segments": segments}
+
+
+def _segments(series, ph, n_phases: int):
+    """The segments between change points as a table (the mean of each metric in each; a segment under 1% of the
+    run is a transient, counted in a note), and the (phase, user range) pairs that hold a tenth of a segment."""
+    import pandas as pd
+
+    from ._report import _new
+
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
-    labels = [SHORT_NAMES.get(m, m.split(".")[0][-14:]).replace(" %", "").replace(" GB/s", "") for m in metrics]
-    w(f"\nPM sampling: {series.sizes['time']} samples, {ph.sizes['segment']} segments between change points, "
-      f"{n_phases} distinct phases (mean per segment; % of peak, PCIe in GB/s)\n")
-    w(f"  {'from ms':>8}{'to ms':>8}{'phase':>6}  {'user range':<12}" + "".join(f"{x:>11}" for x in labels) + "\n")
     t_all = series["time"].values
     ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
-    short, segments = [], []
+    short, segments, rows = [], [], {}
     for seg in range(ph.sizes["segment"]):
         first, stop = int(ph["segment_first"][seg]), int(ph["segment_stop"][seg])
         label = int(ph["segment_phase"][seg])
@@ -196,39 +231,22 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None) -> dict:
         main_range = str(names[np.argmax(counts)]) if len(names) else ""
         # every range holding a tenth of the segment: one segment may span ranges that look alike
         segments += [(label, str(r)) for r, c in zip(names, counts) if c >= 0.1 * (stop - first)]
-        cells = "".join(f"{float(_scaled(m, series[m].values[first:stop].mean())):>11.1f}" for m in metrics)
-        w(f"  {t_all[first] / 1e6:>8.1f}{t_all[stop - 1] / 1e6:>8.1f}{label:>6}  {main_range:<12}{cells}\n")
+        means = {SHORT_NAMES.get(m, m): float(_scaled(m, series[m].values[first:stop].mean())) for m in metrics}
+        rows[seg] = {"from_ms": t_all[first] / 1e6, "to_ms": t_all[stop - 1] / 1e6, "phase": label,
+                     "user range": main_range, **means}
+    notes = []
     if short:
-        w(f"  and {len(short)} short segments of {sum(short)} samples in all (each under 1% of the run)\n")
+        notes.append(f"{len(short)} short segments of {sum(short)} samples in all (each under 1% of the run) are "
+                     "not listed.")
     for label in sorted({lab for lab, _ in segments}):
         alike = sorted({r for lab, r in segments if lab == label and r})
         if len(alike) > 1:
-            w(f"  user ranges {', '.join(alike)} look alike in these metrics (phase {label}): PM counters count "
-              "warp instructions and cannot see divergence; the per-kernel Top-Down above can.\n")
-    per_phase = gs.dynamic(per_launch, phases=ph)  # each phase: the Top-Down of the work in it
-    w(f"\nTop-Down per phase (IPC out of {per_phase.attrs['topdown_ipc_max']:g}; joined by "
-      f"{per_phase.attrs['topdown_by']})\n")
-    w(f"  {'phase':>5} {'share':>6} {'retire':>7} {'diverg.':>8} {'frontend':>9} {'backend':>8}\n")
-    for p in per_phase["phase_id"].values:
-        row = per_phase.sel(phase_id=p)
-        w(f"  {int(p):>5} {float(row['phase_fraction']):>6.0%}" + "".join(
-            f"{float(row[n]):>{k}.2f}" for n, k in (("retire", 8), ("divergence", 9), ("frontend", 10),
-                                                    ("backend", 9))) + "\n")
-
-    launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
-    gs.save_dataset(launches, launches_nc)
-    gs.save_dataset(series, series_nc)
-    ax = per_kernel.gpuscope.plot.topdown(level=2)
-    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
-    fig = ax.figure
-    fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    fig = ph.gpuscope.plot.timeline(metrics[:6])
-    fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
-    fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    w(f"\nwrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}\n")
-    return {"verdicts": verdicts, "phases": n_phases, "segments": segments}
+            notes.append(f"user ranges {', '.join(alike)} look alike in these metrics (phase {label}): PM counters "
+                         "count warp instructions and cannot see divergence; the per-kernel Top-Down above can.")
+    frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("segment")
+    title = (f"PM sampling: {series.sizes['time']} samples, {ph.sizes['segment']} segments between change points, "
+             f"{n_phases} distinct phases (mean per segment; % of peak, PCIe in GB/s)")
+    return _new(frame, title, notes, priority=("phase", "user range", "from_ms", "to_ms")), segments
 
 
 def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:

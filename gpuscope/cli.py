@@ -411,19 +411,32 @@ def _open(path: str):
 
 
 def _show(args) -> int:
-    from ._report import report
+    import pandas as pd
 
-    options = {}
-    if args.by:
-        options["by"] = args.by
     from ._multi_sampling import each_device
+    from ._report import raw_text, report
+    from ._results import to_dataframe
 
+    if args.page == "raw" and args.by:
+        raise ValueError("--by groups the rows of the details page; --page raw lists every row as it was recorded")
+    options = {"by": args.by} if args.by else {}
+    tables = {}
     for path in args.files:
         parts = each_device(_open(path))  # a file of several devices: each device's report
         for part in parts:
             if len(parts) > 1:
                 print(f"device {part.attrs['device_index']}:")
-            print(report(part, **options))
+            if args.page == "raw":
+                print(raw_text(part))
+                tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
+            else:
+                table = report(part, **options)
+                print(table)
+                tables[(path, part.attrs.get("device_index", 0))] = pd.DataFrame(table).reset_index()
+    if args.csv:  # one table: with several files or devices, each row says which
+        frame = next(iter(tables.values())) if len(tables) == 1 else (
+            pd.concat(tables, names=["file", "device"]).reset_index(level=[0, 1]))
+        frame.to_csv(args.csv, index=False)
     return EXIT_OK
 
 
@@ -527,6 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print the report of saved results (range, PM or PC sampling)")
     s.add_argument("files", nargs="+", metavar="FILE.nc")
     s.add_argument("--by", help="group by this coordinate (range data) or by 'range' / 'phase' (PM data)")
+    s.add_argument("--page", choices=("details", "raw"), default="details",
+                   help="details (default): the report, fitted to the terminal; raw: every value of every row with "
+                        "its unit")
+    s.add_argument("--csv", metavar="FILE", help="also write the whole table as CSV: every column of the report, or "
+                                                 "with --page raw every value (gpuscope.to_dataframe)")
     s.set_defaults(func=_show)
 
     c = sub.add_parser("compare", help="per-kernel differences between two saved runs, with their significance",

@@ -103,9 +103,7 @@ def main():
 
     # 4. The Top-Down of every phase, from the kernels that ran in it
     per_phase = gs.dynamic(td, phases=ph)
-    table = per_phase[["retire", "frontend", "backend", "attributed_fraction"]].to_pandas()
-    table.insert(0, "share of run", per_phase["phase_fraction"].to_pandas())
-    print(table.round(2).to_string())
+    print(gs.report(per_phase))  # share of the run, the part with a Top-Down, and that Top-Down ("not attributed")
 
     # 5. Figures, files, one trace
     out = Path(args.out)

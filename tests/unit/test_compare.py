@@ -82,3 +82,26 @@ def test_only_range_results(launches):
         compare(launches, series)
     with pytest.raises(ValueError, match="alpha"):
         compare(launches, launches, alpha=2)
+
+
+def test_one_kernel_is_one_kernel(launches):
+    one = launches.isel(range=np.flatnonzero(launches["kernel"].values == "fma"))
+    assert compare(one, one).title.startswith("gpuscope compare: 1 kernel; base 5 ranges")
+
+
+def test_nan_and_inf_are_no_data_not_values(launches):
+    spoiled = launches.copy(deep=True)
+    fma = spoiled["kernel"].values == "fma"
+    spoiled["gpu__time_duration.sum"].values[np.flatnonzero(fma)[:2]] = [np.inf, np.nan]
+    c = compare(launches, spoiled)
+    row = c.loc[("fma", "gpu_time_us")]
+    kept = launches["gpu__time_duration.sum"].values[np.flatnonzero(fma)[2:]] / 1e3
+    assert row["n_new"] == 3 and row["new"] == pytest.approx(kept.mean())
+    assert np.isfinite(row["change"]) and not c["significant"].any()
+    assert any(n.startswith("new: no data (NaN or inf) for gpu__time_duration.sum in 2 of 15") for n in c.notes)
+    for value in (np.nan, np.inf):
+        empty = launches.copy(deep=True)
+        for v in empty.data_vars:
+            empty[v].values[:] = value
+        with pytest.raises(ValueError, match="the new Dataset: This Dataset holds no measurement"):
+            compare(launches, empty)

@@ -48,3 +48,21 @@ def test_the_no_gpu_line_is_one_balanced_clause(tmp_path, monkeypatch, capsys):
     _demo.main(tmp_path)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("No GPU:"))
     assert line == "No GPU: The NVIDIA driver is not available on this machine."
+
+
+def test_recorded_demo_fits_the_terminal_and_says_what_is_not_attributed(tmp_path):
+    import numpy as np
+
+    launches = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    series = gs.open_dataset(_demo.RECORDED_SERIES)
+    ranges = series["range"].values.astype(str)
+    # the samples of the fma and divergent ranges lost their range: the phase they make has no Top-Down to join
+    lost = series.assign_coords(range=("time", np.where(np.isin(ranges, ["fma", "divergent"]), "", ranges)))
+    out = io.StringIO()
+    _demo.analyse(launches, lost, tmp_path, recorded=True, out=out, width=80)
+    text = out.getvalue()
+    assert [line for line in text.splitlines() if len(line) > 80] == []
+    assert "nan" not in text.lower()
+    per_phase = text[text.index("Top-Down per phase"):]
+    rows = [line.split() for line in per_phase.splitlines() if line[:1].isdigit() and "%" in line]
+    assert len(rows) == 2 and rows[1][1:] == ["66.6%", "0.0%", "-", "-", "not", "attributed"]

@@ -1,7 +1,10 @@
 """Every documented Python snippet runs on the shipped H100 recordings (those marked ``<!-- gpu -->`` need a
-device and run in tests/gpu), with checks on the values they produce; and the Sphinx guide builds without warnings."""
+device and run in tests/gpu), with checks on the values they produce; the printed outputs the pages show are what
+gpuscope prints; and the Sphinx guide builds without warnings."""
 
+import itertools
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,6 +110,74 @@ def test_doc_snippet_runs_on_recordings(page, index, code, gpu, tmp_path, monkey
     check = CHECKS.get((page, index))
     assert check is not None, f"{page} block {index} runs; add a check on its values to CHECKS"
     check(ns)
+
+
+# -- the outputs the pages show are what gpuscope prints -------------------------------------------------------
+
+CONSOLE = re.compile(r"```console\n(.*?)```", re.S)
+NUMBER = re.compile(r"<?-?\d[\d,.]*%?")
+
+
+def _shown(page):
+    """(command, the output the page shows under it) for each ``$ ...`` line of the page's console blocks that
+    reads only the recordings in gpuscope/data, so runs without a GPU."""
+    for block in CONSOLE.findall((ROOT / "docs" / page).read_text()):
+        for part in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = part.partition("\n")
+            if "gpuscope/data/" in command:
+                yield command, output
+
+
+SHOWN = [pytest.param(c, o, id=f"{page}: {c}") for page in ("report.md", "quickstart.md") for c, o in _shown(page)]
+
+
+def _words(text):
+    return text.split()
+
+
+def test_the_report_page_shows_real_commands():
+    assert len([p for p in SHOWN if p.id.startswith("report.md")]) >= 3
+
+
+@pytest.mark.parametrize("command, shown", SHOWN)
+def test_shown_output_is_what_gpuscope_prints(command, shown, capsys, monkeypatch):
+    from gpuscope import cli
+
+    line, *pipe = command.split("|")
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, words))
+    argv = words[len(env):]
+    assert argv[0] == "gpuscope", command
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        assert cli.main(argv[1:]) == 0
+    out = capsys.readouterr().out
+    for stage in pipe:  # `| head -N`, the one filter the pages use
+        count = re.fullmatch(r"\s*head -(\d+)\s*", stage)
+        assert count, f"{command}: only '| head -N' can follow a command in the docs"
+        out = "\n".join(out.splitlines()[: int(count.group(1))])
+    assert _words(out) == _words(shown)  # the same text, whitespace aside
+
+
+def test_quickstart_report_is_laid_out_as_gpuscope_prints_it():
+    """The quickstart's report comes from a GPU run of saxpy; the recording's streaming kernel is the same kind
+    of kernel (memory-bound, 3 launches): its report at the same width must read the same but for the numbers."""
+    import numpy as np
+
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    start = text.index("gpuscope report: 3 launches")
+    shown = text[start:text.index("```", start)]
+    width = int(re.search(r"in a terminal (\d+) characters wide", text).group(1))
+    ds = gs.open_dataset(gs.__path__[0] + "/data/demo_launches.nc")
+    saxpy = ds.isel(range=np.flatnonzero(ds["kernel"].values == "stream")[:3])
+    saxpy = saxpy.assign_coords(kernel=("range", np.array(["saxpy"] * 3)), name=("range", np.array(["saxpy"] * 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        real = gs.report(saxpy.assign_attrs(metric_set="topdown")).to_text(width=width)
+    assert _words(NUMBER.sub("#", real)) == _words(NUMBER.sub("#", shown))
 
 
 def test_every_page_is_in_the_guide():

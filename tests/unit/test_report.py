@@ -58,11 +58,11 @@ def test_verdicts_are_the_topdown_hierarchy(launches):
 
 def test_printed_table_and_html(launches):
     r = report(launches)
-    text = str(r)
+    text = r.to_text(width=200)
     assert text.startswith("gpuscope report: 15 launches, 3 kernels")
     assert "backend_memory" in text and "long_scoreboard" in text
     assert f"{100 * r.loc['stream', 'backend']:.1f}%" in text  # fractions print as percentages
-    assert repr(r) == text
+    assert repr(r) == str(r) == r.to_text()
     page = r._repr_html_()
     assert "<table" in page and "gpuscope report" in page and "backend_core" in page
 
@@ -179,3 +179,246 @@ def test_grouping_by_launch_titles_the_rows_by_launch(launches):
     assert f"{launches.sizes['range']} launches, {len(r)} launches" in r.title
     one = report(launches.isel(range=[0]))
     assert "report: 1 launch, 1 kernel," in one.title
+
+
+# -- on a terminal: the report fits its width, the advice is whole, the rest is one option away ----------------
+
+
+def _fits(text, width):
+    too_long = [line for line in text.splitlines() if len(line) > width]
+    assert not too_long, too_long
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _reports(launches, series):
+    from gpuscope._compare import compare
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        per_phase = gs.dynamic(td.topdown(launches), phases=gs.phases(series))
+        slowed = launches.copy(deep=True)
+        slowed["gpu__time_duration.sum"].values[slowed["kernel"].values == "fma"] *= 1.1
+        return {"launches": report(launches), "series": report(series), "phases": report(gs.phases(series)),
+                "per_phase": report(per_phase), "compare": compare(launches, slowed)}
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_every_report_fits_the_width_with_its_advice_whole(launches, series, width):
+    for name, r in _reports(launches, series).items():
+        text = r.to_text(width=width)
+        _fits(text, width)
+        for advice in set(r.get("advice", [])) - {""}:
+            assert advice in _flat(text), (name, advice)  # in full, wrapped on lines of its own
+        for note in r.notes:
+            assert note in _flat(text)
+    text = report(launches).to_text(width=80)
+    assert "advice:" in text and "..." not in text
+    # what did not fit is named, with where to see it
+    assert "not shown at 80 characters: launches, mean_us" in _flat(text) and "--csv FILE" in text
+    wide = report(launches).to_text(width=200)
+    assert "not shown" not in wide and all(c in wide.splitlines()[2] for c in ["mean_us", "divergence", "culprit"])
+
+
+def test_the_width_is_the_terminals(launches, monkeypatch):
+    r = report(launches)
+    monkeypatch.setenv("COLUMNS", "90")
+    _fits(str(r), 90)
+    assert str(r) == r.to_text(width=90)
+    monkeypatch.setenv("COLUMNS", "250")
+    assert str(r) == r.to_text(width=250) and "mean_us" in str(r)
+    with pytest.raises(ValueError, match="at least 20"):
+        r.to_text(width=10)
+
+
+def test_long_row_labels_are_shortened_and_said(launches):
+    # two template kernels that differ only at the end of their names
+    name = "void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<" + "float, " * 40 + "%s>>"
+    kernels = {"fma": name % "Sm90", "divergent": name % "Sm80", "stream": "stream"}
+    long = launches.assign_coords(kernel=("range", [kernels[k] for k in launches["kernel"].values.tolist()]))
+    for width in (20, 40, 80, 133):
+        text = report(long).to_text(width=width)
+        _fits(text, width)
+    text = report(long).to_text(width=80)
+    assert "row labels shortened with '...' in the middle" in _flat(text)
+    rows = [line.split("  ")[0] for line in text.splitlines() if line.startswith("void cutlass::")]
+    assert len(rows) == 2 and rows[0] != rows[1] and all(r.endswith(">>") for r in rows)  # still told apart
+    assert kernels["fma"] in report(long).index  # the DataFrame keeps it whole
+
+
+def test_a_phases_result_is_reported_per_phase_never_averaging_labels(series):
+    ph = gs.phases(series)
+    r = report(ph)
+    assert r.index.name == "phase" and "phase" not in r.columns
+    labels = ph["phase"].values
+    assert sorted(r.index) == sorted(set(labels.tolist()))
+    for p in r.index:
+        assert r.loc[p, "samples"] == int((labels == p).sum())
+    assert r["segments"].sum() == ph.sizes["segment"]
+    # per user range as well, without a column of averaged labels
+    by_range = report(ph, by="range")
+    assert by_range.index.name == "range" and "phase" not in by_range.columns
+
+
+@pytest.fixture(scope="module")
+def unattributed(launches, series):
+    """A Top-Down per phase in which the fma range's samples lost their range: that phase has no Top-Down."""
+    short = series.isel(time=slice(0, 9000))
+    ranges = short["range"].values.astype(str)
+    short = short.assign_coords(range=("time", np.where(ranges == "fma", "", ranges)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        return gs.dynamic(td.topdown(launches), phases=gs.phases(short))
+
+
+def test_a_phase_without_attributed_work_says_so(unattributed):
+    r = report(unattributed)
+    none = unattributed["attributed_fraction"].values == 0
+    assert none.any() and (~none).any()
+    for p, empty in zip(unattributed["phase_id"].values, none):
+        if empty:
+            assert r.loc[p, "bound_by"] == "not attributed" and r.loc[p, "advice"] == ""
+            assert r.loc[p, ["retire", "divergence", "frontend", "backend"]].isna().all()
+        else:
+            assert r.loc[p, "attributed"] > 0 and np.isfinite(r.loc[p, "retire"])
+    text = r.to_text(width=120)
+    assert "not attributed" in text and "nan" not in text.lower()
+    row = next(line for line in text.splitlines() if "not attributed" in line and not line.startswith("note"))
+    assert "%" not in row.split("not attributed")[0].split()[-1]  # no Top-Down number beside it
+
+
+def test_a_sliver_of_attribution_is_not_printed_as_zero(unattributed):
+    tiny = unattributed.copy(deep=True)
+    tiny["attributed_fraction"].values[0] = 1e-5
+    text = report(tiny).to_text(width=120)
+    row = next(line for line in text.splitlines() if line.startswith(str(int(tiny["phase_id"].values[0])) + " "))
+    assert "<0.1%" in row and " 0.0%" not in row
+
+
+def _spoiled(ds, kernel, value):
+    out = ds.copy(deep=True)
+    for v in out.data_vars:
+        out[v].values[out["kernel"].values == kernel] = value
+    return out
+
+
+def test_inf_launches_are_no_data_never_a_verdict(launches):
+    r = report(_spoiled(launches, "divergent", np.inf))
+    assert r.loc["divergent", "bound_by"] == "no data"
+    assert r.loc["divergent", "culprit"] == r.loc["divergent", "advice"] == ""
+    assert r.loc[["divergent"], ["retire", "divergence", "frontend", "backend", "gpu_time_ms"]].isna().all(axis=None)
+    # the other kernels are untouched, and the share is of the time that is known
+    clean = report(launches.isel(range=np.flatnonzero(launches["kernel"].values != "divergent")))
+    for k in ("fma", "stream"):
+        assert r.loc[k, "bound_by"] == clean.loc[k, "bound_by"]
+        assert r.loc[k, "share"] == pytest.approx(clean.loc[k, "share"])
+    text = r.to_text(width=200)
+    line = next(x for x in text.splitlines() if x.startswith("divergent"))
+    assert "no data" in line and "%" not in line and "inf" not in line
+    assert "divergence_replay" not in text
+    assert any("NaN or inf" in n and "5 of 15" in n for n in r.notes)
+
+
+def test_nan_times_are_not_zero(launches):
+    nan_time = launches.copy(deep=True)
+    nan_time["gpu__time_duration.sum"].values[:] = np.nan
+    r = report(nan_time)
+    assert r["gpu_time_ms"].isna().all() and r["share"].isna().all()
+    assert r.loc["stream", "bound_by"] == "backend_memory"  # the Top-Down is still known
+    assert any("gpu__time_duration.sum in 15 of 15" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_dataset_without_one_finite_value_is_refused(launches, series, value):
+    spoiled = launches.copy(deep=True)
+    for v in spoiled.data_vars:
+        spoiled[v].values[:] = value
+    with pytest.raises(ValueError, match="holds no measurement: every value of its 24 metrics in its 15 launches"):
+        report(spoiled)
+    samples = series.copy(deep=True)
+    for v in samples.data_vars:
+        samples[v].values[:] = value
+    with pytest.raises(ValueError, match="18019 samples is NaN or inf"):
+        report(samples)
+
+
+def test_the_title_names_the_metric_set(launches):
+    assert "metric set topdown + 1 metric, kernel mode" in report(launches).title  # topdown and the gmma stall
+    named = launches.assign_attrs(metric_set="topdown")
+    assert "metric set topdown, kernel mode" in report(named).title
+    plain = launches[["gpu__time_duration.sum", "sm__cycles_elapsed.max"]].assign_attrs(metrics=[])
+    assert "15 launches, 3 kernels, 2 metrics, kernel mode" in report(plain).title
+
+
+# -- gpuscope show: --csv and --page ---------------------------------------------------------------------------
+
+
+def _show(capsys, monkeypatch, *argv, width=80):
+    from gpuscope import cli
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    code = cli.main(["show", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_show_fits_the_terminal(capsys, monkeypatch, width):
+    code, out, _ = _show(capsys, monkeypatch, _demo.RECORDED_LAUNCHES, _demo.RECORDED_SERIES, width=width)
+    assert code == 0
+    _fits(out, width)
+    assert "advice:" in out
+    assert "Improve locality and coalescing, use shared memory, issue fewer and wider accesses." in _flat(out)
+
+
+def test_show_csv_writes_the_whole_table(capsys, monkeypatch, tmp_path, launches):
+    path = tmp_path / "report.csv"
+    code, out, _ = _show(capsys, monkeypatch, _demo.RECORDED_LAUNCHES, "--csv", path)
+    assert code == 0 and "gpuscope report" in out
+    written = pd.read_csv(path, index_col="kernel", keep_default_na=False)  # no NaN in it; "" stays ""
+    expected = pd.DataFrame(report(launches))
+    assert list(written.columns) == list(expected.columns)  # every column, the advice whole
+    pd.testing.assert_frame_equal(written, expected, check_dtype=False, check_index_type=False,
+                                  check_column_type=False)
+    both = tmp_path / "both.csv"
+    assert _show(capsys, monkeypatch, _demo.RECORDED_LAUNCHES, _demo.RECORDED_SERIES, "--csv", both)[0] == 0
+    table = pd.read_csv(both)
+    assert list(table.columns[:3]) == ["file", "device", "kernel"] and "range" in table.columns
+    assert table["file"].tolist() == [str(_demo.RECORDED_LAUNCHES)] * 3 + [str(_demo.RECORDED_SERIES)] * 4
+
+
+def test_show_raw_page_lists_every_value_with_its_unit(capsys, monkeypatch, tmp_path, launches):
+    path = tmp_path / "raw.csv"
+    code, out, _ = _show(capsys, monkeypatch, "--page", "raw", _demo.RECORDED_LAUNCHES, "--csv", path, width=120)
+    assert code == 0
+    _fits(out, 120)
+    blocks = out.split("\n\n")[1:]
+    assert len(blocks) == launches.sizes["range"]
+    first = blocks[0].splitlines()
+    assert first[0].startswith("range stream, name stream") and "launch 0" in first[0]
+    t = int(launches["gpu__time_duration.sum"].values[0])
+    assert any(line.split() == ["gpu__time_duration.sum", f"{t:,}", "nanosecond"] for line in first)
+    assert sum(line.startswith("  smsp__") for line in blocks[0].splitlines()) == 22
+    long = pd.read_csv(path)
+    assert len(long) == 15 * 24 and set(long["unit"]) >= {"nanosecond", "percent"}
+    code, out, _ = _show(capsys, monkeypatch, "--page", "raw", _demo.RECORDED_LAUNCHES, width=60)
+    _fits(out, 60)  # names too long for one line: the value goes under the name
+    assert "  gpu__time_duration.sum\n" in out and f"      {t:,} nanosecond" in out
+
+
+def test_show_raw_page_refuses_by(capsys, monkeypatch):
+    code, _, err = _show(capsys, monkeypatch, "--page", "raw", "--by", "phase", _demo.RECORDED_SERIES)
+    assert code == 4 and "--by groups the rows of the details page" in err
+
+
+def test_a_phase_whose_topdown_is_not_a_number_says_no_data(unattributed):
+    broken = unattributed.copy(deep=True)
+    p = int(np.flatnonzero(broken["attributed_fraction"].values > 0)[0])
+    for node in ("retire", "divergence", "frontend", "backend"):
+        broken[node].values[p] = np.inf
+    r = report(broken)
+    phase = broken["phase_id"].values[p]
+    assert r.loc[phase, "bound_by"] == "no data" and r.loc[phase, "advice"] == ""
+    assert "not attributed" in set(r["bound_by"])  # the phase with no profiled work is still that
