@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ._filters import KernelFilter
+from ._names import KernelNames, short_name
 
 __all__ = ["Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
 
@@ -40,13 +41,14 @@ class Selected:
     """A launch that became a CUPTI range, with what gpuscope knows about it."""
 
     symbol: str
-    kernel: str  # the decorated name, or the readable (demangled) symbol
+    kernel: str  # its name in the session: the decorated or function name, longer where two kernels share it
     parent: str  # the user range path open on the launching thread
     grid: tuple
     block: tuple
     enter_ns: int
     exit_ns: int = -1
     wanted: bool = True  # False: a launch the filters leave out (iteration mode counts it all the same)
+    qualname: str = ""  # the readable (demangled) symbol: module.outer.<locals>.function, ns::kernel<float>
 
     @property
     def signature(self) -> tuple:
@@ -61,8 +63,9 @@ class _Base:
         self._timestamp = timestamp
         self.context = context
         self.filter = kfilter
-        self._name_of = name_of  # symbol -> readable name, cached
+        self._name_of = name_of  # symbol -> readable (qualified) name, cached
         self._names: dict[str, str] = {}
+        self.kernel_names = KernelNames()  # the names rows get: short, longer only where two kernels share one
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
         self._serial = threading.Lock()
         self.matched = 0  # launches that passed the name filters (for launch_skip/launch_count)
@@ -84,11 +87,12 @@ class _Base:
             self.other_context += 1
             return None
         parent, label = self._annotate()
-        name = label or self.readable(launch.symbol)
+        qualname = self.readable(launch.symbol)
+        short = label or short_name(qualname)
         wanted = True
         f = self.filter
         if f.active:
-            if not f.name_matches(name, launch.symbol):
+            if not f.name_matches(short, launch.symbol, qualname):
                 wanted = False
             else:
                 index = self.matched - index_base
@@ -98,7 +102,9 @@ class _Base:
             self.left_out += 1
             if not keep_rejected:
                 return None
-        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted)
+        name = self.kernel_names.name(qualname, short) if wanted else short  # rows' names: told apart if need be
+        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
+                        qualname=qualname)
 
 
 class KernelReplay(_Base):

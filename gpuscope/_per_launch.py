@@ -389,8 +389,8 @@ class PerLaunchModes:
         parent = launch.parent
         name = f"{parent}/{launch.kernel}" if parent else launch.kernel
         row = {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
-               "symbol": launch.symbol, "launch": index, "grid": launch.grid, "block": launch.block,
-               "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
+               "kernel_qualname": launch.qualname, "symbol": launch.symbol, "launch": index, "grid": launch.grid,
+               "block": launch.block, "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
                "first_iteration": first_iteration, "iterations": iterations, "values": values}
         if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
             row["replay"] = replay
