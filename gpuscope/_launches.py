@@ -49,6 +49,7 @@ class Selected:
     exit_ns: int = -1
     wanted: bool = True  # False: a launch the filters leave out (iteration mode counts it all the same)
     qualname: str = ""  # the readable (demangled) symbol: module.outer.<locals>.function, ns::kernel<float>
+    launch_id: int = -1  # which launch of the session's context it was, counting those the filters left out
 
     @property
     def signature(self) -> tuple:
@@ -68,6 +69,7 @@ class _Base:
         self.kernel_names = KernelNames()  # the names rows get: short, longer only where two kernels share one
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
         self._serial = threading.Lock()
+        self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)
         self.matched = 0  # launches that passed the name filters (for launch_skip/launch_count)
         self.left_out = 0  # launches of this context the filters left out
         self.other_context = 0  # launches in other contexts (not profiled by this session)
@@ -86,6 +88,7 @@ class _Base:
         if launch.context != self.context:
             self.other_context += 1
             return None
+        launch_id, self.heard = self.heard, self.heard + 1
         parent, label = self._annotate()
         qualname = self.readable(launch.symbol)
         short = label or short_name(qualname)
@@ -104,7 +107,7 @@ class _Base:
                 return None
         name = self.kernel_names.name(qualname, short) if wanted else short  # rows' names: told apart if need be
         return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
-                        qualname=qualname)
+                        qualname=qualname, launch_id=launch_id)
 
 
 class KernelReplay(_Base):

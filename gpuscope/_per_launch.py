@@ -328,10 +328,11 @@ class PerLaunchModes:
             values = self._host.evaluate(image, index, self.metrics)
             if launches is None:
                 name = range_profiler.range_name(image, index, "/")
-                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": first + index, "values": values,
+                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": -1, "values": values,
                                    "pass_group": 0, "first_iteration": 0, "iterations": 1})
             else:
-                self._rows.append(self._launch_row(launches[index], first + index, values, 0, 0, 1, "kernel"))
+                self._rows.append(self._launch_row(launches[index], launches[index].launch_id, values, 0, 0, 1,
+                                                   "kernel"))
         self._rp.initialize_counter_data(image)
 
     def _finish_kernels(self) -> None:

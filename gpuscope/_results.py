@@ -408,8 +408,10 @@ RANGE_COORDS = {
     "parent": (str, "", {"description": "path of the enclosing range, '' at top level"}),
     "kernel": (str, "", {"description": "kernel name of an auto range or decorated launch, '' otherwise"}),
     "symbol": (str, "", {"description": "the kernel's symbol as the driver reports it (kernel and iteration modes)"}),
-    "launch": (np.int64, -1, {"description": "launch index: in the session (kernel mode) or in the iteration "
-                                             "(iteration mode); -1 for user ranges"}),
+    "launch": (np.int64, -1, {"description": "the launch's ID: kernel replay, which launch of the session on its "
+                                             "device it was, from 0, counting launches the filters left out; "
+                                             "iteration replay, its position in the iteration; user mode, the "
+                                             "decorated launch's index; -1 for user ranges or where unknown"}),
     "start_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "end_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "pass_group": (np.int64, 0, {"description": "which group of passes (replays or loop iterations) gave the values"}),

@@ -235,3 +235,45 @@ def test_a_decorated_name_is_preferred_and_left_out_launches_take_no_name():
                              lambda: ("", "my_fma"), lambda: 0)
     _run(decorated, [_launch(MAIN_FMA)])
     assert [(s.kernel, s.qualname) for s in decorated.selected] == [("my_fma", "__main__.main.<locals>.fma")]
+
+
+class KernelRows(PerLaunchModes):
+    """Kernel mode's collection (``PerLaunchModes._collect_kernels``) over a stand-in profiler, image and host."""
+
+    mode, max_ranges, passes = Mode.KERNEL, 64, 1
+
+    def __init__(self, kfilter, capacity=0):
+        self._rp, self._image, self._rows, self._notes, self.metrics = FakeRangeProfiler(), object(), [], {}, ["m"]
+        self.emptied_at = 0  # launches selected when the image was last emptied: it holds the ranges since
+        self._rp.decode = lambda: 0
+        self._rp.initialize_counter_data = lambda image: setattr(self, "emptied_at", len(self._collector.selected))
+        self._host = SimpleNamespace(evaluate=lambda image, index, metrics: [float(index)])
+        self._collector = KernelReplay(self._rp, CTX, kfilter, str, lambda: ("", None), lambda: 0,
+                                       capacity=capacity, on_full=self._flush_kernels)
+        self._collector.running = True
+
+
+@pytest.mark.parametrize("capacity", [0, 2])  # 2: the counter-data image is emptied between the profiled launches
+def test_launch_is_the_launchs_id_in_the_session_counting_left_out_launches(monkeypatch, capacity):
+    """-k regex:collide --launch-skip 2 --launch-count 3: the rows are launches 4, 6 and 7, as Nsight Compute's ID."""
+    from gpuscope.cupti import range_profiler
+
+    session = KernelRows(KernelFilter.build(kernels="regex:collide", launch_skip=2, launch_count=3), capacity)
+    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: len(session._collector.selected) - session.emptied_at)
+    stream = ["a", "collide", "b", "collide", "collide", "c", "collide", "collide", "collide", "collide"]
+    _run(session._collector, [_launch(s) for s in stream[:3]] + [_launch("x", context=99)]
+         + [_launch(s) for s in stream[3:]])  # another context's launch is not this device's: not counted
+    session._collect_kernels()
+    assert [(r["kernel"], r["launch"]) for r in session._rows] == [("collide", 4), ("collide", 6), ("collide", 7)]
+    assert session._collector.heard == len(stream) and session._collector.other_context == 1
+    assert session._notes.get("image_flushes", 0) == (1 if capacity else 0)
+
+
+def test_iteration_rows_keep_their_position_counting_left_out_launches():
+    it = IterationReplay(FakeRangeProfiler(), CTX, KernelFilter.build(kernels="b"), str, lambda: ("", None),
+                         lambda: 0)
+    it.begin(0)
+    _run(it, [_launch("a"), _launch("b"), _launch("c"), _launch("b")])
+    it.end()
+    (pass0,) = it.take_group().passes
+    assert [(i, s.symbol) for i, s in enumerate(pass0) if s.wanted] == [(1, "b"), (3, "b")]
