@@ -520,7 +520,9 @@ def upgrade(ds):
     Version 1 (gpuscope 0.1 files, e.g. the shipped ``gpuscope/data/*.nc``) held ``grid``/``block`` as
     (range, xyz) coords and the user ranges as variables along a ``span`` dim, so ``to_dataframe()`` crossed
     every row with every ``xyz`` or span. The conversion is exact: the values move, none is recomputed except
-    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it.
+    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it. Metric units written by
+    an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected with
+    :func:`gpuscope._catalog.units_of`.
     """
     if "xyz" in ds.dims:
         ds = ds.assign_coords({
@@ -539,6 +541,11 @@ def upgrade(ds):
     if ds.attrs.get("kind") == "pm_sampling":
         for name in SPAN_ATTRS:
             ds.attrs[name] = _as_list(ds.attrs.get(name, []))
+    from ._catalog import split_name, units_of
+
+    for name, variable in ds.data_vars.items():  # units written before units_of kept one denominator
+        if "metric_type" in variable.attrs and variable.attrs.get("units"):
+            variable.attrs["units"] = units_of(split_name(str(name))[1], variable.attrs["units"])
     if ds.attrs.get("kind") in ("range", "pm_sampling") and "gpuscope_schema" not in ds.attrs:
         ds.attrs = {"kind": ds.attrs["kind"], "gpuscope_schema": SCHEMA_VERSION,
                     **{k: v for k, v in ds.attrs.items() if k != "kind"}}
