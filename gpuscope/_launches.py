@@ -59,14 +59,16 @@ class Selected:
 class _Base:
     """Launch selection shared by both modes: context, thread-safety, name filters, skip/count window."""
 
-    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp):
+    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp,
+                 names: KernelNames | None = None):
         self.rp = rp
         self._timestamp = timestamp
         self.context = context
         self.filter = kfilter
         self._name_of = name_of  # symbol -> readable (qualified) name, cached
         self._names: dict[str, str] = {}
-        self.kernel_names = KernelNames()  # the names rows get: short, longer only where two kernels share one
+        # the names rows get: short, longer only where two kernels share one (one table for a session's collectors)
+        self.kernel_names = names if names is not None else KernelNames()
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
         self._serial = threading.Lock()
         self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)
@@ -113,8 +115,9 @@ class _Base:
 class KernelReplay(_Base):
     """``"kernel"`` mode: CUPTI kernel replay of each selected launch; left-out launches run unprofiled."""
 
-    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None):
-        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None,
+                 names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
         self.selected: list[Selected] = []
         self.image_first = 0  # index in selected of the first launch the counter-data image holds
         self.capacity = capacity  # launches the image holds (0: no limit here); when full, on_full() empties it
@@ -181,8 +184,8 @@ class _Group:
 class IterationReplay(_Base):
     """``"iteration"`` mode: pass k on the k-th iteration of a group; every launch in an iteration is an auto range."""
 
-    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
-        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
         self.in_iteration = False
         self.counting = False  # the current iteration only counts launches (see begin_count)
         self.counted = 0

@@ -35,6 +35,8 @@ def _warn(message: str) -> None:
 class PerLaunchModes:
     """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
 
+    _names_table = None  # gpuscope._names.KernelNames of the session, made at its first per-launch collector
+
     def _use_kernel(self) -> None:
         from . import _launches
         from .cupti._types import ProfilerRange, ReplayMode
@@ -45,7 +47,7 @@ class PerLaunchModes:
         self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
                                                  self._annotate, timestamp,
                                                  capacity=0 if self._fixed_ranges else self.max_ranges,
-                                                 on_full=self._flush_kernels)
+                                                 on_full=self._flush_kernels, names=self._kernel_names())
         self._rp.start()
         self._running = self._collector.running = True
 
@@ -63,7 +65,16 @@ class PerLaunchModes:
         from .cupti.activity import timestamp
 
         return _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable, self._annotate,
-                                         timestamp)
+                                         timestamp, self._kernel_names())
+
+    def _kernel_names(self):
+        """One table of kernel names for all the session's collectors (kernel replay, then iterations): a kernel
+        keeps its name, and two kernels never share one, across them."""
+        if self._names_table is None:
+            from ._names import KernelNames
+
+            self._names_table = KernelNames()
+        return self._names_table
 
     def _stop_kernel_pass(self) -> None:
         """Kernel mode: end the pass before collecting (it is stopped already while left-out launches run)."""

@@ -277,3 +277,26 @@ def test_iteration_rows_keep_their_position_counting_left_out_launches():
     it.end()
     (pass0,) = it.take_group().passes
     assert [(i, s.symbol) for i, s in enumerate(pass0) if s.wanted] == [(1, "b"), (3, "b")]
+
+
+class AutoNames(PerLaunchModes):
+    """The per-launch part of a session, enough to make its collectors."""
+
+    _rp, _context, filter, max_ranges, _fixed_ranges = FakeRangeProfiler(), SimpleNamespace(handle=CTX), None, 8, True
+    _annotate = staticmethod(lambda: ("", None))
+
+
+def test_a_sessions_collectors_share_one_table_of_names():
+    """Auto mode: kernel replay before the loop is found, then iterations; helper's fma came first, so main's fma is
+    never also called fma in the same Dataset."""
+    session = AutoNames()
+    session.filter = KernelFilter.build()
+    kernel_phase = KernelReplay(FakeRangeProfiler(), CTX, session.filter, _names.demangle, lambda: ("", None),
+                                lambda: 0, names=session._kernel_names())
+    _run(kernel_phase, [_launch(HELPER_FMA)])
+    iterations = session._iteration_replay()
+    iterations.begin(0)
+    _run(iterations, [_launch(MAIN_FMA), _launch(HELPER_FMA)])
+    iterations.end()
+    assert [s.kernel for s in kernel_phase.selected] == ["fma"]
+    assert [s.kernel for s in iterations.take_group().passes[0]] == ["main.<locals>.fma", "fma"]
