@@ -135,7 +135,8 @@ def test_kernel_replay_runs_left_out_launches_with_the_profiler_stopped():
     kr.running = True
     _run(kr, [_launch("stream"), _launch("fma"), _launch("stream", context=99), _launch("stream")])
     assert rp.calls == ["stop", "start"]  # around fma only; the other context's launch is not this session's
-    assert [(s.kernel, s.qualname, s.parent, s.exit_ns) for s in kr.selected] == [("stream", "m.stream", "step", 200)] * 2
+    assert [(s.kernel, s.qualname, s.parent, s.exit_ns) for s in kr.selected] == [
+        ("stream", "m.stream", "step", 200)] * 2
     assert kr.left_out == 1 and kr.other_context == 1
 
 
@@ -259,7 +260,8 @@ def test_launch_is_the_launchs_id_in_the_session_counting_left_out_launches(monk
     from gpuscope.cupti import range_profiler
 
     session = KernelRows(KernelFilter.build(kernels="regex:collide", launch_skip=2, launch_count=3), capacity)
-    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: len(session._collector.selected) - session.emptied_at)
+    monkeypatch.setattr(range_profiler, "num_ranges",
+                        lambda image: len(session._collector.selected) - session.emptied_at)
     stream = ["a", "collide", "b", "collide", "collide", "c", "collide", "collide", "collide", "collide"]
     _run(session._collector, [_launch(s) for s in stream[:3]] + [_launch("x", context=99)]
          + [_launch(s) for s in stream[3:]])  # another context's launch is not this device's: not counted

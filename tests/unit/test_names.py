@@ -247,8 +247,10 @@ def test_numba_symbols_of_the_recordings(request, mode):
         ("_ZN2ns6kernelIfLi4EEEvPT_", "ns::kernel<float, 4>"),
         ("_Z6reduceIdLj256ELb1EEvPKT_PS0_m", "reduce<double, 256u, true>"),
         ("_Z3fooIN2ns3BarIiEES2_EvT_T0_", "foo<ns::Bar<int>, ns::Bar<int> >"),
-        ("_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfEEEEvNT_6ParamsE", "cutlass::Kernel<cutlass::gemm::kernel::Gemm<float> >"),
-        ("_ZN4cuda3std3__46detail5sliceIN6thrust7complexIfEEEEvv", "cuda::std::__4::detail::slice<thrust::complex<float> >"),
+        ("_ZN7cutlass6KernelINS_4gemm6kernel4GemmIfEEEEvNT_6ParamsE",
+         "cutlass::Kernel<cutlass::gemm::kernel::Gemm<float> >"),
+        ("_ZN4cuda3std3__46detail5sliceIN6thrust7complexIfEEEEvv",
+         "cuda::std::__4::detail::slice<thrust::complex<float> >"),
         ("_Z5saxpyfPfS_", "saxpy"),
         ("_Zgarbage", "_Zgarbage"),  # not readable: unchanged, never an exception
         ("_ZN3foo", "_ZN3foo"),
