@@ -1,10 +1,11 @@
 """Which kernel launches a session profiles: ``kernels=``, ``exclude=``, ``launch_skip=``, ``launch_count=``.
 
 The conventions are Nsight Compute's (``-k``, ``--launch-skip``, ``--launch-count``): a pattern is a kernel name
-or ``"regex:<pattern>"``; a plain name matches a launch whose readable name (``module.function`` for Numba),
-whose function name (the part after the last ".") or whose raw symbol equals it; a regex is searched in the
-readable name and in the raw symbol. ``launch_skip`` and ``launch_count`` count only launches that pass the
-name filters.
+or ``"regex:<pattern>"``. A plain name matches a launch whose name (``fma``: what the report shows), qualified
+name (``__main__.main.<locals>.fma`` for Numba, ``ns::kernel<float>`` for C++) or raw symbol equals it, or whose
+qualified name ends with it after a dot (``fma`` and ``main.<locals>.fma`` both match
+``__main__.main.<locals>.fma``); a regex is searched in the name, the qualified name and the raw symbol.
+``launch_skip`` and ``launch_count`` count only launches that pass the name filters.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ def _patterns(value, what: str) -> tuple:
     return tuple(out)
 
 
-def _matches(patterns, name: str, symbol: str) -> bool:
+def _matches(patterns, name: str, qualname: str, symbol: str) -> bool:
     for p in patterns:
         if isinstance(p, str):
-            if p == name or p == symbol or p == name.rsplit(".", 1)[-1]:
+            if p in (name, qualname, symbol) or qualname.endswith("." + p) or name.endswith("." + p):
                 return True
-        elif p.search(name) or p.search(symbol):
+        elif p.search(name) or p.search(qualname) or p.search(symbol):
             return True
     return False
 
@@ -92,11 +93,12 @@ class KernelFilter:
         """Whether any launch can be left out."""
         return bool(self.kernels or self.exclude or self.launch_skip or self.launch_count is not None)
 
-    def name_matches(self, name: str, symbol: str) -> bool:
-        """Whether a launch passes ``kernels=`` and ``exclude=``."""
-        if self.kernels and not _matches(self.kernels, name, symbol):
+    def name_matches(self, name: str, symbol: str, qualname: str | None = None) -> bool:
+        """Whether a launch passes ``kernels=`` and ``exclude=`` (*qualname*: its qualified name, default *name*)."""
+        qualname = name if qualname is None else qualname
+        if self.kernels and not _matches(self.kernels, name, qualname, symbol):
             return False
-        return not (self.exclude and _matches(self.exclude, name, symbol))
+        return not (self.exclude and _matches(self.exclude, name, qualname, symbol))
 
     def in_window(self, index: int) -> bool:
         """Whether the *index*-th name-matching launch (from 0) is inside ``launch_skip``/``launch_count``."""

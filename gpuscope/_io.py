@@ -511,8 +511,9 @@ def open_dataset(path: str | os.PathLike):
     Attrs come back with the types they were saved with (see :func:`save_dataset`); the indexes of the
     schema (``name`` and ``kernel`` of range results) are restored; files of an older gpuscope layout (grid and
     block along an ``xyz`` dim, user ranges along a ``span`` dim: gpuscope 0.1) are converted to the current
-    one, exactly (:func:`gpuscope._results.upgrade`). So ``xr.testing.assert_identical`` holds between a saved
-    and the loaded Dataset.
+    one, exactly, and metric units an older gpuscope wrote (``byte/second/second``) are corrected
+    (:func:`gpuscope._results.upgrade`). So ``xr.testing.assert_identical`` holds between a saved and the loaded
+    Dataset.
 
     Parameters
     ----------

@@ -1,7 +1,9 @@
 """``@gpuscope.profile``: kernel proxies for Numba ``@cuda.jit`` dispatchers and CuPy kernels (duck-typed).
 
 A proxy forwards everything to the kernel it wraps; only launches go through the active session on the
-kernel's device, one profiled range per launch with the kernel's name, grid, block and launch index:
+kernel's device, one profiled range per launch with the kernel's name, grid, block and launch index. The name is
+the function's own (``fma``), as the user calls it; where two different kernels launched in one session share it,
+the later one is named by as much of its qualified name as tells them apart (``helper.<locals>.fma``):
 
 * Numba: ``kernel[grid, block](*args)`` (also ``[grid, block, stream, shared_mem]``); the launch
   configuration object is wrapped, not Numba's ``pre_launch_callbacks`` (they may not call CUDA).
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 from . import _session
+from ._names import KernelNames
 
 __all__ = ["profile", "KernelProxy"]
 
@@ -77,8 +81,10 @@ class KernelProxy:
         self._options = session_options
         self._own: _session.Profiler | None = None
         self._lock = threading.Lock()
-        name = getattr(kernel, "py_func", None)
-        self.kernel_name = getattr(name, "__name__", None) or getattr(kernel, "name", None) or type(kernel).__name__
+        func = getattr(kernel, "py_func", None)
+        self.kernel_name = getattr(func, "__name__", None) or getattr(kernel, "name", None) or type(kernel).__name__
+        # module.outer.<locals>.function, as Numba names the kernel's symbol (gpuscope._names.demangle)
+        self.kernel_qualname = f"{func.__module__}.{func.__qualname__}" if func is not None else self.kernel_name
         functools.update_wrapper(self, getattr(kernel, "py_func", kernel), updated=())
         self.__wrapped__ = kernel  # after update_wrapper, which points it at the Python function
 
@@ -113,7 +119,7 @@ class KernelProxy:
         session = self._session()
         if session is None:
             return run()
-        return session.launch(self.kernel_name, grid, block, run)
+        return session.launch(_name_in(session, self), grid, block, run)
 
     def __getitem__(self, config):
         if self._kind != "numba":
@@ -160,6 +166,19 @@ class KernelProxy:
             own, self._own = self._own, None
         if own is not None:
             own.close()
+
+
+_session_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> KernelNames
+_session_names_lock = threading.Lock()
+
+
+def _name_in(session, proxy: KernelProxy) -> str:
+    """The proxy's kernel name in *session*: its own, unless another kernel launched there took it first."""
+    with _session_names_lock:
+        names = _session_names.get(session)
+        if names is None:
+            names = _session_names[session] = KernelNames()
+    return names.name(proxy.kernel_qualname, proxy.kernel_name)
 
 
 class _Launcher:

@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ._filters import KernelFilter
+from ._names import KernelNames, short_name
 
 __all__ = ["Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
 
@@ -40,13 +41,15 @@ class Selected:
     """A launch that became a CUPTI range, with what gpuscope knows about it."""
 
     symbol: str
-    kernel: str  # the decorated name, or the readable (demangled) symbol
+    kernel: str  # its name in the session: the decorated or function name, longer where two kernels share it
     parent: str  # the user range path open on the launching thread
     grid: tuple
     block: tuple
     enter_ns: int
     exit_ns: int = -1
     wanted: bool = True  # False: a launch the filters leave out (iteration mode counts it all the same)
+    qualname: str = ""  # the readable (demangled) symbol: module.outer.<locals>.function, ns::kernel<float>
+    launch_id: int = -1  # which launch of the session's context it was, counting those the filters left out
 
     @property
     def signature(self) -> tuple:
@@ -56,15 +59,19 @@ class Selected:
 class _Base:
     """Launch selection shared by both modes: context, thread-safety, name filters, skip/count window."""
 
-    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp):
+    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp,
+                 names: KernelNames | None = None):
         self.rp = rp
         self._timestamp = timestamp
         self.context = context
         self.filter = kfilter
-        self._name_of = name_of  # symbol -> readable name, cached
+        self._name_of = name_of  # symbol -> readable (qualified) name, cached
         self._names: dict[str, str] = {}
+        # the names rows get: short, longer only where two kernels share one (one table for a session's collectors)
+        self.kernel_names = names if names is not None else KernelNames()
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
         self._serial = threading.Lock()
+        self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)
         self.matched = 0  # launches that passed the name filters (for launch_skip/launch_count)
         self.left_out = 0  # launches of this context the filters left out
         self.other_context = 0  # launches in other contexts (not profiled by this session)
@@ -83,12 +90,14 @@ class _Base:
         if launch.context != self.context:
             self.other_context += 1
             return None
+        launch_id, self.heard = self.heard, self.heard + 1
         parent, label = self._annotate()
-        name = label or self.readable(launch.symbol)
+        qualname = self.readable(launch.symbol)
+        short = label or short_name(qualname)
         wanted = True
         f = self.filter
         if f.active:
-            if not f.name_matches(name, launch.symbol):
+            if not f.name_matches(short, launch.symbol, qualname):
                 wanted = False
             else:
                 index = self.matched - index_base
@@ -98,14 +107,17 @@ class _Base:
             self.left_out += 1
             if not keep_rejected:
                 return None
-        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted)
+        name = self.kernel_names.name(qualname, short) if wanted else short  # rows' names: told apart if need be
+        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
+                        qualname=qualname, launch_id=launch_id)
 
 
 class KernelReplay(_Base):
     """``"kernel"`` mode: CUPTI kernel replay of each selected launch; left-out launches run unprofiled."""
 
-    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None):
-        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None,
+                 names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
         self.selected: list[Selected] = []
         self.image_first = 0  # index in selected of the first launch the counter-data image holds
         self.capacity = capacity  # launches the image holds (0: no limit here); when full, on_full() empties it
@@ -172,8 +184,8 @@ class _Group:
 class IterationReplay(_Base):
     """``"iteration"`` mode: pass k on the k-th iteration of a group; every launch in an iteration is an auto range."""
 
-    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp):
-        super().__init__(rp, context, kfilter, name_of, annotate, timestamp)
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
         self.in_iteration = False
         self.counting = False  # the current iteration only counts launches (see begin_count)
         self.counted = 0

@@ -1,26 +1,126 @@
-"""Readable kernel names from the symbols the driver reports, in pure Python.
+"""Readable kernel names from the symbols the driver reports.
 
 Kernel-mode launches are named by their symbol: an Itanium-mangled C++ name for Numba and templated CuPy/C++
-kernels, the plain name for ``extern "C"`` kernels (CuPy's elementwise and reduction kernels). :func:`demangle`
-turns them into what the user wrote:
+kernels, the plain name for ``extern "C"`` kernels (CuPy's elementwise and reduction kernels). One demangler reads
+them: the toolchain's, libstdc++'s ``__cxa_demangle`` (the text ``c++filt`` prints), loaded with ctypes.
+:func:`demangle` keeps the part the user wrote:
 
 * Numba: ``_ZN8__main__6streamB2v1B94cw...E5ArrayIfLi1E1C7mutable7alignedE`` -> ``__main__.stream`` (module
-  path and function joined by dots; ABI tags, which carry Numba's version and closure hash, and the argument types
-  dropped; ``<locals>`` of nested functions kept).
-* C++: ``_ZN2ns6kernelIfLi4EEEvPT_`` -> ``ns::kernel<float, 4>`` (qualified name and template arguments, no return
-  type or parameters).
-* Anything else, and any mangled name this parser does not follow, comes back unchanged.
+  path and qualified function name joined by dots; ABI tags, which carry Numba's version and closure hash, and the
+  argument types dropped; a kernel defined inside a function keeps its ``<locals>``:
+  ``__main__.main.<locals>.fma``).
+* C++: ``_ZN2ns6kernelIfLi4EEEvPT_`` -> ``ns::kernel<float, 4>`` (qualified name and template arguments as
+  ``c++filt`` prints them, without return type and parameters).
+* Anything else comes back unchanged.
 
-Only the name part of the Itanium grammar is parsed (nested names, ABI tags, template arguments with builtin,
-pointer, reference, cv-qualified, class and literal arguments, substitutions and template parameters).
+What a user calls a kernel is shorter: :func:`short_name` is the function's own name (``fma``), and
+:class:`KernelNames` names the kernels of one session with it, or, where two kernels share it, with as much of
+their qualified names as tells them apart (``helper.<locals>.fma``).
+
+Where libstdc++ cannot be loaded (no C++ runtime on the machine), a small parser of the name part of the Itanium
+grammar stands in: nested names, ABI tags, template arguments with builtin, pointer, reference, cv-qualified,
+class and literal arguments, substitutions and template parameters. It gives back unchanged every symbol it does
+not follow (local names and lambdas, operator names, expressions), so that it never gives a wrong name; where it
+answers it agrees with ``c++filt`` (``tests/unit/test_names.py`` checks both on real library symbols).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import re
+import threading
 
-__all__ = ["demangle"]
+__all__ = ["demangle", "demangled_text", "short_name", "numba_path", "KernelNames", "match_kernel"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The toolchain's demangler
+
+
+@functools.cache
+def _toolchain():
+    """``(__cxa_demangle, free)`` from libstdc++ and libc, or None where libstdc++ cannot be loaded."""
+    try:
+        cxa_demangle = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6").__cxa_demangle
+        free = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").free
+    except (OSError, AttributeError):
+        return None
+    # char* __cxa_demangle(const char* mangled_name, char* output_buffer, size_t* length, int* status)
+    cxa_demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    cxa_demangle.restype = ctypes.c_void_p
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+    return cxa_demangle, free
+
+
+@functools.lru_cache(maxsize=4096)
+def demangled_text(symbol: str) -> str:
+    """*symbol* as ``c++filt`` prints it (libstdc++'s ``__cxa_demangle``), return type and parameters included.
+
+    *symbol* itself when it is not mangled (``extern "C"`` names), when the demangler refuses it, or when
+    libstdc++ cannot be loaded.
+    """
+    toolchain = _toolchain()
+    if toolchain is None or not symbol.startswith("_Z"):
+        return symbol
+    cxa_demangle, free = toolchain
+    status = ctypes.c_int(0)
+    out = cxa_demangle(symbol.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not out:
+        return symbol
+    try:
+        return ctypes.string_at(out).decode(errors="replace")
+    finally:
+        free(out)
+
+
+_OPEN, _CLOSE = "<([{", ">)]}"
+_ABI_TAG = re.compile(r"\[abi:([^\]]*)\]")
+_TRAILING_QUALIFIERS = re.compile(r"(\s*(const|volatile|&&|&))+$")
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """*text* split at *sep* outside brackets: ``a::b<c::d>::e`` -> ``['a', 'b<c::d>', 'e']``."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            i = start = i + len(sep)
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _function_name(text: str) -> str:
+    """``void ns::f<int>(int*)`` -> ``ns::f<int>``: the demangled text without return type and parameters."""
+    head = _TRAILING_QUALIFIERS.sub("", text)
+    if head.endswith(")"):  # the parameter list: the last bracketed group
+        depth = 0
+        for i in range(len(head) - 1, -1, -1):
+            depth += head[i] in _CLOSE
+            depth -= head[i] in _OPEN
+            if depth == 0:
+                head = head[:i]
+                break
+    return _split_top(head, " ")[-1]  # template functions carry their return type: "void ns::f<int>"
+
+
+def _from_text(text: str) -> tuple[list[str], list[str]]:
+    """(scope parts, ABI tags) of the function a demangled text names."""
+    name = _function_name(text)
+    return _split_top(_ABI_TAG.sub("", name), "::"), _ABI_TAG.findall(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fallback: a parser of the name part of the Itanium grammar
 
 _BUILTIN = {
     "v": "void", "w": "wchar_t", "b": "bool", "c": "char", "a": "signed char", "h": "unsigned char", "s": "short",
@@ -70,7 +170,7 @@ class _Parser:
             raise _Unsupported(self.i)
         name = self.s[self.i:self.i + n]
         self.i += n
-        return name
+        return "(anonymous namespace)" if name.startswith("_GLOBAL__N") else name
 
     def abi_tag_list(self) -> None:
         while self.take("B"):
@@ -180,8 +280,10 @@ class _Parser:
                 text += self.format_args(self.template_args_list())
                 self.subs.append(text)
             return text
+        nested = self.peek() == "N"
         text = self.name()  # class and enum types: a (nested) name
-        self.subs.append(text)
+        if not nested:  # nested() has added the whole name already, as its last prefix
+            self.subs.append(text)
         return text
 
     @staticmethod
@@ -229,6 +331,7 @@ class _Parser:
         return head
 
 
+
 _NUMBA_ESCAPE = re.compile(r"_([0-7][0-9a-f])")
 
 
@@ -248,9 +351,36 @@ def _is_numba(parts: list[str], tags: list[str]) -> bool:
         any(re.fullmatch(r"v\d+", t) for t in tags) and len(parts) >= 2)
 
 
+def _fallback(symbol: str) -> tuple[list[str], list[str]] | None:
+    """(scope parts, ABI tags) from the parser above, or None for a symbol it does not follow."""
+    p = _Parser(symbol)
+    p.i = 2
+    try:
+        parts = p.nested() if p.take("N") else [p.name()]
+    except (_Unsupported, IndexError, ValueError):
+        return None
+    return parts, p.abi_tags
+
+
+def _parts(symbol: str) -> tuple[list[str], bool] | None:
+    """(scope parts, whether it is a Numba kernel) of a mangled *symbol*, or None where it cannot be read."""
+    if _toolchain() is None:
+        found = _fallback(symbol)
+    else:
+        text = demangled_text(symbol)
+        found = None if text == symbol else _from_text(text)
+    if found is None or not all(found[0]):
+        return None
+    parts, tags = found
+    if not _is_numba(parts, tags):
+        return parts, False
+    parts = parts[1:] if parts[0] == "cudapy" and len(parts) > 1 else parts
+    return [_numba_unescape(x) for x in parts], True
+
+
 @functools.lru_cache(maxsize=4096)
 def demangle(symbol: str) -> str:
-    """The readable name of a kernel symbol.
+    """The readable, qualified name of a kernel symbol.
 
     Parameters
     ----------
@@ -260,8 +390,9 @@ def demangle(symbol: str) -> str:
     Returns
     -------
     str
-        ``module.function`` for Numba kernels, ``ns::function<args>`` for other C++ kernels, *symbol* itself for
-        ``extern "C"`` names and for mangled names this parser does not follow.
+        ``module.function`` for Numba kernels (``module.outer.<locals>.function`` for one defined inside a
+        function), ``ns::function<args>`` for other C++ kernels, *symbol* itself for ``extern "C"`` names and for
+        mangled names that cannot be read.
 
     Examples
     --------
@@ -274,19 +405,74 @@ def demangle(symbol: str) -> str:
     """
     if not symbol.startswith("_Z"):
         return symbol
-    p = _Parser(symbol)
-    p.i = 2
-    try:
-        if p.take("N"):
-            parts = p.nested()
-        else:
-            parts = [p.name()]
-    except (_Unsupported, IndexError, ValueError):
+    found = _parts(symbol)
+    if found is None:
         return symbol
-    if _is_numba(parts, p.abi_tags):
-        parts = parts[1:] if parts[0] == "cudapy" and len(parts) > 1 else parts
-        return ".".join(_numba_unescape(x) for x in parts)
-    return "::".join(parts)
+    parts, numba = found
+    return ".".join(parts) if numba else "::".join(parts)
+
+
+def numba_path(symbol: str) -> list[str]:
+    """``[module..., function]`` of a Numba kernel symbol (``<locals>`` parts included), ``[]`` for other names."""
+    found = _parts(symbol) if symbol.startswith("_Z") else None
+    return found[0] if found is not None and found[1] else []
+
+
+def short_name(name: str) -> str:
+    """What a user calls a kernel, from its :func:`demangle` name: the function of a Numba name (``fma`` for
+    ``__main__.main.<locals>.fma``); C++ and ``extern "C"`` names as they are.
+
+    >>> short_name("__main__.main.<locals>.fma")
+    'fma'
+    """
+    if "::" in name or "." not in name:
+        return name
+    return name.rsplit(".", 1)[-1]
+
+
+def _endings(qualname: str) -> list[str]:
+    """The dotted endings of a Numba name, shortest first, none starting at ``<locals>``:
+    ``a.main.<locals>.fma`` -> ``fma``, ``main.<locals>.fma``, ``a.main.<locals>.fma``."""
+    if "::" in qualname or "." not in qualname:
+        return [qualname]
+    parts = qualname.split(".")
+    return [".".join(parts[-k:]) for k in range(1, len(parts) + 1) if parts[-k] != "<locals>"]
+
+
+class KernelNames:
+    """The names of the kernels of one session: short where that is unambiguous, longer only where needed.
+
+    A kernel (told apart by its qualified name) is called by its short name unless another kernel has that name
+    already; then by the shortest ending of its qualified name that no other kernel has (``helper.<locals>.fma``
+    beside ``fma``), at worst the qualified name with a number. A kernel keeps the name it got first, so rows
+    already recorded never change name. Thread-safe.
+
+    Examples
+    --------
+    >>> names = KernelNames()
+    >>> names.name("__main__.main.<locals>.fma"), names.name("__main__.helper.<locals>.fma")
+    ('fma', 'helper.<locals>.fma')
+    """
+
+    def __init__(self):
+        self._given: dict[str, str] = {}  # qualified name -> its name
+        self._owner: dict[str, str] = {}  # name -> the qualified name it was given to
+        self._lock = threading.Lock()
+
+    def name(self, qualname: str, short: str | None = None) -> str:
+        """The name of the kernel *qualname* (a :func:`demangle` name); *short* is the name to prefer (default
+        :func:`short_name`; e.g. a decorated kernel's own name)."""
+        with self._lock:
+            given = self._given.get(qualname)
+            if given is None:
+                candidates = [short or short_name(qualname), *_endings(qualname)]
+                given = next((c for c in candidates if c not in self._owner), None)
+                number = 2
+                while given is None or given in self._owner:
+                    given, number = f"{qualname} ({number})", number + 1
+                self._given[qualname], self._owner[given] = given, qualname
+            return given
+
 
 
 def match_kernel(name: str, names, symbols=None) -> str | None:

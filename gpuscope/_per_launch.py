@@ -35,6 +35,8 @@ def _warn(message: str) -> None:
 class PerLaunchModes:
     """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
 
+    _names_table = None  # gpuscope._names.KernelNames of the session, made at its first per-launch collector
+
     def _use_kernel(self) -> None:
         from . import _launches
         from .cupti._types import ProfilerRange, ReplayMode
@@ -45,7 +47,7 @@ class PerLaunchModes:
         self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
                                                  self._annotate, timestamp,
                                                  capacity=0 if self._fixed_ranges else self.max_ranges,
-                                                 on_full=self._flush_kernels)
+                                                 on_full=self._flush_kernels, names=self._kernel_names())
         self._rp.start()
         self._running = self._collector.running = True
 
@@ -63,7 +65,16 @@ class PerLaunchModes:
         from .cupti.activity import timestamp
 
         return _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable, self._annotate,
-                                         timestamp)
+                                         timestamp, self._kernel_names())
+
+    def _kernel_names(self):
+        """One table of kernel names for all the session's collectors (kernel replay, then iterations): a kernel
+        keeps its name, and two kernels never share one, across them."""
+        if self._names_table is None:
+            from ._names import KernelNames
+
+            self._names_table = KernelNames()
+        return self._names_table
 
     def _stop_kernel_pass(self) -> None:
         """Kernel mode: end the pass before collecting (it is stopped already while left-out launches run)."""
@@ -328,10 +339,11 @@ class PerLaunchModes:
             values = self._host.evaluate(image, index, self.metrics)
             if launches is None:
                 name = range_profiler.range_name(image, index, "/")
-                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": first + index, "values": values,
+                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": -1, "values": values,
                                    "pass_group": 0, "first_iteration": 0, "iterations": 1})
             else:
-                self._rows.append(self._launch_row(launches[index], first + index, values, 0, 0, 1, "kernel"))
+                self._rows.append(self._launch_row(launches[index], launches[index].launch_id, values, 0, 0, 1,
+                                                   "kernel"))
         self._rp.initialize_counter_data(image)
 
     def _finish_kernels(self) -> None:
@@ -392,8 +404,8 @@ class PerLaunchModes:
         parent = launch.parent
         name = f"{parent}/{launch.kernel}" if parent else launch.kernel
         row = {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
-               "symbol": launch.symbol, "launch": index, "grid": launch.grid, "block": launch.block,
-               "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
+               "kernel_qualname": launch.qualname, "symbol": launch.symbol, "launch": index, "grid": launch.grid,
+               "block": launch.block, "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
                "first_iteration": first_iteration, "iterations": iterations, "values": values}
         if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
             row["replay"] = replay

@@ -417,8 +417,10 @@ RANGE_COORDS = {
     "parent": (str, "", {"description": "path of the enclosing range, '' at top level"}),
     "kernel": (str, "", {"description": "kernel name of an auto range or decorated launch, '' otherwise"}),
     "symbol": (str, "", {"description": "the kernel's symbol as the driver reports it (kernel and iteration modes)"}),
-    "launch": (np.int64, -1, {"description": "launch index: in the session (kernel mode) or in the iteration "
-                                             "(iteration mode); -1 for user ranges"}),
+    "launch": (np.int64, -1, {"description": "the launch's ID: kernel replay, which launch of the session on its "
+                                             "device it was, from 0, counting launches the filters left out; "
+                                             "iteration replay, its position in the iteration; user mode, the "
+                                             "decorated launch's index; -1 for user ranges or where unknown"}),
     "start_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "end_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "pass_group": (np.int64, 0, {"description": "which group of passes (replays or loop iterations) gave the values"}),
@@ -527,7 +529,9 @@ def upgrade(ds):
     Version 1 (gpuscope 0.1 files, e.g. the shipped ``gpuscope/data/*.nc``) held ``grid``/``block`` as
     (range, xyz) coords and the user ranges as variables along a ``span`` dim, so ``to_dataframe()`` crossed
     every row with every ``xyz`` or span. The conversion is exact: the values move, none is recomputed except
-    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it.
+    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it. Metric units written by
+    an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected with
+    :func:`gpuscope._catalog.units_of`.
     """
     if "xyz" in ds.dims:
         ds = ds.assign_coords({
@@ -546,6 +550,12 @@ def upgrade(ds):
     if ds.attrs.get("kind") == "pm_sampling":
         for name in SPAN_ATTRS:
             ds.attrs[name] = _as_list(ds.attrs.get(name, []))
+    from ._catalog import split_name, units_of
+
+    for name, variable in ds.data_vars.items():  # written before units_of kept one denominator: byte/second/second
+        units = variable.attrs.get("units")
+        if "metric_type" in variable.attrs and isinstance(units, str) and units.count("/") > 1:
+            variable.attrs["units"] = units_of(split_name(str(name))[1], units)
     if ds.attrs.get("kind") in ("range", "pm_sampling") and "gpuscope_schema" not in ds.attrs:
         ds.attrs = {"kind": ds.attrs["kind"], "gpuscope_schema": SCHEMA_VERSION,
                     **{k: v for k, v in ds.attrs.items() if k != "kind"}}

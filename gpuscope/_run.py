@@ -1,14 +1,20 @@
 """``gpuscope run``: profile an unmodified Python script in this process, the way ``ncu``/``nsys`` profile a program.
 
 The script runs as ``__main__`` (``runpy.run_path``) with ``sys.argv = [script, *args]`` and its folder first on
-``sys.path``, inside a :class:`gpuscope.Profiler` (kernel mode by default: every launch is a range) or a PM
-sampler. Its exit status and exceptions pass through; whatever was collected is saved and reported even when the
-script fails.
+``sys.path``, as ``python script.py`` runs it; a module given with ``-m`` runs as ``python -m module`` runs it
+(``runpy.run_module(alter_sys=True)``: ``sys.argv[0]`` its file, the current folder first on ``sys.path``, a
+package's ``__main__``). Both run inside a :class:`gpuscope.Profiler` (auto mode by default) or a PM sampler. The
+exit status and exceptions pass through; whatever was collected is saved and reported even when the script fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
 import os
 import runpy
 import sys
@@ -26,7 +32,7 @@ EXIT_NOTHING_PROFILED = 6
 class RunOptions:
     """What ``gpuscope run`` was asked to do (the command-line options, parsed)."""
 
-    script: str
+    script: str | None = None  # the script, or None with module
     args: list = dataclasses.field(default_factory=list)
     metrics: object = None  # a set name or a list of metric names; None with sample=None means "topdown"
     mode: str = "auto"
@@ -41,6 +47,7 @@ class RunOptions:
     device: int | str | list = 0  # a list or "all": PM sampling on several devices (sample only)
     kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
     force: bool = False  # overwrite an existing output or trace file
+    module: str | None = None  # -m: a module to run as python -m runs it, instead of a script
 
 
 class RunError(GpuscopeError, ValueError):
@@ -61,14 +68,19 @@ def check_options(opts: RunOptions) -> None:
     Raises
     ------
     RunError
-        No script file; range profiling and PM sampling asked for together; filters with PM sampling; negative
-        counts; an output or trace file that exists (without ``force``).
+        No script file, or no module of that name; range profiling and PM sampling asked for together; filters
+        with PM sampling; negative counts; an output or trace file that exists (without ``force``).
     OSError
         An output file that cannot be written.
     """
-    if not os.path.isfile(opts.script):
+    if opts.module is not None:
+        find_module(opts.module)
+    elif opts.script is None:
+        raise RunError("Give what to profile: gpuscope run [options] script.py [args...], or a module as python -m "
+                       "runs it: gpuscope run [options] -m module [args...].")
+    elif not os.path.isfile(opts.script):
         raise RunError(f"No script {opts.script!r} (gpuscope run profiles a Python file: gpuscope run [options] "
-                       "script.py [args...]).")
+                       "script.py [args...]; or a module: gpuscope run [options] -m module [args...]).")
     if opts.kernel_times and opts.sample is None:
         raise RunError("--kernel-times goes with --sample: range profiling records its kernels anyway.")
     if not isinstance(opts.device, int):
@@ -167,30 +179,80 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
 
 
-def execute(script: str, args) -> int:
-    """Run *script* as ``__main__`` with its own argv and ``sys.path[0]``; return the status Python would exit with."""
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    sys.argv = [script, *args]
-    folder = os.path.dirname(os.path.abspath(script))
+@contextlib.contextmanager
+def _first_on_path(folder: str):
+    """``sys.path[0]`` is *folder* inside the block (as python sets it for a script or ``-m``), restored after."""
+    saved = sys.path[0] if sys.path else None
     if sys.path:
         sys.path[0] = folder
     else:
         sys.path.insert(0, folder)
     try:
-        runpy.run_path(script, run_name="__main__")
+        yield
+    finally:
+        if saved is not None:
+            sys.path[0] = saved
+
+
+def find_module(name: str) -> str:
+    """The file ``python -m name`` would run (a package's ``__main__.py``), found as python finds it, with the
+    current folder first on ``sys.path``; nothing is imported, so a package's own code runs in the session only.
+
+    Raises
+    ------
+    RunError
+        *name* is not a module name, or no module (or package ``__main__``) of that name is found.
+    """
+    if not name:
+        raise RunError("-m needs the module to run: gpuscope run [options] -m module [args...].")
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise RunError(f"-m {name!r} is not a module name: gpuscope run [options] -m package.module [args...].")
+    parts = name.split(".")
+    importlib.invalidate_caches()  # modules written since this process started
+    with _first_on_path(os.getcwd()):
+        try:
+            spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not imported
+        except (ImportError, ValueError):
+            spec = None
+        for depth in range(2, len(parts) + 1):  # submodules: looked up in the package's folders, not imported
+            locations = spec.submodule_search_locations if spec is not None else None
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), locations) if locations else None
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.machinery.PathFinder.find_spec(name + ".__main__", spec.submodule_search_locations)
+            if spec is None:
+                raise RunError(f"No module named {name}.__main__: {name!r} is a package and cannot be run directly "
+                               "(as python -m says); give one of its modules, or add a __main__.py.")
+    if spec is None or not spec.has_location or not spec.origin:
+        raise RunError(f"No module named {name!r} with the current folder ({os.getcwd()}) first on sys.path, as "
+                       f"python -m {name} would look for it.")
+    return spec.origin
+
+
+def execute(script: str | None, args, module: str | None = None) -> int:
+    """Run *script*, or *module* as ``python -m`` does, as ``__main__`` with its own argv and ``sys.path[0]``;
+    return the status Python would exit with."""
+    if module is not None:
+        origin, folder = find_module(module), os.getcwd()
+        run = functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
+    else:
+        origin, folder = script, os.path.dirname(os.path.abspath(script))
+        run = functools.partial(runpy.run_path, script, run_name="__main__")
+    saved_argv = sys.argv[:]
+    sys.argv = [origin, *args]
+    try:
+        with _first_on_path(folder):
+            run()
         return 0
     except SystemExit as exc:
         return _exit_code(exc)
     except KeyboardInterrupt as exc:
-        _print_script_traceback(exc, script)
+        _print_script_traceback(exc, origin)
         return 130
     except BaseException as exc:  # noqa: BLE001  the script's failure is reported like python does, then we go on
-        _print_script_traceback(exc, script)
+        _print_script_traceback(exc, origin)
         return 1
     finally:
         sys.argv = saved_argv
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
 
 
 def _filters(opts: RunOptions) -> str:
@@ -207,7 +269,7 @@ def _filters(opts: RunOptions) -> str:
 
 
 def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None, out=None) -> int:
-    """Profile ``opts.script`` and return the exit status for ``gpuscope run``.
+    """Profile ``opts.script`` (or ``opts.module``, as ``python -m``) and return the exit status for ``gpuscope run``.
 
     The status is the script's own when it is not 0 (1 for an uncaught exception, as with ``python``); otherwise
     :data:`EXIT_NOTHING_PROFILED` when nothing was profiled, else 0.
@@ -236,7 +298,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     session.__enter__()
     close_error = None
     try:
-        code = execute(opts.script, opts.args)
+        code = execute(opts.script, opts.args, opts.module)
     finally:
         sys.stdout.flush()
         try:

@@ -22,137 +22,21 @@ then asks with the name that resolved first for that CRC, if it differs only in 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
-import functools
 import linecache
 import os
 import re
 import sys
 from collections.abc import Iterable
 
+from ._names import demangle as pretty_function  # the function as written: module.function, ns::kernel<float>
+from ._names import demangled_text as demangle  # as c++filt prints it
+from ._names import numba_path as _numba_path
 from .errors import CuptiError
 
 __all__ = ["CubinRegistry", "SourceMap", "demangle", "pretty_function", "numba_cubins", "cupy_cache_cubins"]
 
 _ELF_MAGIC = b"\x7fELF"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Names
-
-
-@functools.cache
-def _cxa_demangle():
-    path = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
-    try:
-        fn = ctypes.CDLL(path).__cxa_demangle
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    fn.restype = ctypes.c_void_p
-    return fn
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-_libc.free.argtypes = [ctypes.c_void_p]
-
-
-@functools.lru_cache(maxsize=4096)
-def demangle(name: str) -> str:
-    """The C++ (Itanium ABI) demangled form of *name*; *name* itself if it is not mangled or cannot be read.
-
-    Uses ``__cxa_demangle`` from libstdc++; names of ``extern "C"`` kernels come back unchanged.
-    """
-    fn = _cxa_demangle()
-    if fn is None or not name.startswith("_Z"):
-        return name
-    status = ctypes.c_int(0)
-    out = fn(name.encode(), None, None, ctypes.byref(status))
-    if status.value != 0 or not out:
-        return name
-    try:
-        return ctypes.string_at(out).decode(errors="replace")
-    finally:
-        _libc.free(out)
-
-
-_ABI_TAG = re.compile(r"\[abi:[^\]]*\]")
-
-
-def _split_scope(text: str) -> list[str]:
-    """``a::b<c::d>::e`` -> ``['a', 'b<c::d>', 'e']`` (``::`` inside brackets does not split)."""
-    parts, depth, start, i = [], 0, 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch in "<([":
-            depth += 1
-        elif ch in ">)]":
-            depth -= 1
-        elif depth == 0 and text.startswith("::", i):
-            parts.append(text[start:i])
-            start = i + 2
-            i += 1
-        i += 1
-    parts.append(text[start:])
-    return parts
-
-
-def _qualified(name: str) -> tuple[list[str], str]:
-    """(scope parts, argument list) of a demangled function name."""
-    text = _ABI_TAG.sub("", demangle(name))
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch in "<[":
-            depth += 1
-        elif ch in ">]":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            return _split_scope(_drop_return_type(text[:i])), text[i:]
-    return _split_scope(text), ""
-
-
-def _drop_return_type(head: str) -> str:
-    """``void ns::f<int>`` -> ``ns::f<int>`` (template functions carry their return type)."""
-    depth, cut = 0, 0
-    for i, ch in enumerate(head):
-        if ch in "<([":
-            depth += 1
-        elif ch in ">)]":
-            depth -= 1
-        elif ch == " " and depth == 0:
-            cut = i + 1
-    return head[cut:]
-
-
-def pretty_function(name: str) -> str:
-    """The function as the user wrote it.
-
-    Numba kernels (``<module>::<function>[abi:v1][abi:cw...](Array<float, 1, C, mutable, aligned>)``) become
-    ``<module>.<function>``; other C++ names are demangled without ABI tags and argument list;
-    ``extern "C"`` names are unchanged.
-
-    Examples
-    --------
-    >>> pretty_function("_ZN6cudapy8__main__6kernelB2v1E5ArrayIfLi1E1C7mutable7alignedE")
-    '__main__.kernel'
-    """
-    parts = _numba_path(name)
-    return ".".join(parts) if parts else "::".join(_qualified(name)[0])
-
-
-def _numba_path(name: str) -> list[str]:
-    """``[module..., function]`` of a Numba kernel name, or ``[]`` for other names.
-
-    Numba mangles ``<module>.<qualname>`` as nested names (prefixed ``cudapy::`` for ``__main__`` in some
-    versions) and tags the function with ABI tags ``[abi:v<n>][abi:cw<closure hash>]``.
-    """
-    text = demangle(name)
-    if "[abi:cw" not in text and not text.startswith("cudapy::"):
-        return []
-    parts, _ = _qualified(name)
-    return parts[1:] if parts and parts[0] == "cudapy" else parts
 
 
 # ---------------------------------------------------------------------------------------------------------------

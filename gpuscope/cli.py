@@ -379,8 +379,10 @@ def _run(args) -> int:
         if kind != "range":
             raise ValueError(f"--set/--metrics {','.join(args.metrics)} is a PM sampling set: use "
                              f"--sample {','.join(args.metrics)}@100us to sample it over the whole run.")
+    module, script_args = (args.module[0] if args.module else "", args.module[1:]) if args.module is not None else (
+        None, args.args)
     opts = _run.RunOptions(
-        script=args.script, args=list(args.args), metrics=metrics, mode=args.mode,
+        script=args.script, module=module, args=list(script_args), metrics=metrics, mode=args.mode,
         kernels=_catalog.split_list(args.kernels) if args.kernels else None,
         exclude=_catalog.split_list(args.exclude) if args.exclude else None,
         launch_skip=args.launch_skip, launch_count=args.launch_count,
@@ -503,10 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser(
-        "run", help="profile a Python script: report per kernel at exit, -o to save",
-        description="Runs SCRIPT as __main__ with ARGS in this process, profiling every kernel launch (kernel mode) "
-                    "with the topdown set by default, and prints the report when it ends. The script's exit status "
-                    "passes through. Options go before the script; everything after it is the script's.",
+        "run", help="profile a Python script (or -m module): report per kernel at exit, -o to save",
+        usage="gpuscope run [options] script.py [args ...]\n       gpuscope run [options] -m module [args ...]",
+        description="Runs SCRIPT as __main__ with ARGS in this process, as python does (-m MODULE: as python -m "
+                    "does), profiling every kernel launch with the topdown set by default, and prints the report "
+                    "when it ends. The script's exit status passes through. Options go before the script (or -m); "
+                    "everything after it is the script's.",
     )
     what = r.add_mutually_exclusive_group()
     what.add_argument("--set", "--metrics", dest="metrics", action="append", metavar="NAMES",
@@ -533,7 +537,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", type=_devices, default=0, metavar="N|N,M|all",
                    help="GPU index (default 0); with --sample also a comma-separated list or 'all': every device "
                         "sampled at once, one Dataset with a device dim")
-    r.add_argument("script", help="the Python script")
+    r.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                   help="run a module as python -m does (its file as argv[0], the current folder first on sys.path, "
+                        "a package's __main__); the last option: what follows is the module's own arguments")
+    r.add_argument("script", nargs="?", help="the Python script")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(func=_run)
 

@@ -225,3 +225,75 @@ def test_force_overwrites_the_output(fake, tmp_path, capsys):
     out.write_text("results of an earlier run")
     assert cli.main(["run", "-f", "-o", str(out), str(path)]) == 0
     assert gs.open_dataset(out).sizes["range"] == 15
+
+
+MODULE_ECHO = """
+    import json, os, sys
+    from . import helper  # a relative import: the module runs inside its package
+    seen = {"argv": sys.argv, "name": __name__, "spec": __spec__.name, "path0": sys.path[0],
+            "main": sys.modules["__main__"].__dict__.get("MARK"), "helper": helper.VALUE}
+    MARK = "this module is __main__"
+    seen["main"] = sys.modules["__main__"].MARK
+    with open("seen.json", "w") as f:
+        json.dump(seen, f)
+"""
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A package in the current folder, as `python -m pkg.train` finds it; its __init__ notes whether the session
+    had started when it was imported."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import json, gpuscope._session as s\n"
+                                     "json.dump(s.Profiler.made[-1].events, open('init_events.json', 'w'))\n")
+    (pkg / "helper.py").write_text("VALUE = 42\n")
+    (pkg / "train.py").write_text(textwrap.dedent(MODULE_ECHO))
+    (pkg / "__main__.py").write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
+    (pkg / "fails.py").write_text("def step():\n    raise RuntimeError('diverged')\n\nstep()\n")
+    monkeypatch.chdir(tmp_path)
+    yield pkg
+    for name in [m for m in sys.modules if m == "pkg" or m.startswith("pkg.")]:  # each test has its own pkg
+        del sys.modules[name]
+
+
+def test_dash_m_runs_a_module_as_python_dash_m(fake, package, tmp_path, capsys):
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0]
+    code = cli.main(["run", "-k", "stream", "-m", "pkg.train", "--lr", "0.1", "-k", "x"])
+    assert code == 0 and "gpuscope report: 15 launches" in capsys.readouterr().out
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == {"argv": [str(package / "train.py"), "--lr", "0.1", "-k", "x"], "name": "__main__",
+                    "spec": "pkg.train", "path0": str(tmp_path), "main": "this module is __main__", "helper": 42}
+    assert fake.made[0].args["kernels"] == ["stream"]  # options before -m are gpuscope's
+    # the package was imported inside the session, not while gpuscope looked for the module
+    assert json.loads((tmp_path / "init_events.json").read_text()) == ["enter"]
+    assert sys.argv == saved_argv and sys.path[0] == saved_path0 and "MARK" not in vars(sys.modules["__main__"])
+
+
+def test_dash_m_runs_a_packages_main_and_passes_its_status(fake, package):
+    assert cli.main(["run", "--no-report", "-m", "pkg", "3"]) == 3
+
+
+def test_dash_m_traceback_is_the_modules(fake, package, capsys):
+    assert cli.main(["run", "--no-report", "-m", "pkg.fails"]) == 1
+    err = capsys.readouterr().err
+    assert f'File "{package / "fails.py"}", line 4' in err and "RuntimeError: diverged" in err
+    assert "runpy" not in err and "_run.py" not in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "-m", "pkg.missing"], "No module named 'pkg.missing' with the current folder"),
+    (["run", "-m", "nosuchpackage_gpuscope"], "No module named 'nosuchpackage_gpuscope'"),
+    (["run", "-m", "pkg.helper.deeper"], "No module named 'pkg.helper.deeper'"),
+    (["run", "-m", "pkg/train.py"], "is not a module name"),
+    (["run", "-m"], "-m needs the module to run"),
+    (["run"], "Give what to profile"),
+])
+def test_dash_m_refused_before_anything_runs(fake, package, tmp_path, capsys, argv, needle):
+    (package / "__main__.py").unlink()
+    assert status(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not fake.made and not (tmp_path / "init_events.json").exists()  # nothing imported, nothing started
+    assert status(["run", "-m", "pkg"]) == cli.EXIT_USAGE
+    assert "'pkg' is a package and cannot be run directly" in capsys.readouterr().err

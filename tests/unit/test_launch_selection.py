@@ -1,14 +1,23 @@
-"""Kernel filters and the matching of launches across iterations (pure logic, no GPU)."""
+"""Kernel filters, the names and IDs launches get, and the matching of launches across iterations (pure logic, no
+GPU)."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+import gpuscope as gs
+from gpuscope import _io, _names, _results
 from gpuscope._filters import KernelFilter
 from gpuscope._launches import IterationReplay, KernelReplay, Selected, matched_prefix
+from gpuscope._per_launch import Mode, PerLaunchModes
 from gpuscope.cupti.callbacks import Launch
 
 NUMBA_STREAM = "_ZN8__main__6streamB2v1B94cw51cXTLSUwv1sCUt9Uw1VEw0NRRQPKzLTg4gaGAFA_2bUH0ZUMPEPg2QA2gBnQfEUwIPBMB0Tx6XBiEBQPaQQgE"
+# Numba kernels named fma defined inside main() and inside helper() (c++filt: __main__::main::_3clocals_3e::fma...)
+MAIN_FMA = "_ZN8__main__4main12_3clocals_3e3fmaB2v1B4cw51E5ArrayIfLi1E1C7mutable7alignedE"
+HELPER_FMA = "_ZN8__main__6helper12_3clocals_3e3fmaB2v1B4cw51E5ArrayIfLi1E1C7mutable7alignedE"
+MAIN_STREAM = "_ZN8__main__6streamB2v1B4cw51E5ArrayIfLi1E1C7mutable7alignedE"
 CTX = 0x1234
 
 
@@ -19,6 +28,16 @@ def test_plain_names_match_readable_function_or_symbol():
     assert not f.name_matches("__main__.fma", "x")
     assert not f.name_matches("__main__.streamer", "x")  # a plain name is exact, not a substring
     assert KernelFilter.build(kernels=NUMBA_STREAM).name_matches("whatever", NUMBA_STREAM)
+
+
+def test_plain_names_match_the_qualified_name_and_its_dotted_endings():
+    qualname = "__main__.main.<locals>.fma"
+    for pattern in ("fma", "main.<locals>.fma", qualname):
+        assert KernelFilter.build(kernels=pattern).name_matches("fma", MAIN_FMA, qualname), pattern
+    for pattern in ("helper.<locals>.fma", "ma", "__main__.fma"):
+        assert not KernelFilter.build(kernels=pattern).name_matches("fma", MAIN_FMA, qualname), pattern
+    assert KernelFilter.build(kernels="regex:^__main__\\.main\\.").name_matches("fma", MAIN_FMA, qualname)
+    assert not KernelFilter.build(exclude="main.<locals>.fma").name_matches("fma", MAIN_FMA, qualname)
 
 
 def test_regex_and_exclude():
@@ -116,7 +135,8 @@ def test_kernel_replay_runs_left_out_launches_with_the_profiler_stopped():
     kr.running = True
     _run(kr, [_launch("stream"), _launch("fma"), _launch("stream", context=99), _launch("stream")])
     assert rp.calls == ["stop", "start"]  # around fma only; the other context's launch is not this session's
-    assert [(s.kernel, s.parent, s.exit_ns) for s in kr.selected] == [("m.stream", "step", 200)] * 2
+    assert [(s.kernel, s.qualname, s.parent, s.exit_ns) for s in kr.selected] == [
+        ("stream", "m.stream", "step", 200)] * 2
     assert kr.left_out == 1 and kr.other_context == 1
 
 
@@ -186,3 +206,99 @@ def test_a_counted_iteration_profiles_nothing_and_counts_this_context():
     _run(it, [_launch("a")])
     it.end()
     assert it.take_group().first_iteration == 1
+
+
+def test_kernels_defined_inside_functions_are_named_as_the_user_calls_them(tmp_path):
+    """Rows say fma, not __main__.main.<locals>.fma; a second fma is told apart; the qualified name is kept."""
+    kr = KernelReplay(FakeRangeProfiler(), CTX, KernelFilter.build(), _names.demangle, lambda: ("", None), lambda: 0)
+    _run(kr, [_launch(MAIN_FMA), _launch(MAIN_STREAM), _launch(HELPER_FMA), _launch(MAIN_FMA)])
+    assert [s.kernel for s in kr.selected] == ["fma", "stream", "helper.<locals>.fma", "fma"]
+    rows = [PerLaunchModes._launch_row(SimpleNamespace(mode=Mode.KERNEL), s, i, [1000.0 * (i + 1)], 0, 0, 1, "kernel")
+            for i, s in enumerate(kr.selected)]
+    props = {"gpu__time_duration.sum": {"units": "nanosecond", "description": "", "metric_type": "counter"}}
+    ds = _results.range_dataset(rows, ["gpu__time_duration.sum"], props, chip="GH100", attrs={"mode": "kernel"})
+    assert ds.kernel_qualname.values.tolist() == ["__main__.main.<locals>.fma", "__main__.stream",
+                                                  "__main__.helper.<locals>.fma", "__main__.main.<locals>.fma"]
+    report = gs.report(ds)
+    assert sorted(report.index) == ["fma", "helper.<locals>.fma", "stream"]
+    assert report.loc["fma", "launches"] == 2
+    assert sorted(gs.report(ds, by="kernel_qualname").index) == sorted(set(ds.kernel_qualname.values.tolist()))
+    _io.save_dataset(ds, tmp_path / "names.nc")
+    assert _io.open_dataset(tmp_path / "names.nc").kernel_qualname.values.tolist() == ds.kernel_qualname.values.tolist()
+
+
+def test_a_decorated_name_is_preferred_and_left_out_launches_take_no_name():
+    kr = KernelReplay(FakeRangeProfiler(), CTX, KernelFilter.build(exclude="main.<locals>.fma"), _names.demangle,
+                      lambda: ("", None), lambda: 0)
+    _run(kr, [_launch(MAIN_FMA), _launch(HELPER_FMA)])
+    assert [s.kernel for s in kr.selected] == ["fma"]  # helper's fma: the only fma among the rows
+    decorated = KernelReplay(FakeRangeProfiler(), CTX, KernelFilter.build(), _names.demangle,
+                             lambda: ("", "my_fma"), lambda: 0)
+    _run(decorated, [_launch(MAIN_FMA)])
+    assert [(s.kernel, s.qualname) for s in decorated.selected] == [("my_fma", "__main__.main.<locals>.fma")]
+
+
+class KernelRows(PerLaunchModes):
+    """Kernel mode's collection (``PerLaunchModes._collect_kernels``) over a stand-in profiler, image and host."""
+
+    mode, max_ranges, passes = Mode.KERNEL, 64, 1
+
+    def __init__(self, kfilter, capacity=0):
+        self._rp, self._image, self._rows, self._notes, self.metrics = FakeRangeProfiler(), object(), [], {}, ["m"]
+        self.emptied_at = 0  # launches selected when the image was last emptied: it holds the ranges since
+        self._rp.decode = lambda: 0
+        self._rp.initialize_counter_data = lambda image: setattr(self, "emptied_at", len(self._collector.selected))
+        self._host = SimpleNamespace(evaluate=lambda image, index, metrics: [float(index)])
+        self._collector = KernelReplay(self._rp, CTX, kfilter, str, lambda: ("", None), lambda: 0,
+                                       capacity=capacity, on_full=self._flush_kernels)
+        self._collector.running = True
+
+
+@pytest.mark.parametrize("capacity", [0, 2])  # 2: the counter-data image is emptied between the profiled launches
+def test_launch_is_the_launchs_id_in_the_session_counting_left_out_launches(monkeypatch, capacity):
+    """-k regex:collide --launch-skip 2 --launch-count 3: the rows are launches 4, 6 and 7, as Nsight Compute's ID."""
+    from gpuscope.cupti import range_profiler
+
+    session = KernelRows(KernelFilter.build(kernels="regex:collide", launch_skip=2, launch_count=3), capacity)
+    monkeypatch.setattr(range_profiler, "num_ranges",
+                        lambda image: len(session._collector.selected) - session.emptied_at)
+    stream = ["a", "collide", "b", "collide", "collide", "c", "collide", "collide", "collide", "collide"]
+    _run(session._collector, [_launch(s) for s in stream[:3]] + [_launch("x", context=99)]
+         + [_launch(s) for s in stream[3:]])  # another context's launch is not this device's: not counted
+    session._collect_kernels()
+    assert [(r["kernel"], r["launch"]) for r in session._rows] == [("collide", 4), ("collide", 6), ("collide", 7)]
+    assert session._collector.heard == len(stream) and session._collector.other_context == 1
+    assert session._notes.get("image_flushes", 0) == (1 if capacity else 0)
+
+
+def test_iteration_rows_keep_their_position_counting_left_out_launches():
+    it = IterationReplay(FakeRangeProfiler(), CTX, KernelFilter.build(kernels="b"), str, lambda: ("", None),
+                         lambda: 0)
+    it.begin(0)
+    _run(it, [_launch("a"), _launch("b"), _launch("c"), _launch("b")])
+    it.end()
+    (pass0,) = it.take_group().passes
+    assert [(i, s.symbol) for i, s in enumerate(pass0) if s.wanted] == [(1, "b"), (3, "b")]
+
+
+class AutoNames(PerLaunchModes):
+    """The per-launch part of a session, enough to make its collectors."""
+
+    _rp, _context, filter, max_ranges, _fixed_ranges = FakeRangeProfiler(), SimpleNamespace(handle=CTX), None, 8, True
+    _annotate = staticmethod(lambda: ("", None))
+
+
+def test_a_sessions_collectors_share_one_table_of_names():
+    """Auto mode: kernel replay before the loop is found, then iterations; helper's fma came first, so main's fma is
+    never also called fma in the same Dataset."""
+    session = AutoNames()
+    session.filter = KernelFilter.build()
+    kernel_phase = KernelReplay(FakeRangeProfiler(), CTX, session.filter, _names.demangle, lambda: ("", None),
+                                lambda: 0, names=session._kernel_names())
+    _run(kernel_phase, [_launch(HELPER_FMA)])
+    iterations = session._iteration_replay()
+    iterations.begin(0)
+    _run(iterations, [_launch(MAIN_FMA), _launch(HELPER_FMA)])
+    iterations.end()
+    assert [s.kernel for s in kernel_phase.selected] == ["fma"]
+    assert [s.kernel for s in iterations.take_group().passes[0]] == ["main.<locals>.fma", "fma"]
