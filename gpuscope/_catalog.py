@@ -113,7 +113,10 @@ def units_of(suffix: str, cupti_units: str) -> str:
         # CUPTI 13.1 gives the numerator's unit for rates (".per_second" -> "byte"); other versions and metrics give
         # the whole rate ("byte/second", "instruction/gpc_cycle"): a unit that has its denominator stays as it is
         if "/" in cupti_units:  # one denominator: "byte/second/second" (seen in H100 recordings) is byte/second
-            return "/".join(cupti_units.split("/")[:2])
+            numerator, denominator = cupti_units.split("/")[:2]
+            if ".per_cycle" in suffix and denominator.endswith("_cycle"):
+                denominator = "cycle"  # CUPTI 13.0 says "instruction/gpc_cycle" where 13.1 (and ncu) say per cycle
+            return f"{numerator}/{denominator}"
         for rate, per in ((".per_second", "second"), (".per_cycle", "cycle")):
             if rate in suffix:
                 return f"{cupti_units}/{per}"

@@ -552,9 +552,10 @@ def upgrade(ds):
             ds.attrs[name] = _as_list(ds.attrs.get(name, []))
     from ._catalog import split_name, units_of
 
-    for name, variable in ds.data_vars.items():  # written before units_of kept one denominator: byte/second/second
+    for name, variable in ds.data_vars.items():  # written before units_of was fixed: byte/second/second
         units = variable.attrs.get("units")
-        if "metric_type" in variable.attrs and isinstance(units, str) and units.count("/") > 1:
+        if ("metric_type" in variable.attrs and isinstance(units, str) and "/" in units
+                and units != units_of(split_name(str(name))[1], units)):
             variable.attrs["units"] = units_of(split_name(str(name))[1], units)
     if ds.attrs.get("kind") in ("range", "pm_sampling") and "gpuscope_schema" not in ds.attrs:
         ds.attrs = {"kind": ds.attrs["kind"], "gpuscope_schema": SCHEMA_VERSION,

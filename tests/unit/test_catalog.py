@@ -129,7 +129,7 @@ def test_no_chip_without_gpu_says_pass_chip():
         (".sum.per_second", "byte", "byte/second"),  # CUPTI 13.1: the numerator's unit
         (".sum.per_second", "byte/second", "byte/second"),  # CUPTI 13.0 on the H100 already says per second
         (".avg.per_cycle_active", "inst", "inst/cycle"),
-        (".avg.per_cycle_active", "instruction/gpc_cycle", "instruction/gpc_cycle"),  # never a second denominator
+        (".avg.per_cycle_active", "instruction/gpc_cycle", "instruction/cycle"),  # CUPTI 13.0: per cycle, as 13.1
         (".sum.per_second", "byte/second/second", "byte/second"),
         (".avg.pct_of_peak_sustained_elapsed", "cycle", "percent"),
         (".ratio", "", "ratio"),

@@ -30,7 +30,8 @@ def test_every_unit_in_the_shipped_recordings_is_what_units_of_gives(path):
 @pytest.mark.parametrize("name, metric, written, fixed", [
     ("demo_timeseries.nc", "pcie__read_bytes.sum.per_second", "byte/second/second", "byte/second"),
     ("demo_launches.nc", "smsp__inst_issued.avg.per_cycle_active", "instruction/gpc_cycle/cycle",
-     "instruction/gpc_cycle"),
+     "instruction/cycle"),
+    ("demo_launches.nc", "smsp__inst_issued.avg.per_cycle_active", "instruction/gpc_cycle", "instruction/cycle"),
 ])
 def test_an_older_files_units_are_fixed_on_load(tmp_path, name, metric, written, fixed):
     shipped = ROOT / "gpuscope" / "data" / name
