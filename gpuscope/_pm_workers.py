@@ -188,7 +188,7 @@ class ProcessEvaluation:
         The ``_Pipeline``: its ``read_timestamps`` and ``recycle``, results and errors are used.
     image_bytes, pool_size
         The pool: up to *pool_size* images of *image_bytes* in reserved shared memory (``self.images``; fewer if
-        the memory is not there, see :attr:`pool_note`).
+        the memory is not there, see :attr:`pool_note`). :meth:`close` lets go of them.
     workers
         Worker processes (each loads CUPTI's host API).
     """
@@ -296,9 +296,8 @@ class ProcessEvaluation:
         self.ready_workers = sum(w.alive for w in self._workers)
         self._connected.set()
         self._listener.close()
-        from . import _shm
-
-        _shm.close_images(self._shared)  # mapped by every worker that will ever map them
+        for image in self._shared:  # mapped by every worker that will ever map them
+            image.close_fd()
 
     def _hand_over(self, conn, deadline: float):
         """Send a connected worker its set-up and images; start its reader. Returns the worker, or None."""
@@ -421,7 +420,7 @@ class ProcessEvaluation:
 
     def close(self) -> None:
         """Wait for every submitted image to come back (within :attr:`CLOSE_TIMEOUT_S`; images of hung workers are
-        evaluated here), then stop the workers (safe to call twice)."""
+        evaluated here), stop the workers and let go of the images (safe to call twice)."""
         if self._closed:
             return
         self._closed = True
@@ -447,6 +446,7 @@ class ProcessEvaluation:
         from . import _shm
 
         _shm.close_images(self._shared)
+        self.images, self._index = [], {}  # unmapped once the pipeline lets go of them too
 
     def _stop_workers(self) -> None:
         """Tell every worker to exit; kill those that do not within :attr:`EXIT_TIMEOUT_S`; reap them all."""
