@@ -86,19 +86,19 @@ def stamps_from_durations(durations: np.ndarray, batches: Sequence[Batch], n: in
 def _worker_main(conn) -> None:
     """A worker process: receive the set-up and the images' descriptors, map them, then evaluate tasks
     ``(seq, index, n, batches)`` until ``None``."""
-    try:
-        import mmap
-        from multiprocessing.reduction import recvfds
-        import socket
+    import mmap
+    from multiprocessing.reduction import recvfds
+    import socket
 
-        from .cupti import host
+    chip, metrics, availability, sizes = conn.recv()
+    fds = []
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        while len(fds) < len(sizes):
+            fds.extend(recvfds(sock, min(FDS_PER_MESSAGE, len(sizes) - len(fds))))
+    try:
+        from .cupti import _images, host
         from .cupti._types import ProfilerType
 
-        chip, metrics, availability, sizes = conn.recv()
-        fds = []
-        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-            while len(fds) < len(sizes):
-                fds.extend(recvfds(sock, min(FDS_PER_MESSAGE, len(sizes) - len(fds))))
         mapped = [np.frombuffer(mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ), dtype=np.uint8)
                   for fd, size in zip(fds, sizes)]
         for fd in fds:
@@ -108,11 +108,9 @@ def _worker_main(conn) -> None:
         names = list(metrics) if DURATION in metrics else [*metrics, DURATION]
         column = names.index(DURATION)
         evaluator = h.evaluator(names)
-        from .cupti import _images
-
         for image in mapped:  # made by the parent through CUPTI: their size is CUPTI's own
             _images.trust(image, _images.Kind.PM_SAMPLING)
-    except BaseException as exc:  # reported to the parent, which evaluates in-process instead
+    except Exception as exc:  # reported to the parent, which evaluates in-process instead
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", os.getpid()))
@@ -122,25 +120,33 @@ def _worker_main(conn) -> None:
             out = np.empty((n, len(names)), dtype=np.float64)
             evaluator.evaluate_into(mapped[index], 0, n, out)
             stamps, inexact = stamps_from_durations(out[:, column], batches, n)
-            conn.send(("done", seq, index, np.ascontiguousarray(out[:, : len(metrics)]), stamps, inexact))
+            answer = ("done", seq, index, np.ascontiguousarray(out[:, : len(metrics)]), stamps, inexact)
         except Exception as exc:
-            conn.send(("error", seq, index, f"{type(exc).__name__}: {exc}"))
+            answer = ("error", seq, index, f"{type(exc).__name__}: {exc}")
+        conn.send(answer)
     h.close()
     conn.send(("exit", os.getpid()))
 
 
 def _child() -> None:
-    """Entry point of a worker process started by :class:`ProcessEvaluation`: argv holds the parent's address,
-    the environment its authentication key (argv[1] is the abstract socket's name without its leading NUL). Ctrl-C is the parent's business: the worker ignores SIGINT (it runs in
-    its own session as well, so a terminal's Ctrl-C does not reach it)."""
+    """Entry point of a worker process started by :class:`ProcessEvaluation`: argv[1] holds the parent's abstract
+    socket name (without its leading NUL), the environment its authentication key. Ctrl-C is the parent's business:
+    the worker ignores SIGINT (it runs in its own session as well, so a terminal's Ctrl-C does not reach it). A
+    worker whose parent is gone, or refused it, exits quietly: nobody is left to tell, and the user's terminal is no
+    place for its traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing.connection import Client
 
-    conn = Client("\0" + sys.argv[1], family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop("GPUSCOPE_PM_WORKER_KEY")))
+    key = bytes.fromhex(os.environ.pop("GPUSCOPE_PM_WORKER_KEY"))
     try:
-        _worker_main(conn)
-    finally:
-        conn.close()
+        with Client("\0" + sys.argv[1], family="AF_UNIX", authkey=key) as conn:
+            _worker_main(conn)
+    except (EOFError, OSError):  # the connection ended: the parent exited, was killed or closed it
+        sys.exit(PARENT_GONE)
+
+
+#: A worker's exit status when its connection to the parent ended before it was told to exit.
+PARENT_GONE = 3
 
 
 #: What a worker runs (``python -I -c``): the parent's ``sys.path`` without the current folder, passed as JSON, so
