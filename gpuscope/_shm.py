@@ -43,6 +43,12 @@ class SharedImage:
             os.close(self.fd)
             self.fd = -1
 
+    def close(self) -> None:
+        """Close the descriptor and let go of the mapping: it is unmapped once no array made from :attr:`array` is
+        left (unmapping earlier would leave such arrays pointing at nothing)."""
+        self.close_fd()
+        self.array = self._map = None
+
 
 def _meminfo_available() -> int | None:
     try:
@@ -141,6 +147,7 @@ def reserve_images(count: int, size: int, folder: str | None = None) -> tuple[li
 
 
 def close_images(images) -> None:
-    """Close the images' descriptors (their memory goes once no process maps it)."""
+    """Close the images' descriptors and let go of their mappings (safe twice); their memory goes once no array in
+    this process and no other process maps it."""
     for image in images:
-        image.close_fd()
+        image.close()

@@ -9,14 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpuscope import _pm_workers, _sampling, _shm
 
-from .test_pm_workers import AVAILABILITY, FakePipeline, batch
+from .test_pm_workers import AVAILABILITY, FakePipeline, assert_no_images_left, batch
 
 
 def backend_for(pm_recording, workers=2, pool=2):
@@ -48,7 +47,7 @@ def assert_all_evaluated(pipe, pm_recording, tasks=4):
 def assert_nothing_left(backend):
     assert all(w.proc.poll() is not None for w in backend._workers)  # every worker reaped
     assert not [t.name for t in threading.enumerate() if t.name.startswith("gpuscope-") and t.is_alive()]
-    assert not list(Path("/dev/shm").glob("gpuscope-*"))
+    assert_no_images_left(backend)
 
 
 def test_a_killed_worker_costs_no_image(pm_recording, monkeypatch):

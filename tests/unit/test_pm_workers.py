@@ -1,6 +1,8 @@
 """Evaluation in worker processes (gpuscope._pm_workers) without a GPU: the H100 recording evaluated by real worker
 processes with CUPTI's host API, timestamps rebuilt from durations and anchors, and the rebuilding rules."""
 
+import gc
+import os
 import queue
 import shutil
 import sys
@@ -55,6 +57,31 @@ def test_batches_that_do_not_add_up_are_left_for_get_sample_info():
     np.testing.assert_array_equal(rebuilt[:200], stamps[:200])
 
 
+def image_handles() -> list[str]:
+    """This process's open descriptors and mappings of counter-data images (memfds named ``gpuscope-pm-image``, or
+    files ``gpuscope-pm-*`` in ``GPUSCOPE_SHM_DIR``; both show with their name in /proc even once unlinked)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir used, closed since
+            continue
+        if "gpuscope-pm-" in target:
+            found.append(f"fd {fd} -> {target}")
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return found + [f"mapped: {line}" for line in maps if "gpuscope-pm-" in line]
+
+
+def assert_no_images_left(backend):
+    """After ``backend.close()``: no image descriptor is open, and once the pipeline's pool lets go of its images
+    (as the real pipeline does when it finishes), no image is mapped in this process either."""
+    free = backend._pipe._free
+    while not free.empty():
+        free.get_nowait()
+    gc.collect()
+    assert image_handles() == []
+
+
 class FakePipeline:
     """What ProcessEvaluation uses of the pipeline (its own timestamp and recycling code, over a fake CUPTI):
     GetSampleInfo answers from the recorded timestamps."""
@@ -89,8 +116,8 @@ def test_workers_evaluate_the_h100_recording(pm_recording, workers):
     pipe = FakePipeline(stamps)
     backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),
                                             image_bytes=image.size, pool_size=2, workers=workers)
-    for target in backend.images:
-        target[:] = image
+    for k in range(len(backend.images)):
+        backend.images[k][:] = image
     backend.start()
     assert backend.wait_ready() == workers
     batches = [batch(stamps, 0, 99), batch(stamps, 100, n - 1)]
@@ -111,7 +138,7 @@ def test_workers_evaluate_the_h100_recording(pm_recording, workers):
     for first, last in ((0, 99), (100, n - 1)):  # anchors are exact
         assert rebuilt[first, 0] == stamps[first, 0] and rebuilt[first, 1] == stamps[first, 1]
         assert rebuilt[last, 1] == stamps[last, 1]
-    assert not list(Path("/dev/shm").glob("gpuscope-*"))  # images are nameless memfds: no file at any time
+    assert_no_images_left(backend)
 
 
 def test_no_worker_means_evaluation_in_this_process(pm_recording, monkeypatch):
@@ -131,3 +158,4 @@ def test_no_worker_means_evaluation_in_this_process(pm_recording, monkeypatch):
     values, rebuilt = pipe._results[0]
     np.testing.assert_array_equal(rebuilt, stamps)
     np.testing.assert_allclose(values[:, 0], meta["values_device"][meta["metrics"][0]], rtol=1e-9, atol=1e-9)
+    assert_no_images_left(backend)
