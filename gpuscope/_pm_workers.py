@@ -259,6 +259,7 @@ class ProcessEvaluation:
             _shm.close_images(self._shared)
             raise
         self._uid = os.getuid()  # the only user whose processes may connect
+        self._owner = os.getpid()  # a forked child never touches its parent's workers
         self._index = {id(image): i for i, image in enumerate(self.images)}
         self._workers_wanted = workers
         self._workers: list[_Worker] = []
@@ -531,8 +532,9 @@ class ProcessEvaluation:
 
     def close(self) -> None:
         """Wait for every submitted image to come back (within :attr:`CLOSE_TIMEOUT_S`; images of hung workers are
-        evaluated here), stop the workers and let go of the images (safe to call twice)."""
-        if self._closed:
+        evaluated here), stop the workers and let go of the images (safe to call twice; nothing in a forked
+        child, whose parent owns the workers)."""
+        if self._closed or os.getpid() != self._owner:
             return
         self._closed = True
         self._closing.set()

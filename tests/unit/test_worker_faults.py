@@ -281,3 +281,13 @@ def test_workers_never_run_code_from_the_cwd(make_backend, pm_recording, tmp_pat
     backend.close()
     assert not marker.exists(), marker.read_text()
     assert backend.workers_lost == 0 and pipe.errors == []
+
+
+def test_a_forked_child_never_closes_its_parents_workers(monkeypatch):
+    """close() in a forked child does nothing: the workers, their socket and the images are the parent's."""
+    from gpuscope import _pm_workers
+
+    evaluation = _pm_workers.ProcessEvaluation.__new__(_pm_workers.ProcessEvaluation)
+    evaluation._closed, evaluation._owner = False, os.getpid() + 1  # as seen from a child
+    evaluation.close()  # would touch the dispatcher, the task queue and the workers in the parent
+    assert evaluation._closed is False
