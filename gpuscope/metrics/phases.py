@@ -602,8 +602,8 @@ def _means(num: np.ndarray, den: np.ndarray, group: np.ndarray | None = None, k:
 
 
 def _finite_samples(ds: xr.Dataset, dim: str, names: list[str]):
-    """(usable metrics, their values as metrics x samples, indices of the samples finite in every one of them,
-    metrics without a finite value). Warns with the count of samples left out; refuses data with nothing finite."""
+    """(usable metrics, their values (metrics x samples), the samples finite in all of them, metrics without a
+    finite value). Warns with the count of samples left out; refuses data with nothing finite."""
     xt = np.stack([np.asarray(ds[name], dtype=float) for name in names])
     finite = np.isfinite(xt)
     unusable = [name for name, f in zip(names, finite, strict=True) if not f.any()]
@@ -620,7 +620,7 @@ def _finite_samples(ds: xr.Dataset, dim: str, names: list[str]):
     if unusable or left_out:
         bad = {names[k]: int((~finite[k]).sum()) for k in usable if not finite[k].all()}
         warnings.warn(
-            (f"no finite value at all, left out: {', '.join(unusable)}. " if unusable else "")
+            (f"metrics without a finite value, left out: {', '.join(unusable)}. " if unusable else "")
             + (f"{left_out} of {xt.shape[1]} samples have NaN or inf (per metric: {bad}): left out of the detection "
                "(each takes the phase of the segment it lies in) and of the means" if left_out else ""),
             GpuscopeWarning, stacklevel=3)
@@ -628,10 +628,8 @@ def _finite_samples(ds: xr.Dataset, dim: str, names: list[str]):
 
 
 def _flat(da: xr.DataArray, values: np.ndarray) -> bool:
-    """True for a metric with a full scale (``ipc_max`` of a Top-Down node) whose range over the run is below
-    ``_FLAT`` of it: such variation is no phase, however regular the noise around it. Other metrics have no such
-    yardstick (an offset and a scale of their own, a tensor pipe at 0.002% of peak that tells an SGEMM from an
-    FMA loop on the H100), so only the statistics decide for them."""
+    """A metric with a full scale (``ipc_max`` of a Top-Down node) whose range is below ``_FLAT`` of it. Other
+    metrics have no such yardstick (on the H100 a tensor pipe at 0.002% of peak tells an SGEMM from an FMA loop)."""
     scale = da.attrs.get("ipc_max")
     return bool(scale) and (not len(values) or bool(np.ptp(values) <= _FLAT * float(scale)))
 

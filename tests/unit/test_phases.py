@@ -194,7 +194,7 @@ def test_non_finite_samples_are_left_out_counted_and_said():
 def test_metrics_without_a_finite_value():
     ds = time_series("AB", length=500)
     ds["lost"] = ("time", np.full(1000, np.nan))
-    with pytest.warns(GpuscopeWarning, match="no finite value at all, left out: lost"):
+    with pytest.warns(GpuscopeWarning, match="metrics without a finite value, left out: lost"):
         out = ph.phases(ds)
     assert "lost" not in out.metric.values and out.attrs["phases_unusable_metrics"] == ["lost"]
     with pytest.raises(ValueError, match="NaN or inf at every sample along 'time' .*pass metrics="):
