@@ -101,7 +101,8 @@ def _legend_beside(ax, by: str) -> None:
 
 def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "category", top: int = 20, ax=None,
                      min_fraction: float = 0.0):
-    """A source view: one horizontal bar per source line (its text beside it), stacked by stall.
+    """A source view: one horizontal bar per source line (its text beside it), stacked by stall; the legend sits
+    beside the bars.
 
     Parameters
     ----------
@@ -153,7 +154,8 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
 
 
 def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True, ax=None):
-    """Stacked horizontal bars, one per kernel, of its samples by Top-Down category (or stall reason).
+    """Stacked horizontal bars, one per kernel, of its samples by Top-Down category (or stall reason); the legend
+    sits beside the bars.
 
     Returns
     -------

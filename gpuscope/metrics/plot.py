@@ -122,6 +122,9 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
             ax=None):
     """Stacked Top-Down bars, one bar per range (or per group with ``by``), annotated with each bar's time share.
 
+    The x-axis label says what the bars are and what the number above each is (its share of all the SM cycles,
+    or of the time where there is no cycle count), so it stays explained when the caller replaces the title.
+
     Parameters
     ----------
     ds : xarray.Dataset
@@ -367,7 +370,8 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     Raises
     ------
     ValueError
-        No sample dimension, nothing to plot, or every metric is constant or without a finite value.
+        No sample dimension, nothing to plot, every metric is constant or without a finite value, or *band* is
+        not two percentiles.
     gpuscope.errors.MissingMetricsError
         A requested metric is not in ``ds``.
 
@@ -379,6 +383,10 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     from .phases import _sample_dim
 
     plt = _pyplot()
+    if band is not None and not (isinstance(band, (tuple, list)) and len(band) == 2
+                                 and all(isinstance(b, (int, float)) for b in band) and 0 <= band[0] < band[1] <= 100):
+        raise ValueError(f"band must be None or two percentiles (low, high) with 0 <= low < high <= 100, e.g. "
+                         f"(25, 75) or (0, 100) for minimum to maximum; got {band!r}")
     dim = _sample_dim(ds, dim)
     names, columns, skipped = _timeline_metrics(ds, dim, metrics)
     x, xlabel, _, _ = _sample_axis(ds, dim)
@@ -443,7 +451,9 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
 def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
     """The Top-Down tree as an icicle chart: one row per level, each node as wide as its value.
 
-    Ranges are first averaged with :func:`gpuscope.metrics.topdown.aggregate` (``by=None``).
+    Ranges are first averaged with :func:`gpuscope.metrics.topdown.aggregate` (``by=None``). Boxes wide enough
+    carry their name and value; a legend beside the chart lists every node of at least ``NEGLIGIBLE`` of
+    ``IPC_MAX`` with its value (slivers included) and counts the smaller ones.
 
     Parameters
     ----------

@@ -245,6 +245,9 @@ def test_timeline_band_is_no_comb_down_to_zero():
 
     assert low_columns(plot.timeline(series, name)) < 0.02
     assert low_columns(plot.timeline(series, name, band=(0, 100))) > 0.1  # min-max: the comb
+    for bad in ((75, 25), (10,), "iqr", (0, 101)):
+        with pytest.raises(ValueError, match=r"band must be None or two percentiles .* got"):
+            plot.timeline(series, name, band=bad)
 
 
 def test_timeline_of_launches_draws_a_line_per_kernel_and_says_what_it_leaves_out(launches):
