@@ -497,8 +497,8 @@ def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
         cursor[node.parent] = start + width
         cursor[node.name] = start
         bar = ax.barh(-node.level, width, left=start, height=0.9, color=colors[node.name], edgecolor="white")
-        text = f"{100 * width / ipc_max:.0f}%" if fraction else f"{width:.2f}"
         if width > 0.06 * ipc_max:  # narrower boxes cannot hold a readable label: the legend names them
+            text = f"{100 * width / ipc_max:.0f}%" if fraction else f"{width:.2f}"
             label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
             ax.text(start + width / 2, -node.level, f"{label}\n{text}", ha="center", va="center", fontsize="x-small")
         if width >= NEGLIGIBLE * ipc_max:
