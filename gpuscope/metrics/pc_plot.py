@@ -92,9 +92,17 @@ def _colors(labels, by, categories=None):
     return [cmap(i % 20) for i in range(len(labels))]
 
 
+def _legend_beside(ax, by: str) -> None:
+    """The legend to the right of the bars, never over them."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+              title="Top-Down category" if by == "category" else "stall reason", title_fontsize=8)
+    ax.figure.tight_layout()
+
+
 def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "category", top: int = 20, ax=None,
                      min_fraction: float = 0.0):
-    """A source view: one horizontal bar per source line (its text beside it), stacked by stall.
+    """A source view: one horizontal bar per source line (its text beside it), stacked by stall; the legend sits
+    beside the bars.
 
     Parameters
     ----------
@@ -115,6 +123,7 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     matplotlib.axes.Axes
     """
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     data = line_stalls(ds, kernel, by=by)
     dim = data.dims[1]
@@ -125,7 +134,7 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     chosen = np.sort(np.argsort(-totals.values, kind="stable")[:top])
     data = data.isel(source_line=chosen)
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.4 * len(chosen) + 1.5))
+        _, ax = plt.subplots(figsize=(12, 0.4 * len(chosen) + 1.5))
     y = np.arange(len(chosen))[::-1]
     left = np.zeros(len(chosen))
     labels = data[dim].values.tolist()
@@ -136,14 +145,17 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     ticks = [f"{int(n):>4}  {text[:60]}" if n else "(no line info)"
              for n, text in zip(data["line"].values, data["line_text"].values)]
     ax.set_yticks(y, ticks, fontfamily="monospace", fontsize=8)
+    ax.set_xlim(0, max(float(left.max(initial=0.0)), 1.0) * 1.04)  # the longest bar does not end on the frame
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 350k, not 350000 running together
     ax.set_xlabel("PC samples")
     ax.set_title(f"{data.attrs.get('kernel', '')}: stalls per source line")
-    ax.legend(fontsize=8, loc="lower right")
+    _legend_beside(ax, by)
     return ax
 
 
 def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True, ax=None):
-    """Stacked horizontal bars, one per kernel, of its samples by Top-Down category (or stall reason).
+    """Stacked horizontal bars, one per kernel, of its samples by Top-Down category (or stall reason); the legend
+    sits beside the bars.
 
     Returns
     -------
@@ -165,5 +177,5 @@ def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = T
     ax.set_yticks(y, data["kernel"].values.tolist(), fontsize=8)
     ax.set_xlabel("fraction of PC samples" if normalize else "PC samples")
     ax.set_title("Warp states per kernel (PC sampling)")
-    ax.legend(fontsize=8, loc="lower right")
+    _legend_beside(ax, by)
     return ax

@@ -1,33 +1,22 @@
 """Phases of a multivariate time series: change points, recurring phase labels, per-phase summaries.
 
-Method
+Method (docs/phases.md has the reasons and the measurements)
 ------
-0. **Blocks** (:func:`phases`): detection runs on block means of ``resolution`` samples (default ``n // 1000``),
-   so variation faster than a block (launch gaps, synchronisation dips of real PM samples) is noise; change
-   points are then re-placed at the best sample within a block and near-duplicates dropped.
-1. **Standardise** each metric by its noise level: the RMS of ``diff(x)`` without the largest 2%, over ``sqrt(2)``.
-   Differences cancel the piecewise-constant level and trimming drops the few that straddle a change, so this
-   estimates the noise even with many changes; unlike a median, it counts frequent short dips as noise.
-   Metrics with no variation are ignored; NaN samples count as the metric's mean.
-2. **Change points** by binary segmentation with the L2 (change in mean) cost, computed from cumulative sums in
-   O(n * d) per pass, then refined: each change point is re-placed as the best single split between its
-   neighbours, and change points whose split no longer pays the penalty are removed. The default penalty is a
-   chi-square tail bound for ``d`` standardised metrics, ``d + 2 sqrt(2 d log n) + 4 log n``, which keeps the
-   chance of a false change in white noise near ``1/n``.
-   Then change points whose local step (medians of up to 10 blocks either side) is below ``min_change`` of
-   every metric's spread over the run are dropped, weakest first: real PM noise is correlated over many blocks,
-   and a slow drift must stay one phase (see ``docs/phases.md``).
-3. **Labels**: segments are merged greedily by Ward's criterion (the increase in within-phase squared error,
-   ``n_i n_j / (n_i + n_j) * |m_i - m_j|^2``) while that is below the same penalty, or while the two means differ
-   by less than ``label_tolerance`` noise sigmas in every metric. Recurring phases thus share a label.
-   Segments whose means differ by less than ``min_change`` of the spread in every metric also merge, and
-   neighbouring segments with one label are joined. Labels are numbered in order of first appearance.
-4. **Excursions** (``excursion``): a segment at most 1/20 as long as a neighbouring phase joins that phase when
-   it deviates from it, in every metric, by at most ``excursion`` times the phase's own largest deviation over as
-   many blocks (a few-ms slow-down of a streaming phase); see :func:`_absorb_excursions`.
+0. **Input** (:func:`phases`): samples with NaN or inf in a metric are left out of detection (counted in
+   ``phases_excluded_samples``), metrics without a finite value are left out, flat metrics (range below 0.1%
+   of a full scale: ``ipc_max``) are ignored, and fewer than 20 samples (or blocks) are one phase.
+1. **Blocks**: detection runs on block means of ``resolution`` samples (default ``n // 1000``), so variation
+   faster than a block is noise; change points are re-placed at the best sample within a block afterwards.
+2. **Standardise** each metric by its noise level: the RMS of ``diff(x)`` without the largest 2%, over ``sqrt(2)``.
+3. **Change points** by binary segmentation with the L2 (change in mean) cost from cumulative sums, O(n * d) per
+   pass, refined between neighbours; penalty ``d + 2 sqrt(2 d log n) + 4 log n`` (false change in white noise
+   about ``1/n``). Change points whose local step is below ``min_change`` of every metric's spread are dropped.
+4. **Labels**: greedy Ward merging of segment means below the same penalty, or within ``label_tolerance`` noise
+   sigmas (or ``min_change`` of the spread) in every metric; labels numbered by first appearance.
+5. **Excursions** (``excursion``): a short segment joins a neighbouring phase when it deviates from it by at most
+   ``excursion`` times the phase's own largest deviation over as long; see :func:`_absorb_excursions`.
 
-Self-contained numpy: no ``ruptures`` dependency (its PELT/binseg are Python loops over samples; this is
-vectorised and meets 1e6 samples x 8 metrics in well under a second, see ``docs/phases.md``).
+Self-contained numpy: no ``ruptures`` dependency (1e6 samples x 8 metrics in well under a second).
 
 Schema of :func:`phases`'s result: the input Dataset plus
 
@@ -45,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import warnings
+from statistics import NormalDist
 
 import numpy as np
 import xarray as xr
@@ -67,6 +57,11 @@ _EXCURSION_WINDOWS = 20
 # Smallest spread, in noise sigmas, that min_change measures against: a metric that moves by only a few sigma
 # over the whole run (a PCIe counter that only sees the sampler's own traffic) must not make phases of noise.
 _SPREAD_FLOOR = 4.0
+# Fewest samples (or blocks) to detect in: the noise level is estimated from the series' own differences, and
+# with fewer of them short white-noise series of a few dozen metrics split too often (docs/phases.md).
+_MIN_POINTS = 20
+# A metric whose whole range is below this fraction of its full scale is flat: no change in it makes a phase.
+_FLAT = 1e-3
 
 
 def default_penalty(n: int, d: int) -> float:
@@ -88,7 +83,7 @@ def default_penalty(n: int, d: int) -> float:
 
 
 def standardize(x: np.ndarray) -> np.ndarray:
-    """Center each column and divide it by its noise sigma (MAD of first differences); drop constant columns.
+    """Center each column and divide it by its noise sigma (:func:`_trimmed_scale`); drop constant columns.
 
     Parameters
     ----------
@@ -125,10 +120,8 @@ def standardize(x: np.ndarray) -> np.ndarray:
     return zt.T
 
 
-# Fraction of the largest |differences| left out of the noise estimate (they straddle level changes), and the
-# factor that makes the trimmed RMS of Gaussian noise unbiased (E[d^2 | |d| < z_0.99 sigma] = 0.873 sigma^2).
+# Fraction of the largest |differences| left out of the noise estimate (they straddle level changes).
 _TRIM = 0.02
-_TRIM_BIAS = np.sqrt(0.8733)
 
 
 def _trimmed_scale(diffs: np.ndarray) -> np.ndarray:
@@ -136,16 +129,24 @@ def _trimmed_scale(diffs: np.ndarray) -> np.ndarray:
 
     Not the median absolute deviation: real PM samples have frequent short dips (synchronisation gaps between
     launches) that a median ignores but that are noise at the scale of phases. Only the rare differences that
-    straddle a level change are left out.
+    straddle a level change are left out: ``floor(2% of k)`` of ``k``, none below 50, so that a short series does
+    not lose its largest difference and look quieter than it is. The RMS is divided by its expectation for
+    Gaussian noise trimmed so (``E[d^2 | |d| < c] = 1 - 2 c phi(c) / (1 - f)`` for a fraction ``f`` cut at ``c``).
     """
-    if diffs.shape[1] == 0:
+    k = diffs.shape[1]
+    if k == 0:
         return np.zeros(diffs.shape[0])
     centred = diffs - np.median(diffs, axis=1, keepdims=True)
+    drop = int(_TRIM * k)
+    if not drop:
+        return np.sqrt((centred**2).mean(axis=1))
     mag = np.abs(centred)
-    cut = np.quantile(mag, 1.0 - _TRIM, axis=1, keepdims=True)
-    kept = np.where(mag <= cut, centred, 0.0)
-    count = np.maximum((mag <= cut).sum(axis=1), 1)
-    return np.sqrt((kept**2).sum(axis=1) / count) / _TRIM_BIAS
+    keep = mag <= np.partition(mag, k - drop - 1, axis=1)[:, k - drop - 1 : k - drop]
+    kept = np.where(keep, centred, 0.0)
+    f = drop / k
+    c = NormalDist().inv_cdf(1.0 - f / 2.0)
+    bias = 1.0 - 2.0 * c * NormalDist().pdf(c) / (1.0 - f)
+    return np.sqrt((kept**2).sum(axis=1) / np.maximum(keep.sum(axis=1), 1) / bias)
 
 
 class _Splitter:
@@ -600,6 +601,77 @@ def _means(num: np.ndarray, den: np.ndarray, group: np.ndarray | None = None, k:
         return num / den
 
 
+def _finite_samples(ds: xr.Dataset, dim: str, names: list[str]):
+    """(usable metrics, their values (metrics x samples), the samples finite in all of them, metrics without a
+    finite value). Warns with the count of samples left out; refuses data with nothing finite."""
+    xt = np.stack([np.asarray(ds[name], dtype=float) for name in names])
+    finite = np.isfinite(xt)
+    unusable = [name for name, f in zip(names, finite, strict=True) if not f.any()]
+    if len(unusable) == len(names):
+        raise ValueError(f"every metric to detect phases in is NaN or inf at every sample along {dim!r} "
+                         f"({', '.join(names)}): there is nothing to find phases in. Look at how the data was "
+                         "collected (ds.attrs: lost or discarded samples), or pass metrics= that have values.")
+    usable = [k for k, name in enumerate(names) if name not in unusable]
+    kept = np.flatnonzero(finite[usable].all(axis=0))
+    if not len(kept):
+        raise ValueError(f"no sample along {dim!r} has a finite value in every one of "
+                         f"{', '.join(names[k] for k in usable)}: pass metrics= with fewer of them.")
+    left_out = xt.shape[1] - len(kept)
+    if unusable or left_out:
+        bad = {names[k]: int((~finite[k]).sum()) for k in usable if not finite[k].all()}
+        warnings.warn(
+            (f"metrics without a finite value, left out: {', '.join(unusable)}. " if unusable else "")
+            + (f"{left_out} of {xt.shape[1]} samples have NaN or inf (per metric: {bad}): left out of the detection "
+               "(each takes the phase of the segment it lies in) and of the means" if left_out else ""),
+            GpuscopeWarning, stacklevel=3)
+    return [names[k] for k in usable], xt[usable], kept, unusable
+
+
+def _flat(da: xr.DataArray, values: np.ndarray) -> bool:
+    """A metric with a full scale (``ipc_max`` of a Top-Down node) whose range is below ``_FLAT`` of it. Other
+    metrics have no such yardstick (on the H100 a tensor pipe at 0.002% of peak tells an SGEMM from an FMA loop)."""
+    scale = da.attrs.get("ipc_max")
+    return bool(scale) and (not len(values) or bool(np.ptp(values) <= _FLAT * float(scale)))
+
+
+def _detect(xt, block, penalty, min_size, max_change_points, label_tolerance, min_change, excursion):
+    """Change points (sample indices), segment labels and the penalty used, for metrics x samples ``xt`` (finite,
+    none flat). Steps 0-4 of the module docstring."""
+    n = xt.shape[1]
+    # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
+    # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
+    nb = n // block
+    xb = xt[:, : nb * block].reshape(len(xt), nb, block).mean(axis=2) if block > 1 else xt
+    z = standardize(xb.T)
+    pen = default_penalty(nb, max(z.shape[1], 1)) if penalty is None else float(penalty)
+    if z.shape[1] == 0:  # metrics that vary only within blocks
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), pen
+    block_min = None if min_size is None else max(1, -(-int(min_size) // block))
+    cps_b = change_points(z, penalty=pen, min_size=block_min, max_change_points=max_change_points, standardized=True)
+    spread = _spread(z, cps_b)
+    if min_change > 0 and len(cps_b):
+        cps_b = _prune_small_changes(z, cps_b, spread, min_change, _STEP_WINDOW)
+    cps = cps_b * block
+    if block > 1 and len(cps):
+        reach = block_min if block_min is not None else max(2, nb // 1000)  # change_points' minimum segment
+        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block, reach)
+    # Labels from the block means of the final segments (change points at least a block apart map to
+    # distinct blocks).
+    bounds_b = np.concatenate([[0], np.clip(np.rint(cps / block), 1, nb - 1), [nb]]).astype(np.int64)
+    steps = np.arange(bounds_b.size)
+    bounds_b = np.maximum.accumulate(bounds_b - steps) + steps  # strictly increasing, even at the edges
+    sizes_b = np.diff(bounds_b)
+    zmeans = np.add.reduceat(z.T, bounds_b[:-1], axis=1).T / sizes_b[:, None]
+    labels = label_segments(zmeans, sizes_b, pen, label_tolerance, spread=spread, min_change=min_change)
+    if excursion > 0:
+        labels = _absorb_excursions(z, bounds_b, labels, excursion)
+        _, first_seen, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        labels = np.argsort(np.argsort(first_seen))[inverse]  # numbered by first appearance again
+    # A boundary between two segments of the same phase is no phase change: join them.
+    new_phase = labels[1:] != labels[:-1]
+    return cps[new_phase], labels[np.concatenate([[True], new_phase])], pen
+
+
 def phases(
     ds: xr.Dataset,
     metrics=None,
@@ -637,7 +709,7 @@ def phases(
         Smallest change that makes a new phase, as a fraction of a metric's spread over the run (its 1st to
         99th percentile of block means): a change point stays only where some metric steps by at least this
         much (medians of up to 10 blocks either side), and segments whose means differ by less than this in
-        every metric share a label. Default 0.1; 0 keeps every statistically significant change.
+        every metric share a label. Default 0.3; 0 keeps every statistically significant change.
     excursion : float
         A segment at most 1/20 as long as a neighbouring phase joins that phase when, in every metric, its mean
         deviates from the phase's mean by at most ``excursion`` times the largest deviation the phase shows by
@@ -654,18 +726,25 @@ def phases(
     Returns
     -------
     xarray.Dataset
-        ``ds`` plus the phase variables described in the module docstring.
+        ``ds`` plus the phase variables described in the module docstring; attrs ``phases_excluded_samples``
+        (samples left out of detection for NaN or inf) and ``phases_unusable_metrics`` (no finite value).
 
     Raises
     ------
     TypeError
         ``ds`` is not a Dataset, or a parameter has the wrong type.
     ValueError
-        No sample dimension, no samples, no usable metric, ``metrics=[]``, ``resolution`` above the number of
-        samples, ``penalty``, ``label_tolerance``, ``min_change`` or ``excursion`` negative or NaN, ``topdown``
-        not "auto"/True/False.
+        No sample dimension, no samples, no usable metric, every metric NaN or inf throughout (or no sample finite
+        in all of them), ``metrics=[]``, ``resolution`` above the number of samples, ``penalty``,
+        ``label_tolerance``, ``min_change`` or ``excursion`` negative or NaN, ``topdown`` not "auto"/True/False.
     gpuscope.errors.MissingMetricsError
         A requested metric is not in ``ds``; with ``topdown=True``, the Top-Down metrics are missing.
+
+    Warns
+    -----
+    gpuscope.errors.GpuscopeWarning
+        Samples or metrics left out for NaN or inf (with counts); fewer than 20 samples or blocks, or every
+        metric flat: one phase.
     """
     ds = _validate.dataset(ds, "ds")
     _check_detection(penalty, min_size, max_change_points)
@@ -679,44 +758,30 @@ def phases(
     n = ds.sizes[dim]
     if n == 0:
         raise ValueError(f"ds has no samples along {dim!r}: there is nothing to find phases in.")
-    block = max(1, n // 1000) if resolution is None else _validate.positive_int(resolution, "resolution", maximum=n)
-    names = _metric_names(ds, dim, metrics)
-    xt = np.stack([np.asarray(ds[n], dtype=float) for n in names])  # metrics x samples
+    block = None if resolution is None else _validate.positive_int(resolution, "resolution", maximum=n)
     min_change = _validate.real(min_change, "min_change", minimum=0.0)
     excursion = _validate.real(excursion, "excursion", minimum=0.0)
-    # Detect on block means: what varies faster than a block (launch gaps, synchronisation dips) is noise at
-    # the scale of phases, and the block means are closer to independent than autocorrelated raw samples.
-    nb = max(n // block, 1)
-    xb = xt[:, : nb * block].reshape(len(names), nb, block).mean(axis=2) if block > 1 else xt
-    z = standardize(xb.T)
-    if z.shape[1] == 0:
-        warnings.warn("every metric is constant: one phase", GpuscopeWarning, stacklevel=2)
-    pen = default_penalty(nb, max(z.shape[1], 1)) if penalty is None else float(penalty)
-    block_min = None if min_size is None else max(1, -(-int(min_size) // block))
-    cps_b = change_points(z, penalty=pen, min_size=block_min, max_change_points=max_change_points, standardized=True)
-    spread = _spread(z, cps_b) if z.shape[1] else None
-    if min_change > 0 and len(cps_b):
-        cps_b = _prune_small_changes(z, cps_b, spread, min_change, _STEP_WINDOW)
-
-    cps = cps_b * block
-    if block > 1 and len(cps):
-        reach = block_min if block_min is not None else max(2, nb // 1000)  # change_points' minimum segment
-        cps = _place_within_blocks(np.ascontiguousarray(standardize(xt.T).T), cps, block, reach)
-    # Labels from the block means of the final segments (change points at least a block apart map to
-    # distinct blocks).
-    bounds_b = np.concatenate([[0], np.clip(np.rint(cps / block), 1, nb - 1), [nb]]).astype(np.int64)
-    steps = np.arange(bounds_b.size)
-    bounds_b = np.maximum.accumulate(bounds_b - steps) + steps  # strictly increasing, even at the edges
-    sizes_b = np.diff(bounds_b)
-    zmeans = np.add.reduceat(z.T, bounds_b[:-1], axis=1).T / sizes_b[:, None]
-    labels = label_segments(zmeans, sizes_b, pen, label_tolerance, spread=spread, min_change=min_change)
-    if excursion > 0 and z.shape[1]:
-        labels = _absorb_excursions(z, bounds_b, labels, excursion)
-        _, first_seen, inverse = np.unique(labels, return_index=True, return_inverse=True)
-        labels = np.argsort(np.argsort(first_seen))[inverse]  # numbered by first appearance again
-    # A boundary between two segments of the same phase is no phase change: join them.
-    new_phase = labels[1:] != labels[:-1]
-    cps, labels = cps[new_phase], labels[np.concatenate([[True], new_phase])]
+    names = _metric_names(ds, dim, metrics)
+    names, xt, kept, unusable = _finite_samples(ds, dim, names)
+    m = len(kept)
+    block = max(1, m // 1000) if block is None else block
+    nb = m // block
+    detect = [k for k, name in enumerate(names) if not _flat(ds[name], xt[k, kept])]
+    if nb < _MIN_POINTS:
+        why = f"{m} samples" if block == 1 else f"{nb} blocks of {block} samples"
+        warnings.warn(f"{why} along {dim!r} are too few to tell a change from noise (phases needs at least "
+                      f"{_MIN_POINTS}, since the noise level is estimated from the series itself): one phase",
+                      GpuscopeWarning, stacklevel=2)
+        detect = []
+    elif not detect:
+        warnings.warn(f"every metric is constant or varies by less than {_FLAT:.1%} of its full scale: one "
+                      "phase", GpuscopeWarning, stacklevel=2)
+    cps, labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    pen = default_penalty(max(nb, 2), max(len(detect), 1)) if penalty is None else float(penalty)
+    if detect:
+        cps, labels, pen = _detect(xt[np.ix_(detect, kept)], block, penalty, min_size, max_change_points,
+                                   label_tolerance, min_change, excursion)
+        cps = kept[cps]  # a left-out sample belongs to the segment it lies in
     bounds = np.concatenate([[0], cps, [n]]).astype(np.int64)
     first, stop = bounds[:-1], bounds[1:]
     sizes = stop - first
@@ -752,5 +817,6 @@ def phases(
             out = out.assign(phase_topdown=td)
     out.attrs = {**ds.attrs, "phases_dim": dim, "phases_penalty": pen, "phases_change_points": len(cps),
                  "phases_resolution": block, "phases_min_change": float(min_change),
-                 "phases_excursion": float(excursion)}
+                 "phases_excursion": float(excursion), "phases_excluded_samples": n - len(kept),
+                 "phases_unusable_metrics": unusable}
     return out

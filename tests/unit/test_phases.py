@@ -1,10 +1,12 @@
 """Phase detection (gpuscope.metrics.phases) on synthetic piecewise-constant series."""
 
+import warnings
+
 import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope.errors import MissingMetricsError
+from gpuscope.errors import GpuscopeWarning, MissingMetricsError
 from gpuscope.metrics import phases as ph
 from gpuscope.metrics import topdown as td
 
@@ -99,7 +101,8 @@ def test_constant_and_nan_samples():
     values = ds[NAMES[0]].values.copy()
     values[[10, 700]] = np.nan
     ds[NAMES[0]] = ("time", values)
-    out = ph.phases(ds)
+    with pytest.warns(GpuscopeWarning, match="2 of 1000 samples"):
+        out = ph.phases(ds)
     np.testing.assert_array_equal(out.segment_first, [0, 500])
     assert np.isfinite(out.phase_mean).all()
 
@@ -127,3 +130,76 @@ def test_errors():
         ph.phases(time_series(), dim="launch")
     with pytest.raises(ValueError, match="min_size"):
         ph.change_points(np.zeros((10, 1)), min_size=0)
+
+
+def test_noise_scale_of_short_series_is_unbiased():
+    """A short series must not lose its largest difference from the noise estimate (it then looks quieter than
+    it is, and noise becomes phases): 2% of the differences are trimmed, none of fewer than 50."""
+    rng = np.random.default_rng(5)
+    for k in (19, 30, 50, 200):  # 19: the differences of the shortest series phases detects in
+        scale = ph._trimmed_scale(rng.normal(size=(20_000, k)))
+        assert np.mean(scale**2) == pytest.approx(1.0, abs=0.04), k
+
+
+def test_short_white_noise_of_many_metrics_keeps_the_penalty_level():
+    """The penalty is set for a false change in white noise with probability about 1/n: 20 samples of 27
+    metrics (the Top-Down nodes of 20 launches) must not split more often than that."""
+    rng = np.random.default_rng(0)
+    split = sum(ph.phases(xr.Dataset({f"m{i}": ("range", x) for i, x in enumerate(rng.normal(size=(27, 20)))}),
+                          topdown=False).sizes["phase_id"] > 1 for _ in range(300))
+    assert split <= 300 / 20
+
+
+def test_near_constant_top_down_nodes_make_no_phases():
+    """Steps far above the noise but below 0.1% of IPC_MAX are no phases (retire 2.9915 -> 2.9916, a node at
+    0.0001 IPC of 4); a metric without a full scale keeps the statistics' verdict (phases are offset-free)."""
+    rng = np.random.default_rng(2)
+    step = np.repeat([0.0, 1.0], 50)
+    ipc = {"ipc_max": 4.0}
+    ds = xr.Dataset({"retire": ("range", 2.9915 + 5e-5 * step + 1e-7 * rng.normal(size=100), ipc),
+                     "frontend_decode_misc": ("range", 1e-4 + 2e-4 * step + 1e-7 * rng.normal(size=100), ipc)})
+    with pytest.warns(GpuscopeWarning, match=r"0.1% of its full scale: one phase"):
+        out = ph.phases(ds, topdown=False)
+    assert out.sizes["phase_id"] == 1 and list(out.metric.values) == ["retire", "frontend_decode_misc"]
+    assert ph.phases(ds.assign(retire=ds.retire + 0.1 * step), topdown=False).sizes["phase_id"] == 2
+    assert ph.phases(ds.drop_attrs(), topdown=False).sizes["phase_id"] == 2
+
+
+def test_too_short_a_series_is_one_phase_and_says_so():
+    ds = time_series("AB", length=9)  # 18 samples: an obvious change, but too few to estimate the noise
+    with pytest.warns(GpuscopeWarning, match=r"18 samples along 'time' are too few .* at least 20"):
+        out = ph.phases(ds)
+    assert out.sizes["phase_id"] == 1 and out.attrs["phases_change_points"] == 0
+    assert ph.phases(time_series("AB", length=10)).sizes["phase_id"] == 2
+    with pytest.warns(GpuscopeWarning, match=r"4 blocks of 250 samples"):
+        ph.phases(time_series("AB", length=500), resolution=250)
+
+
+def test_non_finite_samples_are_left_out_counted_and_said():
+    ds = time_series("AB", length=500)
+    values = ds[NAMES[1]].values.copy()
+    bad = np.random.default_rng(4).choice(1000, 200, replace=False)  # 20% inf and NaN
+    values[bad[:150]], values[bad[150:]] = np.inf, np.nan
+    ds[NAMES[1]] = ("time", values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no numpy warning on the way
+        with pytest.warns(GpuscopeWarning, match=rf"200 of 1000 samples have NaN or inf .*'{NAMES[1]}': 200"):
+            out = ph.phases(ds)
+    assert out.attrs["phases_excluded_samples"] == 200 and out.attrs["phases_unusable_metrics"] == []
+    assert abs(int(out.segment_first[1]) - 500) <= 2 and out.sizes["phase_id"] == 2
+    assert np.isfinite(out.phase_mean).all() and np.isfinite(out.segment_mean).all()
+    assert float(out.phase_mean.sel(phase_id=0, metric=NAMES[1])) == pytest.approx(50.0, abs=1.0)
+
+
+def test_metrics_without_a_finite_value():
+    ds = time_series("AB", length=500)
+    ds["lost"] = ("time", np.full(1000, np.nan))
+    with pytest.warns(GpuscopeWarning, match="metrics without a finite value, left out: lost"):
+        out = ph.phases(ds)
+    assert "lost" not in out.metric.values and out.attrs["phases_unusable_metrics"] == ["lost"]
+    with pytest.raises(ValueError, match="NaN or inf at every sample along 'time' .*pass metrics="):
+        ph.phases(ds, metrics=["lost"])
+    half = ds.assign(a=("time", np.r_[np.full(500, np.nan), np.ones(500)]),
+                     b=("time", np.r_[np.ones(500), np.full(500, np.inf)]))
+    with pytest.raises(ValueError, match="no sample along 'time' has a finite value in every one of a, b"):
+        ph.phases(half, metrics=["a", "b"])

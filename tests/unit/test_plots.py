@@ -104,7 +104,7 @@ def test_timeline_without_phases_and_selected_metric():
     fig = plot.timeline(time_series(), NAMES[0])
     band, row = fig.axes
     assert len(row.patches) == 0 and len(row.lines) == 1
-    assert row.get_legend().get_texts()[0].get_text() == NAMES[0]  # the full name; the label is short
+    assert row.get_title(loc="left") == NAMES[0]  # the full name above the panel; the label is short
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_timeline_on_real_series():
     fig = out.gpuscope.plot.timeline()
     band, *rows = fig.axes
     tensor = "sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed"
-    full = [r.get_legend().get_texts()[0].get_text() for r in rows]
+    full = [r.get_title(loc="left") for r in rows]
     assert tensor not in full and len(rows) == 7  # the tensor pipe is idle throughout: no panel
     assert any(tensor in t.get_text() for t in fig.texts)
     for r in rows:  # no constant panel; labels short, with a unit
@@ -204,3 +204,129 @@ def test_timeline_on_real_series():
     stream_phase = int(np.bincount(phase[out["range"].values == "stream"]).argmax())
     first = rows[0].patches[int(np.flatnonzero(out["segment_phase"].values == stream_phase)[0])]
     assert matplotlib.colors.to_rgb(first.get_facecolor()) == pytest.approx(range_rgb[0])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a reader needs of each figure the demo, the docs and the tutorials make (issue 25), on the recordings
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def test_timeline_names_metrics_above_the_traces_and_explains_line_and_band():
+    out = gs.phases(gs.open_dataset(DATA / "demo_timeseries.nc"), label_tolerance=2)
+    fig = out.gpuscope.plot.timeline()
+    renderer = _drawn(fig)
+    band, *rows = fig.axes
+    assert all(r.get_title(loc="left") in out.metric.values for r in rows)  # the full name above each panel
+    assert all(r.get_legend() is None for r in rows[:-1])  # nothing drawn over the traces near 100%
+    legend = rows[-1].get_legend()
+    assert legend.get_window_extent(renderer).y1 <= rows[-1].get_window_extent(renderer).y0  # below the panels
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts[:2] == ["mean per pixel column", "25-75th percentile of its samples"]
+    assert texts[2:] == [f"phase {p}" for p in out.phase_id.values]
+
+
+def test_timeline_band_is_no_comb_down_to_zero():
+    """In the demo's fma range the GPU is ~100% busy but dips for one or two samples every 6 ms: per pixel
+    column the minimum is then ~0 in a third of the columns, a dense comb; the interquartile band stays up."""
+    series = gs.open_dataset(DATA / "demo_timeseries.nc")
+    name = "gr__cycles_active.avg.pct_of_peak_sustained_elapsed"
+    t = (series.time.values - series.time.values[0]) / 1e6
+    fma = t[series["range"].values == "fma"]
+
+    def low_columns(fig):
+        (band,) = fig.axes[1].collections
+        v = np.concatenate([path.vertices for path in band.get_paths()])
+        inside = (v[:, 0] > fma[0] + 1) & (v[:, 0] < fma[-1] - 1) & (v[:, 1] < 50)
+        return inside.sum() / ((v[:, 0] > fma[0]) & (v[:, 0] < fma[-1])).sum()
+
+    assert low_columns(plot.timeline(series, name)) < 0.02
+    assert low_columns(plot.timeline(series, name, band=(0, 100))) > 0.1  # min-max: the comb
+    for bad in ((75, 25), (10,), "iqr", (0, 101)):
+        with pytest.raises(ValueError, match=r"band must be None or two percentiles .* got"):
+            plot.timeline(series, name, band=bad)
+
+
+def test_timeline_of_launches_draws_a_line_per_kernel_and_says_what_it_leaves_out(launches):
+    with pytest.warns(gs.GpuscopeWarning, match=r"timeline draws 8 of the 18 metrics that vary; not drawn: .*"
+                                                r"Pass metrics="):
+        fig = plot.timeline(launches)
+    rows = fig.axes
+    assert len(rows) == 8
+    for r in rows:
+        assert len(r.lines) == 3  # stream, fma, divergent: no zig-zag across interleaved kernels
+        xs = [line.get_xdata().tolist() for line in r.lines]
+        assert xs == [[0, 3, 6, 9, 12], [1, 4, 7, 10, 13], [2, 5, 8, 11, 14]]
+    legend = rows[-1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["stream", "fma", "divergent"]
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "not drawn (at most 8 panels; pass metrics= to choose)" in caption and "gpu__time_duration.sum" in caption
+    assert "constant, not drawn" in caption
+    chosen = plot.timeline(launches, ["gpu__time_duration.sum", "sm__cycles_elapsed.max"])  # asked for: no warning
+    assert [r.get_title(loc="left") for r in chosen.axes] == ["gpu__time_duration.sum", "sm__cycles_elapsed.max"]
+
+
+def test_timeline_ticks_and_units_of_rates_are_readable():
+    series = gs.open_dataset(DATA / "demo_timeseries.nc")  # recorded with units byte/second/second
+    fig = plot.timeline(series, ["pcie__read_bytes.sum.per_second"])
+    _drawn(fig)
+    row = fig.axes[1]
+    assert row.get_ylabel() == "pcie read bytes (byte/s)"
+    assert row.yaxis.get_offset_text().get_text() == ""  # no "1e8" above the axis
+    assert any(t.get_text().endswith("M") for t in row.get_yticklabels())
+
+
+def test_timeline_leaves_out_non_finite_samples_and_says_which_metric_has_none():
+    series = gs.open_dataset(DATA / "demo_timeseries.nc")
+    name = "dram__read_throughput.avg.pct_of_peak_sustained_elapsed"
+    bad = series.assign({name: series[name].where(np.arange(series.sizes["time"]) % 5 != 0, np.inf),
+                         "lost": ("time", np.full(series.sizes["time"], np.nan))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fig = plot.timeline(bad, [name, "lost"])
+    assert np.isfinite(fig.axes[1].lines[0].get_ydata()).all()
+    assert "no finite value, not drawn: lost" in fig.texts[0].get_text()
+
+
+def test_topdown_bars_explain_their_labels_and_axis(nodes):
+    """The demo's topdown.png: "47%" above a bar is its share of the SM cycles; the x axis says what the bars are,
+    also when the caller replaces the title."""
+    ax = gs.aggregate(nodes, by="kernel").gpuscope.plot.topdown(level=2)
+    ax.set_title("Top-Down level 2 per kernel (RECORDED, GH100)")  # as gpuscope demo does
+    assert [t.get_text() for t in ax.texts] == ["47%", "47%", "6%"]
+    assert ax.get_xlabel().replace("\n", " ") == "kernel; the number above a bar is its share of all the SM cycles"
+    per_launch = nodes.gpuscope.plot.topdown()
+    assert per_launch.get_xlabel().startswith("kernel launch or user range; the number above a bar")
+
+
+def test_hierarchy_names_every_visible_node_in_a_legend(nodes):
+    agg = gs.aggregate(nodes, by="kernel")
+    ax = agg.gpuscope.plot.hierarchy()
+    whole = gs.aggregate(agg, by=None, weight="weight", dim="kernel")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    listed = [n for n in td.NODES if n.name in whole and float(whole[n.name]) >= plot.NEGLIGIBLE * 4]
+    assert [lab.split()[0] for lab in labels[:-1]] == [n.name for n in listed]
+    assert "frontend_fetch  0.6%" in labels  # a sliver too narrow for a label inside its box
+    boxed = {t.get_text().split("\n")[0] for t in ax.texts}
+    assert "fetch" not in boxed and "retire" in boxed
+    small = sum(1 for n in td.NODES if n.name in whole and float(whole[n.name]) < plot.NEGLIGIBLE * 4)
+    assert labels[-1] == f"({small} nodes < 0.5% each not listed)"
+
+
+def test_pc_stall_legends_sit_beside_the_bars():
+    from gpuscope.metrics import pc_plot
+
+    from .test_trace import _pc_recording
+
+    pc = _pc_recording()
+    axes = [pc_plot.plot_line_stalls(pc, k) for k in pc.kernel.values.tolist()] + [pc_plot.plot_kernel_stalls(pc)]
+    for ax in axes:
+        renderer = _drawn(ax.figure)
+        assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+        assert ax.get_legend().get_title().get_text() == "Top-Down category"
+        assert ax.get_xlim()[1] > max(p.get_x() + p.get_width() for p in ax.patches)  # the longest bar ends inside
+    stream = next(ax for ax in axes if ax.get_title().split(":")[0].endswith("stream"))
+    assert "100k" in [t.get_text() for t in stream.get_xticklabels()]  # not 350000 running into its neighbours

@@ -95,6 +95,10 @@ def test_run_trace_from_demo_recordings(tmp_path, launches, series, phased):
     assert fma["topdown.retire"] == pytest.approx(2.99, abs=0.01)  # as docs/topdown.md reports for fma
     assert sum(fma[k] for k in TOPDOWN_L1) == pytest.approx(4.0, abs=0.05)  # level 1 sums to IPC_MAX (4 on CC 9.0)
     assert fma["gpu__time_duration.sum"] == launches["gpu__time_duration.sum"].values[1]
+    # a launch slice lasts the kernel's GPU time, not the 37.6 ms of its kernel-replay passes
+    stream = kernels[0]
+    assert stream["dur"] == pytest.approx(79.68) and stream["args"]["duration_from"].startswith("gpu__time_duration")
+    assert stream["args"]["profiled_span_us"] == pytest.approx(37632.967)
     assert (fma["grid_x"], fma["block_x"]) == (int(launches.grid_x[1]), int(launches.block_x[1]))
 
     counters = _by(trace, "C")
@@ -157,7 +161,14 @@ def test_kernel_mode_fixture_without_topdown():
     assert [e["args"]["sm__ctas_launched.sum"] for e in kernels] == [65536.0, 4096.0, 4096.0]
     assert not any(k.startswith("topdown.") for k in kernels[0]["args"])  # the set has no Top-Down metrics
     assert kernels[2]["ts"] == pytest.approx((ds.start_ns[2] - ds.start_ns[0]).item() / 1e3)
-    assert kernels[0]["dur"] == pytest.approx((ds.end_ns[0] - ds.start_ns[0]).item() / 1e3)
+    span = (ds.end_ns[0] - ds.start_ns[0]).item() / 1e3  # 67 ms: the launch and its 8 replay passes
+    assert kernels[0]["dur"] == pytest.approx(ds["gpu__time_duration.sum"].values[0] / 1e3)  # 80 us on the GPU
+    assert kernels[0]["args"]["profiled_span_us"] == pytest.approx(span) and span > 500 * kernels[0]["dur"]
+    # without the GPU time metric the slice is the span, and says that it holds the replay passes
+    bare = gs.to_perfetto(None, ds.drop_vars("gpu__time_duration.sum").assign_attrs(
+        metrics=[m for m in ds.attrs["metrics"] if m != "gpu__time_duration.sum"]))
+    first = _by(bare, "X")[0]
+    assert first["dur"] == pytest.approx(span) and "replay passes included" in first["args"]["duration_from"]
 
 
 def test_user_ranges_nest_on_a_ranges_track():
