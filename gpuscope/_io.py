@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import secrets
 
 import numpy as np
 
@@ -435,7 +437,9 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     ds : xarray.Dataset
         Any Dataset; gpuscope's own are the usual case.
     path : str or PathLike
-        File to write (overwritten).
+        File to write. An existing file is replaced only once the new one is complete: the Dataset is written to a
+        temporary file in the same folder, which is then renamed to *path*, so a save that fails (or is
+        interrupted) leaves the file that was there as it was, and no temporary file.
 
     Raises
     ------
@@ -466,7 +470,31 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
             out[owner].attrs = encoded
     if tags:
         out.attrs[ATTR_TYPES] = json.dumps(tags, sort_keys=True)
-    out.to_netcdf(path, engine="h5netcdf")
+    _replace_with(path, lambda tmp: out.to_netcdf(tmp, engine="h5netcdf"))
+
+
+def _replace_with(path, write) -> None:
+    """Call ``write(tmp)`` on a new file beside *path*, then rename it to *path* (``os.replace``, atomic on one
+    file system): a write that fails or is interrupted (Ctrl-C included) leaves the file that was at *path* as it
+    was, and no temporary file. A symlink at *path* keeps pointing at the file, which is replaced."""
+    target = os.path.realpath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+    try:  # O_EXCL: never someone else's file; mode 0o666 less the umask, as a plain open gives (tempfile's is 0o600)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as exc:  # the folder is missing or not writable: say so of the path asked for
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def open_dataset(path: str | os.PathLike):
