@@ -412,6 +412,30 @@ def _encode_attr(value):
                      "bool, None, lists of those, or a dict (saved as JSON)")
 
 
+#: The type tags :func:`_encode_attr` writes.
+_TAGS = ("none", "bool", "json", "list", "bool_list")
+
+
+def _attr_types(ds, path) -> dict:
+    """The ``{owner: {attr: tag}}`` table of a file, taken out of its attrs; a clear error if it is not one."""
+    from .errors import NotGpuscopeDataError
+
+    text = ds.attrs.pop(ATTR_TYPES, "{}")
+    try:
+        tags = json.loads(text)
+    except (TypeError, ValueError):
+        tags = None
+    if not (isinstance(tags, dict) and all(
+            isinstance(attrs, dict) and all(isinstance(tag, str) and tag in _TAGS for tag in attrs.values())
+            for attrs in tags.values())):
+        raise NotGpuscopeDataError(
+            f"{os.fspath(path)}: its {ATTR_TYPES} attribute ({str(text)[:80]!r}) is not what gpuscope writes (a JSON "
+            f"object {{variable or \"\": {{attr: type}}}} with types {', '.join(_TAGS)}): the file was edited or "
+            f"damaged. Save the Dataset again with gpuscope.save_dataset, or delete that attribute to read it as "
+            "plain netCDF.")
+    return tags
+
+
 def _decode_attr(value, tag: str):
     if tag == "none":
         return None
@@ -519,6 +543,9 @@ def open_dataset(path: str | os.PathLike):
     ------
     FileNotFoundError
         No file at *path*.
+    gpuscope.errors.NotGpuscopeDataError
+        The file's ``gpuscope_attr_types`` record is malformed (not the JSON table :func:`save_dataset` writes),
+        or an attr cannot be decoded as it says.
     ValueError
         *path* is None.
     TypeError
@@ -533,12 +560,20 @@ def open_dataset(path: str | os.PathLike):
         raise IsADirectoryError(f"{os.fspath(path)!r} is a folder, not a gpuscope dataset: give a .nc file in it.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
-    tags = json.loads(ds.attrs.pop(ATTR_TYPES, "{}"))
+    tags = _attr_types(ds, path)
     for owner, attrs in [("", ds.attrs)] + [(str(k), ds[k].attrs) for k in ds.variables]:
         for key, value in list(attrs.items()):
             tag = tags.get(owner, {}).get(key)
             if tag:
-                attrs[key] = _decode_attr(value, tag)
+                try:
+                    attrs[key] = _decode_attr(value, tag)
+                except ValueError as exc:
+                    from .errors import NotGpuscopeDataError
+
+                    raise NotGpuscopeDataError(
+                        f"{os.fspath(path)}: attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
+                        f"({exc}): the file was edited or damaged. Save the Dataset again with "
+                        "gpuscope.save_dataset.") from None
             elif isinstance(value, np.ndarray):
                 attrs[key] = value.tolist()
     if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str

@@ -391,6 +391,10 @@ def _run(args) -> int:
     return _run.run_script(opts)
 
 
+#: What a file of each kind cannot lack: a dim (range results, PM samples) or a variable (PC samples).
+_KIND_NEEDS = {"range": "range", "pm_sampling": "time", "pc_sampling": "kernel_samples"}
+
+
 def _open(path: str):
     """A saved gpuscope Dataset, or an error that says what the file is not."""
     from ._io import open_dataset
@@ -398,16 +402,32 @@ def _open(path: str):
 
     try:
         ds = open_dataset(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotGpuscopeDataError):
         raise
     except (OSError, ValueError) as exc:
         raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
                                    "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
     try:
-        _kind(ds)
+        kind = _kind(ds)
     except NotGpuscopeDataError as exc:
         raise NotGpuscopeDataError(f"{path}: {exc}") from None
+    need = _KIND_NEEDS[kind]
+    if need not in ds.dims and need not in ds.data_vars:
+        raise NotGpuscopeDataError(
+            f"{path}: its kind attribute says {kind!r}, but it has no {need!r} "
+            f"{'variable' if kind == 'pc_sampling' else 'dim'} (its dims: {', '.join(map(str, ds.dims)) or 'none'}): "
+            "the file was edited or damaged. Save the Dataset again with gpuscope.save_dataset.")
     return ds
+
+
+def _no_samples(path: str, ds) -> str:
+    """What show says of PM samples without a sample (a run whose samples were all lost writes one)."""
+    from ._report import _device_line
+
+    lost = ds.attrs.get("lost_samples")
+    why = f"{lost} samples were lost during collection (attrs['lost_samples'])" if lost else "none was recorded"
+    return f"gpuscope report: PM sampling, no samples ({_device_line(ds)})\n(no rows)\nnote: {path} holds no " \
+           f"samples: {why}."
 
 
 def _show(args) -> int:
@@ -423,7 +443,8 @@ def _show(args) -> int:
         for part in parts:
             if len(parts) > 1:
                 print(f"device {part.attrs['device_index']}:")
-            print(report(part, **options))
+            empty = part.attrs.get("kind") == "pm_sampling" and part.sizes.get("time") == 0
+            print(_no_samples(path, part) if empty else report(part, **options))
     return EXIT_OK
 
 
