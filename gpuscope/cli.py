@@ -408,16 +408,25 @@ def _open(path: str):
         raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
                                    "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
     try:
-        kind = _kind(ds)
+        _kind(ds)
     except NotGpuscopeDataError as exc:
         raise NotGpuscopeDataError(f"{path}: {exc}") from None
+    if "device" not in ds.dims:  # a file of several devices: each device's part is checked (by _show)
+        _check_dims(path, ds)
+    return ds
+
+
+def _check_dims(path: str, ds) -> None:
+    """Raise unless *ds* has what its kind cannot lack (an edited ``kind`` made the report fail on a missing dim)."""
+    from ._report import _kind
+
+    kind = _kind(ds)
     need = _KIND_NEEDS[kind]
     if need not in ds.dims and need not in ds.data_vars:
         raise NotGpuscopeDataError(
             f"{path}: its kind attribute says {kind!r}, but it has no {need!r} "
             f"{'variable' if kind == 'pc_sampling' else 'dim'} (its dims: {', '.join(map(str, ds.dims)) or 'none'}): "
             "the file was edited or damaged. Save the Dataset again with gpuscope.save_dataset.")
-    return ds
 
 
 def _no_samples(path: str, ds) -> str:
@@ -441,6 +450,7 @@ def _show(args) -> int:
     for path in args.files:
         parts = each_device(_open(path))  # a file of several devices: each device's report
         for part in parts:
+            _check_dims(path, part)
             if len(parts) > 1:
                 print(f"device {part.attrs['device_index']}:")
             empty = part.attrs.get("kind") == "pm_sampling" and part.sizes.get("time") == 0
