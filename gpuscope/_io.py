@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import secrets
 
 import numpy as np
 
@@ -459,6 +461,30 @@ def _decode_strings(ds):
     return ds
 
 
+#: The type tags :func:`_encode_attr` writes.
+_TAGS = ("none", "bool", "json", "list", "bool_list")
+
+
+def _attr_types(ds, path) -> dict:
+    """The ``{owner: {attr: tag}}`` table of a file, taken out of its attrs; a clear error if it is not one."""
+    from .errors import NotGpuscopeDataError
+
+    text = ds.attrs.pop(ATTR_TYPES, "{}")
+    try:
+        tags = json.loads(text)
+    except (TypeError, ValueError):
+        tags = None
+    if not (isinstance(tags, dict) and all(
+            isinstance(attrs, dict) and all(isinstance(tag, str) and tag in _TAGS for tag in attrs.values())
+            for attrs in tags.values())):
+        raise NotGpuscopeDataError(
+            f"{os.fspath(path)}: its {ATTR_TYPES} attribute ({str(text)[:80]!r}) is not what gpuscope writes (a JSON "
+            f"object {{variable or \"\": {{attr: type}}}} with types {', '.join(_TAGS)}): the file was edited or "
+            f"damaged. Save the Dataset again with gpuscope.save_dataset, or delete that attribute to read it as "
+            "plain netCDF.")
+    return tags
+
+
 def _decode_attr(value, tag: str):
     if tag == "none":
         return None
@@ -485,7 +511,9 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     ds : xarray.Dataset
         Any Dataset; gpuscope's own are the usual case.
     path : str or PathLike
-        File to write (overwritten).
+        File to write. An existing file is replaced only once the new one is complete: the Dataset is written to a
+        temporary file in the same folder, which is then renamed to *path*, so a save that fails (or is
+        interrupted) leaves the file that was there as it was, and no temporary file.
 
     Raises
     ------
@@ -516,7 +544,31 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
             out[owner].attrs = encoded
     if tags:
         out.attrs[ATTR_TYPES] = json.dumps(tags, sort_keys=True)
-    out.to_netcdf(path, engine="h5netcdf")
+    _replace_with(path, lambda tmp: out.to_netcdf(tmp, engine="h5netcdf"))
+
+
+def _replace_with(path, write) -> None:
+    """Call ``write(tmp)`` on a new file beside *path*, then rename it to *path* (``os.replace``, atomic on one
+    file system): a write that fails or is interrupted (Ctrl-C included) leaves the file that was at *path* as it
+    was, and no temporary file. A symlink at *path* keeps pointing at the file, which is replaced."""
+    target = os.path.realpath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+    try:  # O_EXCL: never someone else's file; mode 0o666 less the umask, as a plain open gives (tempfile's is 0o600)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as exc:  # the folder is missing or not writable: say so of the path asked for
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def open_dataset(path: str | os.PathLike):
@@ -542,6 +594,9 @@ def open_dataset(path: str | os.PathLike):
     ------
     FileNotFoundError
         No file at *path*.
+    gpuscope.errors.NotGpuscopeDataError
+        The file's ``gpuscope_attr_types`` record is malformed (not the JSON table :func:`save_dataset` writes),
+        or an attr cannot be decoded as it says.
     ValueError
         *path* is None.
     TypeError
@@ -556,12 +611,20 @@ def open_dataset(path: str | os.PathLike):
         raise IsADirectoryError(f"{os.fspath(path)!r} is a folder, not a gpuscope dataset: give a .nc file in it.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
-    tags = json.loads(ds.attrs.pop(ATTR_TYPES, "{}"))
+    tags = _attr_types(ds, path)
     for owner, attrs in [("", ds.attrs)] + [(str(k), ds[k].attrs) for k in ds.variables]:
         for key, value in list(attrs.items()):
             tag = tags.get(owner, {}).get(key)
             if tag:
-                attrs[key] = _decode_attr(value, tag)
+                try:
+                    attrs[key] = _decode_attr(value, tag)
+                except ValueError as exc:
+                    from .errors import NotGpuscopeDataError
+
+                    raise NotGpuscopeDataError(
+                        f"{os.fspath(path)}: attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
+                        f"({exc}): the file was edited or damaged. Save the Dataset again with "
+                        "gpuscope.save_dataset.") from None
             elif isinstance(value, np.ndarray):
                 attrs[key] = value.tolist()
     if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str

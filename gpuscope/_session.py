@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -259,7 +260,7 @@ class Profiler(PerLaunchModes):
         self._launch = 0
         self._recorder = self._rp = self._collector = None
         self._pending = threading.local()  # decorated kernel name of the launch about to happen
-        self._other_threads: set[int] = set()
+        self._other_threads = weakref.WeakSet()  # threads warned about (an ended thread leaves it)
         self._iter_path = None
         self._steps = False
         self._new_group()
@@ -511,11 +512,11 @@ class Profiler(PerLaunchModes):
     # -- the range listener -----------------------------------------------------------------------------
     def _foreign(self) -> bool:
         """A range or launch on another thread than the session's (user mode profiles the session's thread)."""
-        ident = threading.get_ident()
-        if ident == self._thread:
+        if threading.get_ident() == self._thread:
             return False
-        if ident not in self._other_threads:
-            self._other_threads.add(ident)
+        thread = threading.current_thread()  # not its ident: idents of ended threads are handed out again
+        if thread not in self._other_threads:
+            self._other_threads.add(thread)
             if self.mode is Mode.USER:
                 _warn(f"gpuscope.range and decorated launches on thread {threading.current_thread().name!r} are "
                       "not profiled: a user-mode session profiles the thread that opened it. Open the session on "
@@ -587,7 +588,13 @@ class Profiler(PerLaunchModes):
         row = self._open_rows.pop()
         if self.continuous or row.count == 1:
             row.end_ns = timestamp()
-        self._rp.pop_range()
+        try:
+            self._rp.pop_range()
+        except BaseException:
+            self._bad_group = True  # CUPTI's ranges and ours no longer match: the group is dropped, with a warning
+            if not self._stack and not self.continuous:
+                self._end_cycle()  # a top-level range ends its cycle even so, or no later range could start one
+            raise
         if not self._stack and not self.continuous:
             self._end_cycle()
 

@@ -32,6 +32,7 @@ __all__ = [
     "NotSinglePassError",
     "SamplerBusyError",
     "NotGpuscopeDataError",
+    "ImageError",
     "CounterDataImageError",
     "RankDetectionError",
     "RankMergeError",
@@ -221,7 +222,12 @@ class NotGpuscopeDataError(GpuscopeError, ValueError):
     """A file or Dataset that gpuscope did not write (no ``kind`` attribute, none of its dims)."""
 
 
-class CounterDataImageError(GpuscopeError, ValueError):
+class ImageError(GpuscopeError, ValueError):
+    """A CUPTI image (counter availability, config, counter data) that CUPTI cannot read safely: not an image,
+    truncated, corrupted, of another chip or kind. Checked before CUPTI is called: CUPTI itself would crash."""
+
+
+class CounterDataImageError(ImageError):
     """A counter-data image that CUPTI cannot read safely (not an image, truncated, corrupted, of the other kind),
     or a sample/range index it does not hold. Checked before CUPTI is called: CUPTI itself would crash."""
 

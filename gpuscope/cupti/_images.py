@@ -17,6 +17,16 @@ documented, so it cannot be validated field by field. Instead:
 
 Indices are checked against the image's own counts before every evaluation: samples ``< numCompletedSamples``
 (PM sampling), ranges ``< numTotalRanges`` (range profiler).
+
+Counter-availability and config images are FlatBuffers, and CUPTI trusts them as much: it is not even given the
+size of an availability image, and on CUPTI 13.1 an empty, short or random one, or a real one with a few bytes
+changed, crashes ``cuptiProfilerHostInitialize`` or ``ConfigAddMetrics``; an empty config image crashes
+``GetNumOfPasses`` and a truncated one gives 0 passes. Images CUPTI made in this process (the device's
+availability, :func:`~gpuscope.cupti.host.config_image`) are trusted. Any other one is checked
+(:func:`check_flat`): its FlatBuffer root table must lie inside it and name a chip CUPTI knows (the one asked for),
+a config image must carry CUPTI's identifier ``LOPC``; then CUPTI reads it in a child process, as above (an
+availability image: host object, config of one metric, its passes, the metrics per pass; a config image: its
+passes, at least one). The answer is cached by content.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import enum
 import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -33,9 +44,10 @@ import weakref
 
 import numpy as np
 
-from ..errors import CounterDataImageError
+from ..errors import CounterDataImageError, ImageError
 
-__all__ = ["Kind", "ImageInfo", "trust", "is_trusted", "check", "check_indices", "MAGIC", "CHECK_TIMEOUT_S"]
+__all__ = ["Kind", "ImageInfo", "trust", "is_trusted", "check", "check_indices", "check_flat", "MAGIC",
+           "CHECK_TIMEOUT_S"]
 
 #: The first bytes of every counter-data image (CUPTI 12.6-13.1, both kinds).
 MAGIC = b"LOPDATA\x00"
@@ -46,16 +58,19 @@ CHECK_TIMEOUT_S = 60.0
 
 
 class Kind(str, enum.Enum):
-    """Which CUPTI API made an image."""
+    """What an image is: a counter-data image of one of two APIs, a counter-availability or a config image."""
 
     PM_SAMPLING = "pm_sampling"
     RANGE_PROFILER = "range_profiler"
+    AVAILABILITY = "counter_availability"
+    CONFIG = "config"
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageInfo:
     """What CUPTI reports about a checked image: *count* is the samples that can be evaluated (PM sampling:
-    ``numCompletedSamples``) or the ranges held (range profiler: ``numTotalRanges``)."""
+    ``numCompletedSamples``), the ranges held (range profiler: ``numTotalRanges``) or the passes of a config
+    image (of the probe metric's config, for an availability image)."""
 
     kind: Kind
     count: int
@@ -63,7 +78,7 @@ class ImageInfo:
 
 _lock = threading.Lock()
 _trusted: dict[tuple[int, int], Kind] = {}  # (address, size) -> kind, while the array lives
-_checked: dict[tuple, ImageInfo] = {}  # (digest, kind, chip, metrics) -> info
+_checked: dict[tuple, ImageInfo] = {}  # (digest, kind, chip, metrics or profiler type) -> info
 
 
 def _key(image: np.ndarray) -> tuple[int, int]:
@@ -160,13 +175,127 @@ def check_indices(info: ImageInfo, first: int, count: int) -> None:
         )
 
 
+# -- counter-availability and config images (FlatBuffers) ---------------------------------------------------
+
+#: Per kind: what users call it, the root-table field that holds the chip name (measured: config images of CUPTI
+#: 12.6-13.1, availability images of CUPTI 13.0 on the H100) and the call that makes a sound one.
+_FLAT = {
+    Kind.AVAILABILITY: ("counter-availability image", 1,
+                        "gpuscope.cupti.profiler.counter_availability or pm_counter_availability returned it"),
+    Kind.CONFIG: ("config image", 3, "gpuscope.cupti.host.config_image made it"),
+}
+#: The FlatBuffer file identifier of config images (bytes 4 to 7).
+CONFIG_IDENTIFIER = b"LOPC"
+#: The metric an availability image is tried with in the child (every chip of CUPTI 12.6-13.1 has it, for both
+#: profiler types). In the fuzzing of the H100 images, none that passed with it crashed with other metrics.
+PROBE_METRIC = "sm__cycles_elapsed.max"
+
+
+def as_bytes(image, what: str) -> np.ndarray:
+    """*image* (bytes, bytearray, memoryview or a 1-D uint8 numpy array) as a C-contiguous uint8 array."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(image), dtype=np.uint8).copy()
+    if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 1:
+        return np.ascontiguousarray(image)
+    raise ImageError(f"{what} must be bytes or a 1-D numpy uint8 array (an image as CUPTI wrote it); got "
+                     f"{type(image).__name__}{getattr(image, 'shape', '')} of {getattr(image, 'dtype', '?')}.")
+
+
+def _root_chip(data: bytes, kind: Kind, what: str) -> str:
+    """The chip a FlatBuffer image names, once its root table is seen to lie inside it; else raise, saying why."""
+    label, chip_field, source = _FLAT[kind]
+
+    def refuse(why: str):
+        raise ImageError(f"{what} ({len(data)} bytes) is not a CUPTI {label}: {why}. Pass the image exactly as "
+                         f"{source} (e.g. saved with numpy.save).")
+
+    n = len(data)
+    if n < 16:
+        refuse("it is too short to hold one")
+    if kind is Kind.CONFIG and data[4:8] != CONFIG_IDENTIFIER:
+        refuse(f"it does not carry CUPTI's identifier {CONFIG_IDENTIFIER.decode()} at byte 4")
+    (root,) = struct.unpack_from("<I", data, 0)
+    if root % 4 or not 8 <= root <= n - 4:
+        refuse(f"its root table offset ({root}) does not point inside it")
+    vtable = root - struct.unpack_from("<i", data, root)[0]
+    if vtable % 2 or not 4 <= vtable <= n - 4:
+        refuse("its root table's layout record lies outside it")
+    vsize, tsize = struct.unpack_from("<HH", data, vtable)
+    if vsize < 4 or vsize % 2 or vtable + vsize > n or tsize < 4 or root + tsize > n:
+        refuse("its root table does not fit in it")
+    fields = struct.unpack_from(f"<{(vsize - 4) // 2}H", data, vtable + 4)
+    if any(f and not 4 <= f < tsize for f in fields):
+        refuse("a field of its root table lies outside the table")
+    at = fields[chip_field] if chip_field < len(fields) else 0
+    if not at or at + 4 > tsize:
+        refuse("it names no chip")
+    at += root + struct.unpack_from("<I", data, root + at)[0]
+    length = struct.unpack_from("<I", data, at)[0] if at % 4 == 0 and at + 4 <= n else -1
+    name = data[at + 4 : at + 4 + length] if 0 < length <= 64 and at + 4 + length < n else b""
+    if not (name and name.isascii() and name.isalnum() and data[at + 4 + length] == 0):
+        refuse("its chip name is not a string inside it")
+    return name.decode()
+
+
+def check_flat(image, kind: Kind, *, chip: str | None = None, profiler_type=None, what: str) -> np.ndarray:
+    """A counter-availability or config image that CUPTI can read without crashing, as a uint8 array.
+
+    Parameters
+    ----------
+    image : bytes-like or numpy.ndarray
+        The image.
+    kind : Kind
+        ``AVAILABILITY`` or ``CONFIG``.
+    chip : str, optional
+        The chip the image is used for; it must be the one the image names.
+    profiler_type : ProfilerType
+        For an availability image: the host object type it is used with (the child tries it with that type).
+    what : str
+        The argument's name, for messages.
+
+    Raises
+    ------
+    ImageError
+        Not an image, one of another chip, or one CUPTI cannot read (truncated, corrupted).
+    """
+    kind = Kind(kind)
+    label = _FLAT[kind][0]
+    array = as_bytes(image, what)
+    if is_trusted(array, kind):
+        return array
+    named = _root_chip(array.tobytes(), kind, what)
+    if chip is not None and named != chip:
+        raise ImageError(f"{what} is a {label} of {named}, not of {chip}: CUPTI would read it as {named}'s. Pass the "
+                         f"image of a {chip} device.")
+    from . import host
+
+    if named not in host.supported_chips():
+        raise ImageError(f"{what} is a {label} of {named!r}, a chip this CUPTI does not know: it is corrupted, or "
+                         "made by a newer CUPTI.")
+    digest = hashlib.blake2b(memoryview(array), digest_size=20).hexdigest()
+    ptype = None if profiler_type is None else int(profiler_type)
+    key = (digest, kind, named, ptype)
+    with _lock:
+        info = _checked.get(key)
+    if info is None:
+        metrics = [PROBE_METRIC] if kind is Kind.AVAILABILITY else []
+        info = _check_in_child(array, kind, named, metrics, what, ptype)
+        if info.count < 1:
+            raise ImageError(f"{what}: CUPTI finds no pass in this {label} of {array.size} bytes (checked in a child "
+                             "process): it is truncated or corrupted.")
+        with _lock:
+            _checked[key] = info
+    return array
+
+
 _CHILD = r"""
 import ctypes, json, mmap, sys
 sys.path[:] = json.loads(sys.argv[1])
 import numpy as np
-from gpuscope.cupti import pm_sampling, range_profiler, host
+from gpuscope.cupti import _images, pm_sampling, range_profiler, host
 from gpuscope.cupti._types import ProfilerType
-kind, chip, metrics = sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
+task = json.loads(sys.argv[2])
+kind, chip, metrics = task["kind"], task["chip"], task["metrics"]
 data = sys.stdin.buffer.read()
 page = mmap.PAGESIZE
 guard = max(1 << 30, 4 * len(data))  # unreadable address space after the image (costs no memory)
@@ -180,39 +309,55 @@ base = ctypes.addressof(ctypes.c_char.from_buffer(m))
 assert libc.mprotect(base + total - guard, guard, 0) == 0  # PROT_NONE: a read past the image faults
 image = np.frombuffer(m, dtype=np.uint8, count=len(data), offset=start)
 try:
-    ptype = ProfilerType.PM_SAMPLING if kind == "pm_sampling" else ProfilerType.RANGE_PROFILER
-    with host.ProfilerHost(chip or host.supported_chips()[0], ptype) as h:  # CUPTI reads images after this only
-        if kind == "pm_sampling":
-            count = pm_sampling._info(image).completed
-        else:
-            count = range_profiler._num_ranges_raw(image)
-            for i in range(count):
-                host._range_name_raw(image, i)
-        if chip and metrics and count:  # every sample or range: CUPTI reads only the parts it needs
-            ev = h.evaluator(metrics)
-            ev._evaluate_raw(image, 0, count, np.empty((count, len(metrics))))
+    if kind == "counter_availability":  # as gpuscope uses one: a host object, a config, its passes
+        ptype = ProfilerType(task["profiler_type"])
+        _images.trust(image, _images.Kind.AVAILABILITY)  # this child is where it is tried
+        with host.ProfilerHost(chip, ptype, image) as h:
+            h.add_metrics(metrics)
+            count = host.num_passes(h.config_image())
+        host.max_metrics_per_pass(chip, ptype, image)
+    elif kind == "config":
+        _images.trust(image, _images.Kind.CONFIG)
+        count = host.num_passes(image)
+    else:
+        ptype = ProfilerType.PM_SAMPLING if kind == "pm_sampling" else ProfilerType.RANGE_PROFILER
+        with host.ProfilerHost(chip or host.supported_chips()[0], ptype) as h:  # CUPTI reads images after this only
+            if kind == "pm_sampling":
+                count = pm_sampling._info(image).completed
+            else:
+                count = range_profiler._num_ranges_raw(image)
+                for i in range(count):
+                    host._range_name_raw(image, i)
+            if chip and metrics and count:  # every sample or range: CUPTI reads only the parts it needs
+                ev = h.evaluator(metrics)
+                ev._evaluate_raw(image, 0, count, np.empty((count, len(metrics))))
     print(json.dumps({"count": count}))
 except Exception as exc:
     print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
 """
 
+_LABELS = {Kind.PM_SAMPLING: "pm_sampling counter-data image", Kind.RANGE_PROFILER: "range_profiler counter-data image",
+           **{kind: label for kind, (label, _, _) in _FLAT.items()}}
 
-def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str) -> ImageInfo:
+
+def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str, profiler_type=None) -> ImageInfo:
     from .._pm_workers import child_sys_path
 
-    argv = [sys.executable, "-I", "-c", _CHILD, json.dumps(child_sys_path()), kind.value, chip or "",
-            json.dumps(metrics)]
+    label = _LABELS[kind]
+    error = ImageError if kind in _FLAT else CounterDataImageError
+    task = {"kind": kind.value, "chip": chip or "", "metrics": list(metrics), "profiler_type": profiler_type}
+    argv = [sys.executable, "-I", "-c", _CHILD, json.dumps(child_sys_path()), json.dumps(task)]
     try:
         out = subprocess.run(argv, input=image.tobytes(), capture_output=True, timeout=CHECK_TIMEOUT_S,
                              env=dict(os.environ))
     except subprocess.TimeoutExpired:
-        raise CounterDataImageError(
-            f"{what}: CUPTI did not finish reading this {kind.value} counter-data image in {CHECK_TIMEOUT_S:g} s "
+        raise error(
+            f"{what}: CUPTI did not finish reading this {label} in {CHECK_TIMEOUT_S:g} s "
             "(checked in a child process): it is corrupted or of another kind."
         ) from None
     if out.returncode < 0:
-        raise CounterDataImageError(
-            f"{what}: CUPTI crashed reading this {kind.value} counter-data image of {image.size} bytes (signal "
+        raise error(
+            f"{what}: CUPTI crashed reading this {label} of {image.size} bytes (signal "
             f"{-out.returncode} in the child process that checks it): the image is truncated, corrupted or of "
             "another kind. Use the image exactly as CUPTI wrote it."
         )
@@ -221,5 +366,5 @@ def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str) -> 
     except (ValueError, IndexError):
         answer = {"error": f"the check exited with status {out.returncode}: {out.stderr.decode()[-500:].strip()}"}
     if "error" in answer:
-        raise CounterDataImageError(f"{what} cannot be read as a {kind.value} counter-data image: {answer['error']}.")
+        raise error(f"{what} cannot be read as a {label}: {answer['error']}.")
     return ImageInfo(kind, int(answer["count"]))

@@ -3,8 +3,8 @@
 Search order:
 
 1. ``GPUSCOPE_CUPTI_LIB``: a path to ``libcupti.so.*`` or to the folder that holds it, resolved once to one
-   absolute path (a relative name against the current folder if it is there, else where the dynamic loader
-   finds it) which is then probed and loaded;
+   absolute path (a path with a ``/`` as it is, against the current folder if relative; a bare name where the
+   dynamic loader finds it, as ``dlopen`` would) which is then probed and loaded;
 2. ``cuda.pathfinder`` (pip wheels ``nvidia-cuda-cupti`` / ``nvidia-cuda-cupti-cu12``, conda, CUDA_HOME);
 3. the CUDA toolkit folders under ``$CUDA_HOME``, ``$CUDA_PATH`` and ``/usr/local/cuda``.
 
@@ -135,8 +135,9 @@ def _loader_path(name: str) -> str:
     if kind == "noload":
         raise _override_error(
             name,
-            f"there is no such file in the current folder ({os.getcwd()}) and the dynamic loader does not find it "
-            f"either ({detail}); give an absolute path",
+            f"the dynamic loader does not find it ({detail}); a bare name is searched for as dlopen does "
+            "(LD_LIBRARY_PATH, the loader's cache, the system folders), never in the current folder: give a path "
+            "(./ for one there)",
         )
     return detail
 
@@ -145,9 +146,10 @@ def resolve_override(value: str) -> str:
     """The absolute path of the one library ``GPUSCOPE_CUPTI_LIB=value`` names; everything later (the version
     probe, the nvperf preload, the load) uses exactly this file.
 
-    A folder: the libcupti.so.13 (else .12) in it. A path that exists (absolute, or relative to the current
-    folder): that file. A bare name not in the current folder (``libcupti.so.13``): the file the dynamic loader
-    would open (``LD_LIBRARY_PATH``, its cache, the system folders).
+    A folder: the libcupti.so.13 (else .12) in it. A path with a ``/`` (absolute, or relative to the current
+    folder, ``./libcupti.so.13``): that file. A bare name (``libcupti.so.13``): the file ``dlopen`` opens for it
+    (``LD_LIBRARY_PATH``, the loader's cache, the system folders), never one in the current folder, which
+    ``dlopen`` does not search either.
 
     Raises
     ------
@@ -159,11 +161,11 @@ def resolve_override(value: str) -> str:
         if not hits:
             raise _override_error(value, f"the folder {os.path.abspath(value)} has no libcupti.so.12/13 in it")
         return os.path.abspath(hits[0])
+    if os.sep not in value:
+        return _loader_path(value)
     if os.path.exists(value):
         return os.path.abspath(value)
-    if os.sep in value:
-        raise _override_error(value, f"{os.path.abspath(value)} does not exist")
-    return _loader_path(value)
+    raise _override_error(value, f"{os.path.abspath(value)} does not exist")
 
 
 def _candidates() -> list[tuple[str, str]]:

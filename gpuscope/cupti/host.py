@@ -107,6 +107,15 @@ def _as_u8_array(data) -> np.ndarray:
     return np.frombuffer(bytes(data), dtype=np.uint8).copy()
 
 
+def _availability(image, chip: str, profiler_type, what: str = "counter_availability"):
+    """*image* checked as *chip*'s counter-availability image (see :mod:`gpuscope.cupti._images`), or None."""
+    from . import _images
+
+    if image is None:
+        return None
+    return _images.check_flat(image, _images.Kind.AVAILABILITY, chip=chip, profiler_type=profiler_type, what=what)
+
+
 def supported_chips() -> list[str]:
     """Chip names the loaded CUPTI supports (e.g. ``"GH100"``)."""
     p = params(T.CUpti_Profiler_Host_GetSupportedChips_Params)
@@ -115,16 +124,31 @@ def supported_chips() -> list[str]:
 
 
 def num_passes(config: bytes | np.ndarray) -> int:
-    """How many passes a config image needs."""
-    image = _as_u8_array(config)
+    """How many passes a config image needs.
+
+    Raises
+    ------
+    ImageError
+        *config* is not a config image CUPTI can read (empty, truncated, corrupted): checked before CUPTI reads it,
+        see :mod:`gpuscope.cupti._images`.
+    """
+    from . import _images
+
+    image = _images.check_flat(config, _images.Kind.CONFIG, what="config")
     p = params(T.CUpti_Profiler_Host_GetNumOfPasses_Params, configImageSize=image.size, pConfigImage=_u8(image))
     _f.cuptiProfilerHostGetNumOfPasses(p)
     return int(p.numOfPasses)
 
 
 def max_metrics_per_pass(chip: str, profiler_type: ProfilerType, counter_availability=None) -> int:
-    """The most hardware metrics one pass can hold for *chip* and *profiler_type*."""
-    image = None if counter_availability is None else _as_u8_array(counter_availability)
+    """The most hardware metrics one pass can hold for *chip* and *profiler_type*.
+
+    Raises
+    ------
+    ImageError
+        *counter_availability* is not a sound availability image of *chip*.
+    """
+    image = _availability(counter_availability, chip, profiler_type)
     p = params(
         T.CUpti_Profiler_Host_GetMaxNumHardwareMetricsPerPass_Params,
         profilerType=int(profiler_type),
@@ -167,19 +191,23 @@ class ProfilerHost:
     profiler_type : ProfilerType
         ``RANGE_PROFILER`` or ``PM_SAMPLING``.
     counter_availability : bytes-like, optional
-        The device's counter-availability image. Without it, CUPTI assumes every counter is available.
+        The device's counter-availability image. Without it, CUPTI assumes every counter is available. One that
+        CUPTI did not return in this process is checked first (:mod:`gpuscope.cupti._images`): CUPTI keeps and reads
+        it without knowing its size, and crashes on a corrupted one.
 
     Raises
     ------
     CuptiValueError
         The chip name is not one CUPTI knows.
+    ImageError
+        *counter_availability* is not a sound counter-availability image of *chip*.
     """
 
     def __init__(self, chip: str, profiler_type=ProfilerType.RANGE_PROFILER, counter_availability=None):
         self.chip = chip
         self.profiler_type = ProfilerType(profiler_type)
         # CUPTI keeps the pointer; keep the buffer alive as long as the object.
-        self._availability = None if counter_availability is None else _as_u8_array(counter_availability)
+        self._availability = _availability(counter_availability, chip, self.profiler_type)
         p = params(
             T.CUpti_Profiler_Host_Initialize_Params,
             profilerType=int(self.profiler_type),
@@ -271,6 +299,9 @@ class ProfilerHost:
             pConfigImage=_u8(image),
         )
         _f.cuptiProfilerHostGetConfigImage(q)
+        from . import _images
+
+        _images.trust(image, _images.Kind.CONFIG)  # CUPTI's own: num_passes and set_config need not check it
         return image
 
     # -- evaluation -------------------------------------------------------------------------------------

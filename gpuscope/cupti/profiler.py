@@ -13,7 +13,7 @@ from ctypes import POINTER
 
 import numpy as np
 
-from . import _api
+from . import _api, _images
 from . import _types as T
 from ._api import Functions, params, version
 from ._types import ProfilerApi, SupportLevel
@@ -102,6 +102,7 @@ def counter_availability(ctx: int, allow_device_level_counters: bool = False) ->
     image = np.zeros(p.counterAvailabilityImageSize, dtype=np.uint8)
     p.pCounterAvailabilityImage = image.ctypes.data
     _f.cuptiProfilerGetCounterAvailability(p)
+    _images.trust(image, _images.Kind.AVAILABILITY)  # CUPTI's own: the host API need not check it
     return image
 
 
@@ -123,6 +124,7 @@ def pm_counter_availability(device_index: int, cached: bool = True) -> np.ndarra
     p.pCounterAvailabilityImage = image.ctypes.data
     _pm.cuptiPmSamplingGetCounterAvailability(p)
     image.flags.writeable = False
+    _images.trust(image, _images.Kind.AVAILABILITY)
     _pm_availability[device_index] = image
     return image
 

@@ -1,6 +1,7 @@
-"""Fuzzing the ctypes entry points that read counter-data images with truncated, bit-flipped and wrong-kind images
-built from the H100 recordings. Each case runs in a subprocess: a crash or a hang fails the test (it would have
-killed pytest), and every case must end in a GpuscopeError subclass or a correct answer, never a crash."""
+"""Fuzzing the ctypes entry points that read CUPTI images with truncated, zeroed, random, bit-flipped and wrong-kind
+images built from the H100 recordings: counter-data images, counter-availability images and config images. Each
+case runs in a subprocess: a crash or a hang fails the test (it would have killed pytest), and every case must end
+in a GpuscopeError subclass or an answer, never a crash."""
 
 import json
 import os
@@ -32,7 +33,36 @@ CASE = textwrap.dedent(r"""
     def range_eval(image, index=0):
         with host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER) as h:
             return h.evaluate(image, index, RM)
+    import gpuscope as gs
+    AV = {k: np.load(f"{fx}/gh100_counter_availability_{k}.npy") for k in ("range", "pm")}
+    CFG = np.load(fx + "/pm/gh100_pm_default_config.npy")
+    OTHER = ["smsp__inst_executed.sum", "dram__bytes_read.sum", "l1tex__t_bytes.sum", "lts__t_bytes.sum"]
+    def bytes_flipped(image, seed, n):
+        out = image.copy(); r = np.random.default_rng(seed)
+        out[r.integers(0, out.size, n)] ^= r.integers(1, 256, n).astype(np.uint8); return out
+    def availability(spec):  # "<range|pm>:<how>:<n>"
+        kind, how, n = spec.split(":")
+        image, n = AV[kind], int(n)
+        return kind, {"flip": lambda: bytes_flipped(image, n, 16), "bit": lambda: bytes_flipped(image, n, 1),
+                      "cut": lambda: image[:n].copy(), "zero": lambda: np.zeros_like(image),
+                      "random": lambda: rng.integers(0, 256, image.size).astype(np.uint8),
+                      "bytes": lambda: bytes(range(n)) if n > 1 else bytes(n)}[how]()
+    def use_availability(spec, chip="GH100"):  # every way in, with other metrics than the check's own
+        kind, image = availability(spec)
+        ptype = ProfilerType.RANGE_PROFILER if kind == "range" else ProfilerType.PM_SAMPLING
+        return (host.max_metrics_per_pass(chip, ptype, image),
+                host.num_passes(host.config_image(chip, ptype, OTHER[:2], image)),
+                gs.count_passes(OTHER, chip, "range" if kind == "range" else "sampling", counter_availability=image))
+    def config(spec):
+        how, n = spec.split(":")
+        n = int(n)
+        return {"flip": lambda: bytes_flipped(CFG, n, 16), "bit": lambda: bytes_flipped(CFG, n, 1),
+                "cut": lambda: CFG[:n].copy(), "zero": lambda: np.zeros_like(CFG),
+                "random": lambda: rng.integers(0, 256, CFG.size).astype(np.uint8)}[how]()
     cases = {
+        "availability": use_availability,
+        "availability_of_gh100_for_ga100": lambda spec: use_availability(spec, "GA100"),
+        "config_passes": lambda spec: host.num_passes(config(spec)),
         "pm_info_truncated": lambda n: pm.counter_data_info(PM[: int(n)].copy()),
         "pm_eval_truncated": lambda n: pm_eval(PM[: int(n)].copy()),
         "pm_eval_index": lambda i: pm_eval(PM, int(i)),
@@ -64,18 +94,46 @@ CASES = [
 ]
 
 
-def run_case(case, arg):
+#: Counter-availability and config images: (case, spec, what may come of it). "ImageError": refused by the check;
+#: "any": refused by the check, refused by CUPTI (a CuptiError) or evaluated, but never a crash. The flips
+#: marked ImageError crash CUPTI (SIGSEGV) without the check, as do the empty, short and random images.
+REFUSED, ANY = {"ImageError"}, {"ImageError", "CuptiError", "ok"}
+FLAT_CASES = [
+    ("availability", "range:bytes:0", REFUSED), ("availability", "range:bytes:1", REFUSED),
+    ("availability", "range:bytes:64", REFUSED), ("availability", "range:random:0", REFUSED),
+    ("availability", "range:zero:0", REFUSED), ("availability", "pm:cut:100", REFUSED),
+    ("availability", "range:cut:412", ANY), ("availability", "pm:cut:4000", ANY),
+    ("availability", "range:flip:34", REFUSED), ("availability", "range:flip:52", REFUSED),
+    ("availability", "pm:flip:7", REFUSED), ("availability", "pm:flip:53", REFUSED),
+    ("availability", "pm:flip:27", ANY), ("availability", "range:flip:0", ANY),
+    ("availability", "range:bit:1", ANY), ("availability", "pm:bit:2", ANY),
+    ("availability_of_gh100_for_ga100", "range:flip:0", REFUSED),
+    ("config_passes", "cut:0", REFUSED), ("config_passes", "cut:100", REFUSED), ("config_passes", "cut:2000", REFUSED),
+    ("config_passes", "zero:0", REFUSED), ("config_passes", "random:0", REFUSED),
+    ("config_passes", "flip:49", REFUSED), ("config_passes", "flip:58", REFUSED),
+    ("config_passes", "flip:0", ANY), ("config_passes", "bit:1", ANY),
+]
+
+
+def run_case(case, arg, allowed=frozenset({"CounterDataImageError"})):
     out = subprocess.run([sys.executable, "-c", CASE, str(ROOT / "tests" / "fixtures"), case, str(arg)],
                          capture_output=True, text=True, timeout=240, cwd=ROOT)
     if out.returncode != 0:
         return f"{case}({arg}) crashed or failed: status {out.returncode}: {out.stderr[-500:]}"
     answer = json.loads(out.stdout.strip().splitlines()[-1])
-    return None if answer.get("error") == "CounterDataImageError" else f"{case}({arg}) gave {answer}"
+    return None if answer.get("error", "ok") in allowed else f"{case}({arg}) gave {answer}"
+
+
+def run_all(cases):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(cases), os.cpu_count() or 2)) as pool:
+        return [f for f in pool.map(lambda c: run_case(*c), cases) if f]
 
 
 def test_bad_images_raise_gpuscope_errors_never_crash():
-    from concurrent.futures import ThreadPoolExecutor
+    assert run_all(CASES) == []
 
-    with ThreadPoolExecutor(max_workers=min(len(CASES), os.cpu_count() or 2)) as pool:
-        failures = [f for f in pool.map(lambda c: run_case(*c), CASES) if f]
-    assert failures == []
+
+def test_bad_availability_and_config_images_are_refused_never_crash():
+    assert run_all(FLAT_CASES) == []

@@ -133,3 +133,85 @@ def test_counter_availability_is_queried_once_per_device(monkeypatch):
     assert calls == [1, 1, 2, 2]
     again = profiler.pm_counter_availability(1, cached=False)
     assert calls[-2:] == [1, 1] and again.tobytes() == image.tobytes()
+
+
+@pytest.fixture
+def child_checks(monkeypatch):
+    """The images the child-process check is asked to read (answered here as a sound image would be)."""
+    from gpuscope.cupti import _images
+
+    asked = []
+
+    def check(image, kind, chip, metrics, what, profiler_type=None):
+        asked.append((kind.value, chip, profiler_type, image.size))
+        return _images.ImageInfo(kind, 1)
+
+    monkeypatch.setattr(_images, "_check_in_child", check)
+    monkeypatch.setattr(_images, "_checked", {})
+    return asked
+
+
+@pytest.mark.parametrize("image,why", [
+    (b"", "(0 bytes) is not a CUPTI counter-availability image: it is too short to hold one"),
+    (bytes(range(64)), "its root table offset (50462976) does not point inside it"),
+    (np.zeros(9184, np.uint8), "its root table offset (0) does not point inside it"),
+    (np.arange(9184, dtype=np.int64), "must be bytes or a 1-D numpy uint8 array"),
+    ([16, 0, 0, 0], "must be bytes or a 1-D numpy uint8 array"),
+])
+def test_garbage_availability_is_refused_before_cupti_sees_it(child_checks, image, why):
+    from gpuscope.errors import ImageError
+
+    with pytest.raises(ImageError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER, image)
+    with pytest.raises(ValueError, match="Pass the image exactly as|must be bytes"):  # a ValueError too
+        host.max_metrics_per_pass("GH100", ProfilerType.PM_SAMPLING, image)
+    assert child_checks == []  # refused by its structure: no child process needed
+
+
+def test_an_availability_image_of_another_chip_is_refused(child_checks):
+    from gpuscope.errors import ImageError
+
+    with pytest.raises(ImageError, match="is a counter-availability image of GH100, not of GA100"):
+        host.config_image("GA100", ProfilerType.RANGE_PROFILER, ["sm__cycles_elapsed.max"], np.load(AVAILABILITY))
+    assert child_checks == []
+
+
+def test_a_foreign_availability_image_is_read_in_a_child_once(child_checks):
+    image = np.load(AVAILABILITY)
+    assert host.max_metrics_per_pass("GH100", ProfilerType.RANGE_PROFILER, image) == 76
+    assert host.max_metrics_per_pass("GH100", ProfilerType.RANGE_PROFILER, image.tobytes()) == 76  # same content
+    host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER, image).close()
+    assert child_checks == [("counter_availability", "GH100", 0, 9184)]
+    host.ProfilerHost("GH100", ProfilerType.PM_SAMPLING, image).close()  # tried with each host type
+    assert child_checks[1:] == [("counter_availability", "GH100", 1, 9184)]
+
+
+def test_config_images_cupti_made_are_trusted_others_checked(child_checks):
+    from gpuscope.errors import ImageError
+
+    config = host.config_image("GH100", ProfilerType.RANGE_PROFILER, ["sm__cycles_elapsed.max"])
+    assert host.num_passes(config) == 1 and child_checks == []
+    assert host.num_passes(config.copy()) == 1 and child_checks == [("config", "GH100", None, config.size)]
+    with pytest.raises(ImageError, match="config .0 bytes. is not a CUPTI config image: it is too short"):
+        host.num_passes(np.zeros(0, np.uint8))
+    with pytest.raises(ImageError, match="does not carry CUPTI's identifier LOPC at byte 4"):
+        host.num_passes(np.zeros_like(config))
+
+
+def test_device_availability_images_are_trusted(monkeypatch, child_checks):
+    from gpuscope.cupti import _images, profiler
+
+    image = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
+
+    def query(p):
+        if p.pCounterAvailabilityImage:
+            ctypes.memmove(p.pCounterAvailabilityImage, image.ctypes.data, image.size)
+        else:
+            p.counterAvailabilityImageSize = image.size
+
+    monkeypatch.setattr(profiler, "_pm", types.SimpleNamespace(cuptiPmSamplingGetCounterAvailability=query))
+    monkeypatch.setattr(profiler, "_pm_availability", {})
+    device = profiler.pm_counter_availability(0)
+    assert _images.is_trusted(device, _images.Kind.AVAILABILITY)
+    host.ProfilerHost("GH100", ProfilerType.PM_SAMPLING, device).close()
+    assert child_checks == []  # CUPTI's own image: no child process

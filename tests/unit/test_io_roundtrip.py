@@ -130,3 +130,55 @@ def test_long_format_on_recordings():
     unit = series["pcie__read_bytes.sum.per_second"].attrs["units"]  # CUPTI's own spelling
     assert len(long) == 18019 and set(long["unit"]) == {unit} and unit.startswith("byte/second")
     assert {"time", "start_ns", "end_ns", "range", "span"} <= set(long.columns)
+
+
+def test_a_failed_save_leaves_the_file_that_was_there(tmp_path):
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path = tmp_path / "launches.nc"
+    gs.save_dataset(ds, path)
+    good = path.read_bytes()
+    # xarray refuses the object variable only after it has begun the file: this used to leave an empty netCDF
+    bad = ds.assign(junk=("range", np.array([{"a": 1}] * ds.sizes["range"], dtype=object)))
+    with pytest.raises(ValueError, match="junk"):
+        gs.save_dataset(bad, path)
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["launches.nc"]
+    xr.testing.assert_identical(gs.open_dataset(path), ds)
+
+
+def test_an_interrupted_save_leaves_the_file_that_was_there(tmp_path, monkeypatch):
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path = tmp_path / "launches.nc"
+    gs.save_dataset(ds, path)
+    good = path.read_bytes()
+    written = []
+
+    def half_then_ctrl_c(self, target, **kwargs):  # Ctrl-C in the middle of writing
+        written.append(target)
+        with open(target, "wb") as f:
+            f.write(good[: len(good) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        gs.save_dataset(ds, path)
+    assert written and Path(written[0]).parent == tmp_path and Path(written[0]) != path  # beside it, not it
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["launches.nc"]
+
+
+def test_a_save_keeps_symlinks_and_the_usual_file_mode(tmp_path):
+    import os
+
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    (tmp_path / "runs").mkdir()
+    link = tmp_path / "latest.nc"
+    link.symlink_to(tmp_path / "runs" / "one.nc")
+    gs.save_dataset(ds, link)
+    assert link.is_symlink() and (tmp_path / "runs" / "one.nc").is_file()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "runs" / "one.nc").stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(IsADirectoryError, match="runs"):
+        gs.save_dataset(ds, tmp_path / "runs")
+    with pytest.raises(FileNotFoundError) as missing:
+        gs.save_dataset(ds, tmp_path / "nope" / "x.nc")
+    assert missing.value.filename == str(tmp_path / "nope" / "x.nc")  # the path asked for, not a temporary one

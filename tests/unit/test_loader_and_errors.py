@@ -102,18 +102,26 @@ def test_env_override_folder_with_cupti(real_cupti):
     assert out == f"ok {real_cupti} True 13.1"
 
 
-def test_relative_name_in_cwd_is_what_is_loaded(real_cupti):
-    # a bare name that exists in the current folder is that file: probed and loaded from there
+def test_relative_path_in_cwd_is_what_is_loaded(real_cupti):
+    # a path with a slash that exists relative to the current folder is that file: probed and loaded from there
     name = os.path.basename(real_cupti)
-    out = load_in_child(cwd=os.path.dirname(real_cupti), GPUSCOPE_CUPTI_LIB=name)
+    out = load_in_child(cwd=os.path.dirname(real_cupti), GPUSCOPE_CUPTI_LIB=f"./{name}", LD_LIBRARY_PATH="")
     assert out == f"ok {real_cupti} True 13.1"
 
 
-def test_relative_name_in_cwd_wins_over_the_loader_path(tmp_path, real_cupti):
-    # the old loader checked ./libcupti.so.13 but dlopen'ed the one on LD_LIBRARY_PATH: now the checked file is
-    # the loaded one, and a wrong file there is reported as such
+def test_a_bare_name_never_means_a_file_in_the_cwd(tmp_path, real_cupti):
+    # dlopen("libcupti.so.13") does not look in the current folder, so neither does GPUSCOPE_CUPTI_LIB: a broken
+    # copy there is not what a bare name means (the old loader took it and failed)
     (tmp_path / "libcupti.so.13").write_bytes(b"not an ELF file")
     out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="libcupti.so.13",
+                        LD_LIBRARY_PATH=os.path.dirname(real_cupti))
+    assert out == f"ok {real_cupti} True 13.1"
+
+
+def test_a_broken_file_named_by_path_is_reported(tmp_path, real_cupti):
+    # named with ./ it is that file, and the error says what is wrong with it (and nothing about a driver)
+    (tmp_path / "libcupti.so.13").write_bytes(b"not an ELF file")
+    out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="./libcupti.so.13",
                         LD_LIBRARY_PATH=os.path.dirname(real_cupti))
     assert out.startswith(
         f"CuptiNotFoundError {tmp_path}/libcupti.so.13 (from GPUSCOPE_CUPTI_LIB) cannot be loaded as a library"
@@ -131,10 +139,9 @@ def test_bare_name_is_found_where_the_loader_finds_it(tmp_path, real_cupti):
 def test_bare_name_found_nowhere(tmp_path):
     out = load_in_child(cwd=tmp_path, GPUSCOPE_CUPTI_LIB="libcupti.so.99", LD_LIBRARY_PATH="")
     assert out.startswith(
-        "CuptiNotFoundError GPUSCOPE_CUPTI_LIB=libcupti.so.99: there is no such file in the current "
-        f"folder ({tmp_path}) and the dynamic loader does not find it"
+        "CuptiNotFoundError GPUSCOPE_CUPTI_LIB=libcupti.so.99: the dynamic loader does not find it"
     ), out
-    assert "give an absolute path" in out
+    assert "never in the current folder: give a path (./ for one there)" in out
 
 
 def test_relative_path_that_does_not_exist(tmp_path):
