@@ -440,7 +440,10 @@ def _encode_strings(ds):
     for name, var in list(ds.variables.items()):
         if var.dtype != object or name in ds.indexes:
             continue
-        codes, names = pd.factorize(var.values.ravel())
+        try:
+            codes, names = pd.factorize(var.values.ravel())
+        except TypeError:  # unhashable values: not strings, left for netCDF to refuse or store
+            continue
         if (codes < 0).any() or not all(isinstance(v, str) for v in names):
             continue  # not only strings: left as it is
         coded = var.copy(data=codes.astype(np.int32).reshape(var.shape))
