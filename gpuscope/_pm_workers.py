@@ -110,8 +110,6 @@ def _worker_main(conn) -> None:
                   for fd, size in zip(fds, sizes)]
         for fd in fds:
             os.close(fd)
-        from .cupti import _images
-
         avail = None if availability is None else np.frombuffer(availability, dtype=np.uint8).copy()
         if avail is not None:  # the parent's, which CUPTI gave it or it checked
             _images.trust(avail, _images.Kind.AVAILABILITY)

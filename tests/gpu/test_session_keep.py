@@ -67,7 +67,7 @@ def test_sessions_of_every_mode_in_a_row_give_the_same_values(x):
             for _ in range(it.passes + 1):
                 with gs.range("step"):
                     launch(x)
-        with gs.Profiler("topdown", mode="kernel") as k2:
+        with gs.Profiler("topdown", mode="kernel"):
             launch(x)
         k3 = gs.Profiler("topdown", mode="kernel")
         with k3:

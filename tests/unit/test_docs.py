@@ -41,7 +41,7 @@ def _phases(ns):
 
 
 def _phase_topdown(ns):
-    per, time = ns["per_phase"], ns["per_phase"]["time_in_phase"].to_pandas()
+    time = ns["per_phase"]["time_in_phase"].to_pandas()
     stream_only = [p for p in time.index if time.loc[p, "stream"] > 0.99 * time.loc[p].sum()]
     assert stream_only  # the stream range is one phase (or several alike), with stream's Top-Down
     for p in stream_only:

@@ -5,7 +5,6 @@ a malicious ``gpuscope`` package sits in the current folder. Waits below are liv
 import errno
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time

@@ -7,7 +7,6 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _io, _results
 
 DATA = Path(gs.__file__).parent / "data"
 

@@ -8,7 +8,6 @@ import pytest
 from gpuscope import _ranges, _session
 from gpuscope._filters import checked_int
 from gpuscope.cupti import callbacks
-from gpuscope.errors import GpuscopeWarning
 
 
 class StopResult:

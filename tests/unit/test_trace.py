@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _io, _results
+from gpuscope import _results
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "gpuscope" / "data"
