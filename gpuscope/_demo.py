@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._labels import string_labels
 from ._report import _PROSE, SHORT_NAMES, _scaled, _width, _wrap
 
 DATA = Path(__file__).parent / "data"
@@ -219,7 +220,7 @@ def _segments(series, ph, n_phases: int):
 
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
     t_all = series["time"].values
-    ranges_all = series["range"].values.astype(str) if "range" in series.coords else np.full(t_all.size, "")
+    ranges_all = string_labels(series["range"].values) if "range" in series.coords else np.full(t_all.size, "")
     short, segments, rows = [], [], {}
     for seg in range(ph.sizes["segment"]):
         first, stop = int(ph["segment_first"][seg]), int(ph["segment_stop"][seg])

@@ -19,6 +19,8 @@ import textwrap
 import numpy as np
 import pandas as pd
 
+from ._labels import string_labels
+
 __all__ = ["Report", "report", "raw_text", "GPU_TIME", "group_key", "topdown_per_launch"]
 
 #: The metric that is GPU time (ns) per launch or range.
@@ -497,7 +499,7 @@ def _pm_report(ds, *, by: str | None = None) -> Report:
     labelled = "phase" in ds.data_vars and ds["phase"].dims == ("time",)
     measured, notes = _finite(ds.drop_vars([v for v in _LABELS if v in ds.data_vars]), "time", "sample")
     metrics = [v for v in measured.data_vars if measured[v].dims == ("time",)]
-    ranges = np.asarray(ds["range"].values).astype(str) if "range" in ds.coords else np.full(n, "")
+    ranges = string_labels(ds["range"].values) if "range" in ds.coords else np.full(n, "")
     if by is None:
         by = "range" if (ranges != "").any() and not labelled else "phase"
     if by == "range":

@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from .. import _results, _validate
+from .._labels import string_labels
 from .._names import match_kernel
 
 __all__ = ["by_phase"]
@@ -111,7 +112,7 @@ def _range_time(ph: xr.Dataset) -> tuple[list[str], np.ndarray]:
     """Innermost user-range paths and the sampled ns in each inside each phase: (phase_id, range)."""
     if "range" not in ph.coords:
         raise ValueError("by='ranges' needs the samples' range coordinate (PM samples taken inside gpuscope.range)")
-    paths = np.asarray(ph["range"]).astype(str)
+    paths = string_labels(ph["range"])
     start_ns = np.asarray(ph["start_ns"], dtype=np.int64)
     end_ns = np.asarray(ph["end_ns"], dtype=np.int64)
     duration = (end_ns - np.maximum(start_ns, int(ph.attrs.get("session_start_ns", start_ns[0])))).clip(0)

@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
+from .._labels import string_labels
 from ..errors import GpuscopeWarning
 from . import topdown as _td
 
@@ -264,7 +265,7 @@ def _phase_colors(ds: xr.Dataset, dim: str, range_colors: dict) -> dict:
     plt = _pyplot()
     cmap = plt.get_cmap(_PALETTE)
     phase = np.asarray(ds["phase"])
-    ranges = np.asarray(ds["range"]).astype(str) if "range" in ds.coords and ds["range"].dims == (dim,) else None
+    ranges = string_labels(ds["range"]) if "range" in ds.coords and ds["range"].dims == (dim,) else None
     ids = [int(p) for p in np.asarray(ds["phase_id"])]
     sizes = {p: int(np.sum(phase == p)) for p in ids}
     colors, taken = {}, set()
@@ -393,7 +394,7 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     lines = _series(ds, dim)
     line_colors = _label_colors(list(lines)) if len(lines) > 1 else {"": "black"}
     bands = "range" in ds.coords and ds["range"].dims == (dim,) and dim != "range"
-    range_values = np.asarray(ds["range"]).astype(str) if bands else np.array([], dtype=str)
+    range_values = string_labels(ds["range"]) if bands else np.array([], dtype=str)
     range_colors = _label_colors(range_values)
     phased = "segment_first" in ds
     phase_colors = _phase_colors(ds, dim, range_colors) if phased else {}
@@ -572,7 +573,7 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     else:
         _metric_names(phases, "time", [metric])
     x, xlabel, _, _ = _sample_axis(phases, "time")
-    ranges = np.asarray(phases["range"]).astype(str) if "range" in phases.coords else np.array([], dtype=str)
+    ranges = string_labels(phases["range"]) if "range" in phases.coords else np.array([], dtype=str)
     colors = _phase_colors(phases, "time", _label_colors(ranges))
     if fig is None:
         fig = plt.figure(figsize=(10, 6.5))

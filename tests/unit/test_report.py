@@ -422,3 +422,29 @@ def test_a_phase_whose_topdown_is_not_a_number_says_no_data(unattributed):
     phase = broken["phase_id"].values[p]
     assert r.loc[phase, "bound_by"] == "no data" and r.loc[phase, "advice"] == ""
     assert "not attributed" in set(r["bound_by"])  # the phase with no profiled work is still that
+
+
+def test_a_long_range_name_over_many_samples_is_never_widened(tmp_path):
+    """A per-sample label array as wide as its longest name would take GBs (10,000 characters over 200,000 samples:
+    7.6 GB); the report, the phase joins and the timeline read labels as one str per distinct name."""
+    import tracemalloc
+
+    import numpy as np
+
+    from gpuscope._labels import string_labels
+
+    ts = gs.open_dataset(_demo.RECORDED_SERIES)
+    long = "step/" + "x" * 10_000
+    names = np.array([long, "other"], dtype=object)[np.arange(ts.sizes["time"]) % 2]
+    ts = ts.assign_coords(range=("time", names))
+    labels = string_labels(ts["range"].values)
+    assert labels.dtype == object and labels[0] is labels[2] and labels[0] == long
+    tracemalloc.start()
+    try:
+        text = gs.report(ts).to_text(width=100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "other" in text
+    # one <U10000 copy of the labels alone would be 40 kB x samples (720 MB here)
+    assert peak < 40_000 * ts.sizes["time"] / 4, peak
