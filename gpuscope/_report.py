@@ -496,6 +496,11 @@ _LABELS = ("phase",)
 
 def _pm_report(ds, *, by: str | None = None) -> Report:
     n = ds.sizes["time"]
+    if n == 0:
+        lost = int(ds.attrs.get("lost_samples", 0) or 0)
+        raise ValueError(f"this PM sampling Dataset holds no sample ({lost} were lost during collection: "
+                         "attrs['lost_samples']), so there is nothing to report; `gpuscope show` prints such a file "
+                         "as 'no samples'.")
     labelled = "phase" in ds.data_vars and ds["phase"].dims == ("time",)
     measured, notes = _finite(ds.drop_vars([v for v in _LABELS if v in ds.data_vars]), "time", "sample")
     metrics = [v for v in measured.data_vars if measured[v].dims == ("time",)]

@@ -448,3 +448,10 @@ def test_a_long_range_name_over_many_samples_is_never_widened(tmp_path):
     assert "other" in text
     # one <U10000 copy of the labels alone would be 40 kB x samples (720 MB here)
     assert peak < 40_000 * ts.sizes["time"] / 4, peak
+
+
+def test_pm_samples_without_a_sample_are_refused_saying_so():
+    ts = gs.open_dataset(_demo.RECORDED_SERIES).isel(time=slice(0, 0))
+    ts.attrs["lost_samples"] = 1234
+    with pytest.raises(ValueError, match=r"holds no sample \(1234 were lost"):
+        gs.report(ts)
