@@ -628,6 +628,9 @@ def count_passes(metrics, chip: str | None = None, kind: str | None = None, coun
     Raises
     ------
     UnknownMetricError, UnsupportedChipError, NoGpuError
+    gpuscope.errors.ImageError
+        *counter_availability* is not a counter-availability image of *chip* that CUPTI can read (checked before
+        CUPTI sees it: a damaged image used to crash the process).
     """
     from .cupti import host
 
