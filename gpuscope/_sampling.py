@@ -407,11 +407,17 @@ class Sampler:
         ]
         cost = self.decode_us_per_sample
         if math.isfinite(cost) and cost > 0.7 * self.interval_ns / 1000:
+            from ._catalog import metric_set
+
+            fewer = ("fewer metrics" if set(self.metrics) <= set(metric_set("pm-fast").metrics)
+                     else "fewer metrics (the 'pm-fast' set decodes several times faster)")
+            threads = (" Evaluation ran in this process (evaluate_in='thread'), where it competes with decoding for "
+                       "the interpreter: evaluate_in='process' (the default) lost none at 20 us with pm-fast on an "
+                       "H100." if self.evaluate_in == "thread" else "")
             lines.append(
                 f"Decoding is the limit: cuptiPmSamplingDecodeData took {cost:.1f} us per sample of these metrics on "
                 f"this machine, {100 * cost * 1000 / self.interval_ns:.0f}% of the interval, and it cannot run in "
-                f"parallel. Use interval='{suggest_interval_us(cost)}us' or longer, or fewer metrics "
-                "(the 'pm-fast' set decodes several times faster)."
+                f"parallel. Use interval='{suggest_interval_us(cost)}us' or longer, or {fewer}.{threads}"
             )
         if d.overflows:
             lines.append(

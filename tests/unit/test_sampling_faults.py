@@ -409,3 +409,27 @@ def test_finish_never_waits_for_ever_on_a_decode_that_does_not_return(monkeypatc
         for thread in pipe._threads:
             thread.join(BOUND)
     assert not gpuscope_threads()
+
+
+def _loss_text(metrics, evaluate_in):
+    from types import SimpleNamespace
+
+    from gpuscope import _sampling
+
+    decoder = SimpleNamespace(overflows=0, errors=[], discarded=0, images_unevaluated=0, _backend=None)
+    sampler = SimpleNamespace(_decoder=decoder, lost_samples=16422, _stamps=range(61245), device=0,
+                              interval_ns=20_000, metrics=metrics, decode_us_per_sample=15.9,
+                              evaluate_in=evaluate_in)
+    return _sampling.Sampler._loss_message(sampler)
+
+
+def test_the_decode_advice_never_suggests_the_set_in_use_and_names_thread_evaluation():
+    """On the H100, pm-fast at 20 us lost 16,422 of 77,667 samples with evaluate_in='thread' and none in worker
+    processes; the advice used to suggest the pm-fast set it was already using."""
+    import gpuscope as gs
+
+    fast = gs.metric_set("pm-fast").metrics
+    text = _loss_text(list(fast), "thread")
+    assert "lost 16422 of 77667" in text and "'pm-fast' set" not in text and "evaluate_in='process'" in text
+    text = _loss_text(list(gs.metric_set("pm-default").metrics), "process")
+    assert "'pm-fast' set decodes several times faster" in text and "evaluate_in='process'" not in text
