@@ -3,6 +3,11 @@
 Build: ``pip install -e '.[docs]'; sphinx-build -W -b html docs docs/_build``.
 """
 
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))  # the package from a checkout, installed or not
+
 project = "gpuscope"
 extensions = ["myst_parser", "numpydoc", "sphinx.ext.autodoc"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
