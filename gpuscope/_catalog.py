@@ -229,6 +229,12 @@ def _chip_metrics(chip: str, kind: MetricKind) -> _ChipMetrics:
     return _ChipMetrics(chip, kind)
 
 
+def forget_hosts() -> None:
+    """Drop the cached host objects (CUPTI is being detached: they belong to the CUPTI that goes away)."""
+    _chip_metrics.cache_clear()
+    _set_on_chip.cache_clear()
+
+
 def list_chips() -> list[str]:
     """Chip names the loaded CUPTI can profile (e.g. ``"GH100"`` for the H100)."""
     from .cupti import host

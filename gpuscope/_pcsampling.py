@@ -604,8 +604,7 @@ def overflow_message(dropped: int, total: int, buffer_full: bool, period_log2: i
 # CUPTI's rule for which kernels it samples (measured on the H100, CUPTI 13.0; docs/pc-sampling.md)
 _FIRST_LAUNCH_RULE = (
     "CUPTI maps a kernel for PC sampling only if it did not run while CUPTI was attached outside a pc_sample block "
-    "(under gs.Profiler, or between blocks); gpuscope detaches CUPTI when a block starts to avoid this, and could "
-    "not here"
+    "(under gs.Profiler, or between blocks)"
 )
 
 
@@ -613,8 +612,9 @@ def _rule(detach: str) -> str:
     if detach in ("detached", "not attached"):
         return ("CUPTI had forgotten the process when the block started, so these kernels were not hidden by "
                 "earlier profiling.")
-    return (f"{_FIRST_LAUNCH_RULE} ({detach or 'unknown'}). Sample in a fresh process, or before profiling those "
-            f"kernels otherwise (docs/pc-sampling.md).")
+    return (f"{_FIRST_LAUNCH_RULE}; CUPTI was not detached first ({detach or 'unknown'}). Sample in a fresh process "
+            "or before profiling those kernels, or set GPUSCOPE_PC_DETACH=1 to detach CUPTI when a block starts "
+            "(experimental; docs/pc-sampling.md).")
 
 
 def unsampled_message(missing: dict[str, int], unattributed: int, total: int, detach: str = "") -> str:

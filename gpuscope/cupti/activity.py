@@ -166,9 +166,13 @@ def _before_detach() -> None:
         _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
 
 
-def _after_detach() -> None:  # CUPTI forgot the buffer callbacks and the buffers it had
+_retired_buffers: list = []  # buffers CUPTI held when it detached: never freed under it
+
+
+def _after_detach() -> None:  # CUPTI forgot the buffer callbacks
     with _lock:
         _registered.clear()
+        _retired_buffers.extend(_buffers.values())
         _buffers.clear()
 
 

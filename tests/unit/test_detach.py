@@ -32,7 +32,7 @@ def cupti(monkeypatch):
     fake = FakeCupti()
     monkeypatch.setattr(_api, "_cdll", lambda which: fake)
     monkeypatch.setattr(_api, "_attached", True)
-    monkeypatch.delenv(_keep.DETACH_ENV, raising=False)
+    monkeypatch.setenv(_keep.DETACH_ENV, "1")
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
     monkeypatch.setattr(callbacks, "_subscription", [])
     monkeypatch.setattr(activity, "_registered", [])
@@ -76,13 +76,28 @@ def test_an_open_launch_listener_refuses(cupti, monkeypatch):
     assert cupti.calls == []
 
 
-@pytest.mark.parametrize("env, value", [(_keep.DETACH_ENV, "0"), (_keep.DETACH_ENV, "off"),
-                                        ("CUDA_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")])
-def test_the_user_or_another_tool_keeps_cupti_attached(cupti, monkeypatch, env, value):
-    monkeypatch.setenv(env, value)
-    why = _keep.detach_cupti()
-    assert why != "detached" and (value in why or "injected" in why)
+@pytest.mark.parametrize("value", [None, "0", "off"])
+def test_off_unless_asked_for(cupti, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(_keep.DETACH_ENV)
+    else:
+        monkeypatch.setenv(_keep.DETACH_ENV, value)
+    assert _keep.detach_cupti() == "off (set GPUSCOPE_PC_DETACH=1 to detach)"
     assert cupti.calls == []
+
+
+def test_another_injected_tool_keeps_cupti_attached(cupti, monkeypatch):
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    assert "injected" in _keep.detach_cupti()
+    assert cupti.calls == []
+
+
+def test_the_catalogs_host_objects_are_dropped(cupti, monkeypatch):
+    from gpuscope import _catalog
+
+    dropped = []
+    monkeypatch.setattr(_catalog, "forget_hosts", lambda: dropped.append(True))
+    assert _keep.detach_cupti() == "detached" and dropped == [True]
 
 
 def test_a_module_watcher_is_paused_and_resumed(cupti, monkeypatch):
