@@ -331,16 +331,13 @@ def case_rp_same(a, b, sync):
         for ranges in (16, 256):
             img = rp.counter_data_image(names, ranges)
             kind = "user" if metrics == ONE_PASS else "iteration"
-            rows = []
-            for i in range(4):
-                if i == 0 or label == "reconfig":
-                    pass
-                t0 = time.perf_counter()
-                if i == 0:
-                    if kind == "user":
-                        rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, ranges, 1, 1, 0, 1)
-                    else:
-                        rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, ranges, 1, 1, 0, 1)
+            mode = ProfilerRange.USER if kind == "user" else ProfilerRange.AUTO
+
+            def configure():
+                rp.set_config(cfg, img, mode, ReplayMode.USER, ranges, 1, 1, 0, 1)
+
+            def session(t0):
+                """Every pass of one session, decode, evaluate, re-initialise the image: (stop result, row)."""
                 for _ in range(1 if kind == "user" else passes):
                     rp.start()
                     if kind == "user":
@@ -348,31 +345,26 @@ def case_rp_same(a, b, sync):
                     else:
                         a()
                     r = rp.stop()
-                assert r.all_passes_submitted
                 rp.decode()
                 v = h.evaluate(img, 0, names)
                 rp.initialize_counter_data(img)
-                rows.append({"ms": round((time.perf_counter() - t0) * 1e3, 2), "v": float(v[0]), "calls": calls.take()})
+                return r, {"ms": round((time.perf_counter() - t0) * 1e3, 2), "v": float(v[0]), "calls": calls.take()}
+
+            rows = []
+            for i in range(4):
+                t0 = time.perf_counter()
+                if i == 0:
+                    configure()
+                r, row = session(t0)
+                assert r.all_passes_submitted
+                rows.append(row)
                 _log(label, ranges, i, rows[-1]["ms"])
             out[f"{label}_{ranges}_kept"] = rows
             rows = []
             for i in range(3):  # SetConfig again, same image buffer, same config
                 t0 = time.perf_counter()
-                if kind == "user":
-                    rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, ranges, 1, 1, 0, 1)
-                else:
-                    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, ranges, 1, 1, 0, 1)
-                for _ in range(1 if kind == "user" else passes):
-                    rp.start()
-                    if kind == "user":
-                        rp.push_range("r"); a(); rp.pop_range()
-                    else:
-                        a()
-                    r = rp.stop()
-                rp.decode()
-                v = h.evaluate(img, 0, names)
-                rp.initialize_counter_data(img)
-                rows.append({"ms": round((time.perf_counter() - t0) * 1e3, 2), "v": float(v[0]), "calls": calls.take()})
+                configure()
+                rows.append(session(t0)[1])
                 _log(label, ranges, "reconfig", i, rows[-1]["ms"])
             out[f"{label}_{ranges}_setconfig_again"] = rows
             # a new enable per session (Enable is cheap), same image
@@ -384,21 +376,8 @@ def case_rp_same(a, b, sync):
 
                 rp = range_profiler.RangeProfiler(ctx.handle)
                 rp.initialize_counter_data(img)
-                if kind == "user":
-                    rp.set_config(cfg, img, ProfilerRange.USER, ReplayMode.USER, ranges, 1, 1, 0, 1)
-                else:
-                    rp.set_config(cfg, img, ProfilerRange.AUTO, ReplayMode.USER, ranges, 1, 1, 0, 1)
-                for _ in range(1 if kind == "user" else passes):
-                    rp.start()
-                    if kind == "user":
-                        rp.push_range("r"); a(); rp.pop_range()
-                    else:
-                        a()
-                    r = rp.stop()
-                rp.decode()
-                v = h.evaluate(img, 0, names)
-                rp.initialize_counter_data(img)
-                rows.append({"ms": round((time.perf_counter() - t0) * 1e3, 2), "v": float(v[0]), "calls": calls.take()})
+                configure()
+                rows.append(session(t0)[1])
             out[f"{label}_{ranges}_reenable"] = rows
     rp.close()
     return out
