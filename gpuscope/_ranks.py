@@ -460,7 +460,7 @@ def _merge_pm(datasets, offsets, dim="rank"):
     *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps."""
     import xarray as xr
 
-    from ._results import shared_strings
+    from ._labels import string_labels
 
     n = max(ds.sizes["time"] for ds in datasets)
     positions = [np.arange(ds.sizes["time"]) for ds in datasets]
@@ -479,7 +479,7 @@ def _merge_pm(datasets, offsets, dim="rank"):
                                                      f"the sample's end; -1 past the {dim}'s last sample"})
     if all("range" in ds.coords for ds in datasets):
         ranges = _stack([ds["range"].values for ds in datasets], positions, n, object, "")
-        coords["range"] = (dims, shared_strings(ranges), dict(datasets[0]["range"].attrs))
+        coords["range"] = (dims, string_labels(ranges, missing=""), dict(datasets[0]["range"].attrs))
     coords["samples"] = (dim, np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
                          {"description": f"samples of each {dim} (the rest of its row is padding)"})
     data_vars = {}

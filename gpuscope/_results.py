@@ -9,6 +9,8 @@ import datetime
 
 import numpy as np
 
+from ._labels import string_labels
+
 # ---------------------------------------------------------------------------------------------------------
 # PM sampling: a time series
 # ---------------------------------------------------------------------------------------------------------
@@ -187,19 +189,10 @@ def sample_coords(start_ns, end_ns, session_start_ns: int, table: dict, ranges=N
         "time": xr.DataArray(end_ns - np.int64(session_start_ns), dims="time", attrs={"units": "ns"}),
         "start_ns": xr.DataArray(start_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
         "end_ns": xr.DataArray(end_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
-        "range": xr.DataArray(shared_strings(ranges).reshape(start_ns.shape), dims="time", attrs=_SAMPLE_RANGE_ATTRS),
+        "range": xr.DataArray(string_labels(ranges, missing="").reshape(start_ns.shape), dims="time",
+                              attrs=_SAMPLE_RANGE_ATTRS),
         "span": xr.DataArray(span, dims="time", attrs=_SAMPLE_SPAN_ATTRS),
     }
-
-
-def shared_strings(values) -> np.ndarray:
-    """*values* as an object array holding one ``str`` object per distinct value: a per-sample name costs a pointer,
-    not its length (a ``<U`` array takes 4 bytes per character of the longest name for every sample)."""
-    import pandas as pd
-
-    values = np.asarray(values, dtype=object)
-    codes, names = pd.factorize(values.ravel())
-    return np.asarray([str(n) for n in names] + [""], dtype=object)[codes].reshape(values.shape)  # code -1: None
 
 
 #: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one entry per kernel execution.

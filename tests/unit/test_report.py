@@ -455,3 +455,12 @@ def test_pm_samples_without_a_sample_are_refused_saying_so():
     ts.attrs["lost_samples"] = 1234
     with pytest.raises(ValueError, match=r"holds no sample \(1234 were lost"):
         gs.report(ts)
+
+
+def test_labels_read_as_astype_str_would_and_missing_ones_as_asked():
+    from gpuscope._labels import string_labels
+
+    values = np.array(["step", None, float("nan"), "step"], dtype=object)
+    assert string_labels(values).tolist() == values.astype(str).tolist()
+    assert string_labels(["step", None, "step"], missing="").tolist() == ["step", "", "step"]
+    assert string_labels(np.array(["a", "b"])).dtype == object
