@@ -109,16 +109,16 @@ def test_pm_availability_image_gives_the_range_profilers_config(metric_set):
     assert a.tobytes() == b.tobytes()
 
 
-def test_counter_availability_is_queried_once_per_device(monkeypatch):
-    """Every session needs the availability image; CUPTI's query takes about 0.1 s on the H100, so gpuscope keeps
-    it per device (read-only) and asks again only with cached=False."""
+def _fake_pm_availability(monkeypatch, calls=None):
+    """CUPTI's PM counter-availability query answered with the recorded H100 image (device indices asked go to
+    *calls*); returns the image."""
     from gpuscope.cupti import profiler
 
-    calls = []
     image = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
 
     def query(p):
-        calls.append(int(p.deviceIndex))
+        if calls is not None:
+            calls.append(int(p.deviceIndex))
         if p.pCounterAvailabilityImage:
             ctypes.memmove(p.pCounterAvailabilityImage, image.ctypes.data, image.size)
         else:
@@ -126,6 +126,16 @@ def test_counter_availability_is_queried_once_per_device(monkeypatch):
 
     monkeypatch.setattr(profiler, "_pm", types.SimpleNamespace(cuptiPmSamplingGetCounterAvailability=query))
     monkeypatch.setattr(profiler, "_pm_availability", {})
+    return image
+
+
+def test_counter_availability_is_queried_once_per_device(monkeypatch):
+    """Every session needs the availability image; CUPTI's query takes about 0.1 s on the H100, so gpuscope keeps
+    it per device (read-only) and asks again only with cached=False."""
+    from gpuscope.cupti import profiler
+
+    calls = []
+    image = _fake_pm_availability(monkeypatch, calls)
     first = profiler.pm_counter_availability(1)
     assert calls == [1, 1] and first.tobytes() == image.tobytes() and not first.flags.writeable
     assert profiler.pm_counter_availability(1) is first and calls == [1, 1]
@@ -201,16 +211,7 @@ def test_config_images_cupti_made_are_trusted_others_checked(child_checks):
 def test_device_availability_images_are_trusted(monkeypatch, child_checks):
     from gpuscope.cupti import _images, profiler
 
-    image = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
-
-    def query(p):
-        if p.pCounterAvailabilityImage:
-            ctypes.memmove(p.pCounterAvailabilityImage, image.ctypes.data, image.size)
-        else:
-            p.counterAvailabilityImageSize = image.size
-
-    monkeypatch.setattr(profiler, "_pm", types.SimpleNamespace(cuptiPmSamplingGetCounterAvailability=query))
-    monkeypatch.setattr(profiler, "_pm_availability", {})
+    _fake_pm_availability(monkeypatch)
     device = profiler.pm_counter_availability(0)
     assert _images.is_trusted(device, _images.Kind.AVAILABILITY)
     host.ProfilerHost("GH100", ProfilerType.PM_SAMPLING, device).close()
