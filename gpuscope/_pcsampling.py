@@ -401,7 +401,7 @@ class PCSampler:
             C.enable(ctx)
             enabled = True
             self.reason_indices, self.reason_names = C.stall_reasons(ctx)
-            self._buffer = C.SamplingBuffer(self.buffer_pcs, len(self.reason_names))
+            self._buffer = C.lease_buffer(self.buffer_pcs, len(self.reason_names))
             C.set_attributes(ctx, self._config())
             if self.start_stop:
                 C.start(ctx)
@@ -438,6 +438,10 @@ class PCSampler:
         self.launches = counts
 
     def _release(self) -> None:
+        if self._buffer is not None:
+            from .cupti import pc_sampling as C
+
+            C.return_buffer(self._buffer)  # kept for the next block: CUPTI may still write into it
         if self._recorder is not None:
             _quietly(self._recorder.close)
             self._recorder = None
@@ -508,7 +512,6 @@ class PCSampler:
                 self._parts.append(self._buffer.take())  # disable copies what CUPTI still held
             except Exception as exc:
                 error = error or exc
-            self._buffer.release()
             if self._finalizer is not None:
                 self._finalizer.detach()
             self._release()

@@ -5,6 +5,10 @@ them), ``start``, work, ``stop``, then ``get_data`` until ``remaining_pcs == 0``
 takes the ``CUcontext`` as an integer. PC sampling can be enabled on one context per GPU at a time.
 
 Memory: the PC records are written into a buffer the caller allocates (:class:`SamplingBuffer`). CUPTI keeps
+the buffer's address, and the stall-reason index array's, past ``disable``: a ``cuptiFinalize`` later in the
+process may still write there. So both come from pools that are never freed (:func:`lease_buffer`,
+:func:`kept_indices`): a block takes a buffer and gives it back, and the next block of the same shape reuses it.
+CUPTI keeps
 each record's ``functionName`` (shared among records and reused across sessions: freeing it led to a double
 free, so it is only read); the ``fileName``/``dirName`` of a SASS-to-source lookup are the caller's and are
 freed at once.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import threading
 from ctypes import POINTER, c_char_p, c_size_t, c_void_p
 
 import numpy as np
@@ -185,6 +190,46 @@ def get_attribute(ctx: int, attribute: PCSamplingAttribute) -> int:
     return int(getattr(getattr(info.attributeData, member), field))
 
 
+# Arrays and buffers whose addresses CUPTI was given; never freed (see the module docstring).
+_INDICES: dict[bytes, np.ndarray] = {}
+_FREE_BUFFERS: dict[tuple[int, int], list[SamplingBuffer]] = {}
+_ALL_BUFFERS: list[SamplingBuffer] = []
+_pool_lock = threading.Lock()
+
+
+def kept_indices(indices) -> np.ndarray:
+    """*indices* as a uint32 array that lives as long as the process (the STALL_REASON attribute's value)."""
+    array = np.ascontiguousarray(indices, dtype=np.uint32)
+    with _pool_lock:
+        return _INDICES.setdefault(array.tobytes(), array)
+
+
+def lease_buffer(num_pcs: int, num_stall_reasons: int) -> SamplingBuffer:
+    """A free :class:`SamplingBuffer` of this shape, made if none is free; give it back with :func:`return_buffer`.
+
+    Buffers are never freed: CUPTI may write into the last one it was given after PC sampling is disabled.
+    """
+    key = (int(num_pcs), int(num_stall_reasons))
+    with _pool_lock:
+        free = _FREE_BUFFERS.setdefault(key, [])
+        if free:
+            buffer = free.pop()
+            buffer.reset()
+            return buffer
+        buffer = SamplingBuffer(*key)
+        _ALL_BUFFERS.append(buffer)
+        return buffer
+
+
+def return_buffer(buffer: SamplingBuffer) -> None:
+    """Give a leased buffer back for the next block of its shape (safe twice)."""
+    buffer.release()
+    with _pool_lock:
+        free = _FREE_BUFFERS.setdefault((buffer.num_pcs, buffer.num_stall_reasons), [])
+        if not any(b is buffer for b in free):
+            free.append(buffer)
+
+
 def stall_reasons(ctx: int) -> tuple[np.ndarray, list[str]]:
     """The device's stall reasons: (uint32 indices, CUPTI names such as ``smsp__pcsamp_warps_issue_stalled_wait``)."""
     count = c_size_t(0)
@@ -204,7 +249,7 @@ def stall_reasons(ctx: int) -> tuple[np.ndarray, list[str]]:
             stallReasons=name_ptrs,
         )
     )
-    return indices, [b.value.decode() for b in names]
+    return kept_indices(indices), [b.value.decode() for b in names]
 
 
 # One row per (PC, stall reason) with samples > 0; arrays instead of objects so that large runs stay cheap.
@@ -305,6 +350,14 @@ class SamplingBuffer:
 
     def release(self) -> None:
         """Forget the function names read so far (CUPTI keeps ownership of them). Safe twice."""
+        self._names.clear()
+
+    def reset(self) -> None:
+        """Empty the buffer for a new block: no records, no counts, no names."""
+        d = self.data
+        d.totalNumPcs = d.remainingNumPcs = 0
+        d.totalSamples = d.droppedSamples = d.nonUsrKernelsTotalSamples = 0
+        d.hardwareBufferFull = 0
         self._names.clear()
 
     @property

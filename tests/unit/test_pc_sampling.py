@@ -200,6 +200,7 @@ class _Context:
 
 class _Buffer:
     remaining_pcs = 0
+    num_pcs, num_stall_reasons = 1, 1
 
     def __init__(self, records):
         self.records = records
@@ -304,3 +305,22 @@ def test_the_message_says_whether_cupti_was_detached_when_the_block_started():
     assert "had forgotten the process" in after and "fresh process" not in after
     refused = P.unattributed_message(5, 10, "off (set GPUSCOPE_PC_DETACH=1 to detach)")
     assert "CUPTI was not detached first (off" in refused and "fresh process" in refused
+
+
+def test_sampling_buffers_are_reused_and_never_freed():
+    """CUPTI may write into the last buffer it was given after disable: buffers come from a pool that keeps them."""
+    from gpuscope.cupti import pc_sampling as C
+
+    first = C.lease_buffer(7, 3)
+    second = C.lease_buffer(7, 3)
+    assert first is not second  # two blocks at once (two devices) never share one
+    first.data.totalNumPcs = 2
+    first.data.totalSamples = 9
+    C.return_buffer(first)
+    C.return_buffer(first)  # safe twice
+    again = C.lease_buffer(7, 3)
+    assert again is first and again.data.totalNumPcs == 0 and again.data.totalSamples == 0
+    assert C.lease_buffer(7, 3) not in (first, second)  # returned once, leased once
+    assert all(b in C._ALL_BUFFERS for b in (first, second))
+    a = C.kept_indices(np.array([3, 1], dtype=np.int64))
+    assert a.dtype == np.uint32 and C.kept_indices([3, 1]) is a
