@@ -21,10 +21,10 @@ exit, a forked child (which forgets, never touches, its parent's), and :func:`gp
 Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
 too (:func:`host_for`): they depend only on the chip and the metrics.
 
-With ``GPUSCOPE_PC_DETACH=1`` (experimental), PC sampling starts from a CUPTI that has forgotten the process
-(:func:`detach_cupti`, ``cuptiFinalize``): CUPTI maps a kernel for PC sampling only if the kernel never ran while
-CUPTI was attached outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching
-drops everything kept here first.
+PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cupti`, ``cuptiFinalize``; off with
+``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
+outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
+kept here first.
 """
 
 from __future__ import annotations
@@ -239,8 +239,7 @@ def _detach(kept: Kept) -> None:
         finalizer.detach()
 
 
-#: ``GPUSCOPE_PC_DETACH=1`` makes PC sampling detach CUPTI first. Off by default: two of five shuffled runs of the GPU
-#: suite with it on by default corrupted the test process's memory (a hang in numpy, then SIGSEGV), cause not found.
+#: ``GPUSCOPE_PC_DETACH=0`` keeps CUPTI attached when PC sampling starts (the detach is on by default).
 DETACH_ENV = "GPUSCOPE_PC_DETACH"
 
 
@@ -251,9 +250,10 @@ def detach_cupti() -> str:
     first got 0 of 190,549 samples; after a detach, all of them). Costs 2-28 ms, plus the host objects the next
     range session builds again.
 
-    Off unless ``GPUSCOPE_PC_DETACH=1``: with it on by default, two of five shuffled runs of the GPU suite corrupted
-    the test process's memory (cause not found; host objects made before a detach are now dropped, and CUPTI's
-    activity buffers are never freed). Everything kept is released first. Nothing happens if CUPTI is not attached,
+    On unless ``GPUSCOPE_PC_DETACH=0``. CUPTI keeps the addresses it was given (PC sampling's data buffer, the
+    activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first
+    (a freed PC sampling buffer corrupted the process's memory in two of five shuffled GPU-suite runs before they
+    were pooled). Everything kept is released first. Nothing happens if CUPTI is not attached,
     if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would be lost) or if a gpuscope
     session is open. Returns ``"detached"``, ``"not attached"`` or why it did not detach.
     """
@@ -262,8 +262,8 @@ def detach_cupti() -> str:
 
     if not _api.attached():
         return "not attached"
-    if os.environ.get(DETACH_ENV, "").strip().lower() not in ("1", "on", "yes", "true"):
-        return f"off (set {DETACH_ENV}=1 to detach)"
+    if os.environ.get(DETACH_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return f"off ({DETACH_ENV}=0)"
     if os.environ.get("CUDA_INJECTION64_PATH"):
         return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
     release()

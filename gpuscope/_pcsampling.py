@@ -616,8 +616,8 @@ def _rule(detach: str) -> str:
         return ("CUPTI had forgotten the process when the block started, so these kernels were not hidden by "
                 "earlier profiling.")
     return (f"{_FIRST_LAUNCH_RULE}; CUPTI was not detached first ({detach or 'unknown'}). Sample in a fresh process "
-            "or before profiling those kernels, or set GPUSCOPE_PC_DETACH=1 to detach CUPTI when a block starts "
-            "(experimental; docs/pc-sampling.md).")
+            "or before profiling those kernels; unless another CUPTI tool is injected, leave GPUSCOPE_PC_DETACH "
+            "unset so that the block detaches CUPTI first (docs/pc-sampling.md).")
 
 
 def unsampled_message(missing: dict[str, int], unattributed: int, total: int, detach: str = "") -> str:

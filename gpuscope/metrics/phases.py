@@ -337,7 +337,8 @@ def _absorb_excursions(z: np.ndarray, bounds: np.ndarray, labels: np.ndarray, fa
     windowed means, so it needs no noise model: with autocorrelated or heavy-tailed noise they spread widely,
     with white noise they concentrate as ``1/sqrt(m)`` and a real change stays. ``P`` must be at least
     ``_EXCURSION_WINDOWS`` times longer than the segment, so that its largest deviation is the extreme of that
-    many disjoint windows. Shortest segments first; an absorbed segment joins its phase's reference.
+    many disjoint windows. Shortest segments first; an absorbed segment joins its phase's reference and is not
+    moved again (a segment within reach of the phases on both sides would otherwise swing between them forever).
     """
     labels = labels.copy()
     sizes = np.diff(bounds)
@@ -361,15 +362,19 @@ def _absorb_excursions(z: np.ndarray, bounds: np.ndarray, labels: np.ndarray, fa
         return False
 
     order = np.argsort(sizes, kind="stable")
+    absorbed: set[int] = set()  # a segment changes phase once: one between two phases could join each in turn
     changed = True
     while changed:
         changed = False
         for s in order:
+            if s in absorbed:
+                continue
             p = next((labels[j] for j in (s - 1, s + 1)
                       if 0 <= j < len(sizes) and labels[j] != labels[s] and joins(s, labels[j])), None)
             if p is not None:
                 rejected = {(t, q) for t, q in rejected if q not in (p, labels[s])}  # both references changed
                 labels[s] = p
+                absorbed.add(int(s))
                 changed = True
                 break
     return labels

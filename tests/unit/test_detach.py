@@ -32,7 +32,7 @@ def cupti(monkeypatch):
     fake = FakeCupti()
     monkeypatch.setattr(_api, "_cdll", lambda which: fake)
     monkeypatch.setattr(_api, "_attached", True)
-    monkeypatch.setenv(_keep.DETACH_ENV, "1")
+    monkeypatch.delenv(_keep.DETACH_ENV, raising=False)  # on by default
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
     monkeypatch.setattr(callbacks, "_subscription", [])
     monkeypatch.setattr(activity, "_registered", [])
@@ -76,13 +76,10 @@ def test_an_open_launch_listener_refuses(cupti, monkeypatch):
     assert cupti.calls == []
 
 
-@pytest.mark.parametrize("value", [None, "0", "off"])
-def test_off_unless_asked_for(cupti, monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv(_keep.DETACH_ENV)
-    else:
-        monkeypatch.setenv(_keep.DETACH_ENV, value)
-    assert _keep.detach_cupti() == "off (set GPUSCOPE_PC_DETACH=1 to detach)"
+@pytest.mark.parametrize("value", ["0", "off", "false"])
+def test_off_when_asked(cupti, monkeypatch, value):
+    monkeypatch.setenv(_keep.DETACH_ENV, value)
+    assert _keep.detach_cupti() == "off (GPUSCOPE_PC_DETACH=0)"
     assert cupti.calls == []
 
 

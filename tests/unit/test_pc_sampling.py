@@ -303,7 +303,7 @@ def test_launch_recorders_share_the_callbacks(monkeypatch):
 def test_the_message_says_whether_cupti_was_detached_when_the_block_started():
     after = P.unsampled_message({"stream": 3}, 0, 10, "detached")
     assert "had forgotten the process" in after and "fresh process" not in after
-    refused = P.unattributed_message(5, 10, "off (set GPUSCOPE_PC_DETACH=1 to detach)")
+    refused = P.unattributed_message(5, 10, "off (GPUSCOPE_PC_DETACH=0)")
     assert "CUPTI was not detached first (off" in refused and "fresh process" in refused
 
 

@@ -203,3 +203,21 @@ def test_metrics_without_a_finite_value():
                      b=("time", np.r_[np.ones(500), np.full(500, np.inf)]))
     with pytest.raises(ValueError, match="no sample along 'time' has a finite value in every one of a, b"):
         ph.phases(half, metrics=["a", "b"])
+
+
+def test_a_segment_within_reach_of_both_neighbours_is_absorbed_once():
+    """A short segment between two phases, each near enough to absorb it, swung between them forever (a hang of
+    gs.phases on H100 data in a shuffled GPU-suite run): it now joins the first and stays."""
+    import threading
+
+    from gpuscope.metrics.phases import _absorb_excursions
+
+    rng = np.random.default_rng(0)
+    z = np.concatenate([rng.normal(0, 1, 400), np.full(10, 0.5), rng.normal(1, 1, 400)])[:, None]
+    result = []
+    worker = threading.Thread(target=lambda: result.append(
+        _absorb_excursions(z, np.array([0, 400, 410, 810]), np.array([0, 2, 1]), 1.0)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert result, "_absorb_excursions did not finish"
+    assert list(result[0]) in ([0, 0, 1], [0, 1, 1])
