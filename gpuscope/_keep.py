@@ -251,9 +251,8 @@ def detach_cupti() -> str:
     range session builds again.
 
     On unless ``GPUSCOPE_PC_DETACH=0``. CUPTI keeps the addresses it was given (PC sampling's data buffer, the
-    activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first
-    (a freed PC sampling buffer corrupted the process's memory in two of five shuffled GPU-suite runs before they
-    were pooled). Everything kept is released first. Nothing happens if CUPTI is not attached,
+    activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first.
+    Everything kept is released first. Nothing happens if CUPTI is not attached,
     if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would be lost) or if a gpuscope
     session is open. Returns ``"detached"``, ``"not attached"`` or why it did not detach.
     """
