@@ -191,7 +191,7 @@ def _median_node_table(ds, nodes):
 
 def cmd_validate(args):
     import gpuscope as gs
-    from gpuscope._names import match_kernel
+    from gpuscope._schema.names import match_kernel
 
     k = Kernels()
     timings = {}
@@ -411,7 +411,9 @@ def cmd_breakdown(args):
     import pstats
 
     import gpuscope as gs
-    from gpuscope import _fast, _pcsampling, _session
+    from gpuscope._pc_sampling import fast as _fast
+    from gpuscope._pc_sampling import sampler as _pcsampling
+    from gpuscope._range_profiling import session as _session
     from gpuscope.cupti import host, profiler, range_profiler
     from gpuscope.metrics import topdown as td
 
@@ -590,7 +592,7 @@ def _kernel_skip(gs, w, n):
 
 def _close_timers():
     """Time the parts of PCSampler.close (synchronise, settle, disable, build) by wrapping them."""
-    from gpuscope import _pcsampling
+    from gpuscope._pc_sampling import sampler as _pcsampling
     from gpuscope.cupti import pc_sampling as C
 
     spent = {"sync": 0.0, "settle": 0.0, "disable": 0.0, "build": 0.0, "get_data_calls": 0}
@@ -645,7 +647,7 @@ _TOGETHER = r"""
 import json, sys
 sys.path.insert(0, "benchmarks")
 import gpuscope as gs
-from gpuscope._fast import FAST_SET
+from gpuscope._pc_sampling.fast import FAST_SET
 from bench_fast_topdown import Pair
 w = Pair()
 out = {"order": sys.argv[1]}

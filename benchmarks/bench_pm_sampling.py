@@ -192,7 +192,7 @@ def decode_cost(seconds=0.5, interval="50us"):
     import warnings
 
     import gpuscope
-    from gpuscope import _catalog
+    from gpuscope._gpu import catalog as _catalog
     from gpuscope.cupti import pm_sampling as pm
     from gpuscope.cupti import profiler
 
@@ -269,7 +269,8 @@ def main():
     args = ap.parse_args()
 
     import gpuscope
-    from gpuscope import _device, _sampling
+    from gpuscope._gpu import device as _device
+    from gpuscope._pm_sampling import sampler as _sampling
 
     info = _device.device_info(0)
     launches, for_seconds, stream_only, bytes_per_launch = make_workload()

@@ -28,7 +28,7 @@ def main():
     args = ap.parse_args()
 
     import gpuscope as gs
-    from gpuscope import _demo
+    from gpuscope._commands import demo as _demo
     from numba import cuda
 
     work = _demo.build_workload(n=1 << 22)

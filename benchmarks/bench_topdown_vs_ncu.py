@@ -42,7 +42,7 @@ def launch_all(work, launches):
 
 
 def workload(launches):
-    from gpuscope import _demo
+    from gpuscope._commands import demo as _demo
 
     work = _demo.build_workload()
     launch_all(work, launches)
@@ -90,7 +90,7 @@ def main():
         return
 
     import gpuscope as gs
-    from gpuscope import _demo
+    from gpuscope._commands import demo as _demo
     from numba import cuda
 
     cc = "%d.%d" % cuda.get_current_device().compute_capability

@@ -44,7 +44,7 @@ def _stranger(address: str, hold_s: float) -> None:
 def workload(seconds: float):
     from numba import cuda
 
-    from gpuscope import _demo
+    from gpuscope._commands import demo as _demo
 
     work = _demo.build_workload(n=1 << 22, fma_iters=500)
     end = time.perf_counter() + seconds
@@ -133,7 +133,7 @@ with gs.sample("pm-default", interval="100us", evaluate_in="process"):
 def case_killed():
     p = subprocess.run([sys.executable, "-c", _KILLED], capture_output=True, text=True, cwd=ROOT, timeout=120)
     time.sleep(2)  # the workers notice the closed socket
-    stray = subprocess.run(["pgrep", "-f", "gpuscope._pm_workers"], capture_output=True, text=True).stdout.split()
+    stray = subprocess.run(["pgrep", "-f", "gpuscope._pm_sampling.workers"], capture_output=True, text=True).stdout.split()
     return {"case": "killed", "rc": p.returncode, "stderr": p.stderr.strip()[-400:], "workers_left": len(stray)}
 
 

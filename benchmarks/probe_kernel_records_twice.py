@@ -101,7 +101,7 @@ def _demo_rounds(gs, kernels: bool) -> dict:
 
     from numba import cuda
 
-    from gpuscope import _demo
+    from gpuscope._commands import demo as _demo
 
     work = _demo.build_workload(n=1 << 22, fma_iters=500)
     for name in _demo.PHASES:

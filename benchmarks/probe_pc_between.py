@@ -29,7 +29,7 @@ def main():
 
     import gpuscope as gs
     from benchmarks import bench_pc_sampling as B
-    from gpuscope._source import CubinRegistry
+    from gpuscope._pc_sampling.source import CubinRegistry
     from gpuscope.cupti.pc_sampling import sass_to_source
 
     work = B.Workload()
@@ -98,7 +98,7 @@ import gc, json, sys, warnings
 warnings.simplefilter("ignore")
 import gpuscope as gs
 from benchmarks import bench_pc_sampling as B
-from gpuscope._source import CubinRegistry, numba_cubins
+from gpuscope._pc_sampling.source import CubinRegistry, numba_cubins
 from gpuscope.cupti.pc_sampling import sass_to_source
 
 work = B.Workload()

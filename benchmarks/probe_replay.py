@@ -125,7 +125,8 @@ def unprofiled_floor(run_tiny, launches=2000):
 
 
 def _session(metrics):
-    from gpuscope import _catalog, _device
+    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import device as _device
     from gpuscope.cupti import host, profiler
     from gpuscope.cupti._types import ProfilerType
 

@@ -83,7 +83,7 @@ def kernels():
 
 
 def _host(metrics):
-    from gpuscope import _catalog
+    from gpuscope._gpu import catalog as _catalog
     from gpuscope.cupti import host, profiler
     from gpuscope.cupti._types import ProfilerType
 
@@ -131,7 +131,7 @@ def _session(rp, h, cfg, metrics, passes, kind, launch, sync):
 
 
 def case_fresh(a, b, sync):
-    from gpuscope import _device
+    from gpuscope._gpu import device as _device
     from gpuscope.cupti import profiler, range_profiler
 
     calls = Calls()
@@ -160,7 +160,7 @@ def case_fresh(a, b, sync):
 
 
 def _kept(sync):
-    from gpuscope import _device
+    from gpuscope._gpu import device as _device
     from gpuscope.cupti import profiler, range_profiler
 
     ctx = _device.PrimaryContext(0)
@@ -262,8 +262,8 @@ def case_disabled_pc(a, b, sync):
 
 
 def case_pc_keep(a, b, sync):
-    from gpuscope import _device
-    from gpuscope._pcsampling import PCSampler
+    from gpuscope._gpu import device as _device
+    from gpuscope._pc_sampling.sampler import PCSampler
     from gpuscope.cupti import pc_sampling as C
 
     calls = Calls()
@@ -443,7 +443,7 @@ def case_rp_switch(a, b, sync):
 
 def case_pm_restart(a, b, sync):
     """PM sampling: Enable and SetConfig once, then Start/Stop/decode twice; SetConfig cost by hardware buffer."""
-    from gpuscope import _catalog
+    from gpuscope._gpu import catalog as _catalog
     from gpuscope.cupti import host, pm_sampling as pm, profiler
     from gpuscope.cupti._types import PmTriggerMode, ProfilerType
 
@@ -521,7 +521,7 @@ def case_cubins(a, b, sync):
     import cupy as cp
     from numba import cuda
 
-    from gpuscope._source import numba_cubins
+    from gpuscope._pc_sampling.source import numba_cubins
 
     out_dir = Path(os.environ.get("OUT", "/tmp")) / "cubins"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -559,7 +559,7 @@ def case_cubins(a, b, sync):
             found[name] = {"has_cubin_attr": cub is not None, "attrs": [n for n in dir(mod) if not n.startswith("__")][:40]}
         except Exception as exc:
             found[name] = f"{type(exc).__name__}: {exc}"[:300]
-    from gpuscope._source import cupy_cache_cubins
+    from gpuscope._pc_sampling.source import cupy_cache_cubins
 
     for k, cub in enumerate(cupy_cache_cubins()):
         (out_dir / f"cupy_cache_{k}.cubin").write_bytes(cub)

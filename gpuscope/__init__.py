@@ -15,7 +15,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-from ._version import __version__
+from gpuscope._version import __version__
 
 
 class _RegisterAccessor(importlib.abc.MetaPathFinder):
@@ -41,7 +41,7 @@ class _RegisterAccessor(importlib.abc.MetaPathFinder):
 
 
 if "xarray" in sys.modules:
-    from .metrics import accessor as _accessor  # noqa: F401  (registers ds.gpuscope; no CUDA, no matplotlib)
+    from gpuscope.metrics import accessor as _accessor  # noqa: F401  (registers ds.gpuscope; no CUDA, no matplotlib)
 else:
     sys.meta_path.insert(0, _RegisterAccessor())
 
@@ -58,64 +58,64 @@ _EXPORTS = {
     "UnsupportedChipError": "gpuscope.errors",
     "ProfilerBusyError": "gpuscope.errors",
     # metric catalog
-    "list_metrics": "gpuscope._catalog",
-    "search_metrics": "gpuscope._catalog",
-    "describe_metric": "gpuscope._catalog",
-    "count_passes": "gpuscope._catalog",
-    "list_chips": "gpuscope._catalog",
-    "metric_sets": "gpuscope._catalog",
-    "metric_set": "gpuscope._catalog",
-    "MetricInfo": "gpuscope._catalog",
+    "list_metrics": "gpuscope._gpu.catalog",
+    "search_metrics": "gpuscope._gpu.catalog",
+    "describe_metric": "gpuscope._gpu.catalog",
+    "count_passes": "gpuscope._gpu.catalog",
+    "list_chips": "gpuscope._gpu.catalog",
+    "metric_sets": "gpuscope._gpu.catalog",
+    "metric_set": "gpuscope._gpu.catalog",
+    "MetricInfo": "gpuscope._gpu.catalog",
     "MetricSet": "gpuscope.metrics.catalog",
     # analysis (pure, no GPU)
     "topdown": "gpuscope.metrics.topdown",
     "aggregate": "gpuscope.metrics.topdown",
-    "dynamic": "gpuscope.metrics.topdown",
+    "dynamic": "gpuscope.metrics.phase_topdown",
     "required_metrics": "gpuscope.metrics.topdown",
     "phases": "gpuscope.metrics.phases",
     "MissingMetricsError": "gpuscope.errors",
     # user ranges
-    "range": "gpuscope._ranges",
-    "Profiler": "gpuscope._session",
-    "release": "gpuscope._keep",
-    "replay": "gpuscope._session",
-    "profile": "gpuscope._kernels",
-    "open_dataset": "gpuscope._io",
-    "save_dataset": "gpuscope._io",
+    "range": "gpuscope._range_profiling.ranges",
+    "Profiler": "gpuscope._range_profiling.session",
+    "release": "gpuscope._gpu.keep",
+    "replay": "gpuscope._range_profiling.session",
+    "profile": "gpuscope._range_profiling.kernels",
+    "open_dataset": "gpuscope._results.io",
+    "save_dataset": "gpuscope._results.io",
     "UnbalancedRangeError": "gpuscope.errors",
     "MultiPassRangeError": "gpuscope.errors",
     "SessionConflictError": "gpuscope.errors",
     # PC sampling
-    "pc_sample": "gpuscope._pcsampling",
-    "PCSampler": "gpuscope._pcsampling",
-    "fast_topdown": "gpuscope._pcsampling",
-    "profile_fast_topdown": "gpuscope._fast",
-    "FastTopDownError": "gpuscope._fast",
+    "pc_sample": "gpuscope._pc_sampling.sampler",
+    "PCSampler": "gpuscope._pc_sampling.sampler",
+    "fast_topdown": "gpuscope._pc_sampling.sampler",
+    "profile_fast_topdown": "gpuscope._pc_sampling.fast",
+    "FastTopDownError": "gpuscope._pc_sampling.fast",
     "SamplerBusyError": "gpuscope.errors",
     # PM sampling
-    "sample": "gpuscope._sampling",
-    "Sampler": "gpuscope._sampling",
-    "MultiSampler": "gpuscope._multi_sampling",
-    "combine_devices": "gpuscope._multi_sampling",
-    "select_device": "gpuscope._multi_sampling",
+    "sample": "gpuscope._pm_sampling.api",
+    "Sampler": "gpuscope._pm_sampling.sampler",
+    "MultiSampler": "gpuscope._pm_sampling.multi",
+    "combine_devices": "gpuscope._pm_sampling.multi",
+    "select_device": "gpuscope._pm_sampling.multi",
     "NotSinglePassError": "gpuscope.errors",
-    "to_chrome_trace": "gpuscope._io",
-    "to_perfetto": "gpuscope._io",
+    "to_chrome_trace": "gpuscope._results.io",
+    "to_perfetto": "gpuscope._results.io",
     # tables
-    "to_dataframe": "gpuscope._results",
-    "spans": "gpuscope._results",
-    "kernel_executions": "gpuscope._results",
+    "to_dataframe": "gpuscope._schema.dataset",
+    "spans": "gpuscope._schema.dataset",
+    "kernel_executions": "gpuscope._schema.dataset",
     # the answer at the end of a run
-    "report": "gpuscope._report",
-    "Report": "gpuscope._report",
-    "compare": "gpuscope._compare",
+    "report": "gpuscope._results.report",
+    "Report": "gpuscope._results.report",
+    "compare": "gpuscope._results.compare",
     "NotGpuscopeDataError": "gpuscope.errors",
     # many GPUs, many processes
-    "rank_info": "gpuscope._ranks",
-    "RankInfo": "gpuscope._ranks",
-    "rank_path": "gpuscope._ranks",
-    "open_ranks": "gpuscope._ranks",
-    "merge_ranks": "gpuscope._ranks",
+    "rank_info": "gpuscope._results.job",
+    "RankInfo": "gpuscope._results.job",
+    "rank_path": "gpuscope._results.job",
+    "open_ranks": "gpuscope._results.ranks",
+    "merge_ranks": "gpuscope._results.ranks",
     "rank_times": "gpuscope.metrics.ranks",
     "imbalance": "gpuscope.metrics.ranks",
     "rank_topdown": "gpuscope.metrics.ranks",

@@ -20,8 +20,8 @@ import json
 import os
 import sys
 
-from . import __version__
-from .errors import (CuptiNotFoundError, CuptiNotSupportedError, CuptiPermissionError, GpuscopeError, NoGpuError,
+from gpuscope import __version__
+from gpuscope.errors import (CuptiNotFoundError, CuptiNotSupportedError, CuptiPermissionError, GpuscopeError, NoGpuError,
                      NotGpuscopeDataError, ProfilerBusyError)
 
 EXIT_OK, EXIT_NO_GPU, EXIT_NO_CUPTI, EXIT_NO_COUNTERS, EXIT_USAGE = 0, 1, 2, 3, 4
@@ -46,14 +46,14 @@ def _print_table(rows, header=None, out=None):
 
 
 def _metrics(args) -> int:
-    from . import _catalog as cat
+    from gpuscope._gpu import catalog as cat
 
     if args.chips:
         chips = cat.list_chips()
         print(json.dumps(chips) if args.json else "\n".join(chips))
         return EXIT_OK
     if args.support:
-        from . import _support
+        from gpuscope._gpu import support as _support
 
         info = _support.chip_support(args.chip or cat._check_chip(None))
         print(json.dumps(info.as_dict(), indent=2) if args.json else _support.format_support(info))
@@ -85,7 +85,7 @@ def _metrics(args) -> int:
         names = cat.resolve(metrics, chip, kind)
         passes = cat.count_passes(names, chip, kind)
         per = {m: cat.count_passes([m], chip, kind) for m in names}
-        from .cupti import _api
+        from gpuscope.cupti import _api
 
         version = "%d.%d" % _api.version()
         if args.json:
@@ -152,7 +152,8 @@ def _metrics(args) -> int:
 
 def _sets_on_chip(args, chip: str) -> int:
     """``gpuscope metrics --sets --chip X``: every set as the chip collects it, with what was substituted."""
-    from . import _catalog, _support
+    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import support as _support
 
     info = _support.chip_support(chip)
     if args.json:
@@ -205,7 +206,7 @@ def _check(args) -> int:
     lines: list[tuple[str, str]] = [("gpuscope", __version__)]
     code = EXIT_OK
 
-    from .cupti import _lib
+    from gpuscope.cupti import _lib
 
     if getattr(args, "chip", None):
         return _check_chip(args)
@@ -220,7 +221,7 @@ def _check(args) -> int:
         lines.append(("CUPTI", f"NOT USABLE: {exc}"))
         return _finish(args, report, lines, EXIT_NO_CUPTI)
 
-    from . import _device
+    from gpuscope._gpu import device as _device
 
     cuda_version = _device.driver_version()
     driver = (_read("/sys/module/nvidia/version") or "").strip()
@@ -249,8 +250,8 @@ def _check(args) -> int:
                                        f"{info.sm_count} SMs, {info.memory_bytes / 2**30:.1f} GiB "
                                        f"({count} GPU{'s' if count != 1 else ''} visible)"))
 
-    from .cupti import profiler
-    from .cupti._types import ProfilerApi
+    from gpuscope.cupti import profiler
+    from gpuscope.cupti._types import ProfilerApi
 
     ctx = _device.PrimaryContext(args.device)
     try:
@@ -282,7 +283,7 @@ def _check(args) -> int:
             if admin_only is not None:
                 detail += f"; RmProfilingAdminOnly={int(admin_only)}"
             if not readable:
-                from .errors import COUNTER_PERMISSION_HELP
+                from gpuscope.errors import COUNTER_PERMISSION_HELP
 
                 detail += ". " + COUNTER_PERMISSION_HELP
                 report["missing"].append({"what": "counters_readable", "why": detail})
@@ -303,7 +304,7 @@ def _check(args) -> int:
 
 def _add_support(report: dict, lines: list, chip: str) -> None:
     """Which sets are complete and reduced on *chip*, and whether it was verified on hardware."""
-    from . import _support
+    from gpuscope._gpu import support as _support
 
     try:
         info = _support.chip_support(chip)
@@ -323,8 +324,8 @@ def _add_support(report: dict, lines: list, chip: str) -> None:
 
 def _check_chip(args) -> int:
     """``gpuscope check --chip X``: what gpuscope supports on a chip, offline."""
-    from . import _support
-    from .cupti import _lib
+    from gpuscope._gpu import support as _support
+    from gpuscope.cupti import _lib
 
     lib = _lib.load()
     info = _support.chip_support(args.chip)
@@ -360,7 +361,7 @@ def _finish(args, report, lines, code) -> int:
 
 
 def _demo(args) -> int:
-    from . import _demo
+    from gpuscope._commands import demo as _demo
 
     return _demo.main(args.out, record_to=args.record_to, force_recorded=args.recorded)
 
@@ -371,7 +372,8 @@ def _demo(args) -> int:
 
 
 def _run(args) -> int:
-    from . import _catalog, _run
+    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._commands import run as _run
 
     metrics = None
     if args.metrics:
@@ -399,8 +401,8 @@ _KIND_NEEDS = {"range": "range", "pm_sampling": "time", "pc_sampling": "kernel_s
 
 def _open(path: str):
     """A saved gpuscope Dataset, or an error that says what the file is not."""
-    from ._io import open_dataset
-    from ._report import _kind
+    from gpuscope._results.io import open_dataset
+    from gpuscope._results.report import _kind
 
     try:
         ds = open_dataset(path)
@@ -420,7 +422,7 @@ def _open(path: str):
 
 def _check_dims(path: str, ds) -> None:
     """Raise unless *ds* has what its kind cannot lack (an edited ``kind`` made the report fail on a missing dim)."""
-    from ._report import _kind
+    from gpuscope._results.report import _kind
 
     kind = _kind(ds)
     need = _KIND_NEEDS[kind]
@@ -433,7 +435,7 @@ def _check_dims(path: str, ds) -> None:
 
 def _no_samples(path: str, ds) -> str:
     """What show says of PM samples without a sample (a run whose samples were all lost writes one)."""
-    from ._report import _device_line
+    from gpuscope._results.report import _device_line
 
     lost = ds.attrs.get("lost_samples")
     why = f"{lost} samples were lost during collection (attrs['lost_samples'])" if lost else "none was recorded"
@@ -444,9 +446,9 @@ def _no_samples(path: str, ds) -> str:
 def _show(args) -> int:
     import pandas as pd
 
-    from ._multi_sampling import each_device
-    from ._report import raw_text, report
-    from ._results import to_dataframe
+    from gpuscope._pm_sampling.multi import each_device
+    from gpuscope._results.report import raw_text, report
+    from gpuscope._schema.dataset import to_dataframe
 
     if args.page == "raw" and args.by:
         raise ValueError("--by groups the rows of the details page; --page raw lists every row as it was recorded")
@@ -477,8 +479,8 @@ def _show(args) -> int:
 def _compare(args) -> int:
     import warnings
 
-    from ._compare import compare
-    from .errors import GpuscopeWarning
+    from gpuscope._results.compare import compare
+    from gpuscope.errors import GpuscopeWarning
 
     base, new = _open(args.base), _open(args.new)
     with warnings.catch_warnings():  # the coverage warnings of Top-Down repeat for each file; compare says enough

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from . import _ranks
+from gpuscope._results import ranks as _ranks
+
+from gpuscope._results import job as _job
 
 __all__ = ["workers", "gather", "profile"]
 
@@ -36,7 +38,7 @@ def workers(client) -> dict:
     gpuscope.errors.RankMergeError
         The cluster has no workers (yet): wait for them, e.g. ``client.wait_for_workers(n)``.
     """
-    from .errors import RankMergeError
+    from gpuscope.errors import RankMergeError
 
     info = client.scheduler_info(n_workers=-1)["workers"]
     if not info:
@@ -48,17 +50,17 @@ def workers(client) -> dict:
     out = {}
     for rank, (addr, host) in enumerate(zip(order, hosts)):
         same_host = [a for a, h in zip(order, hosts) if h == host]
-        out[addr] = _ranks.RankInfo(rank=rank, local_rank=same_host.index(addr), world_size=len(order),
+        out[addr] = _job.RankInfo(rank=rank, local_rank=same_host.index(addr), world_size=len(order),
                                     local_world_size=len(same_host), host=host, launcher="dask", device=0)
     return out
 
 
 def _run(fn, args, kwargs, info, session, options):
     """On the worker: *fn* inside the rank (and the gpuscope session), returning the rank-stamped Dataset."""
-    from . import _results
+    from gpuscope._results import build as _results
 
     info = dataclasses.replace(info, host=socket.gethostname())  # the worker's own name for its host
-    with _ranks.assigned(info):
+    with _job.assigned(info):
         if session is None:
             ds = fn(*args, **kwargs)
         else:

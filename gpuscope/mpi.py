@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from . import _ranks
-from .errors import RankDetectionError
+from gpuscope._results import ranks as _ranks
+
+from gpuscope._results import job as _job
+from gpuscope.errors import RankDetectionError
 
 __all__ = ["gather"]
 
@@ -55,15 +57,15 @@ def gather(ds, comm=None, root: int = 0):
     import xarray as xr
     from mpi4py import MPI
 
-    from . import _results
+    from gpuscope._results import build as _results
 
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"gpuscope.mpi.gather takes this rank's xarray Dataset; got {type(ds).__name__}")
     comm = MPI.COMM_WORLD if comm is None else comm
     try:
-        info = _ranks.rank_info()
+        info = _job.rank_info()
     except RankDetectionError:  # the communicator says the rank; the launcher's odd variables need not stop this
-        info = _ranks.RankInfo(local_rank=-1, local_world_size=-1, host=socket.gethostname(), launcher="unknown")
+        info = _job.RankInfo(local_rank=-1, local_world_size=-1, host=socket.gethostname(), launcher="unknown")
     info = dataclasses.replace(info, rank=comm.Get_rank(), world_size=comm.Get_size())
     datasets = comm.gather(_results.with_rank(ds, info), root=root)
     if comm.Get_rank() != root:

@@ -44,7 +44,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import CounterDataImageError, ImageError
+from gpuscope.errors import CounterDataImageError, ImageError
 
 __all__ = ["Kind", "ImageInfo", "trust", "is_trusted", "check", "check_indices", "check_flat", "MAGIC",
            "CHECK_TIMEOUT_S"]
@@ -119,15 +119,19 @@ def is_trusted(image: np.ndarray, kind: Kind) -> bool:
         return _trusted.get(_key(image)) is Kind(kind)
 
 
+#: kind -> the function that reads a trusted image's count straight from CUPTI, registered by the module that makes
+#: such images (pm_sampling, range_profiler) when it loads: this module stays below them.
+_RAW_COUNT: dict = {}
+
+
+def register_count(kind: Kind, count) -> None:
+    """Called by the CUPTI module that makes *kind* images, with ``count(image) -> int``."""
+    _RAW_COUNT[Kind(kind)] = count
+
+
 def _raw_count(image: np.ndarray, kind: Kind) -> int:
-    """The image's count straight from CUPTI (only for trusted images)."""
-    if kind is Kind.PM_SAMPLING:
-        from . import pm_sampling
-
-        return pm_sampling._info(image).completed
-    from . import range_profiler
-
-    return range_profiler._num_ranges_raw(image)
+    """The image's count straight from CUPTI (only for trusted images, whose module has registered its count)."""
+    return int(_RAW_COUNT[kind](image))
 
 
 def check(image, kind: Kind, *, chip: str | None = None, metrics=None, what: str = "counter_data") -> ImageInfo:
@@ -237,7 +241,8 @@ def _root_chip(data: bytes, kind: Kind, what: str) -> str:
     return name.decode()
 
 
-def check_flat(image, kind: Kind, *, chip: str | None = None, profiler_type=None, what: str) -> np.ndarray:
+def check_flat(image, kind: Kind, *, chip: str | None = None, profiler_type=None, what: str,
+               known_chips) -> np.ndarray:
     """A counter-availability or config image that CUPTI can read without crashing, as a uint8 array.
 
     Parameters
@@ -252,6 +257,8 @@ def check_flat(image, kind: Kind, *, chip: str | None = None, profiler_type=None
         For an availability image: the host object type it is used with (the child tries it with that type).
     what : str
         The argument's name, for messages.
+    known_chips : callable
+        Returns the chip names this CUPTI knows (``host.supported_chips``).
 
     Raises
     ------
@@ -267,9 +274,7 @@ def check_flat(image, kind: Kind, *, chip: str | None = None, profiler_type=None
     if chip is not None and named != chip:
         raise ImageError(f"{what} is a {label} of {named}, not of {chip}: CUPTI would read it as {named}'s. Pass the "
                          f"image of a {chip} device.")
-    from . import host
-
-    if named not in host.supported_chips():
+    if named not in known_chips():
         raise ImageError(f"{what} is a {label} of {named!r}, a chip this CUPTI does not know: it is corrupted, or "
                          "made by a newer CUPTI.")
     digest = hashlib.blake2b(memoryview(array), digest_size=20).hexdigest()
@@ -340,9 +345,17 @@ _LABELS = {Kind.PM_SAMPLING: "pm_sampling counter-data image", Kind.RANGE_PROFIL
            **{kind: label for kind, (label, _, _) in _FLAT.items()}}
 
 
-def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str, profiler_type=None) -> ImageInfo:
-    from .._pm_workers import child_sys_path
+def child_sys_path() -> list[str]:
+    """The parent's ``sys.path`` for a child process: the folder that holds this gpuscope first, then the rest
+    without ``''`` and the current folder (``python -c`` and ``-m`` put those first; a child must not import from
+    there). Used here and by PM sampling's evaluation workers."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # gpuscope/cupti/
+    cwd = os.getcwd()
+    rest = [p for p in sys.path if p and os.path.abspath(p) != cwd and os.path.abspath(p) != package_parent]
+    return [package_parent, *rest]
 
+
+def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str, profiler_type=None) -> ImageInfo:
     label = _LABELS[kind]
     error = ImageError if kind in _FLAT else CounterDataImageError
     task = {"kind": kind.value, "chip": chip or "", "metrics": list(metrics), "profiler_type": profiler_type}

@@ -19,8 +19,8 @@ from ctypes import CFUNCTYPE, POINTER, byref, c_size_t, c_uint8, c_uint32, c_uin
 
 import numpy as np
 
-from . import _api
-from ._api import Functions
+from gpuscope.cupti import _api
+from gpuscope.cupti._api import Functions
 
 __all__ = ["timestamp", "KernelRecords", "KernelRecord", "parse_kernel_records", "KERNEL_RECORD_FORMAT"]
 
@@ -196,7 +196,7 @@ class KernelRecords:
         global _sink
         with _lock:
             if _sink is not None:
-                from ..errors import SessionConflictError
+                from gpuscope.errors import SessionConflictError
 
                 raise SessionConflictError("kernel activity records are already being collected in this process")
             if not _registered:

@@ -14,10 +14,10 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
-from ..errors import GpuscopeWarning
-from . import _types as T
-from ._api import Functions, params
-from ._types import MetricCollectionScope, MetricType, ProfilerType
+from gpuscope.errors import GpuscopeWarning
+from gpuscope.cupti import _types as T
+from gpuscope.cupti._api import Functions, params
+from gpuscope.cupti._types import MetricCollectionScope, MetricType, ProfilerType
 
 __all__ = [
     "ProfilerHost",
@@ -109,11 +109,12 @@ def _as_u8_array(data) -> np.ndarray:
 
 def _availability(image, chip: str, profiler_type, what: str = "counter_availability"):
     """*image* checked as *chip*'s counter-availability image (see :mod:`gpuscope.cupti._images`), or None."""
-    from . import _images
+    from gpuscope.cupti import _images
 
     if image is None:
         return None
-    return _images.check_flat(image, _images.Kind.AVAILABILITY, chip=chip, profiler_type=profiler_type, what=what)
+    return _images.check_flat(image, _images.Kind.AVAILABILITY, chip=chip, profiler_type=profiler_type, what=what,
+                              known_chips=supported_chips)
 
 
 def supported_chips() -> list[str]:
@@ -132,9 +133,9 @@ def num_passes(config: bytes | np.ndarray) -> int:
         *config* is not a config image CUPTI can read (empty, truncated, corrupted): checked before CUPTI reads it,
         see :mod:`gpuscope.cupti._images`.
     """
-    from . import _images
+    from gpuscope.cupti import _images
 
-    image = _images.check_flat(config, _images.Kind.CONFIG, what="config")
+    image = _images.check_flat(config, _images.Kind.CONFIG, what="config", known_chips=supported_chips)
     p = params(T.CUpti_Profiler_Host_GetNumOfPasses_Params, configImageSize=image.size, pConfigImage=_u8(image))
     _f.cuptiProfilerHostGetNumOfPasses(p)
     return int(p.numOfPasses)
@@ -299,7 +300,7 @@ class ProfilerHost:
             pConfigImage=_u8(image),
         )
         _f.cuptiProfilerHostGetConfigImage(q)
-        from . import _images
+        from gpuscope.cupti import _images
 
         _images.trust(image, _images.Kind.CONFIG)  # CUPTI's own: num_passes and set_config need not check it
         return image
@@ -373,7 +374,7 @@ class Evaluator:
             raise ValueError("out must be a C-contiguous float64 numpy array.")
         if out.ndim != 2 or out.shape[1] != m or out.shape[0] < count:
             raise ValueError(f"out must have shape (>= {count}, {m}); got {out.shape}.")
-        from . import _images
+        from gpuscope.cupti import _images
 
         kind = _images.Kind.PM_SAMPLING if self._host.profiler_type is ProfilerType.PM_SAMPLING else _images.Kind.RANGE_PROFILER
         info = _images.check(counter_data, kind, chip=self._host.chip, metrics=self.metrics)
@@ -402,7 +403,7 @@ def range_name(counter_data, range_index: int, delimiter: str = "/") -> str:
     CounterDataImageError
         Not a sound range-profiler image (a PM sampling image crashes CUPTI here), or no range *range_index*.
     """
-    from . import _images
+    from gpuscope.cupti import _images
 
     info = _images.check(counter_data, _images.Kind.RANGE_PROFILER)
     _images.check_indices(info, int(range_index), 1)

@@ -22,11 +22,11 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
-from . import _images
-from . import _types as T
-from ._api import Functions, params, version
-from ._types import PmAppendMode, PmDecodeStopReason, PmTriggerMode
-from .profiler import pm_counter_availability as counter_availability
+from gpuscope.cupti import _images
+from gpuscope.cupti import _types as T
+from gpuscope.cupti._api import Functions, params, version
+from gpuscope.cupti._types import PmAppendMode, PmDecodeStopReason, PmTriggerMode
+from gpuscope.cupti.profiler import pm_counter_availability as counter_availability
 
 __all__ = [
     "enable",
@@ -284,3 +284,6 @@ def sample_times_into(handle: int, image: np.ndarray, first: int, count: int, ou
         get(p)
         out[k, 0] = p.startTimestamp
         out[k, 1] = p.endTimestamp
+
+
+_images.register_count(_images.Kind.PM_SAMPLING, lambda image: _info(image).completed)

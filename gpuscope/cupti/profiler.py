@@ -13,10 +13,10 @@ from ctypes import POINTER
 
 import numpy as np
 
-from . import _api, _images
-from . import _types as T
-from ._api import Functions, params, version
-from ._types import ProfilerApi, SupportLevel
+from gpuscope.cupti import _api, _images
+from gpuscope.cupti import _types as T
+from gpuscope.cupti._api import Functions, params, version
+from gpuscope.cupti._types import ProfilerApi, SupportLevel
 
 __all__ = [
     "initialize",

@@ -18,11 +18,11 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
-from ..errors import GpuscopeWarning
-from . import _images
-from . import _types as T
-from ._api import Functions, params
-from ._types import ProfilerRange, ReplayMode
+from gpuscope.errors import GpuscopeWarning
+from gpuscope.cupti import _images
+from gpuscope.cupti import _types as T
+from gpuscope.cupti._api import Functions, params
+from gpuscope.cupti._types import ProfilerRange, ReplayMode
 
 __all__ = ["RangeProfiler", "StopResult", "num_ranges", "range_name"]
 
@@ -235,3 +235,6 @@ def range_name(counter_data: np.ndarray, index: int, delimiter: str = "/") -> st
     )
     _f.cuptiRangeProfilerCounterDataGetRangeInfo(p)
     return p.rangeName.decode() if p.rangeName else ""
+
+
+_images.register_count(_images.Kind.RANGE_PROFILER, _num_ranges_raw)

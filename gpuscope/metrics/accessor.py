@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import xarray as xr
 
-from . import phases as _phases
-from . import plot as _plot
-from . import topdown as _topdown
+from gpuscope.metrics import phases as _phases
+from gpuscope.metrics import plot as _plot
+from gpuscope.metrics import topdown as _topdown
 
 __all__ = ["GpuscopeAccessor", "PlotNamespace"]
 

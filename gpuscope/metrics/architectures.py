@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 
-from ..errors import UnsupportedChipError
+from gpuscope.errors import UnsupportedChipError
 
 __all__ = [
     "ARCHITECTURES",

@@ -39,8 +39,8 @@ from statistics import NormalDist
 import numpy as np
 import xarray as xr
 
-from .. import _validate
-from ..errors import GpuscopeWarning, MissingMetricsError
+from gpuscope._util import validate as _validate
+from gpuscope.errors import GpuscopeWarning, MissingMetricsError
 
 __all__ = ["change_points", "default_penalty", "label_segments", "phases", "standardize"]
 
@@ -568,7 +568,7 @@ def _clip_reach_back(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def _phase_topdown(ds: xr.Dataset, first, weight, labels, n_phases, mode):
     """Duration-weighted per-phase means of the Top-Down nodes, or None when the metrics do not allow it."""
-    from .topdown import topdown  # late: topdown is only needed when the metrics allow it
+    from gpuscope.metrics.topdown import topdown  # late: topdown is only needed when the metrics allow it
 
     try:
         td = topdown(ds, check="ignore")
@@ -698,7 +698,7 @@ def phases(
     ----------
     ds : xarray.Dataset
         Samples along ``time`` (PM sampling) or ``range`` (e.g. one kernel's launches, see
-        :func:`gpuscope.metrics.topdown.dynamic`).
+        :func:`gpuscope.metrics.phase_topdown.dynamic`).
     metrics : str or list of str, optional
         Variables to detect phases in; default every numeric 1-D variable along the sample dimension.
     dim : str, optional

@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from .._labels import string_labels
-from ..errors import GpuscopeWarning
-from . import topdown as _td
+from gpuscope._schema.labels import string_labels
+from gpuscope.errors import GpuscopeWarning
+from gpuscope.metrics import topdown as _td
 
 __all__ = ["hierarchy", "timeline", "topdown", "phase_topdown", "short_label"]
 
@@ -139,7 +139,7 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
         Show percent of ``IPC_MAX`` instead of IPC.
     sort : bool, optional
         Order bars by time share, largest first. Default: sort groups (aggregated data), keep ranges in
-        their order (launch order, as :func:`gpuscope.metrics.topdown.dynamic` returns them).
+        their order (launch order, as :func:`gpuscope.metrics.phase_topdown.dynamic` returns them).
     ax : matplotlib.axes.Axes or sequence of them, optional
         Where to draw; new figure by default.
 
@@ -288,7 +288,7 @@ def _timeline_metrics(ds: xr.Dataset, dim: str, metrics) -> tuple[list[str], dic
     Without *metrics*: the metrics phases were detected in, else every numeric 1-D variable; at most
     ``MAX_PANELS`` of those that vary, with a warning naming the others.
     """
-    from .phases import _metric_names
+    from gpuscope.metrics.phases import _metric_names
 
     given = metrics is not None
     if metrics is None and "metric" in ds.coords:
@@ -381,7 +381,7 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     gpuscope.errors.GpuscopeWarning
         More than ``MAX_PANELS`` metrics vary and none were chosen: which are not drawn.
     """
-    from .phases import _sample_dim
+    from gpuscope.metrics.phases import _sample_dim
 
     plt = _pyplot()
     if band is not None and not (isinstance(band, (tuple, list)) and len(band) == 2
@@ -555,7 +555,7 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     gpuscope.errors.MissingMetricsError
         *metric* is not in *phases*.
     """
-    from .phases import _metric_names
+    from gpuscope.metrics.phases import _metric_names
 
     plt = _pyplot()
     if per_phase.attrs.get("kind") != "topdown_by_phase":

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .. import _validate
-from ..errors import MissingMetricsError
+from gpuscope._util import validate as _validate
+from gpuscope.errors import MissingMetricsError
 
 __all__ = ["rank_times", "imbalance", "rank_topdown", "plot_ranks"]
 
@@ -161,7 +161,7 @@ def rank_topdown(ds, by: str | None = "auto", levels=(1,)) -> xr.Dataset:
     ValueError
         As :func:`rank_times`.
     """
-    from .topdown import aggregate, topdown
+    from gpuscope.metrics.topdown import aggregate, topdown
 
     ds = _merged(ds, "rank_topdown")
     by = _by(ds, by)

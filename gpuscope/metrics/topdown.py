@@ -50,9 +50,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from .. import _validate
-from ..errors import GpuscopeWarning, MissingMetricsError
-from .architectures import (ARCHITECTURES, IPC_EXECUTED, IPC_ISSUED, NOT_STALLS, STALL_PARENT, SUB_REASONS,
+from gpuscope._util import validate as _validate
+from gpuscope.errors import GpuscopeWarning, MissingMetricsError
+from gpuscope.metrics.architectures import (ARCHITECTURES, IPC_EXECUTED, IPC_ISSUED, NOT_STALLS, STALL_PARENT, SUB_REASONS,
                             THREADS_PER_INST, Architecture, architecture, stall_metric)
 
 __all__ = [
@@ -69,7 +69,6 @@ __all__ = [
     "aggregate",
     "architecture",
     "check_levels",
-    "dynamic",
     "level_cut",
     "required_metrics",
     "stall_metric",
@@ -666,76 +665,3 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
         out[name].attrs = ds[name].attrs
     out.attrs = dict(ds.attrs)
     return out
-
-
-def dynamic(td: xr.Dataset, kernel: str | None = None, dim: str = "range", *, phases: xr.Dataset | None = None,
-            by: str = "auto") -> xr.Dataset:
-    """The paper's dynamic analysis: one kernel's Top-Down launch by launch, or (``phases=``) the Top-Down of
-    each phase of a PM-sampled run.
-
-    Without *phases*: one kernel's ranges in launch order. The result keeps ``dim`` and its coordinates
-    (``launch`` among them), so :func:`gpuscope.metrics.phases.phases` and the timeline plot apply directly.
-
-    With *phases* (``gpuscope.phases(samples)``): each phase gets the Top-Down of the work that ran in it, joined
-    through what both runs know (range profiling and PM sampling cannot hold the counters at once, so they come
-    from two runs of the same work; see :mod:`gpuscope.metrics.phase_topdown`):
-
-    * ``by="kernels"``: the kernel executions recorded during sampling (``gpuscope.sample(kernels=True)``), each
-      phase weighting its kernels' Top-Down (range results aggregated per kernel) by their GPU time inside it;
-    * ``by="ranges"``: the user range of each sample, each phase weighting the Top-Down of the range results under
-      that range path by the sampled time in it;
-    * ``by="auto"``: kernels when the samples have them, else ranges.
-
-    Parameters
-    ----------
-    td : xarray.Dataset
-        Range Dataset, usually Top-Down output (:func:`topdown`); with *phases*, it must be Top-Down output.
-    kernel : str, optional
-        Kernel name; may be omitted when there is only one (without *phases*).
-    dim : str
-        The range dimension.
-    phases : xarray.Dataset, optional
-        The phases of a PM-sampled run of the same work.
-    by : {"auto", "kernels", "ranges"}
-        How phases and range results are joined (with *phases*).
-
-    Returns
-    -------
-    xarray.Dataset
-        Without *phases*: the kernel's rows of *td*. With *phases*: dim ``phase_id``; every Top-Down node of *td*
-        (same names, units and attrs; NaN for a phase without profiled work, e.g. idle); ``time_in_phase``
-        (phase_id, ``kernel`` or ``user_range``: ns of each inside the phase), ``attributed_fraction`` (time with
-        a Top-Down over the phase's duration) and ``unattributed_fraction`` (work without one); coords
-        ``phase_duration``, ``phase_fraction``, ``has_topdown``; attrs of *td* plus ``kind="topdown_by_phase"``,
-        ``topdown_by``.
-
-    Raises
-    ------
-    ValueError
-        Missing ``kernel``/``launch`` coordinates, an unknown kernel, or several kernels and none chosen; with
-        *phases*: not a phases Dataset of PM samples, *td* without Top-Down nodes, ``by="kernels"`` on samples
-        recorded without ``kernels=True``.
-
-    Examples
-    --------
-    >>> td = gs.topdown(launches)                              # doctest: +SKIP
-    >>> per_phase = gs.dynamic(td, phases=gs.phases(samples))  # doctest: +SKIP
-    >>> per_phase[["retire", "frontend", "backend"]].to_pandas()   # doctest: +SKIP
-    """
-    if phases is not None:
-        from .phase_topdown import by_phase
-
-        if kernel is not None:
-            raise ValueError("kernel= and phases= do not go together: a phase's Top-Down covers all its kernels")
-        return by_phase(td, phases, by=by, dim=dim)
-    for coord in ("kernel", "launch"):
-        if coord not in td.coords:
-            raise ValueError(f"dynamic analysis needs a {coord!r} coordinate along {dim!r} (auto-range results)")
-    kernels = list(dict.fromkeys(np.asarray(td["kernel"]).tolist()))
-    if kernel is None:
-        if len(kernels) != 1:
-            raise ValueError(f"several kernels in the Dataset, choose one with kernel=: {kernels}")
-        kernel = kernels[0]
-    if kernel not in kernels:
-        raise ValueError(f"no kernel {kernel!r} in the Dataset; kernels: {kernels}")
-    return td.isel({dim: np.flatnonzero(np.asarray(td["kernel"]) == kernel)}).sortby("launch")

@@ -11,7 +11,7 @@ import pytest
 
 def _gpu_present() -> bool:
     try:
-        from gpuscope import _device
+        from gpuscope._gpu import device as _device
 
         return _device.device_count() > 0
     except Exception:
@@ -50,6 +50,6 @@ def _give_the_counters_back():
     """After each test, release the range profiler gpuscope keeps between sessions: the counters are the GPU's,
     and tests that start other processes (or query availability) need them free."""
     yield
-    from gpuscope import _keep
+    from gpuscope._gpu import keep as _keep
 
     _keep.release()

@@ -70,7 +70,7 @@ def test_the_verdicts_are_the_topdown_of_the_saved_file(runs):
 
 
 def readable_keys(ds):
-    from gpuscope._report import group_key
+    from gpuscope._results.report import group_key
 
     return group_key(ds)
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 import gpuscope as gs
-from gpuscope import _device, cli
+from gpuscope import cli
+from gpuscope._gpu import device as _device
 from gpuscope.cupti import profiler
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _device, _ranks
+from gpuscope._gpu import device as _device
+from gpuscope._results import job as _job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -31,7 +32,7 @@ def single_gpu():
     """Each rank's work run here, alone, on device 0: the reference."""
     out = {}
     for rank in (0, 1):
-        with _ranks.assigned(gs.RankInfo(rank=rank, world_size=2)):
+        with _job.assigned(gs.RankInfo(rank=rank, world_size=2)):
             with gs.Profiler(metrics=multi_gpu_work.METRICS, mode="kernel", device=0) as prof:
                 multi_gpu_work.work(4)
         out[rank] = prof.dataset

@@ -195,7 +195,7 @@ def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
     """gs.profile_fast_topdown (PC samples + one range pass) against the 7-pass counter Top-Down, same kernels."""
     import numpy as np
 
-    from gpuscope._names import match_kernel
+    from gpuscope._schema.names import match_kernel
 
     work, _ = sampled
     fast = gpuscope.profile_fast_topdown(work.run, 20, period=2**10)
@@ -222,7 +222,7 @@ _CUPY_FAST = r"""
 import json
 import cupy as cp
 import gpuscope
-from gpuscope._names import match_kernel
+from gpuscope._schema.names import match_kernel
 a = cp.asarray(cp.random.random((4096, 4096)), dtype=cp.float16)
 b = cp.asarray(cp.random.random((4096, 4096)), dtype=cp.float16)
 scale = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 2.0f + 1.0f", "gpuscope_scale")

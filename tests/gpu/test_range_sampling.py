@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _demo
+from gpuscope._commands import demo as _demo
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import gpuscope
-from gpuscope import _io, _sampling
+from gpuscope._results import io as _io
+from gpuscope._pm_sampling.api import sample as gs_sample
 from gpuscope.errors import GpuscopeWarning, NotSinglePassError, SamplerBusyError
 
 cuda = pytest.importorskip("numba.cuda")
@@ -61,7 +62,7 @@ def workload():
 def test_short_workload_with_ranges(workload, tmp_path):
     with gpuscope.range("outside"):
         pass
-    with _sampling.sample("pm-default", "100us") as s:
+    with gs_sample("pm-default", "100us") as s:
         with gpuscope.range("stream"):
             workload(0.2, "stream")
         with gpuscope.range("fma"):
@@ -104,7 +105,7 @@ def _loss(ds):
 
 def test_pm_fast_every_20us_for_3s_loses_nothing(workload):
     # a workload that keeps the GPU busy (it waits for the GPU every 10 launches)
-    with _sampling.sample("pm-fast", "20us") as s, gpuscope.range("mixed"):
+    with gs_sample("pm-fast", "20us") as s, gpuscope.range("mixed"):
         workload(3.0)
     ds = s.dataset
     assert ds.attrs["lost_samples"] == 0 and ds.attrs["overflows"] == 0, _loss(ds)
@@ -119,7 +120,7 @@ def test_pm_fast_every_20us_for_3s_loses_nothing(workload):
 
 
 def test_pm_fast_values(workload):
-    with _sampling.sample("pm-fast", "100us") as s:
+    with gs_sample("pm-fast", "100us") as s:
         with gpuscope.range("stream"):
             workload(0.3, "stream")
         with gpuscope.range("fma"):
@@ -138,7 +139,7 @@ def test_pm_fast_values(workload):
 def test_launch_bound_python_loop_losses_are_accounted_for(workload):
     # a Python loop launching ~12,000 short kernels per second holds the GIL that the evaluator threads need:
     # whatever is lost must be counted, and kept + lost must cover the session
-    with _sampling.sample("pm-fast", "20us") as s:
+    with gs_sample("pm-fast", "20us") as s:
         workload(1.5, "stream")
     ds = s.dataset
     expected = (ds.attrs["session_end_ns"] - ds.attrs["session_start_ns"]) / 20_000
@@ -148,7 +149,7 @@ def test_launch_bound_python_loop_losses_are_accounted_for(workload):
 def test_decoding_slower_than_the_interval_is_counted_and_explained(workload):
     # pm-default costs ~40 us per sample to decode on the H100's host: at 20 us most samples cannot be kept
     with pytest.warns(GpuscopeWarning, match="Decoding is the limit") as record:
-        with _sampling.sample("pm-default", "20us") as s:
+        with gs_sample("pm-default", "20us") as s:
             workload(1.5)
     ds = s.dataset
     assert ds.attrs["decode_us_per_sample"] > 20
@@ -162,7 +163,7 @@ def test_decoding_slower_than_the_interval_is_counted_and_explained(workload):
 
 
 def test_idle(workload):
-    with _sampling.sample("pm-default", "100us") as s:
+    with gs_sample("pm-default", "100us") as s:
         time.sleep(0.3)
     ds = s.dataset
     assert ds.sizes["time"] >= 0.8 * 3000
@@ -173,40 +174,40 @@ def test_idle(workload):
 
 def test_overflow_is_counted_and_reported_then_usable(workload):
     with pytest.warns(GpuscopeWarning, match="overflowed"):
-        with _sampling.sample("pm-default", "1us", hardware_buffer_size=1 << 20, decode_period=1.0) as s:
+        with gs_sample("pm-default", "1us", hardware_buffer_size=1 << 20, decode_period=1.0) as s:
             workload(1.5)
     ds = s.dataset
     assert ds.attrs["overflows"] >= 1
     assert ds.attrs["lost_samples"] > 0
-    with _sampling.sample("pm-default", "100us") as s2:  # the device is usable afterwards
+    with gs_sample("pm-default", "100us") as s2:  # the device is usable afterwards
         workload(0.1)
     assert s2.dataset.attrs["overflows"] == 0 and s2.dataset.sizes["time"] > 500
 
 
 def test_bad_input_leaves_things_usable(workload):
     with pytest.raises(NotSinglePassError) as info:
-        _sampling.sample(["sm__throughput.avg.pct_of_peak_sustained_elapsed", GR_ACTIVE]).start()
+        gs_sample(["sm__throughput.avg.pct_of_peak_sustained_elapsed", GR_ACTIVE]).start()
     assert info.value.drop == ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)
     with pytest.raises(ValueError, match="shorter than"):
-        _sampling.sample("pm-default", "100ns").start()
+        gs_sample("pm-default", "100ns").start()
     with pytest.raises(gpuscope.UnknownMetricError):
-        _sampling.sample(["sm__cycles_active.avg.not_a_rollup"]).start()
-    with _sampling.sample("pm-default", "100us") as s:
+        gs_sample(["sm__cycles_active.avg.not_a_rollup"]).start()
+    with gs_sample("pm-default", "100us") as s:
         with pytest.raises(SamplerBusyError, match="already running"):
-            _sampling.sample("pm-default", "100us").start()
+            gs_sample("pm-default", "100us").start()
         workload(0.05)
     assert s.dataset.sizes["time"] > 100
 
 
 def test_exception_inside_block_stops_cleanly(workload):
     with pytest.raises(ZeroDivisionError):
-        with _sampling.sample("pm-default", "100us") as s:
+        with gs_sample("pm-default", "100us") as s:
             with gpuscope.range("boom"):
                 workload(0.05)
                 1 / 0
     assert not s.running
     assert "boom" in set(s.dataset["range"].values)
-    with _sampling.sample("pm-default", "100us") as s2:
+    with gs_sample("pm-default", "100us") as s2:
         workload(0.05)
     assert s2.dataset.sizes["time"] > 100
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _keep
+from gpuscope._gpu import keep as _keep
 
 cuda = pytest.importorskip("numba.cuda")
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _catalog, cli
+from gpuscope import cli
+from gpuscope._gpu import catalog as _catalog
 from gpuscope.metrics import catalog as sets_data
 
 

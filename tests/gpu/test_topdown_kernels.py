@@ -4,7 +4,7 @@ one-lane FMA chain divergence-bound."""
 import pytest
 
 import gpuscope as gs
-from gpuscope import _demo
+from gpuscope._commands import demo as _demo
 
 LOST = ("divergence", "frontend", "backend_core", "backend_memory")
 

@@ -3,7 +3,7 @@
 import json
 
 import gpuscope as gs
-from gpuscope import _demo
+from gpuscope._commands import demo as _demo
 
 
 def test_live_run_trace_lines_up(tmp_path):

@@ -150,7 +150,7 @@ def test_a_session_collects_the_flushed_records_sorted_and_counts_drops(monkeypa
 
 def test_executions_become_a_table_on_the_samples_clock(monkeypatch):
     import gpuscope as gs
-    from gpuscope import _results
+    from gpuscope._results import build as _results
 
     ts = gs.open_dataset(Path(gs.__file__).parent / "data" / "demo_timeseries.nc")
     t0 = int(ts.attrs["session_start_ns"])
@@ -174,7 +174,7 @@ def test_executions_become_a_table_on_the_samples_clock(monkeypatch):
 
 def test_the_execution_table_survives_a_netcdf_round_trip(tmp_path):
     import gpuscope as gs
-    from gpuscope import _results
+    from gpuscope._results import build as _results
 
     ts = gs.open_dataset(Path(gs.__file__).parent / "data" / "demo_timeseries.nc")
     t0 = int(ts.attrs["session_start_ns"])

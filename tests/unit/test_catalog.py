@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _catalog
+from gpuscope._gpu import catalog as _catalog
 from gpuscope.cupti import _api
 from gpuscope.errors import UnknownMetricError, UnsupportedChipError
 

@@ -7,7 +7,9 @@ import sys
 import pytest
 
 import gpuscope as gs
-from gpuscope import _catalog, _demo, cli
+from gpuscope import cli
+from gpuscope._gpu import catalog as _catalog
+from gpuscope._commands import demo as _demo
 from gpuscope.cupti import _lib
 
 

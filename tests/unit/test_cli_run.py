@@ -8,8 +8,11 @@ import textwrap
 import pytest
 
 import gpuscope as gs
-from gpuscope import _catalog
-from gpuscope import _demo, _run, _session, cli
+from gpuscope._gpu import catalog as _catalog
+from gpuscope import cli
+from gpuscope._commands import demo as _demo
+from gpuscope._commands import run as _run
+from gpuscope._range_profiling import session as _session
 
 
 class FakeProfiler:
@@ -178,7 +181,7 @@ def test_sampling_runs_the_sampler(monkeypatch, tmp_path, capsys):
         def dataset(self):
             return gs.open_dataset(_demo.RECORDED_SERIES)
 
-    monkeypatch.setattr("gpuscope._sampling.sample", FakeSampler)
+    monkeypatch.setattr("gpuscope._pm_sampling.api.sample", FakeSampler)
     path = script(tmp_path, "pass\n")
     assert cli.main(["run", "--sample", "pm-default@20us", str(path)]) == 0
     assert made[0].args == {"metrics": "pm-default", "interval": "20us", "device": 0}
@@ -245,7 +248,7 @@ def package(tmp_path, monkeypatch):
     had started when it was imported."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("import json, gpuscope._session as s\n"
+    (pkg / "__init__.py").write_text("import json, gpuscope._range_profiling.session as s\n"
                                      "json.dump(s.Profiler.made[-1].events, open('init_events.json', 'w'))\n")
     (pkg / "helper.py").write_text("VALUE = 42\n")
     (pkg / "train.py").write_text(textwrap.dedent(MODULE_ECHO))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _demo
-from gpuscope._compare import compare
+from gpuscope._commands import demo as _demo
+from gpuscope._results.compare import compare
 
 warnings.filterwarnings("ignore", category=gs.GpuscopeWarning)
 

@@ -3,7 +3,8 @@
 import io
 
 import gpuscope as gs
-from gpuscope import _demo, cli
+from gpuscope import cli
+from gpuscope._commands import demo as _demo
 
 
 def test_recorded_demo_report_and_files(tmp_path):
@@ -44,7 +45,7 @@ def test_the_no_gpu_line_is_one_balanced_clause(tmp_path, monkeypatch, capsys):
         raise gs.NoGpuError("The NVIDIA driver is not available on this machine (Error loading libcuda.so.1: not "
                             "found). gpuscope can still list metrics offline.")
 
-    monkeypatch.setattr("gpuscope._device.device_count", no_gpu)
+    monkeypatch.setattr("gpuscope._gpu.device.device_count", no_gpu)
     _demo.main(tmp_path)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("No GPU:"))
     assert line == "No GPU: The NVIDIA driver is not available on this machine."

@@ -1,9 +1,10 @@
-"""Detaching CUPTI before PC sampling (gpuscope._keep.detach_cupti, gpuscope.cupti._api.detach), without a GPU:
+"""Detaching CUPTI before PC sampling (gpuscope._gpu.keep.detach_cupti, gpuscope.cupti._api.detach), without a GPU:
 CUPTI's cuptiFinalize is replaced by a recorder."""
 
 import pytest
 
-from gpuscope import _keep, _modules
+from gpuscope._gpu import keep as _keep
+from gpuscope._gpu import modules as _modules
 from gpuscope.cupti import _api, activity, callbacks, profiler
 
 
@@ -90,7 +91,7 @@ def test_another_injected_tool_keeps_cupti_attached(cupti, monkeypatch):
 
 
 def test_the_catalogs_host_objects_are_dropped(cupti, monkeypatch):
-    from gpuscope import _catalog
+    from gpuscope._gpu import catalog as _catalog
 
     dropped = []
     monkeypatch.setattr(_catalog, "forget_hosts", lambda: dropped.append(True))

@@ -6,8 +6,8 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _fast
-from gpuscope import _pcsampling as P
+from gpuscope._pc_sampling import fast as _fast
+from gpuscope._pc_sampling import sampler as P
 from gpuscope.metrics import topdown as td
 
 from .test_pc_fixtures import _ncu_dataset, recorded  # noqa: F401 (fixture)

@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from gpuscope import _pm_workers, _sampling, _shm
+from gpuscope._pm_sampling import workers as _pm_workers
+from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._pm_sampling import shm as _shm
 
 from .test_pm_workers import AVAILABILITY, FakePipeline, assert_no_images_left, batch
 
@@ -321,7 +323,7 @@ def test_ctrl_c_while_the_workers_start_leaves_no_worker_behind(monkeypatch):
     """Ctrl-C while the evaluation workers start (about 1 s), and again while they are being stopped: the pipeline
     still stops every worker it spawned before the interrupt propagates (seen on the H100: a dispatcher thread
     and two worker processes were left)."""
-    from gpuscope import _pm_pipeline
+    from gpuscope._pm_sampling import pipeline as _pm_pipeline
     from gpuscope.cupti import pm_sampling as pm
 
     closed = threading.Event()

@@ -1,4 +1,4 @@
-"""What sessions keep between them (gpuscope._keep) and small counter-data images emptied when full (no GPU)."""
+"""What sessions keep between them (gpuscope._gpu.keep) and small counter-data images emptied when full (no GPU)."""
 
 import os
 import subprocess
@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from gpuscope import _keep, _session
-from gpuscope._filters import KernelFilter
-from gpuscope._launches import KernelReplay
+from gpuscope._gpu import keep as _keep
+from gpuscope._range_profiling import session as _session
+from gpuscope._range_profiling.filters import KernelFilter
+from gpuscope._range_profiling.launches import KernelReplay
 from gpuscope.cupti.callbacks import Launch
 
 CTX = 0x1234
@@ -290,7 +291,7 @@ class FakeContextHandle:
 
 
 def test_found_iterations_without_rows_close_without_an_error(monkeypatch):
-    from gpuscope._repetition import Tracker
+    from gpuscope._range_profiling.repetition import Tracker
 
     monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
     p = _session.Profiler.__new__(_session.Profiler)

@@ -8,7 +8,8 @@ import pytest
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 cuda = pytest.importorskip("numba.cuda")
 
-from gpuscope import _kernels, _session  # noqa: E402
+from gpuscope._range_profiling import kernels as _kernels  # noqa: E402
+from gpuscope._range_profiling import session as _session
 
 
 @cuda.jit

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 import gpuscope as gs
-from gpuscope import _io, _names, _results
-from gpuscope._filters import KernelFilter
-from gpuscope._launches import IterationReplay, KernelReplay, Selected, matched_prefix
-from gpuscope._per_launch import Mode, PerLaunchModes
+from gpuscope._results import io as _io
+from gpuscope._schema import names as _names
+from gpuscope._results import build as _results
+from gpuscope._range_profiling.filters import KernelFilter
+from gpuscope._range_profiling.launches import IterationReplay, KernelReplay, Selected, matched_prefix
+from gpuscope._range_profiling.modes import Mode, PerLaunchModes
 from gpuscope.cupti.callbacks import Launch
 
 NUMBA_STREAM = "_ZN8__main__6streamB2v1B94cw51cXTLSUwv1sCUt9Uw1VEw0NRRQPKzLTg4gaGAFA_2bUH0ZUMPEPg2QA2gBnQfEUwIPBMB0Tx6XBiEBQPaQQgE"

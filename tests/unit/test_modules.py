@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope import _modules, _session
+from gpuscope._gpu import modules as _modules
+from gpuscope._range_profiling import session as _session
 from gpuscope.errors import GpuscopeWarning
 
 CUBINS = Path(__file__).resolve().parents[1] / "fixtures" / "cubins"
@@ -62,8 +63,8 @@ class Replay:
 
 
 def warned(monkeypatch, ms, device_gib, own_gib, seen, judged=None):
-    monkeypatch.setattr("gpuscope._device.memory_used_gib", lambda index: device_gib)
-    monkeypatch.setattr("gpuscope._device.process_memory_gib", lambda index: own_gib)
+    monkeypatch.setattr("gpuscope._gpu.device.memory_used_gib", lambda index: device_gib)
+    monkeypatch.setattr("gpuscope._gpu.device.process_memory_gib", lambda index: own_gib)
     monkeypatch.setattr(_modules, "_seen", seen)
     replay = Replay()
     with warnings.catch_warnings(record=True) as caught:

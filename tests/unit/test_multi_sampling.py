@@ -7,7 +7,13 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _demo, _device, _multi_sampling, _results, _sampling, cli
+from gpuscope import cli
+from gpuscope._commands import demo as _demo
+from gpuscope._gpu import device as _device
+from gpuscope._pm_sampling import multi as _multi_sampling
+from gpuscope._results import build as _results
+from gpuscope._schema import dataset as _dataset
+from gpuscope._pm_sampling import sampler as _sampling
 from gpuscope.errors import GpuscopeError, SamplerBusyError
 
 ACTIVE = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
@@ -28,7 +34,7 @@ def on_device(recording, device):
     lag, the span table (the process's user ranges) as it is, the range of each sample derived from it."""
     start_after, lag, kept, losses = PLACES[device]
     ds = recording.isel(time=slice(0, kept))
-    table = {k: list(recording.attrs[k]) for k in _results.SPAN_ATTRS}
+    table = {k: list(recording.attrs[k]) for k in _dataset.SPAN_ATTRS}
     session = int(recording.attrs["session_start_ns"]) + start_after
     coords = _results.sample_coords(ds["start_ns"].values + lag, ds["end_ns"].values + lag, session, table)
     data = {m: xr.DataArray(ds[m].values, dims="time", attrs=dict(ds[m].attrs)) for m in ds.data_vars}

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope import _names, _source
-from gpuscope._names import KernelNames, demangle, demangled_text, short_name
+from gpuscope._schema import names as _names
+from gpuscope._pc_sampling import source as _source
+from gpuscope._schema.names import KernelNames, demangle, demangled_text, short_name
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SAME = None  # the symbol itself

@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from gpuscope import _pcsampling as P
-from gpuscope import _source
+from gpuscope._pc_sampling import sampler as P
+from gpuscope._pc_sampling import source as _source
 from gpuscope.cupti import pc_sampling as C
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "pc")

@@ -7,8 +7,8 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _pcsampling as P
-from gpuscope import _source
+from gpuscope._pc_sampling import sampler as P
+from gpuscope._pc_sampling import source as _source
 from gpuscope.cupti import _types as T
 from gpuscope.cupti.pc_sampling import PCRecords, SamplingBuffer
 from gpuscope.metrics import pc_plot, topdown
@@ -233,7 +233,7 @@ def test_samples_cupti_could_not_attribute_are_counted_and_explained(monkeypatch
 def test_hardware_buffer_follows_the_period():
     """CUPTI sets up its device buffer at a block's first launch (0.29 s at 512 MiB, 0.11 s at 128 MiB on the
     H100), but below period 2**15 the buffer holds the samples CUPTI has not decoded yet: CUPTI's 512 MiB there."""
-    from gpuscope import _pcsampling as P
+    from gpuscope._pc_sampling import sampler as P
 
     assert P.default_hardware_buffer(10) is None and P.default_hardware_buffer(14) is None
     assert P.default_hardware_buffer(15) == P.default_hardware_buffer(20) == 128 << 20
@@ -245,7 +245,7 @@ def test_hardware_buffer_follows_the_period():
 
 
 def test_a_full_hardware_buffer_is_said_to_lose_uncounted_samples():
-    from gpuscope import _pcsampling as P
+    from gpuscope._pc_sampling import sampler as P
 
     text = P.overflow_message(0, 2_479_002, True, 10)
     assert "lost samples" in text and "does not count" in text and "period=32768" in text

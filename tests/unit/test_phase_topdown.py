@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _results
+from gpuscope._results import build as _results
 from gpuscope.metrics import plot
 from gpuscope.metrics.topdown import level_cut
 

@@ -1,4 +1,4 @@
-"""Evaluation in worker processes (gpuscope._pm_workers) without a GPU: the H100 recording evaluated by real worker
+"""Evaluation in worker processes (gpuscope._pm_sampling.workers) without a GPU: the H100 recording evaluated by real worker
 processes with CUPTI's host API, timestamps rebuilt from durations and anchors, and the rebuilding rules."""
 
 import gc
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope import _pm_workers, _sampling
+from gpuscope._pm_sampling import workers as _pm_workers
+from gpuscope._pm_sampling import sampler as _sampling
 
 AVAILABILITY = Path(__file__).resolve().parents[1] / "fixtures" / "gh100_counter_availability_pm.npy"
 

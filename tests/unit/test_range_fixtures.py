@@ -57,7 +57,8 @@ def test_range_dataset_from_fixture_roundtrips(tmp_path):
     pytest.importorskip("h5netcdf")
     import xarray as xr
 
-    from gpuscope import _io, _results
+    from gpuscope._results import io as _io
+    from gpuscope._results import build as _results
 
     rows, _, meta = evaluate("auto_3kernels_gh100")
     metrics = list(next(iter(rows.values())))

@@ -4,7 +4,7 @@ profiler of test_session_faults)."""
 import threading
 import warnings
 
-from gpuscope import _ranges
+from gpuscope._range_profiling import ranges as _ranges
 
 from .test_session_faults import FakeRangeProfiler, StopResult, user_session
 

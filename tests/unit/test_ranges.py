@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from gpuscope import _ranges
+from gpuscope._range_profiling import ranges as _ranges
 from gpuscope.errors import GpuscopeWarning, UnbalancedRangeError
 
 

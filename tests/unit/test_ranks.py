@@ -12,7 +12,8 @@ import xarray as xr
 matplotlib.use("Agg")
 
 import gpuscope as gs  # noqa: E402
-from gpuscope import _ranks, _results  # noqa: E402
+from gpuscope._results import job as _job
+from gpuscope._results import build as _results
 
 DATA = Path(gs.__file__).parent / "data"
 PHASES = Path(__file__).resolve().parents[1] / "fixtures" / "phases"
@@ -84,7 +85,7 @@ def test_dataset_attrs_carry_the_rank(monkeypatch):
 
 def test_an_engine_assigns_the_rank():
     info = gs.RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2, host="w", launcher="dask")
-    with _ranks.assigned(info):
+    with _job.assigned(info):
         assert gs.rank_info() is info
         assert _results.rank_attrs()["rank"] == 3
     assert gs.rank_info().rank == 0

@@ -1,12 +1,12 @@
-"""Finding the repeated loop body in a stream of kernel launches (gpuscope._repetition: pure logic, no GPU)."""
+"""Finding the repeated loop body in a stream of kernel launches (gpuscope._range_profiling.repetition: pure logic, no GPU)."""
 
 import doctest
 import random
 
 import pytest
 
-import gpuscope._repetition
-from gpuscope._repetition import Event, Repetition, Step, Tracker, find
+import gpuscope._range_profiling.repetition
+from gpuscope._range_profiling.repetition import Event, Repetition, Step, Tracker, find
 
 
 def launch(name: str, grid=(1024, 1, 1), block=(256, 1, 1)) -> tuple:
@@ -377,8 +377,8 @@ def test_bad_parameters(kwargs, message):
 
 
 def test_docstring_example():
-    assert doctest.testmod(gpuscope._repetition).attempted == 4
-    assert doctest.testmod(gpuscope._repetition).failed == 0
+    assert doctest.testmod(gpuscope._range_profiling.repetition).attempted == 4
+    assert doctest.testmod(gpuscope._range_profiling.repetition).failed == 0
 
 
 def test_a_launch_stream_recorded_on_the_h100():

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 import gpuscope as gs
-from gpuscope import _demo
-from gpuscope._report import Report, report
+from gpuscope._commands import demo as _demo
+from gpuscope._results.report import Report, report
 from gpuscope.errors import NotGpuscopeDataError
 from gpuscope.metrics import topdown as td
 
@@ -114,8 +114,8 @@ def test_pm_sampling_per_phase(series):
 
 @pytest.fixture(scope="module")
 def pc():
-    from gpuscope import _pcsampling as P
-    from gpuscope import _source
+    from gpuscope._pc_sampling import sampler as P
+    from gpuscope._pc_sampling import source as _source
     from gpuscope.cupti import pc_sampling as C
 
     here = os.path.join(os.path.dirname(__file__), "..", "fixtures", "pc")
@@ -194,7 +194,7 @@ def _flat(text):
 
 
 def _reports(launches, series):
-    from gpuscope._compare import compare
+    from gpuscope._results.compare import compare
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
@@ -431,7 +431,7 @@ def test_a_long_range_name_over_many_samples_is_never_widened(tmp_path):
 
     import numpy as np
 
-    from gpuscope._labels import string_labels
+    from gpuscope._schema.labels import string_labels
 
     ts = gs.open_dataset(_demo.RECORDED_SERIES)
     long = "step/" + "x" * 10_000
@@ -458,7 +458,7 @@ def test_pm_samples_without_a_sample_are_refused_saying_so():
 
 
 def test_labels_read_as_astype_str_would_and_missing_ones_as_asked():
-    from gpuscope._labels import string_labels
+    from gpuscope._schema.labels import string_labels
 
     values = np.array(["step", None, float("nan"), "step"], dtype=object)
     assert string_labels(values).tolist() == values.astype(str).tolist()

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope import _io, _results
+from gpuscope._results import io as _io
+from gpuscope._results import build as _results
+from gpuscope._schema import dataset as _dataset
 
 
 def make():
@@ -31,7 +33,7 @@ def test_schema_values_and_fills():
     assert all(ds[c].dims == ("range",) for c in ds.coords)
     assert ds.start_ns.values.tolist() == [-1, 5, 10]
     assert ds.attrs["kind"] == "range" and ds.attrs["metrics"] == ["a.sum", "b.pct"] and ds.attrs["passes"] == 2
-    assert ds.attrs["gpuscope_schema"] == _results.SCHEMA_VERSION
+    assert ds.attrs["gpuscope_schema"] == _dataset.SCHEMA_VERSION
     for value in ds.attrs.values():
         assert isinstance(value, (str, int, float, list))
 
@@ -55,18 +57,18 @@ def test_to_dataframe_one_row_per_range():
 
 
 def test_long_format():
-    long = _results.to_dataframe(make())
+    long = _dataset.to_dataframe(make())
     assert len(long) == 6 and list(long.columns[-3:]) == ["metric", "value", "unit"]
     a = long[long.metric == "a.sum"]
     assert a["value"].tolist() == [10.0, 4.0, 6.0] and set(a["unit"]) == {"inst"}
     assert a["range"].tolist() == ["step", "step/k", "step/k"] and a["kernel"].tolist() == ["", "k", "k"]
     assert a["launch"].tolist() == [-1, 0, 1]
-    only = _results.to_dataframe(make(), "b.pct")
+    only = _dataset.to_dataframe(make(), "b.pct")
     assert only["metric"].unique().tolist() == ["b.pct"] and only["value"].isna().sum() == 1
     with pytest.raises(ValueError, match="not numeric data variables"):
-        _results.to_dataframe(make(), ["nope"])
+        _dataset.to_dataframe(make(), ["nope"])
     with pytest.raises(ValueError, match="takes an xarray.Dataset"):
-        _results.to_dataframe(None)
+        _dataset.to_dataframe(None)
 
 
 def test_unknown_record_keys_become_coords():

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope import _io, _results, _sampling
-from gpuscope._sampling import Span
+from gpuscope._results import io as _io
+from gpuscope._results import build as _results
+from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._pm_sampling.api import sample as gs_sample
+from gpuscope._pm_sampling.sampler import Span
 from gpuscope.errors import NotSinglePassError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -73,16 +76,16 @@ def test_decimal_intervals_are_whole_ns_despite_float_error(text, ns):
 def test_an_interval_below_a_microsecond_is_refused_by_sample_itself(interval):
     """Refused at gs.sample(...), before any CUDA call (it used to wait for start(), on the GPU)."""
     with pytest.raises(ValueError, match="shorter than gpuscope allows") as info:
-        _sampling.sample(interval=interval)
+        gs_sample(interval=interval)
     assert repr(interval) in str(info.value) and "a number without a unit is ns" in str(info.value)
 
 
 def test_a_decode_period_that_would_spin_is_refused():
     """decode_period=1e-9 made the decode thread spin (a decode every wake-up, the GIL taken from the user)."""
     with pytest.raises(ValueError, match="decode_period must be at least 0.001 s; got 1e-09") as info:
-        _sampling.sample(decode_period=1e-9)
+        gs_sample(decode_period=1e-9)
     assert "spinning" in str(info.value)
-    assert _sampling.sample(decode_period=0.001).decode_period == 0.001
+    assert gs_sample(decode_period=0.001).decode_period == 0.001
 
 
 def test_trigger_per_chip():
@@ -94,17 +97,17 @@ def test_trigger_per_chip():
 
 def test_sampler_rejects_bad_arguments_before_touching_the_gpu():
     with pytest.raises(ValueError, match="interval"):
-        _sampling.sample(interval="fast")
+        gs_sample(interval="fast")
     with pytest.raises(ValueError, match="device"):
-        _sampling.sample(device=-1)
+        gs_sample(device=-1)
     with pytest.raises(ValueError, match="hardware_buffer_size"):
-        _sampling.sample(hardware_buffer_size=1024)
+        gs_sample(hardware_buffer_size=1024)
     with pytest.raises(RuntimeError, match="after the"):
-        _sampling.sample().dataset
+        gs_sample().dataset
 
 
 def test_pm_default_is_single_pass_on_gh100():
-    from gpuscope import _catalog
+    from gpuscope._gpu import catalog as _catalog
 
     metrics = _catalog.resolve("pm-default", "GH100", "sampling")
     _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)  # does not raise

@@ -13,8 +13,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope import _io, _multi_sampling, _pm_pipeline, _pm_workers, _results, _sampling
-from gpuscope._sampling import Span
+from gpuscope._results import io as _io
+from gpuscope._pm_sampling import multi as _multi_sampling
+from gpuscope._pm_sampling import pipeline as _pm_pipeline
+from gpuscope._pm_sampling import workers as _pm_workers
+from gpuscope._results import build as _results
+from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._pm_sampling.sampler import Span
 from gpuscope.cupti import host
 from gpuscope.cupti import pm_sampling as pm
 
@@ -414,7 +419,7 @@ def test_finish_never_waits_for_ever_on_a_decode_that_does_not_return(monkeypatc
 def _loss_text(metrics, evaluate_in):
     from types import SimpleNamespace
 
-    from gpuscope import _sampling
+    from gpuscope._pm_sampling import sampler as _sampling
 
     decoder = SimpleNamespace(overflows=0, errors=[], discarded=0, images_unevaluated=0, _backend=None)
     sampler = SimpleNamespace(_decoder=decoder, lost_samples=16422, _stamps=range(61245), device=0,

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope import _results, _sampling
+from gpuscope._results import build as _results
+from gpuscope._pm_sampling import sampler as _sampling
 from gpuscope.cupti import pm_sampling as pm
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures"

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from gpuscope import _sampling
+from gpuscope._pm_sampling import sampler as _sampling
 from gpuscope.cupti import host
 from gpuscope.cupti import pm_sampling as pm
 

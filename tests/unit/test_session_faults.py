@@ -5,8 +5,9 @@ import warnings
 
 import pytest
 
-from gpuscope import _ranges, _session
-from gpuscope._filters import checked_int
+from gpuscope._range_profiling import ranges as _ranges
+from gpuscope._range_profiling import session as _session
+from gpuscope._range_profiling.filters import checked_int
 from gpuscope.cupti import callbacks
 
 

@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope._catalog import split_name, units_of
+from gpuscope._gpu.catalog import split_name, units_of
 
 ROOT = Path(__file__).parents[2]
 RECORDINGS = sorted([*(ROOT / "gpuscope" / "data").glob("*.nc"), *(ROOT / "tests" / "fixtures").rglob("*.nc")])

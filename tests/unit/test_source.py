@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuscope import _source
+from gpuscope._pc_sampling import source as _source
 
 NUMBA_NAME = "_ZN6cudapy5tests3gpu7test_pc10stream_addB2v1B6cw51cXE5ArrayIfLi1E1C7mutable7alignedEf"
 

@@ -15,7 +15,8 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _catalog, _support
+from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import support as _support
 from gpuscope.cupti import host
 from gpuscope.errors import UnsupportedChipError
 from gpuscope.metrics import architectures as arch

@@ -3,7 +3,7 @@
 import pytest
 
 import gpuscope as gs
-from gpuscope import _catalog
+from gpuscope._gpu import catalog as _catalog
 from gpuscope.metrics import topdown as td
 
 # One chip per table and compute capability, as CUPTI names them.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpuscope as gs
-from gpuscope import _results
+from gpuscope._results import build as _results
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "gpuscope" / "data"
@@ -218,8 +218,8 @@ def test_errors(tmp_path, series):
 
 def _pc_recording():
     """The H100 PC-sampling recording (stream and fma of benchmarks/bench_pc_sampling.py) as a Dataset."""
-    from gpuscope import _pcsampling as P
-    from gpuscope import _source
+    from gpuscope._pc_sampling import sampler as P
+    from gpuscope._pc_sampling import source as _source
     from gpuscope.cupti import pc_sampling as C
 
     here = ROOT / "tests" / "fixtures" / "pc"

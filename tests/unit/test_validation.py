@@ -19,7 +19,8 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
-from gpuscope import _sampling, _validate
+from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._util import validate as _validate
 from gpuscope.metrics import phases as phases_mod
 
 DATA = Path(gs.__file__).parent / "data"

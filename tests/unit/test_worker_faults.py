@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope import _pm_workers
+from gpuscope._pm_sampling import workers as _pm_workers
 
 from .test_faults import assert_all_evaluated, assert_nothing_left, backend_for, submit_all
 from .test_pm_workers import AVAILABILITY, batch
@@ -285,7 +285,7 @@ def test_workers_never_run_code_from_the_cwd(make_backend, pm_recording, tmp_pat
 
 def test_a_forked_child_never_closes_its_parents_workers(monkeypatch):
     """close() in a forked child does nothing: the workers, their socket and the images are the parent's."""
-    from gpuscope import _pm_workers
+    from gpuscope._pm_sampling import workers as _pm_workers
 
     evaluation = _pm_workers.ProcessEvaluation.__new__(_pm_workers.ProcessEvaluation)
     evaluation._closed, evaluation._owner = False, os.getpid() + 1  # as seen from a child

@@ -1,0 +1,1 @@
+"""What the ``gpuscope`` command runs beyond the library calls: ``gpuscope run`` and ``gpuscope demo``."""

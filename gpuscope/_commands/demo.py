@@ -1,0 +1,282 @@
+"""``gpuscope demo``: gpuscope's main job on a built-in workload.
+
+A Numba workload with three distinct phases — a streaming kernel (memory-bound), a long FMA chain (core-bound)
+and the same chain run by one thread of each warp (divergence-bound) — is profiled twice on the GPU:
+
+1. per launch with the ``topdown`` metric set (the range profiler replays each launch for its 7 passes), then
+   analysed with the Top-Down method, aggregated per kernel;
+2. over time with PM sampling (``pm-default``) while the phases run inside ``gpuscope.range`` blocks, then split
+   into phases by change-point detection.
+
+It prints a compact report and writes two figures and two netCDF files. On a machine without a GPU it runs the
+same analysis on recordings made with this command on an H100, shipped in ``gpuscope/data/``, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpuscope._schema.labels import string_labels
+from gpuscope._results.report import _PROSE, SHORT_NAMES, _scaled, _width, _wrap
+
+DATA = Path(__file__).parents[1] / "data"
+RECORDED_LAUNCHES = DATA / "demo_launches.nc"
+RECORDED_SERIES = DATA / "demo_timeseries.nc"
+PHASES = ("stream", "fma", "divergent")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The workload (Numba kernels, compiled on first use)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Workload:
+    """Device arrays and the three kernels, launched through ``kernel[grid, block](...)``."""
+
+    kernels: dict
+    args: dict
+    grids: dict
+    block: int = 256
+
+    def launch(self, name: str) -> None:
+        self.kernels[name][self.grids[name], self.block](*self.args[name])
+
+
+def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Workload:
+    """Compile the demo kernels and allocate their data (about 200 MB of device memory).
+
+    *decorate*, if given, wraps each kernel (e.g. ``gpuscope.profile(...)``).
+    """
+    from numba import cuda
+
+    @cuda.jit(lineinfo=True)
+    def stream(a, b, c):
+        i = cuda.grid(1)
+        if i < c.size:
+            c[i] = a[i] + 2.0 * b[i]
+
+    @cuda.jit(lineinfo=True)
+    def fma(x, iters):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(iters):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    @cuda.jit(lineinfo=True)
+    def divergent(x, iters):
+        # Only lane 0 of each warp runs the loop: the warp issues every instruction for one active thread.
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            if i % 32 == 0:
+                for _ in range(iters):
+                    v = v * 1.000001 + 0.5
+            x[i] = v
+
+    rng = np.random.default_rng(0)
+    a = cuda.to_device(rng.random(n, dtype=np.float32))
+    b = cuda.to_device(rng.random(n, dtype=np.float32))
+    c = cuda.device_array(n, np.float32)
+    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
+    y = cuda.to_device(rng.random(n // 16, dtype=np.float32))
+    kernels = {"stream": stream, "fma": fma, "divergent": divergent}
+    if decorate is not None:
+        kernels = {k: decorate(v) for k, v in kernels.items()}
+    block = 256
+    return Workload(
+        kernels=kernels,
+        args={"stream": (a, b, c), "fma": (x, fma_iters), "divergent": (y, fma_iters)},
+        grids={"stream": (n + block - 1) // block, "fma": (n // 16 + block - 1) // block,
+               "divergent": (n // 16 + block - 1) // block},
+        block=block,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collection on the GPU
+# ---------------------------------------------------------------------------------------------------------
+
+
+def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: str = "100us", log=print):
+    """Run the workload under the range profiler and then under PM sampling; return the two Datasets."""
+    import gpuscope as gs
+    from numba import cuda
+
+    from gpuscope.metrics import topdown as td
+
+    log("compiling the workload ...")
+    work = build_workload(decorate=gs.profile)
+    for name in PHASES:
+        work.launch(name)
+    cuda.synchronize()
+
+    cc = "%d.%d" % cuda.get_current_device().compute_capability
+    metrics = list(gs.metric_set("topdown").metrics)
+    if td.architecture(cc).optional_stall_reasons:
+        metrics += [td.stall_metric(r) for r in td.architecture(cc).optional_stall_reasons]
+    with gs.Profiler(metrics=metrics, mode="kernel") as prof:
+        log(f"Top-Down per launch: {len(metrics)} metrics, {prof.passes} passes, kernel replay ...")
+        for _ in range(launches_per_kernel):
+            for name in PHASES:
+                work.launch(name)
+        cuda.synchronize()
+    launches = prof.dataset
+
+    log(f"PM sampling every {interval} while the three phases run ({phase_seconds:.1f} s each) ...")
+    with gs.sample(metrics="pm-default", interval=interval) as sampler:
+        for name in PHASES:
+            with gs.range(name):
+                start = time.perf_counter()
+                while time.perf_counter() - start < phase_seconds:
+                    for _ in range(10):
+                        work.launch(name)
+                    cuda.synchronize()
+    return launches, sampler.dataset
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Analysis and report (the same for live and recorded data)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int | None = None) -> dict:
+    """Top-Down per kernel, phases of the time series, figures and netCDF files; print the report.
+
+    The tables fit *width* characters (default: the terminal's width, as ``gpuscope show``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import gpuscope as gs
+
+    from gpuscope._results.report import report
+    from gpuscope.metrics import topdown as td
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    prose = min(_width(width), _PROSE)
+
+    def w(text: str, first: str = "", rest: str = "") -> None:  # a paragraph, wrapped to the terminal
+        (out or sys.stdout).write("\n".join(_wrap(text, prose, first, rest)) + "\n")
+
+    def table(title: str, rep) -> None:
+        (out or sys.stdout).write(f"\n{title}{rep.to_text(width)}\n")
+
+    attrs = launches.attrs
+    where = "RECORDED" if recorded else "measured now"
+    w(f"gpuscope demo — {where} on {attrs.get('device_name', attrs.get('device', '?'))} "
+      f"(chip {attrs.get('chip', '?')}, CUPTI {attrs.get('cupti_version', '?')}, "
+      f"recorded {attrs.get('created', '?')})")
+    if recorded:
+        w("No GPU here: this is gpuscope's analysis of recordings shipped with the package "
+          f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).", "  ", "  ")
+
+    per_launch = td.topdown(launches)
+    per_kernel = td.aggregate(per_launch, by="kernel")
+    per_kernel_report = report(launches)
+    table("Top-Down per kernel\n", per_kernel_report)
+    verdicts = dict(zip(per_kernel_report.index, per_kernel_report["bound_by"]))
+
+    # Segments within 2 noise sigmas of each other in every metric share a phase label (see docs/phases.md).
+    ph = gs.phases(series, label_tolerance=2.0)
+    n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
+    segments_table, segments = _segments(series, ph, n_phases)
+    table("", segments_table)
+    per_phase = gs.dynamic(per_launch, phases=ph)  # each phase: the Top-Down of the work in it
+    table("Top-Down per phase\n", report(per_phase))
+
+    launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
+    gs.save_dataset(launches, launches_nc)
+    gs.save_dataset(series, series_nc)
+    ax = per_kernel.gpuscope.plot.topdown(level=2)
+    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
+    fig = ax.figure
+    fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)][:6])
+    fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
+    fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    (out or sys.stdout).write("\n")
+    w(f"wrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}")
+    return {"verdicts": verdicts, "phases": n_phases, "segments": segments}
+
+
+def _segments(series, ph, n_phases: int):
+    """The segments between change points as a table (the mean of each metric in each; a segment under 1% of the
+    run is a transient, counted in a note), and the (phase, user range) pairs that hold a tenth of a segment."""
+    import pandas as pd
+
+    from gpuscope._results.report import _new
+
+    metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
+    t_all = series["time"].values
+    ranges_all = string_labels(series["range"].values) if "range" in series.coords else np.full(t_all.size, "")
+    short, segments, rows = [], [], {}
+    for seg in range(ph.sizes["segment"]):
+        first, stop = int(ph["segment_first"][seg]), int(ph["segment_stop"][seg])
+        label = int(ph["segment_phase"][seg])
+        if stop - first < 0.01 * t_all.size:  # under 1% of the run: a transient, counted below
+            short.append(stop - first)
+            continue
+        names, counts = np.unique(ranges_all[first:stop], return_counts=True)
+        main_range = str(names[np.argmax(counts)]) if len(names) else ""
+        # every range holding a tenth of the segment: one segment may span ranges that look alike
+        segments += [(label, str(r)) for r, c in zip(names, counts) if c >= 0.1 * (stop - first)]
+        means = {SHORT_NAMES.get(m, m): float(_scaled(m, series[m].values[first:stop].mean())) for m in metrics}
+        rows[seg] = {"from_ms": t_all[first] / 1e6, "to_ms": t_all[stop - 1] / 1e6, "phase": label,
+                     "user range": main_range, **means}
+    notes = []
+    if short:
+        notes.append(f"{len(short)} short segments of {sum(short)} samples in all (each under 1% of the run) are "
+                     "not listed.")
+    for label in sorted({lab for lab, _ in segments}):
+        alike = sorted({r for lab, r in segments if lab == label and r})
+        if len(alike) > 1:
+            notes.append(f"user ranges {', '.join(alike)} look alike in these metrics (phase {label}): PM counters "
+                         "count warp instructions and cannot see divergence; the per-kernel Top-Down above can.")
+    frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("segment")
+    title = (f"PM sampling: {series.sizes['time']} samples, {ph.sizes['segment']} segments between change points, "
+             f"{n_phases} distinct phases (mean per segment; % of peak, PCIe in GB/s)")
+    return _new(frame, title, notes, priority=("phase", "user range", "from_ms", "to_ms")), segments
+
+
+def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:
+    """Entry point of ``gpuscope demo``."""
+    import gpuscope as gs
+
+    from gpuscope._gpu import device as _device
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)  # fail before a GPU run, not after it
+    live = False
+    if not force_recorded:
+        try:
+            live = _device.device_count() > 0
+        except gs.NoGpuError as exc:
+            print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.")  # its first clause
+    if live:
+        launches, series = collect()
+        if record_to:
+            Path(record_to).mkdir(parents=True, exist_ok=True)
+            gs.save_dataset(launches, Path(record_to) / RECORDED_LAUNCHES.name)
+            gs.save_dataset(_thin(series), Path(record_to) / RECORDED_SERIES.name)
+    else:
+        launches, series = gs.open_dataset(RECORDED_LAUNCHES), gs.open_dataset(RECORDED_SERIES)
+    analyse(launches, series, outdir, recorded=not live)
+    return 0
+
+
+def _thin(series, max_samples: int = 20000):
+    """Keep a recording small enough to ship: every k-th sample."""
+    step = max(1, int(np.ceil(series.sizes["time"] / max_samples)))
+    return series.isel(time=slice(None, None, step))

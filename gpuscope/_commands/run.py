@@ -1,0 +1,338 @@
+"""``gpuscope run``: profile an unmodified Python script in this process, the way ``ncu``/``nsys`` profile a program.
+
+The script runs as ``__main__`` (``runpy.run_path``) with ``sys.argv = [script, *args]`` and its folder first on
+``sys.path``, as ``python script.py`` runs it; a module given with ``-m`` runs as ``python -m module`` runs it
+(``runpy.run_module(alter_sys=True)``: ``sys.argv[0]`` its file, the current folder first on ``sys.path``, a
+package's ``__main__``). Both run inside a :class:`gpuscope.Profiler` (auto mode by default) or a PM sampler. The
+exit status and exceptions pass through; whatever was collected is saved and reported even when the script fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+
+from gpuscope.errors import GpuscopeError
+
+__all__ = ["RunOptions", "run_script", "parse_sample", "EXIT_NOTHING_PROFILED"]
+
+#: Exit status when the script succeeded but no launch or range was profiled (a filter that matched nothing).
+EXIT_NOTHING_PROFILED = 6
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """What ``gpuscope run`` was asked to do (the command-line options, parsed)."""
+
+    script: str | None = None  # the script, or None with module
+    args: list = dataclasses.field(default_factory=list)
+    metrics: object = None  # a set name or a list of metric names; None with sample=None means "topdown"
+    mode: str = "auto"
+    kernels: list | None = None
+    exclude: list | None = None
+    launch_skip: int | None = None
+    launch_count: int | None = None
+    sample: tuple | None = None  # (metrics, interval) for PM sampling
+    output: str | None = None
+    trace: str | None = None  # a Perfetto/Chrome trace of the results (gpuscope.to_perfetto)
+    report: bool = True
+    device: int | str | list = 0  # a list or "all": PM sampling on several devices (sample only)
+    kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
+    force: bool = False  # overwrite an existing output or trace file
+    module: str | None = None  # -m: a module to run as python -m runs it, instead of a script
+
+
+class RunError(GpuscopeError, ValueError):
+    """``gpuscope run`` was asked for something it cannot do (bad options, a missing script)."""
+
+
+def parse_sample(text: str) -> tuple[str, str]:
+    """``"pm-default@100us"`` -> ``("pm-default", "100us")``; the interval defaults to 100 us."""
+    metrics, _, interval = text.partition("@")
+    if not metrics.strip():
+        raise RunError(f"--sample {text!r}: give a sampling set or metrics, e.g. --sample pm-default@100us")
+    return metrics.strip(), (interval.strip() or "100us")
+
+
+def check_options(opts: RunOptions) -> None:
+    """Refuse what cannot work before the script starts.
+
+    Raises
+    ------
+    RunError
+        No script file, or no module of that name; range profiling and PM sampling asked for together; filters
+        with PM sampling; negative counts; an output or trace file that exists (without ``force``).
+    OSError
+        An output file that cannot be written.
+    """
+    if opts.module is not None:
+        find_module(opts.module)
+    elif opts.script is None:
+        raise RunError("Give what to profile: gpuscope run [options] script.py [args...], or a module as python -m "
+                       "runs it: gpuscope run [options] -m module [args...].")
+    elif not os.path.isfile(opts.script):
+        raise RunError(f"No script {opts.script!r} (gpuscope run profiles a Python file: gpuscope run [options] "
+                       "script.py [args...]; or a module: gpuscope run [options] -m module [args...]).")
+    if opts.kernel_times and opts.sample is None:
+        raise RunError("--kernel-times goes with --sample: range profiling records its kernels anyway.")
+    if not isinstance(opts.device, int):
+        if opts.sample is None:
+            raise RunError(f"--device {_device_text(opts.device)} goes with --sample (PM sampling of several "
+                           "devices in one process); range profiling runs on one device: give one index, or one "
+                           "process per GPU (docs/multi-gpu.md).")
+        if opts.kernel_times:
+            raise RunError(f"--kernel-times records the kernels of one device; --device {_device_text(opts.device)} "
+                           "names several: give one index.")
+    if opts.sample is not None:
+        if opts.metrics is not None:
+            raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
+                           "cannot hold the GPU's counters at the same time (CUPTI reports HARDWARE_BUSY). Run the "
+                           "script twice, once with each.")
+        given = [f for f, v in (("-k/--kernels", opts.kernels), ("--exclude", opts.exclude),
+                                ("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)) if v]
+        if given:
+            raise RunError(f"{', '.join(given)} select launches for range profiling; PM sampling (--sample) covers "
+                           "the whole run.")
+    for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
+        if value is not None and value < 0:
+            raise RunError(f"{name} must be 0 or more, not {value}.")
+    for flag, target in (("-o", opts.output), ("--trace", opts.trace)):
+        if target:
+            if os.path.exists(target) and not opts.force:
+                raise RunError(f"{target!r} exists: gpuscope run does not overwrite it (as ncu does not). Pass "
+                               f"-f/--force to replace it, or give {flag} another name.")
+            folder = os.path.dirname(os.path.abspath(target))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise OSError(f"cannot write {target!r}: {folder!r} is not a writable folder.")
+
+
+def _device_text(device) -> str:
+    return device if isinstance(device, str) else ",".join(map(str, device))
+
+
+def _profiler_kwargs(opts: RunOptions) -> dict:
+    """Only the filters that were given: a Profiler without launch filters still runs a plain profile."""
+    kwargs = {"mode": opts.mode}
+    for name in ("kernels", "exclude", "launch_skip", "launch_count"):
+        value = getattr(opts, name)
+        if value is not None and value != []:
+            kwargs[name] = value
+    return kwargs
+
+
+def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
+    if opts.sample is not None:
+        if sampler_factory is None:
+            from gpuscope._pm_sampling.api import sample as sampler_factory
+        metrics, interval = opts.sample
+        extra = {"kernels": True} if opts.kernel_times else {}
+        return sampler_factory(metrics=metrics, interval=interval, device=opts.device, **extra)
+    if profiler_factory is None:
+        from gpuscope._range_profiling.session import Profiler as profiler_factory
+    kwargs = _profiler_kwargs(opts)
+    _check_supported(profiler_factory, kwargs)
+    return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
+
+
+def _check_supported(factory, kwargs) -> None:
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [k for k in kwargs if k not in params]
+    if missing:
+        flags = {"kernels": "-k/--kernels", "exclude": "--exclude", "launch_skip": "--launch-skip",
+                 "launch_count": "--launch-count", "mode": "--mode"}
+        raise RunError(f"This gpuscope's Profiler does not support {', '.join(flags.get(m, m) for m in missing)} "
+                       "yet; run without it.")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """What Python would exit with for ``sys.exit(code)``."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
+    return 1
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """The traceback as ``python script.py`` shows it: from the script's first frame, without gpuscope's."""
+    tb = exc.__traceback__
+    target = os.path.abspath(script)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _first_on_path(folder: str):
+    """``sys.path[0]`` is *folder* inside the block (as python sets it for a script or ``-m``), restored after."""
+    saved = sys.path[0] if sys.path else None
+    if sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.path[0] = saved
+
+
+def find_module(name: str) -> str:
+    """The file ``python -m name`` would run (a package's ``__main__.py``), found as python finds it, with the
+    current folder first on ``sys.path``; nothing is imported, so a package's own code runs in the session only.
+
+    Raises
+    ------
+    RunError
+        *name* is not a module name, or no module (or package ``__main__``) of that name is found.
+    """
+    if not name:
+        raise RunError("-m needs the module to run: gpuscope run [options] -m module [args...].")
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise RunError(f"-m {name!r} is not a module name: gpuscope run [options] -m package.module [args...].")
+    parts = name.split(".")
+    importlib.invalidate_caches()  # modules written since this process started
+    with _first_on_path(os.getcwd()):
+        try:
+            spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not imported
+        except (ImportError, ValueError):
+            spec = None
+        for depth in range(2, len(parts) + 1):  # submodules: looked up in the package's folders, not imported
+            locations = spec.submodule_search_locations if spec is not None else None
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), locations) if locations else None
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.machinery.PathFinder.find_spec(name + ".__main__", spec.submodule_search_locations)
+            if spec is None:
+                raise RunError(f"No module named {name}.__main__: {name!r} is a package and cannot be run directly "
+                               "(as python -m says); give one of its modules, or add a __main__.py.")
+    if spec is None or not spec.has_location or not spec.origin:
+        raise RunError(f"No module named {name!r} with the current folder ({os.getcwd()}) first on sys.path, as "
+                       f"python -m {name} would look for it.")
+    return spec.origin
+
+
+def execute(script: str | None, args, module: str | None = None) -> int:
+    """Run *script*, or *module* as ``python -m`` does, as ``__main__`` with its own argv and ``sys.path[0]``;
+    return the status Python would exit with."""
+    if module is not None:
+        origin, folder = find_module(module), os.getcwd()
+        run = functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
+    else:
+        origin, folder = script, os.path.dirname(os.path.abspath(script))
+        run = functools.partial(runpy.run_path, script, run_name="__main__")
+    saved_argv = sys.argv[:]
+    sys.argv = [origin, *args]
+    try:
+        with _first_on_path(folder):
+            run()
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except KeyboardInterrupt as exc:
+        _print_script_traceback(exc, origin)
+        return 130
+    except BaseException as exc:  # noqa: BLE001  the script's failure is reported like python does, then we go on
+        _print_script_traceback(exc, origin)
+        return 1
+    finally:
+        sys.argv = saved_argv
+
+
+def _filters(opts: RunOptions) -> str:
+    parts = []
+    if opts.kernels:
+        parts.append("-k " + ",".join(opts.kernels))
+    if opts.exclude:
+        parts.append("--exclude " + ",".join(opts.exclude))
+    if opts.launch_skip:
+        parts.append(f"--launch-skip {opts.launch_skip}")
+    if opts.launch_count is not None:
+        parts.append(f"--launch-count {opts.launch_count}")
+    return " ".join(parts)
+
+
+def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None, out=None) -> int:
+    """Profile ``opts.script`` (or ``opts.module``, as ``python -m``) and return the exit status for ``gpuscope run``.
+
+    The status is the script's own when it is not 0 (1 for an uncaught exception, as with ``python``); otherwise
+    :data:`EXIT_NOTHING_PROFILED` when nothing was profiled, else 0.
+
+    Parameters
+    ----------
+    opts : RunOptions
+    profiler_factory, sampler_factory : callable, optional
+        What makes the session (default :class:`gpuscope.Profiler` and :func:`gpuscope.sample`); the session is
+        a context manager with a ``.dataset`` after it closes.
+    out : file, optional
+        Where the report goes (default stdout).
+
+    Raises
+    ------
+    RunError, OSError
+        Before the script starts (see :func:`check_options`).
+    GpuscopeError
+        The session could not start (no GPU, unknown metric, counters busy) or close.
+    """
+    from gpuscope._results.report import report
+
+    out = out or sys.stdout
+    check_options(opts)
+    session = _session(opts, profiler_factory, sampler_factory)
+    session.__enter__()
+    close_error = None
+    try:
+        code = execute(opts.script, opts.args, opts.module)
+    finally:
+        sys.stdout.flush()
+        try:
+            session.__exit__(None, None, None)
+        except GpuscopeError as exc:
+            close_error = exc
+    if close_error is not None:
+        print(f"gpuscope run: error: {close_error}", file=sys.stderr)
+        return code or 4
+    from gpuscope._pm_sampling.multi import each_device
+
+    ds = session.dataset
+    if opts.output:
+        from gpuscope._results.io import save_dataset
+
+        save_dataset(ds, opts.output)
+        print(f"gpuscope run: saved {opts.output}" + (" (the script failed; this is what was collected)" if code else ""),
+              file=sys.stderr)
+    parts = each_device(ds)  # several devices sampled: each one's samples, reported and traced on its own
+    size = sum(p.sizes.get("range", p.sizes.get("time", 0)) for p in parts)
+    if opts.trace and size:
+        from gpuscope._results.io import to_perfetto
+
+        to_perfetto(opts.trace, *parts)
+        print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
+    if size == 0:
+        what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"
+        filters = _filters(opts)
+        print(f"gpuscope run: {what}" + (f": nothing matched {filters}" if filters else "")
+              + ". Check the names with: gpuscope run --mode kernel script.py (no filters) and the report's kernel "
+              "column.", file=sys.stderr)
+        return code or EXIT_NOTHING_PROFILED
+    if opts.report:
+        for part in parts:
+            label = f"\ndevice {part.attrs['device_index']}:" if len(parts) > 1 else ""
+            print(f"{label}\n{report(part)}", file=out)
+    return code

@@ -1,0 +1,199 @@
+"""The GPU and its driver, through cuda.bindings (never ctypes into libcuda).
+
+Nothing here runs at import time; the driver is initialised on the first call that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from gpuscope.errors import GpuscopeError, NoGpuError
+
+__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "process_memory_gib",
+           "PrimaryContext"]
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover - a dependency of gpuscope
+        raise NoGpuError(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings") from None
+    return driver
+
+
+def _check(result, what: str):
+    """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising on error."""
+    err, *values = result
+    if int(err) != 0:
+        driver = _driver()
+        _, name = driver.cuGetErrorName(err)
+        name = name.decode() if isinstance(name, bytes) else str(err)
+        if name == "CUDA_ERROR_NO_DEVICE":
+            raise NoGpuError(f"{what}: no NVIDIA GPU is visible to this process ({name}). Check CUDA_VISIBLE_DEVICES.")
+        raise GpuscopeError(f"{what} failed: {name}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def _init() -> None:
+    driver = _driver()
+    try:
+        result = driver.cuInit(0)
+    except Exception as exc:  # cuda.pathfinder raises when libcuda.so.1 is missing
+        raise NoGpuError(
+            f"The NVIDIA driver is not available on this machine ({exc}). gpuscope can still list metrics "
+            "offline (gpuscope metrics --chip GH100) and analyse recorded data."
+        ) from None
+    _check(result, "cuInit")
+
+
+def driver_version() -> tuple[int, int] | None:
+    """The CUDA version the driver supports, e.g. ``(13, 0)``, or None without a driver."""
+    try:
+        err, v = _driver().cuDriverGetVersion()
+    except Exception:
+        return None
+    if int(err) != 0:
+        return None
+    return (v // 1000, (v % 1000) // 10)
+
+
+def device_count() -> int:
+    """Number of visible GPUs.
+
+    Raises
+    ------
+    NoGpuError
+        No driver, or no GPU visible.
+    """
+    _init()
+    return int(_check(_driver().cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """What gpuscope records about a GPU (also written into every Dataset's attrs)."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    memory_bytes: int
+    sm_clock_khz: int
+    memory_clock_khz: int
+    pci_bus_id: str
+
+    @property
+    def compute_capability_str(self) -> str:
+        return "%d.%d" % self.compute_capability
+
+
+def _device(index: int):
+    count = device_count()
+    if not 0 <= index < count:
+        raise ValueError(f"device={index} does not exist: this process sees {count} GPU(s) (0..{count - 1}).")
+    return _check(_driver().cuDeviceGet(index), "cuDeviceGet")
+
+
+def device_info(index: int = 0) -> DeviceInfo:
+    """Name, compute capability, SM count, memory and clocks of GPU *index*."""
+    driver = _driver()
+    dev = _device(index)
+    attr = driver.CUdevice_attribute
+
+    def get(a):
+        return int(_check(driver.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute"))
+
+    name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+    bus = _check(driver.cuDeviceGetPCIBusId(32, dev), "cuDeviceGetPCIBusId")
+    bus = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
+    return DeviceInfo(
+        index=index,
+        name=name,
+        compute_capability=(
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        ),
+        sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        memory_bytes=int(_check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+        sm_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+        pci_bus_id=bus,
+    )
+
+
+def memory_used_gib(index: int = 0) -> float:
+    """Device memory in use on device *index* (every process's), in GiB (``cuMemGetInfo`` in its primary context)."""
+    with PrimaryContext(index) as ctx:
+        ctx.make_current()
+        free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+    return (int(total) - int(free)) / 2**30
+
+
+def process_memory_gib(index: int = 0) -> float | None:
+    """Device memory this process holds on device *index*, in GiB, from NVML (``cuda.bindings.nvml``); None where
+    NVML cannot say (no NVML binding, or this process's id is not the one NVML sees, as in some containers)."""
+    import os
+
+    try:
+        from cuda.bindings import nvml
+    except ImportError:
+        return None
+    try:
+        nvml.init_v2()
+    except Exception:
+        return None
+    try:
+        handle = nvml.device_get_handle_by_pci_bus_id_v2(device_info(index).pci_bus_id)
+        infos = nvml.device_get_compute_running_processes_v3(handle)
+        pid = os.getpid()
+        for i in range(len(infos)):
+            if int(infos[i].pid) == pid:
+                return int(infos[i].used_gpu_memory) / 2**30
+        return None
+    except Exception:
+        return None
+    finally:
+        try:
+            nvml.shutdown()
+        except Exception:
+            pass
+
+
+class PrimaryContext:
+    """The device's primary context (the one Numba and CuPy use), retained while open.
+
+    ``handle`` is the ``CUcontext`` as an integer, for CUPTI calls that take ``ctx``.
+    """
+
+    def __init__(self, index: int = 0):
+        self.index = index
+        self._dev = _device(index)
+        self._ctx = _check(_driver().cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self.handle = int(self._ctx)
+        self._open = True
+
+    def make_current(self) -> None:
+        _check(_driver().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def unique_id(self) -> int:
+        """The context's unique id (``cuCtxGetId``): a context destroyed and made again at the same address gets
+        another. The handle where the driver is older than CUDA 12.0."""
+        try:
+            return int(_check(_driver().cuCtxGetId(self._ctx), "cuCtxGetId"))
+        except (AttributeError, GpuscopeError):
+            return self.handle
+
+    def close(self) -> None:
+        """Release the retained context (safe twice)."""
+        if self._open:
+            self._open = False
+            _check(_driver().cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,343 @@
+"""What profiling sessions keep between them in a process: the enabled range profiler or PM sampler, host objects.
+
+Measured on an H100 with CUPTI 13.0 (``benchmarks/probe_session_keep.py``, docs/measurements.md):
+
+* the first ``cuptiRangeProfilerStart`` after ``cuptiRangeProfilerEnable`` costs 150-220 ms with a 16-range
+  counter-data image, 1.3 s with 1,024 ranges and 4.6 s with 4,096, and ``Disable`` 13 ms to 0.5 s the same way;
+* on a profiler kept enabled with the same config and image, a whole one-range session (re-initialised image,
+  Start, range, Stop, decode, evaluate) costs 4.5 ms;
+* ``SetConfig`` with *another* config on a profiler that has already collected makes the next ``Start`` fail
+  (``CUPTI_ERROR_UNKNOWN``) and a later session crash; re-enabling with a counter-data image made by an earlier
+  profiler object crashes too;
+* a range profiler kept enabled makes PM sampling fail (``HARDWARE_BUSY``) and PC sampling deliver no records.
+
+So a session that ends cleanly hands its profiler, config and counter-data image here (:func:`keep`); the next
+session on the same device and context with exactly the same configuration takes them back (:func:`take`), and
+anything else releases them first. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms with
+a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
+under 1 ms and 36 ms): its sampler, configuration and initialised image pool. PM and PC sampling call :func:`release` before they enable; so do process
+exit, a forked child (which forgets, never touches, its parent's), and :func:`gpuscope.release`.
+
+Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
+too (:func:`host_for`): they depend only on the chip and the metrics.
+
+PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cupti`, ``cuptiFinalize``; off with
+``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
+outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
+kept here first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import sys
+import threading
+import warnings
+
+from gpuscope.errors import GpuscopeWarning
+
+__all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
+           "detach_cupti", "DETACH_ENV", "import_xarray_soon", "imports_done"]
+
+#: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
+ENV = "GPUSCOPE_KEEP"
+#: The default: the counters are the GPU's, not the process's, so a kept profiler also stops *other processes*
+#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another.
+DEFAULT_SECONDS = 10.0
+#: Process counts set by launchers of several processes that may share a GPU (MPI, Slurm): there, nothing is kept
+#: unless GPUSCOPE_KEEP says.
+_MULTI_PROCESS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
+
+_lock = threading.Lock()
+_kept: dict[int, Kept] = {}
+_hosts: dict[tuple, HostSetup] = {}
+
+
+def _count(text) -> int:
+    try:
+        return int(text or 1)
+    except ValueError:
+        return 1
+
+
+def seconds() -> float:
+    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``: until exit or
+    :func:`release`), else 10 s, or 0 (never) when a launcher of several processes (MPI, Slurm) started this one."""
+    text = os.environ.get(ENV, "").strip().lower()
+    if not text:
+        return 0.0 if any(_count(os.environ.get(v)) > 1 for v in _MULTI_PROCESS) else DEFAULT_SECONDS
+    if text in ("false", "no", "off"):
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        warnings.warn(f"{ENV}={text!r} is not a number of seconds; keeping for {DEFAULT_SECONDS:g} s.",
+                      GpuscopeWarning, stacklevel=3)
+        return DEFAULT_SECONDS
+    return max(value, 0.0)
+
+
+def enabled() -> bool:
+    """Whether sessions keep their range profiler for the next one (:func:`seconds` is not 0)."""
+    return seconds() > 0
+
+
+@dataclasses.dataclass
+class Kept:
+    """An enabled, stopped range profiler (or PM sampler) with its configuration and re-initialised images."""
+
+    key: tuple  # everything the configuration depends on (context, metrics, modes, sizes)
+    context_id: int  # the context's unique id: a context destroyed and made again at the same address differs
+    context: object  # the retained PrimaryContext (released with the profiler)
+    profiler: object  # gpuscope.cupti.range_profiler.RangeProfiler
+    config: object
+    image: object
+    timer: object = None  # releases it when idle too long
+
+
+@dataclasses.dataclass
+class HostSetup:
+    """What the host API gives for a chip and metric list: the host object (for evaluation), config image, passes
+    and each metric's properties."""
+
+    host: object
+    config: object
+    passes: int
+    properties: dict
+
+
+def host_for(device: int, chip: str, metrics: tuple, make) -> HostSetup:
+    """The cached :class:`HostSetup` for *chip* and *metrics*, made by ``make()`` the first time (one per device:
+    sessions on several devices at once evaluate on their own host objects)."""
+    key = (device, chip, tuple(metrics))
+    with _lock:
+        setup = _hosts.get(key)
+    if setup is None:
+        setup = make()
+        with _lock:
+            setup = _hosts.setdefault(key, setup)
+    return setup
+
+
+def take(device: int, key: tuple, context_id: int) -> Kept | None:
+    """The kept profiler of *device* if its configuration is *key* on the same live context, else None (whatever
+    was kept is released first: CUPTI does not let an enabled profiler change its configuration)."""
+    with _lock:
+        kept = _kept.pop(device, None)
+    if kept is None:
+        return None
+    if kept.timer is not None:
+        kept.timer.cancel()
+    if kept.key == key and kept.context_id == context_id:
+        return kept
+    _release(kept, alive=kept.context_id == context_id)
+    return None
+
+
+def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
+    """:func:`take`, for a session that holds its own context and profiler initialisation: the kept ones are
+    released, the profiler and images are the session's. None when keeping is off."""
+    if not enabled():
+        return None
+    kept = take(device, key, context_id)
+    if kept is not None:
+        from gpuscope.cupti import profiler
+
+        kept.context.close()
+        profiler.deinitialize()
+    return kept
+
+
+def keep(device: int, kept: Kept) -> None:
+    """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`."""
+    idle = seconds()
+    if idle < float("inf"):
+        kept.timer = threading.Timer(idle, _expire, args=(device, kept))
+        kept.timer.name = "gpuscope-keep-timer"
+        kept.timer.daemon = True
+    with _lock:
+        old = _kept.pop(device, None)
+        _kept[device] = kept
+    if kept.timer is not None:
+        kept.timer.start()
+    if old is not None:
+        _release(old)
+
+
+def _expire(device: int, kept: Kept) -> None:
+    with _lock:
+        if _kept.get(device) is not kept:
+            return
+        del _kept[device]
+    _release(kept)
+
+
+def release(device: int | None = None) -> int:
+    """Give back the GPU counters that gpuscope keeps between range-profiling sessions.
+
+    A range-profiling session that ends cleanly leaves its CUPTI range profiler enabled, so that the next session
+    with the same metrics and mode starts in milliseconds instead of 0.2-1.5 s. While it is kept, the counters are
+    held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
+    them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
+    until exit; under MPI or Slurm nothing is kept unless it is set), before PM and PC sampling, when a
+    session needs another configuration, and at process exit. The counters are the GPU's: while they are kept,
+    other processes cannot profile this GPU either. Call this before handing the GPU to another tool.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device whose profiler to release; None (default): every device.
+
+    Returns
+    -------
+    int
+        How many kept profilers were released.
+    """
+    gone = _pop(device)
+    for kept in gone:
+        _release(kept)
+    return len(gone)
+
+
+def _pop(device: int | None) -> list[Kept]:
+    """Take what is kept on *device* (None: every device) out of the keeper."""
+    with _lock:
+        devices = list(_kept) if device is None else [device]
+        return [_kept.pop(d) for d in devices if d in _kept]
+
+
+def kept_devices() -> list[int]:
+    """Devices on which a range profiler is kept now."""
+    with _lock:
+        return sorted(_kept)
+
+
+def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
+    from gpuscope.cupti import profiler
+
+    if kept.timer is not None:
+        kept.timer.cancel()
+    try:
+        if alive:
+            kept.context.make_current()  # the release may run on the timer's thread
+            kept.profiler.close()
+        else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
+            _detach(kept)
+        profiler.deinitialize()
+        kept.context.close()
+    except Exception as exc:  # cleanup never raises
+        if not quiet:
+            warnings.warn(f"gpuscope: releasing the kept range profiler failed: {exc}", GpuscopeWarning, stacklevel=3)
+
+
+def _detach(kept: Kept) -> None:
+    """Make sure nothing ever disables *kept*'s profiler (a range profiler disables itself when collected)."""
+    finalizer = getattr(kept.profiler, "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
+
+
+#: ``GPUSCOPE_PC_DETACH=0`` keeps CUPTI attached when PC sampling starts (the detach is on by default).
+DETACH_ENV = "GPUSCOPE_PC_DETACH"
+
+
+def detach_cupti() -> str:
+    """Make CUPTI forget this process before PC sampling starts (``cuptiFinalize``), so that every kernel is
+    mapped for PC sampling whatever ran before: CUPTI maps a kernel only if it did not run while CUPTI was
+    attached outside a PC block (``benchmarks/probe_pc_after_ranges.py``: a kernel profiled by a range session
+    first got 0 of 190,549 samples; after a detach, all of them). Costs 2-28 ms, plus the host objects the next
+    range session builds again.
+
+    On unless ``GPUSCOPE_PC_DETACH=0``. CUPTI keeps the addresses it was given (PC sampling's data buffer, the
+    activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first.
+    Everything kept is released first. Nothing happens if CUPTI is not attached,
+    if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would be lost) or if a gpuscope
+    session is open. Returns ``"detached"``, ``"not attached"`` or why it did not detach.
+    """
+    from gpuscope._gpu import modules as _modules
+    from gpuscope.cupti import _api
+
+    if not _api.attached():
+        return "not attached"
+    if os.environ.get(DETACH_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return f"off ({DETACH_ENV}=0)"
+    if os.environ.get("CUDA_INJECTION64_PATH"):
+        return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
+    release()
+
+    def drop_hosts():  # host objects belong to the CUPTI that is going away
+        from gpuscope._gpu import catalog as _catalog
+
+        with _lock:
+            hosts = list(_hosts.values())
+            _hosts.clear()
+        for setup in hosts:
+            _quietly_close(setup.host)
+        _catalog.forget_hosts()
+
+    watching = _modules.pause()
+    try:
+        _api.detach(prepare=drop_hosts)
+    except RuntimeError as exc:
+        return f"a gpuscope session is open ({exc})"
+    finally:
+        if watching:
+            _modules.resume()
+    return "detached"
+
+
+def _quietly_close(obj) -> None:
+    try:
+        obj.close()
+    except Exception as exc:  # cleanup never raises
+        warnings.warn(f"gpuscope: closing {type(obj).__name__} failed: {exc}", GpuscopeWarning, stacklevel=3)
+
+
+_importer: threading.Thread | None = None
+
+
+def import_xarray_soon() -> None:
+    """Import xarray on a background thread while a session runs (once per process): the first Dataset of a process
+    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps."""
+    global _importer
+    with _lock:
+        if _importer is not None or "xarray" in sys.modules:
+            return
+        _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
+        _importer.start()
+
+
+def _import_xarray() -> None:
+    try:
+        import xarray  # noqa: F401
+    except Exception:  # the Dataset's own import raises it where the user sees it
+        pass
+
+
+def imports_done() -> None:
+    """Wait for :func:`import_xarray_soon` (sessions call it when they close: no thread outlives them)."""
+    importer = _importer
+    if importer is not None and importer is not threading.current_thread():
+        importer.join()
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork``: the parent's profiler is not the child's to disable."""
+    global _lock
+    _lock = threading.Lock()
+    for kept in _kept.values():
+        _detach(kept)
+        kept.timer = None  # the timer thread is the parent's
+    _kept.clear()
+
+
+def _at_exit() -> None:
+    """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly."""
+    for kept in _pop(None):
+        _release(kept, quiet=True)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_at_exit)

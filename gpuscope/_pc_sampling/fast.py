@@ -1,0 +1,138 @@
+"""The fast Top-Down in one call: PC sampling for the stall split, one range pass for IPC, on the same work.
+
+:func:`gpuscope.fast_topdown` combines the two Datasets; :func:`profile_fast_topdown` collects them. It runs the
+work twice inside one iteration-mode range session (the ``fast-topdown`` set: executed and issued IPC, threads
+per instruction, cycles): the first execution, which sizes the counter-data image, under PC sampling; the second
+as the range pass. PC sampling cannot share launches with a range pass: on the H100 (CUPTI 13.0) CUPTI counts no
+PC samples at all while a range pass collects, whichever was opened first (``benchmarks/bench_fast_topdown.py
+together``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from gpuscope._util import validate as _validate
+from gpuscope.errors import GpuscopeError, GpuscopeWarning
+
+__all__ = ["profile_fast_topdown", "FAST_SET"]
+
+FAST_SET = "fast-topdown"
+
+
+class FastTopDownError(GpuscopeError, ValueError):
+    """The two halves of a fast Top-Down do not fit together (no common kernel, no PC samples)."""
+
+
+def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, levels=(1, 2, 3), check: str = "warn",
+                         pc_sampler=None, profiler=None, **kwargs):
+    """Top-Down per kernel from PC samples and one range pass: ``work(*args, **kwargs)`` runs twice.
+
+    Parameters
+    ----------
+    work : callable
+        Launches the kernels (it is called twice; it should do the same work each time). gpuscope synchronises
+        the device after each call.
+    *args, **kwargs
+        Passed to *work*.
+    period : int
+        PC sampling period in cycles per SM, a power of two from 32 to 2**31 (:func:`gpuscope.pc_sample`). The
+        stall split depends on it for some kernels (on the H100 at 2**13, contended atomics moved 33 points of
+        IPC_MAX from ``lg_throttle`` to ``drain`` and ``long_scoreboard``); 2**10 is the validated default. At
+        2**10 the GPU makes samples faster than CUPTI decodes them: keep *work* to a representative slice
+        (up to about 50 ms of GPU time), or CUPTI's buffer fills and samples are lost (warned).
+    device : int
+        GPU index.
+    levels : sequence of int
+        Top-Down levels to compute.
+    check : {"warn", "raise", "ignore"}
+        What to do when a level does not sum to ``IPC_MAX`` (:func:`gpuscope.topdown`).
+    pc_sampler, profiler : callable, optional
+        Factories used instead of :func:`gpuscope.pc_sample` and :class:`gpuscope.Profiler` (tests).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``kernel`` (the kernels both halves saw), every Top-Down node with the names, units and attrs of
+        :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
+        ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
+        ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
+        ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel),
+        ``pc_hardware_buffer_full`` (1: CUPTI lost samples it did not count; gpuscope warned),
+        ``pc_sampling_period_cycles``, ``kernels_without_pc_samples`` and ``kernels_without_ipc`` (kernels only
+        one half saw).
+
+    Raises
+    ------
+    ValueError
+        A bad *period*, *levels* or *check* (before any GPU work).
+    FastTopDownError
+        No kernel was seen by both halves.
+    """
+    from gpuscope._pc_sampling import sampler as _pcsampling
+    from gpuscope._schema.names import match_kernel
+    from gpuscope.metrics import topdown as td
+
+    if not callable(work):
+        raise TypeError(f"work must be a callable that launches the kernels, got {type(work).__name__}")
+    _pcsampling._period_log2(period)
+    check = _validate.choice(check, "check", ("warn", "raise", "ignore"))
+    pc_sampler = pc_sampler or _pcsampling.pc_sample
+    if profiler is None:
+        from gpuscope._range_profiling.session import Profiler as profiler
+
+    # One iteration-mode session, two executions of work: the first (which sizes the counter-data image and is
+    # not range-profiled) runs under PC sampling, the second is the range pass. CUPTI delivers no PC samples
+    # while a range pass collects, and iteration mode replays nothing (kernel replay costs 13 ms per launch).
+    with profiler(FAST_SET, mode="iteration", device=device) as prof:
+        prof.step()
+        with pc_sampler(period=period, device=device) as pcs:
+            work(*args, **kwargs)
+        prof.step()
+        work(*args, **kwargs)
+    pc, ranges = pcs.dataset, prof.dataset
+    stalls = _pcsampling.stall_percentages(pc)
+    sampled = [str(k) for k in stalls["kernel"].values]
+    rows = ranges.isel(range=[i for i, k in enumerate(ranges["kernel"].values) if str(k)])
+    per_kernel = td.aggregate(rows, by="kernel")
+    names = {str(k): match_kernel(str(k), sampled) for k in per_kernel["kernel"].values}
+    both = {k: n for k, n in names.items() if n is not None}
+    if not both:
+        unattributed = int(pc.attrs.get("non_user_kernel_samples", 0))
+        why = " " + _pcsampling.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0)),
+                                                     str(pc.attrs.get("cupti_detach", ""))) if unattributed else ""
+        raise FastTopDownError(
+            f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
+            f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "
+            f"call?{why}")
+    unsampled = {k: int(per_kernel["count"].sel(kernel=k)) for k in names if k not in both}
+    if unsampled:
+        warnings.warn(_pcsampling.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
+                                                    int(pc.attrs.get("total_samples", 0)),
+                                                    str(pc.attrs.get("cupti_detach", "")))
+                      + " They are left out of the result (kernels_without_pc_samples).", GpuscopeWarning,
+                      stacklevel=2)
+    ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))
+    ipc = ipc[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]]
+    ipc.attrs = dict(ranges.attrs)
+    result = _pcsampling.fast_topdown(pc, ipc, levels=levels, check=check)
+    launches = [int(per_kernel["count"].sel(kernel=k)) for k in both]
+    per_kernel_samples = pc["kernel_samples"].sum("stall_reason")
+    samples = [int(per_kernel_samples.sel(kernel=n)) for n in both.values()]
+    result = result.assign_coords(
+        launches=("kernel", launches),
+        pc_samples=("kernel", samples),
+        samples_per_launch=("kernel", [s / n if n else float("nan") for s, n in zip(samples, launches)]),
+    )
+    result.attrs.update(
+        fast_topdown_collection="work() twice in one iteration-mode range session: the first under PC "
+                                "sampling, the second as the range pass (CUPTI gives no PC samples during a pass)",
+        pc_total_samples=int(pc.attrs.get("total_samples", 0)),
+        pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
+        pc_unattributed_samples=int(pc.attrs.get("non_user_kernel_samples", 0)),
+        pc_hardware_buffer_full=int(pc.attrs.get("hardware_buffer_full", 0)),
+        pc_sampling_period_cycles=int(pc.attrs.get("sampling_period_cycles", period)),
+        kernels_without_pc_samples=sorted(unsampled),
+        kernels_without_ipc=sorted(set(sampled) - set(both.values())),
+    )
+    return result

@@ -1,0 +1,643 @@
+"""``gpuscope.sample``: hardware metrics over time (CUPTI PM sampling), aligned with ``gpuscope.range``.
+
+How it works: the config image is checked to fit in one pass before anything starts; then a PM sampling object
+is enabled on the device and started. A background thread that does nothing but ``DecodeData`` moves samples out
+of the hardware buffer into a small, fixed pool of counter-data images; evaluator threads evaluate each image
+while sampling runs (raw images cost ~21.7 KB per sample, far too much to keep) and return it to the pool. User
+ranges are stamped with ``cuptiGetTimestamp``, the clock of the sample timestamps.
+
+Lost samples are never dropped silently: the decode thread counts hardware-buffer overflows, and gaps in the
+sample timestamps are counted as lost samples; both go into the Dataset's attrs (and a warning).
+
+The pieces live in their own modules: :mod:`._pm_plan` (interval, trigger, pool sizes, single-pass check),
+:mod:`._pm_pipeline` (decode and evaluator threads), :mod:`._pm_workers` (evaluation in worker processes),
+:mod:`._pm_timeline` (ranges and lost samples over timestamps) and :mod:`._pm_series` (evaluated samples);
+this module holds the public :class:`Sampler` and :func:`sample`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+
+from gpuscope._util import validate as _validate
+from gpuscope._pm_sampling.pipeline import Pipeline as _Pipeline
+from gpuscope._pm_sampling.plan import (
+    MIN_INTERVAL_NS,
+    POOL_MEMORY,
+    Trigger,
+    check_single_pass,
+    choose_trigger,
+    default_image_pool,
+    default_samples_per_image,
+    parse_interval,
+    single_pass_groups,
+    suggest_interval_us,
+)
+from gpuscope._pm_sampling.series import Series, evaluate_images, metric_properties
+from gpuscope._pm_sampling.timeline import RangeRecorder as _RangeRecorder
+from gpuscope._pm_sampling.timeline import Span, count_lost, innermost_ranges
+from gpuscope._util.shield import run_shielded
+from gpuscope.errors import GpuscopeWarning, SamplerBusyError
+
+__all__ = [
+    "Sampler",
+    "run_shielded",
+    # re-exported from the modules above, where they used to live
+    "Trigger",
+    "parse_interval",
+    "choose_trigger",
+    "suggest_interval_us",
+    "default_image_pool",
+    "default_samples_per_image",
+    "single_pass_groups",
+    "check_single_pass",
+    "innermost_ranges",
+    "count_lost",
+    "Span",
+    "Series",
+    "metric_properties",
+    "evaluate_images",
+    "MIN_INTERVAL_NS",
+    "POOL_MEMORY",
+]
+
+
+# Bounds of Sampler's arguments: beyond them a value is a typo (or wraps in C), not a choice.
+MAX_DEVICE = 1023
+MAX_HARDWARE_BUFFER = 1 << 40  # 1 TiB of device memory
+MAX_DECODE_PERIOD_S = 60.0
+#: Shortest decode period: a shorter one only spins the decode thread (each decode reads all that is waiting) and
+#: takes the GIL from the user's threads.
+MIN_DECODE_PERIOD_S = 0.001
+MAX_SAMPLES_PER_IMAGE = 1 << 20
+MAX_IMAGE_POOL = 1 << 16
+MAX_EVALUATORS = 256
+
+_active: dict[int, "Sampler"] = {}
+_active_lock = threading.Lock()
+
+
+class Sampler:
+    """PM sampling on one device; make it with :func:`sample`.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`. Read :attr:`dataset` afterwards.
+
+    Attributes
+    ----------
+    metrics : list of str
+        The sampled metrics (full CUPTI names).
+    interval_ns : int
+        The requested interval in ns (for the sys-clock trigger: the converted estimate).
+    trigger : Trigger
+        The trigger used.
+    device : int
+        CUDA device index.
+    """
+
+    def __init__(
+        self,
+        metrics="pm-default",
+        interval="100us",
+        device: int = 0,
+        *,
+        hardware_buffer_size: int = 512 << 20,
+        decode_period: float = 0.01,
+        samples_per_image: int | None = None,
+        image_pool: int | None = None,
+        evaluators: int = 2,
+        evaluate_in: str = "process",
+        kernels: bool = False,
+    ):
+        value, unit = parse_interval(interval)
+        _validate.names(metrics, "metrics")
+        device = _validate.integer(device, "device", minimum=0, maximum=MAX_DEVICE)
+        hardware_buffer_size = _validate.integer(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20,
+                                                 maximum=MAX_HARDWARE_BUFFER)
+        decode_period = _validate.finite_positive_float(decode_period, "decode_period", maximum=MAX_DECODE_PERIOD_S)
+        if decode_period < MIN_DECODE_PERIOD_S:
+            raise ValueError(
+                f"decode_period must be at least {MIN_DECODE_PERIOD_S:g} s; got {decode_period!r}. Each decode takes "
+                "every sample waiting in the hardware buffer, so decoding more often loses nothing less; it only "
+                "keeps the decode thread spinning and takes the GIL from your threads. Use 0.001 to 60 (default 0.01)."
+            )
+        if unit == "ns" and value < MIN_INTERVAL_NS:
+            raise ValueError(
+                f"Sampling interval {interval!r} ({value} ns) is shorter than gpuscope allows ({MIN_INTERVAL_NS} ns): "
+                "PM sampling cannot deliver samples that fast (on the H100, 500 ns lost 99% of them). Use interval="
+                f"'{MIN_INTERVAL_NS // 1000}us' or longer; a number without a unit is ns (docs/pm-sampling.md lists "
+                "the shortest loss-free interval)."
+            )
+        if samples_per_image is not None:
+            samples_per_image = _validate.integer(samples_per_image, "samples_per_image", minimum=2,
+                                                  maximum=MAX_SAMPLES_PER_IMAGE)
+        if image_pool is not None:
+            image_pool = _validate.positive_int(image_pool, "image_pool", maximum=MAX_IMAGE_POOL)
+        evaluators = _validate.positive_int(evaluators, "evaluators", maximum=MAX_EVALUATORS)
+        evaluate_in = _validate.choice(evaluate_in, "evaluate_in", ("process", "thread"))
+        self.kernels = _validate.choice(kernels, "kernels", (True, False))
+        self.image_pool = None if image_pool is None else int(image_pool)
+        self.evaluators = int(evaluators)
+        self.evaluate_in = evaluate_in
+        self._interval_value, self._interval_unit = value, unit
+        self._requested_metrics = metrics
+        self.device = int(device)
+        self.hardware_buffer_size = int(hardware_buffer_size)
+        self.decode_period = float(decode_period)
+        self._samples_per_image = samples_per_image
+        self.metrics: list[str] = []
+        self.trigger: Trigger | None = None
+        self.interval_ns: int = value if unit == "ns" else 0
+        self._state = "new"
+        self._pid: int | None = None  # the process that started it: a forked child must leave it alone
+        self._torn_down = False  # set once the teardown of stop() has run to its end
+        self._dataset = None
+        self._handle = None
+        self._context = None
+        self._initialized = False
+        self._decoder: _Pipeline | None = None
+        self.lost_samples = 0
+        self.stop_call_ns = 0
+        self._recorder: _RangeRecorder | None = None
+        self._kernel_records = None  # cupti.activity.KernelRecords while kernels=True runs
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        interrupted = None
+        while True:  # a Ctrl-C that lands before stop() reaches its shielded teardown must not skip it
+            try:
+                self.stop()
+                break
+            except KeyboardInterrupt as ki:
+                interrupted = interrupted or ki
+                if self._torn_down:
+                    break
+        if interrupted is not None and exc_type is None:
+            raise interrupted
+        return False
+
+    def start(self) -> "Sampler":
+        """Check the metrics, enable PM sampling on the device and start sampling.
+
+        Raises
+        ------
+        SamplerBusyError
+            Another sampler runs on this device.
+        NotSinglePassError
+            The metrics need more than one pass; the message says which to drop or how to split them.
+        UnknownMetricError
+            A metric name that the chip cannot PM-sample (the message names close matches).
+        ValueError
+            An interval in cycles on a chip that samples on a time interval.
+        CuptiPermissionError
+            This user may not read GPU performance counters.
+        CuptiNotSupportedError
+            The device does not support PM sampling (MIG, vGPU, ...).
+        ProfilerBusyError
+            Another profiler (Nsight, another CUPTI client) holds the counters.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"This sampler was already started (state: {self._state}); make a new one.")
+        self._pid = os.getpid()
+        with _active_lock:
+            other = _active.get(self.device)
+            if other is not None:
+                raise SamplerBusyError(
+                    f"A PM sampler is already running on device {self.device} (metrics {other.metrics[:3]}...). "
+                    "One sampler per device: stop it first, or sample all the metrics in one sampler."
+                )
+            _active[self.device] = self
+        try:
+            self._setup()
+        except BaseException:
+            try:
+                run_shielded(self._teardown)
+            finally:
+                with _active_lock:
+                    _active.pop(self.device, None)
+                self._state = "failed"
+            raise
+        self._state = "running"
+        return self
+
+    def _setup(self) -> None:
+        from gpuscope._gpu import catalog as _catalog
+        from gpuscope._gpu import device as _device
+        from gpuscope._gpu import keep as _keep
+        from gpuscope._range_profiling import ranges as _ranges
+        from gpuscope.cupti import activity, host, profiler
+        from gpuscope.cupti import pm_sampling as pm
+        from gpuscope.cupti._types import PmTriggerMode, ProfilerApi, ProfilerType
+
+        self._context = _device.PrimaryContext(self.device)  # initialises the driver, keeps the device alive
+        _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
+        info = _device.device_info(self.device)
+        support = profiler.device_support(self._context_device(), ProfilerApi.PM_SAMPLING)
+        if not support.supported:
+            from gpuscope.errors import CuptiNotSupportedError
+
+            reasons = ", ".join(support.reasons()) or support.overall.name
+            raise CuptiNotSupportedError(27, "cuptiProfilerDeviceSupported", "PM sampling is not supported", reasons)
+        profiler.initialize()
+        self._initialized = True
+        self.chip = profiler.chip_name(self.device)
+        self.availability = pm.counter_availability(self.device)
+        resolved = _catalog.resolution(self._requested_metrics, self.chip, "sampling")
+        self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
+        check_single_pass(self.metrics, self.chip, self.availability)
+        self.trigger = choose_trigger(self.chip)
+        self._check_interval(info)
+        self.device_info = info
+        self.config = host.config_image(self.chip, ProfilerType.PM_SAMPLING, self.metrics, self.availability)
+        trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
+        samples_per_image = self._samples_per_image or default_samples_per_image(self.interval_ns)
+        # an earlier session's sampler, configured the same way, is taken back; anything else kept is released
+        # first (a kept range profiler holds the counters: HARDWARE_BUSY)
+        self._key = ("pm", self._context.handle, tuple(self.metrics), self.hardware_buffer_size, self._hw_interval,
+                     int(trigger), samples_per_image, self.image_pool, self.evaluate_in, self.evaluators)
+        self._context_id = self._context.unique_id()
+        kept = _keep.reuse(self.device, self._key, self._context_id)
+        images = None
+        if kept is not None:
+            self._handle, images, self.reused = kept.profiler.handle, kept.image, True
+            if images is not None:
+                self.image_pool = len(images[0])
+        else:
+            self._handle = pm.enable(self.device)
+            pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
+        if self.image_pool is None:
+            image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
+            self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
+        self._decoder = _Pipeline(
+            self._handle,
+            self.chip,
+            self.metrics,
+            self.availability,
+            samples_per_image=samples_per_image,
+            pool_size=self.image_pool,
+            evaluators=self.evaluators,
+            evaluate_in=self.evaluate_in,
+            period_s=self.decode_period,
+            interval_ns=self.interval_ns,
+            images=images,
+        )
+        self.evaluate_in, self.image_pool = self._decoder.evaluate_in, self._decoder.pool_size
+        if self._decoder.pool_note:
+            warnings.warn(f"gpuscope PM sampling: {self._decoder.pool_note}.", GpuscopeWarning, stacklevel=4)
+        self._recorder = _RangeRecorder(activity.timestamp)
+        self._open_at_start = [p for p in [_ranges.current_path()] if p]
+        _ranges.add_listener(self._recorder)
+        if self.kernels:
+            self._context.make_current()
+            self._kernel_records = activity.KernelRecords()
+            self._kernel_records.open()
+        self.start_ns = activity.timestamp()
+        self.wall_clock_ns = time.time_ns()  # the clock link: wall clock at CUPTI time start_ns
+        self._wall_start = time.time()
+        pm.start(self._handle)
+        self._started = True
+        self._decoder.start(self.start_ns)
+
+    def _context_device(self) -> int:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuDeviceGet(self.device)
+        return int(dev)
+
+    def _check_interval(self, info) -> None:
+        if self._interval_unit == "cycles":
+            self._hw_interval = self._interval_value
+            # sys-clock rate is not exposed; the SM clock is the estimate, the measured interval is in attrs
+            self.interval_ns = max(1, round(self._interval_value * 1e6 / info.sm_clock_khz))
+            if self.trigger is Trigger.TIME:
+                raise ValueError(
+                    f"{self.chip} samples on a time interval; give the interval in time units (e.g. '20us'), "
+                    "not cycles."
+                )
+            return
+        if self.trigger is Trigger.SYSCLK:
+            self._hw_interval = max(1, round(self.interval_ns * info.sm_clock_khz / 1e6))
+        else:
+            self._hw_interval = self.interval_ns
+
+    def stop(self) -> None:
+        """Stop sampling, decode what is left and release the device (safe to call twice).
+
+        Waits for the evaluator threads to finish the last images. Warns (:class:`GpuscopeWarning`) if samples
+        were lost, saying why and what to change. In a child forked while the sampler ran it does nothing: the
+        sampler, its threads, workers and CUPTI state stay the parent's, which goes on sampling.
+        """
+        if self._state not in ("running", "stopping") or self._torn_down:
+            return
+        if self._forked:  # the parent's sampler: its threads, workers and CUPTI state are not this process's
+            self._state = "forked"
+            return
+        self._state = "stopping"
+        run_shielded(self._stop_once)
+        message = self._loss_message()
+        if message:
+            warnings.warn(message, GpuscopeWarning, stacklevel=2)
+
+    def _stop_once(self) -> None:
+        try:
+            self._stop()
+        finally:
+            self._torn_down = True
+
+    def _stop(self) -> None:
+        from gpuscope.cupti import activity
+        from gpuscope.cupti import pm_sampling as pm
+
+        def stop_sampling():
+            self.stop_ns = activity.timestamp()  # no sample can be expected after this
+            pm.stop(self._handle)
+            self.stop_call_ns = activity.timestamp() - self.stop_ns
+
+        try:
+            # not while a decode runs: a Stop during DecodeData lost the samples still in the hardware buffer
+            self._decoder.stop_sampling(stop_sampling)
+            self._started = False
+            self._decoder.finish()
+            if self._kernel_records is not None:
+                self._close_kernel_records(synchronize=True)
+        finally:
+            try:
+                self._teardown()
+            finally:
+                with _active_lock:
+                    _active.pop(self.device, None)
+                self._state = "stopped"
+                if not hasattr(self, "stop_ns"):
+                    self.stop_ns = activity.timestamp()
+                self._values, self._stamps = self._decoder.series()
+                self.lost_samples = self._count_lost()
+                from gpuscope._gpu import keep as _keep
+
+                _keep.imports_done()
+
+    def _count_lost(self) -> int:
+        starts, ends = self._stamps[:, 0], self._stamps[:, 1]
+        if not ends.size:  # nothing arrived: every sample of the session was lost
+            return max(0, round((self.stop_ns - self.start_ns) / self.interval_ns))
+        return count_lost(starts, ends, self.interval_ns, self.stop_ns)
+
+    @property
+    def decode_us_per_sample(self) -> float:
+        """Time spent inside ``cuptiPmSamplingDecodeData`` per decoded sample (µs; NaN before any sample)."""
+        d = self._decoder
+        return d.decode_seconds / d.decoded_samples * 1e6 if d and d.decoded_samples else float("nan")
+
+    def _loss_message(self) -> str:
+        """Why samples were lost and what to do, or "" if none were."""
+        d = self._decoder
+        if not (self.lost_samples or d.overflows or d.errors or d.discarded):
+            return ""
+        backend = d._backend
+        kept = len(self._stamps)
+        lines = [
+            f"PM sampling on device {self.device} lost {self.lost_samples} of {kept + self.lost_samples} samples "
+            f"(interval {self.interval_ns / 1000:g} us, {len(self.metrics)} metrics; "
+            "dataset.attrs['lost_samples'])."
+        ]
+        cost = self.decode_us_per_sample
+        if math.isfinite(cost) and cost > 0.7 * self.interval_ns / 1000:
+            from gpuscope._gpu.catalog import metric_set
+
+            fewer = ("fewer metrics" if set(self.metrics) <= set(metric_set("pm-fast").metrics)
+                     else "fewer metrics (the 'pm-fast' set decodes several times faster)")
+            threads = (" Evaluation ran in this process (evaluate_in='thread'), where it competes with decoding for "
+                       "the interpreter: evaluate_in='process' (the default) lost none at 20 us with pm-fast on an "
+                       "H100." if self.evaluate_in == "thread" else "")
+            lines.append(
+                f"Decoding is the limit: cuptiPmSamplingDecodeData took {cost:.1f} us per sample of these metrics on "
+                f"this machine, {100 * cost * 1000 / self.interval_ns:.0f}% of the interval, and it cannot run in "
+                f"parallel. Use interval='{suggest_interval_us(cost)}us' or longer, or {fewer}.{threads}"
+            )
+        if d.overflows:
+            lines.append(
+                f"The hardware buffer overflowed {d.overflows} time(s): use a longer interval or a larger "
+                "hardware_buffer_size."
+            )
+        if d.discarded:
+            lines.append(
+                f"{d.discarded} samples were discarded because evaluation fell behind and no counter-data image was "
+                "free: use a longer interval, or more image_pool or evaluators."
+            )
+        if d.images_unevaluated:
+            lines.append(
+                f"Evaluation stalled: {d.samples_unevaluated} samples in images that no evaluator thread finished "
+                f"within {d.EVALUATE_TIMEOUT_S:g} s were not evaluated (attrs 'images_lost'); those threads were left "
+                "running."
+            )
+        if backend is not None and (backend.workers_lost or backend.images_lost):
+            lines.append(
+                f"{backend.workers_lost} evaluation worker(s) were lost; {backend.images_recovered} image(s) they held "
+                f"were evaluated in this process and {backend.images_lost} could not be (attrs "
+                "'evaluation_workers_lost', 'images_recovered', 'images_lost')."
+            )
+        if d.errors:
+            lines.append(f"Errors: {'; '.join(d.errors[:3])}.")
+        return " ".join(lines)
+
+    def _teardown(self) -> None:
+        """Undo whatever :meth:`_setup` did, in reverse; trouble becomes warnings."""
+        from gpuscope._gpu import keep as _keep
+        from gpuscope._range_profiling import ranges as _ranges
+        from gpuscope.cupti import pm_sampling as pm
+        from gpuscope.cupti import profiler
+
+        steps = []
+        if self._recorder is not None:
+            steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
+        if self._kernel_records is not None and self._kernel_records._open:
+            steps.append(("kernel activity records", self._close_kernel_records))
+        if self._decoder is not None and getattr(self, "_started", False):
+            steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
+        elif self._decoder is not None:
+            steps.append(("evaluation workers", self._decoder.close_workers))
+        spare = getattr(self._decoder, "spare", None)
+        if (self._handle is not None and spare is not None and not getattr(self, "_started", False)
+                and self._context is not None and _keep.enabled()):
+            # a clean stop, evaluating in threads: the sampler, its configuration and its image pool serve the next
+            # session. With worker processes nothing is kept: a process that held 8 GB and CuPy crashed (SIGSEGV)
+            # in a later session on a kept sampler whose pool the workers had made anew
+            handle, self._handle = self._handle, None
+            context, self._context = self._context, None
+            self._initialized = False
+            steps.append(("keep", lambda: _keep.keep(self.device, _keep.Kept(
+                self._key, self._context_id, context, KeptSampler(handle), self.config, spare))))
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            steps.append(("cuptiPmSamplingDisable", lambda: pm.disable(handle)))
+        if self._initialized:
+            self._initialized = False
+            steps.append(("cuptiProfilerDeInitialize", profiler.deinitialize))
+        if self._context is not None:
+            context, self._context = self._context, None
+            steps.append(("release context", context.close))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                warnings.warn(f"gpuscope PM sampling cleanup ({what}) failed: {exc}", GpuscopeWarning, stacklevel=3)
+        self._started = False
+
+    def close(self) -> None:
+        """Same as :meth:`stop` (safe to call twice)."""
+        self.stop()
+
+    def _close_kernel_records(self, synchronize: bool = False) -> None:
+        """Flush and disable CUPTI's kernel activity (after the device finished its kernels, if *synchronize*:
+        a kernel still running when the records are flushed has no end time and is counted as incomplete)."""
+        if synchronize:
+            from gpuscope._gpu import device as _device
+
+            self._context.make_current()
+            _device._check(_device._driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self._kernel_records.close()
+
+    # -- results ------------------------------------------------------------------------------------------
+    @property
+    def _forked(self) -> bool:
+        """True in a child forked from the process that started this sampler."""
+        return self._pid is not None and os.getpid() != self._pid
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running" and not self._forked
+
+    @property
+    def overflows(self) -> int:
+        """Hardware-buffer overflows the decode thread saw."""
+        return self._decoder.overflows if self._decoder else 0
+
+    @property
+    def discarded_samples(self) -> int:
+        """Samples decoded while no counter-data image was free (the evaluators fell behind): thrown away."""
+        return self._decoder.discarded if self._decoder else 0
+
+    @property
+    def dataset(self):
+        """The samples as an :class:`xarray.Dataset` (dim ``time``); built on first read.
+
+        Raises
+        ------
+        RuntimeError
+            Sampling has not been stopped yet.
+        """
+        if self._forked and self._state in ("running", "stopping", "forked"):
+            raise RuntimeError(
+                f"This sampler was running in process {self._pid} when it forked this one: its samples are that "
+                "process's. Sample in this process with a gpuscope.sample(...) of its own."
+            )
+        if self._state != "stopped":
+            raise RuntimeError(
+                "No samples yet: read .dataset after the `with gpuscope.sample(...)` block (or after .stop())."
+            )
+        if self._dataset is None:
+            self._dataset = self._build()
+        return self._dataset
+
+    def report(self, **options):
+        """The readable summary of :attr:`dataset`: per user range (``by="phase"``: per phase); see
+        :func:`gpuscope.report`."""
+        from gpuscope._results.report import report
+
+        return report(self.dataset, **options)
+
+    def _executions(self):
+        """The kernels that ran on this device while sampling (``kernels=True``), or None."""
+        records = self._kernel_records
+        if records is None:
+            return None
+        mine = [r for r in records.records if r[3] == self.device]  # CUPTI's deviceId: the CUDA device ordinal
+        return {"records": mine, "dropped": records.dropped, "errors": records.errors,
+                "other_devices": len(records.records) - len(mine)}
+
+    def _build(self):
+        from gpuscope._results import build as _results
+
+        values, stamps = self._values, self._stamps
+        backend = self._decoder._backend
+        series = Series(
+            values=values.T,
+            start_ns=stamps[:, 0].copy(),
+            end_ns=stamps[:, 1].copy(),
+            properties=metric_properties(self.chip, self.metrics, self.availability),
+        )
+        spans = self._recorder.spans(self.stop_ns)
+        mid = (series.start_ns + series.end_ns) // 2
+        return _results.sampling_dataset(
+            values=series.values,
+            metrics=self.metrics,
+            properties=series.properties,
+            start_ns=series.start_ns,
+            end_ns=series.end_ns,
+            ranges=innermost_ranges(mid, spans),
+            spans=spans,
+            executions=self._executions(),
+            session_start_ns=self.start_ns,
+            device_info=self.device_info,
+            chip=self.chip,
+            attrs={
+                "wall_clock_ns": int(self.wall_clock_ns),
+                "interval_ns": int(self.interval_ns),
+                "trigger": self.trigger.value,
+                "hardware_interval": int(self._hw_interval),
+                "hardware_buffer_size": self.hardware_buffer_size,
+                "sampler_reused": int(getattr(self, "reused", False)),
+                "session_end_ns": int(self.stop_ns),
+                "lost_samples": int(self.lost_samples),
+                "overflows": int(self.overflows),
+                "decode_errors": "; ".join(self._decoder.errors[:10]),
+                "counter_data_images": int(self._decoder.handed_off),
+                "counter_data_pool": int(self.image_pool),
+                "samples_per_image": int(self._decoder.samples_per_image),
+                "discarded_samples": int(self.discarded_samples),
+                "full_decodes": int(self._decoder.full_stops),
+                "evaluate_in": self.evaluate_in,
+                "evaluators": int(self.evaluators),
+                "evaluation_workers_ready": int(backend.ready_workers) if backend else 0,
+                "evaluation_workers_lost": int(backend.workers_lost) if backend else 0,
+                "images_recovered": int(backend.images_recovered) if backend else 0,
+                "images_lost": int(self._decoder.images_lost),
+                "pool_note": self._decoder.pool_note,
+                **self._set_attrs,
+                "inexact_batches": int(self._decoder.inexact_batches),
+                "decode_us_per_sample": float(round(self.decode_us_per_sample, 3)),
+                "decode_seconds": float(round(self._decoder.decode_seconds, 6)),
+                "stop_call_ns": int(self.stop_call_ns),
+            },
+        )
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork``: the parent's samplers are not the child's (it may start its own on any device)."""
+    global _active_lock
+    _active_lock = threading.Lock()
+    _active.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class KeptSampler:
+    """A PM sampling object kept enabled and configured between sessions (:mod:`gpuscope._gpu.keep`)."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def close(self) -> None:
+        """``cuptiPmSamplingDisable`` (once)."""
+        from gpuscope.cupti import pm_sampling as pm
+
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            pm.disable(handle)

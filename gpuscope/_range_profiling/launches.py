@@ -1,0 +1,241 @@
+"""Per-kernel collection in ``"kernel"`` and ``"iteration"`` modes: what happens at every kernel launch.
+
+Both modes hear launches through CUPTI's launch callbacks (:class:`gpuscope.cupti.callbacks.LaunchRecorder`),
+on the launching thread, at the launch call's entry and exit.
+
+``"kernel"`` (:class:`KernelReplay`)
+    CUPTI auto ranges + kernel replay: CUPTI replays each profiled launch once per pass inside the launch call,
+    saving and restoring device memory around each pass. A launch the filters leave out runs with the range
+    profiler stopped (``cuptiRangeProfilerStop`` at its entry, ``Start`` at its exit; about 10 us), so CUPTI
+    neither replays nor counts it, and the i-th CUPTI range is the i-th selected launch.
+``"iteration"`` (:class:`IterationReplay`)
+    CUPTI auto ranges + user replay across repeated iterations: pass k of the metric set runs on the k-th
+    iteration of a pass group (an execution of the repeated top-level range, or what lies between two
+    ``Profiler.step()`` calls), every launch in the iteration being one range. Nothing is saved or restored, so
+    the cost does not depend on the device memory the process holds. The i-th range of a pass is that
+    iteration's i-th launch: launches are matched across the group's iterations by position, kernel symbol,
+    grid and block (as Nsight Compute's application replay does), and only the leading launches that every
+    iteration has in common are kept; the rest are counted and reported, never mislabelled. CUPTI counts every
+    launch of an iteration (a pass cannot leave one out: stopping the profiler ends the pass), so filters choose
+    the rows kept, not the launches counted. (User ranges pushed from the launch callback would allow that; they
+    were tried only while an earlier kernel-mode session was left started, a bug since fixed that crashed any later
+    session, so whether they work is not known.)
+
+Selected launches hold a lock from entry to exit, so launches from several threads reach CUPTI in the order
+they are recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from gpuscope._range_profiling.filters import KernelFilter
+from gpuscope._schema.names import KernelNames, short_name
+
+__all__ = ["Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+
+
+@dataclass
+class Selected:
+    """A launch that became a CUPTI range, with what gpuscope knows about it."""
+
+    symbol: str
+    kernel: str  # its name in the session: the decorated or function name, longer where two kernels share it
+    parent: str  # the user range path open on the launching thread
+    grid: tuple
+    block: tuple
+    enter_ns: int
+    exit_ns: int = -1
+    wanted: bool = True  # False: a launch the filters leave out (iteration mode counts it all the same)
+    qualname: str = ""  # the readable (demangled) symbol: module.outer.<locals>.function, ns::kernel<float>
+    launch_id: int = -1  # which launch of the session's context it was, counting those the filters left out
+
+    @property
+    def signature(self) -> tuple:
+        return (self.symbol, self.grid, self.block)
+
+
+class _Base:
+    """Launch selection shared by both modes: context, thread-safety, name filters, skip/count window."""
+
+    def __init__(self, rp, context: int, kfilter: KernelFilter, name_of, annotate, timestamp,
+                 names: KernelNames | None = None):
+        self.rp = rp
+        self._timestamp = timestamp
+        self.context = context
+        self.filter = kfilter
+        self._name_of = name_of  # symbol -> readable (qualified) name, cached
+        self._names: dict[str, str] = {}
+        # the names rows get: short, longer only where two kernels share one (one table for a session's collectors)
+        self.kernel_names = names if names is not None else KernelNames()
+        self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
+        self._serial = threading.Lock()
+        self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)
+        self.matched = 0  # launches that passed the name filters (for launch_skip/launch_count)
+        self.left_out = 0  # launches of this context the filters left out
+        self.other_context = 0  # launches in other contexts (not profiled by this session)
+
+    def readable(self, symbol: str) -> str:
+        name = self._names.get(symbol)
+        if name is None:
+            name = self._names[symbol] = self._name_of(symbol)
+        return name
+
+    def _choose(self, launch, index_base: int = 0, keep_rejected: bool = False):
+        """A :class:`Selected` for a launch of this context that passes the filters, else None (counted).
+
+        With *keep_rejected*, a launch the filters leave out comes back too, marked ``wanted=False``.
+        """
+        if launch.context != self.context:
+            self.other_context += 1
+            return None
+        launch_id, self.heard = self.heard, self.heard + 1
+        parent, label = self._annotate()
+        qualname = self.readable(launch.symbol)
+        short = label or short_name(qualname)
+        wanted = True
+        f = self.filter
+        if f.active:
+            if not f.name_matches(short, launch.symbol, qualname):
+                wanted = False
+            else:
+                index = self.matched - index_base
+                self.matched += 1
+                wanted = f.in_window(index)
+        if not wanted:
+            self.left_out += 1
+            if not keep_rejected:
+                return None
+        name = self.kernel_names.name(qualname, short) if wanted else short  # rows' names: told apart if need be
+        return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
+                        qualname=qualname, launch_id=launch_id)
+
+
+class KernelReplay(_Base):
+    """``"kernel"`` mode: CUPTI kernel replay of each selected launch; left-out launches run unprofiled."""
+
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, capacity: int = 0, on_full=None,
+                 names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
+        self.selected: list[Selected] = []
+        self.image_first = 0  # index in selected of the first launch the counter-data image holds
+        self.capacity = capacity  # launches the image holds (0: no limit here); when full, on_full() empties it
+        self._on_full = on_full
+        self.running = False  # whether the session has started the range profiler (set by the session)
+        self.paused = False  # stopped for left-out launches, to start again before the next selected one
+        self.errors: list[str] = []
+
+    def on_enter(self, launch):
+        chosen = self._choose(launch)
+        if chosen is None:
+            if launch.context == self.context and self.running and not self.paused:
+                try:  # run left-out launches unprofiled: stopped, CUPTI neither replays nor counts them
+                    self.rp.stop()
+                    self.paused = True
+                except Exception as exc:
+                    self.errors.append(f"cuptiRangeProfilerStop before a left-out launch: {exc}")
+            return None
+        self._serial.acquire()
+        try:
+            if self.capacity and len(self.selected) - self.image_first >= self.capacity:
+                self._on_full()  # collects the full image, empties it and starts the profiler
+            elif self.paused:  # started again only when a selected launch comes: left-out launches pay once
+                self.rp.start()
+                self.paused = False
+        except BaseException:
+            self._serial.release()
+            raise
+        self.selected.append(chosen)
+        return chosen
+
+    def on_exit(self, token):
+        token.exit_ns = self._timestamp()
+        self._serial.release()
+
+
+def matched_prefix(passes: list[list]) -> int:
+    """How many leading launches every pass of a group has in common (same symbol, grid, block, in order).
+
+    With CUPTI auto ranges the i-th range of each pass is that pass's i-th launch, so only positions before the
+    first difference in any pass are the same launch in every pass; from there on a pass counted other kernels.
+    """
+    if not passes:
+        return 0
+    first = [s.signature for s in passes[0]]
+    common = len(first)
+    for later in passes[1:]:
+        n = min(common, len(later))
+        common = next((i for i in range(n) if later[i].signature != first[i]), n)
+    return common
+
+
+@dataclass
+class _Group:
+    index: int
+    first_iteration: int
+    passes: list = field(default_factory=list)  # per pass: the Selected launches of that iteration, in order
+
+    @property
+    def passes_run(self) -> int:
+        return len(self.passes)
+
+
+class IterationReplay(_Base):
+    """``"iteration"`` mode: pass k on the k-th iteration of a group; every launch in an iteration is an auto range."""
+
+    def __init__(self, rp, context, kfilter, name_of, annotate, timestamp, names: KernelNames | None = None):
+        super().__init__(rp, context, kfilter, name_of, annotate, timestamp, names)
+        self.in_iteration = False
+        self.counting = False  # the current iteration only counts launches (see begin_count)
+        self.counted = 0
+        self.iteration = 0  # iterations begun so far
+        self.group: _Group | None = None
+        self._base = 0  # self.matched at the start of the current iteration: skip/count are per iteration
+
+    def begin_count(self) -> None:
+        """Start an iteration that is not profiled, only counted (it sizes the counter-data image)."""
+        self.counted = 0
+        self.counting = self.in_iteration = True
+        self.iteration += 1
+
+    def end_count(self) -> int:
+        """End the counted iteration; returns how many launches of this context it made."""
+        self.counting = self.in_iteration = False
+        return self.counted
+
+    def begin(self, group_index: int) -> None:
+        """Start an iteration (a pass): ``cuptiRangeProfilerStart``."""
+        if self.group is None:
+            self.group = _Group(group_index, self.iteration)
+        self.group.passes.append([])
+        self._base = self.matched
+        self.rp.start()
+        self.in_iteration = True
+        self.iteration += 1
+
+    def end(self):
+        """End the iteration: ``cuptiRangeProfilerStop``; returns CUPTI's StopResult."""
+        self.in_iteration = False
+        return self.rp.stop()
+
+    def take_group(self) -> _Group:
+        group, self.group = self.group, None
+        return group
+
+    def on_enter(self, launch):
+        if not self.in_iteration:
+            return None
+        if self.counting:
+            self.counted += launch.context == self.context
+            return None
+        chosen = self._choose(launch, self._base, keep_rejected=True)  # CUPTI counts left-out launches too
+        if chosen is None:
+            return None
+        self._serial.acquire()
+        self.group.passes[-1].append(chosen)
+        return chosen
+
+    def on_exit(self, token):
+        token.exit_ns = self._timestamp()
+        self._serial.release()

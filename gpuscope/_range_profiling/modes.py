@@ -1,0 +1,449 @@
+"""Per-launch collection in a session: kernel, iteration and auto modes (:class:`PerLaunchModes`).
+
+The part of :class:`gpuscope.Profiler` that runs at kernel launches (CUPTI's launch callbacks): kernel replay with
+small images emptied when full, iterations as passes (marked by a top-level range, by ``Profiler.step()``, or found
+in the launch stream by :mod:`gpuscope._range_profiling.repetition` in auto mode), the rows of launches and the kernel-replay cost
+warning. What each launch becomes is :mod:`gpuscope._range_profiling.launches`'; the session's lifecycle, user ranges and user
+replay are :mod:`gpuscope._range_profiling.session`'s, whose ``Profiler`` mixes this class in.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+
+import numpy as np
+
+from gpuscope._range_profiling import ranges as _ranges
+from gpuscope.errors import GpuscopeWarning, MultiPassRangeError, SessionConflictError
+
+__all__ = ["Mode", "PerLaunchModes"]
+
+class Mode(str, enum.Enum):
+    """How a :class:`Profiler` collects: ``"user"``, ``"kernel"``, ``"iteration"`` or ``"auto"`` (module docstring)."""
+
+    USER = "user"
+    KERNEL = "kernel"
+    ITERATION = "iteration"
+    AUTO = "auto"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, GpuscopeWarning, stacklevel=3)
+
+
+class PerLaunchModes:
+    """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
+
+    _names_table = None  # gpuscope._schema.names.KernelNames of the session, made at its first per-launch collector
+
+    def _use_kernel(self) -> None:
+        from gpuscope._range_profiling import launches as _launches
+        from gpuscope.cupti._types import ProfilerRange, ReplayMode
+        from gpuscope.cupti.activity import timestamp
+
+        self.mode_used = Mode.KERNEL
+        self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+        self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
+                                                 self._annotate, timestamp,
+                                                 capacity=0 if self._fixed_ranges else self.max_ranges,
+                                                 on_full=self._flush_kernels, names=self._kernel_names())
+        self._rp.start()
+        self._running = self._collector.running = True
+
+    def _use_iteration(self) -> None:
+        from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+        self.mode_used = Mode.ITERATION
+        self.cycles = self.passes
+        if not self._size_from_first:
+            self._configure(ProfilerRange.AUTO, ReplayMode.USER, self.max_ranges)
+        self._collector = self._iteration_replay()
+
+    def _iteration_replay(self):
+        from gpuscope._range_profiling import launches as _launches
+        from gpuscope.cupti.activity import timestamp
+
+        return _launches.IterationReplay(self._rp, self._context.handle, self.filter, _readable, self._annotate,
+                                         timestamp, self._kernel_names())
+
+    def _kernel_names(self):
+        """One table of kernel names for all the session's collectors (kernel replay, then iterations): a kernel
+        keeps its name, and two kernels never share one, across them."""
+        if self._names_table is None:
+            from gpuscope._schema.names import KernelNames
+
+            self._names_table = KernelNames()
+        return self._names_table
+
+    def _stop_kernel_pass(self) -> None:
+        """Kernel mode: end the pass before collecting (it is stopped already while left-out launches run)."""
+        if self._running and not self._collector.paused:
+            self._rp.stop()
+        self._running = self._collector.running = False
+
+    def _on_enter(self, launch):
+        collector = self._collector
+        if collector is None:  # auto, undecided: a launch outside every range starts kernel replay
+            if launch.context != self._context.handle or _ranges.current_path() is not None:
+                return None
+            self._use_kernel()
+            if (self.mode is Mode.AUTO and not (self.filter.launch_skip or self.filter.launch_count)
+                    and "repetition_error" not in self._notes):
+                from gpuscope._range_profiling.repetition import Tracker
+
+                self._tracker = Tracker()  # ... until the launch stream shows a loop, or a top-level range comes
+            collector = self._collector
+        if self._tracker is not None and launch.context == self._context.handle:
+            return self._follow(launch)
+        return collector.on_enter(launch)
+
+    def _on_exit(self, token):
+        self._collector.on_exit(token)
+        if token is not None and token is self._end_after:  # the last launch of a found iteration has run
+            self._end_after = None
+            self._end_found_iteration()
+
+    # -- auto mode without annotations: iterations found in the launch stream ---------------------------
+    def _follow(self, launch):
+        """Auto mode, no top-level range yet: kernel replay while the tracker searches the launch stream for a
+        repeated sequence of (kernel, grid, block); from the first iteration after it is found, iteration replay
+        with the iterations it marks. A launch is profiled in a pass only at a position whose signature it has."""
+        from gpuscope._range_profiling.repetition import Step
+
+        event = self._tracker.feed((launch.symbol, launch.grid, launch.block))
+        kind = event.kind
+        if self.mode_used is Mode.KERNEL:
+            if kind is not Step.BEGIN:
+                return self._collector.on_enter(launch)
+            try:
+                self._use_found_iterations()
+            except Exception as exc:  # go on with kernel replay, from a profiler configured anew
+                self._tracker = self._collector = None
+                self.mode_used = Mode.AUTO
+                self._notes["repetition_error"] = f"{type(exc).__name__}: {exc}"
+                _warn(f"A loop was found in the launch stream, but iteration replay could not start ({exc}); "
+                      "kernel replay goes on.")
+                return self._on_enter(launch)
+        c = self._collector
+        if kind in (Step.BEGIN, Step.RESTART):
+            if c.in_iteration:
+                self._end_found_iteration()
+            c.begin(self._group_index)
+        elif kind is Step.LOST:
+            if c.in_iteration:
+                self._end_found_iteration()
+            self._notes["repetition_losses"] = self._tracker.losses
+        if kind in (Step.BEGIN, Step.RESTART, Step.INSIDE) or (kind is Step.EXTRA and c.in_iteration):
+            token = c.on_enter(launch)
+            if event.last:
+                self._end_after = token
+            return token
+        self._notes["launches_between_iterations"] = self._notes.get("launches_between_iterations", 0) + 1
+        return None
+
+    def _use_found_iterations(self) -> None:
+        """The tracker found the loop: collect the launches kernel replay profiled so far, and go on in iteration
+        mode (a profiler configured for user replay: CUPTI cannot change a used profiler's configuration)."""
+        from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+        kernel_phase = self._collector
+        self._stop_kernel_pass()
+        self._collect_kernels()
+        rep = self._tracker.repetition
+        self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
+        self._collector = self._iteration_replay()
+        self.mode_used, self.cycles = Mode.ITERATION, self.passes
+        self._notes.update(iterations_found_by="repetition", repetition_period=len(rep.period),
+                           repetition_offset=rep.offset, repetition_found_at=rep.found_at,
+                           launches_before_repetition=len(kernel_phase.selected),
+                           launches_left_out_before_repetition=kernel_phase.left_out)
+
+    def _end_found_iteration(self) -> None:
+        c = self._collector
+        if not c.in_iteration:
+            return
+        if c.end().all_passes_submitted:
+            self._collect_iterations()
+
+    def _leave_kernel_phase(self) -> None:
+        """Auto mode: a top-level range after launches outside every range (setup before the loop). The launches
+        so far keep their kernel-replay rows; the ranges decide the mode from here on."""
+        kernel_phase = self._collector
+        self._stop_kernel_pass()
+        self._collect_kernels()
+        self._tracker = None
+        self._notes["launches_before_ranges"] = len(kernel_phase.selected)
+        self._collector = None
+        self.mode_used = Mode.AUTO
+
+    def _incomplete_iterations(self):
+        group = self._collector.group
+        ran = group.passes_run if group is not None else 0
+        what = (f"the top-level range {self._iter_path!r}" if self._iter_path else
+                "Profiler.step()" if self._steps else
+                f"the loop found in the launch stream ({self._notes.get('repetition_period')} launches per iteration)"
+                if self._tracker is not None else "no top-level range and no Profiler.step()")
+        first = " plus one first iteration that sizes the counter-data image" if self._notes.get(
+            "sizing_iterations") or self._size_from_first else ""
+        message = (
+            f"Iteration mode: the metric set needs {self.passes} iterations per result (one pass each){first}, and "
+            f"{what} gave {ran} in the last pass group. Run the repeated work at least {self.passes} times "
+            "inside the session: a loop whose body is one top-level gpuscope.range, or call prof.step() between "
+            "iterations. For code that does not repeat use mode='kernel' (CUPTI kernel replay) or a one-pass "
+            "metric set."
+        )
+        self._collector.take_group()
+        if self._rows:
+            if ran:
+                _warn(message + " The last, incomplete group was dropped.")
+            return None
+        return MultiPassRangeError(message)
+
+    # -- per-launch modes: kernel and iteration ---------------------------------------------------------
+    def _annotate(self):
+        """For the launch about to happen on this thread: (parent range path, decorated kernel name or None)."""
+        name = getattr(self._pending, "kernel", None)
+        self._pending.kernel = None
+        return (_ranges.current_path() or "", name)
+
+    def _iteration_push(self, path: str) -> None:
+        if self._tracker is not None and self.mode_used is Mode.KERNEL:  # setup launches came first
+            self._leave_kernel_phase()
+        if self.mode_used is Mode.AUTO:
+            self._use_iteration()
+        if self.mode_used is not Mode.ITERATION or self._steps or self._tracker is not None:
+            return
+        if self._iter_path is None:
+            self._iter_path = path
+        if path == self._iter_path:
+            self._begin_iteration()
+
+    def step(self) -> None:
+        """Mark an iteration boundary (iteration mode): end the running iteration, if any, and begin the next.
+
+        Use it when the repeated work is not one top-level ``gpuscope.range``: call it at the top of each
+        iteration of the loop; the session's close ends the last iteration.
+
+        Raises
+        ------
+        SessionConflictError
+            The session is not open, its mode is not iteration (or auto), or a top-level range already
+            delimits the iterations.
+        """
+        if self._state != "open":
+            raise SessionConflictError("Profiler.step() needs an open session (inside the with block).")
+        if self.mode_used is Mode.AUTO:
+            self._use_iteration()
+        if self.mode_used is not Mode.ITERATION:
+            raise SessionConflictError(f"Profiler.step() marks iterations of mode='iteration'; this session "
+                                       f"collects in mode={self.mode_used.value!r}.")
+        if self._iter_path is not None:
+            raise SessionConflictError(f"The top-level range {self._iter_path!r} already delimits the iterations; "
+                                       "use either a repeated top-level range or Profiler.step(), not both.")
+        self._steps = True
+        if self._collector.in_iteration:
+            self._end_iteration()
+        self._begin_iteration()
+
+    def _begin_iteration(self) -> None:
+        self._recorder.resume()
+        if self._size_from_first:
+            self._collector.begin_count()
+        else:
+            self._collector.begin(self._group_index)
+
+    def _size_image(self, launches: int) -> None:
+        """Size the counter-data image for iterations of *launches* launches (CUPTI's cost per range grows with it)."""
+        from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+        self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(launches))
+
+    def _end_iteration(self) -> None:
+        if self._collector.counting:  # the first iteration sized the image; the next one is pass 0
+            self._recorder.pause()
+            self._size_image(self._collector.end_count())
+            self._size_from_first = False
+            self._notes["sizing_iterations"] = 1
+            return
+        result = self._collector.end()
+        self._recorder.pause()
+        if result.all_passes_submitted:
+            self._collect_iterations()
+
+    def _collect_iterations(self) -> None:
+        from gpuscope._range_profiling import launches as _launches
+        from gpuscope.cupti import range_profiler
+
+        dropped = self._rp.decode()
+        group = self._collector.take_group()
+        image = self._image
+        count = range_profiler.num_ranges(image)
+        reference = group.passes[0]
+        keep = min(_launches.matched_prefix(group.passes), count)
+        for index in range(keep):
+            launch = reference[index]
+            if launch.wanted:
+                self._rows.append(self._launch_row(launch, index, self._host.evaluate(image, index, self.metrics),
+                                                   group.index, group.first_iteration, self.passes, "iteration"))
+        self._rp.initialize_counter_data(image)
+        self._group_index += 1
+        lost = [s.kernel for s in reference[keep:] if s.wanted]
+        unmatched = sum(max(len(p) - keep, 0) for p in group.passes[1:])
+        self._notes["launches_incomplete"] = self._notes.get("launches_incomplete", 0) + len(lost)
+        self._notes["launches_unmatched"] = self._notes.get("launches_unmatched", 0) + unmatched
+        longest = max(len(p) for p in group.passes)
+        if dropped or longest > self.max_ranges:
+            _warn(f"Iterations of group {group.index} launched up to {longest} kernels, more than the counter-data "
+                  f"image holds ({self.max_ranges}): {dropped} launch range(s) were dropped. The image is enlarged "
+                  "for the next groups; pass gpuscope.Profiler(max_ranges=...) to size it yourself.")
+            self._size_image(2 * longest)
+        if keep < max(len(p) for p in group.passes):
+            k, first, other = _divergence(group.passes, keep)
+            _warn(f"Iterations {group.first_iteration}-{group.first_iteration + group.passes_run - 1} did not launch "
+                  f"the same kernels: launch {keep} was {first} in iteration {group.first_iteration} but {other} in "
+                  f"iteration {group.first_iteration + k}. Kept the {keep} leading launch(es) common to all "
+                  f"iterations; dropped {len(lost)} launch(es) from there ({sorted(set(lost))[:5]}) and "
+                  f"{unmatched} launch(es) of later iterations. Values of kept launches are complete.")
+
+    def _flush_kernels(self) -> None:
+        """Kernel mode, the counter-data image full (called at the entry of the launch that would not fit): collect
+        what it holds and go on with it emptied."""
+        collector = self._collector
+        if not collector.paused:
+            self._rp.stop()
+        self._collect_kernels()
+        self._rp.start()
+        collector.paused = False
+        self._notes["image_flushes"] = self._notes.get("image_flushes", 0) + 1
+
+    def _collect_kernels(self) -> None:
+        """Decode and evaluate the launches the image holds (those since the last flush)."""
+        from gpuscope.cupti import range_profiler
+
+        dropped = self._rp.decode()
+        image = self._image
+        collector = self._collector
+        first = collector.image_first
+        launches = collector.selected[first:]
+        collector.image_first = len(collector.selected)
+        count = range_profiler.num_ranges(image)
+        if dropped:
+            _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
+                  f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+        if count != len(launches) - dropped:
+            _warn(f"CUPTI returned {count} kernel ranges for {len(launches)} recorded launches; the launches cannot "
+                  "be told apart, so rows are named by CUPTI's range names without kernel names.")
+            launches = None
+        for index in range(count):
+            values = self._host.evaluate(image, index, self.metrics)
+            if launches is None:
+                name = range_profiler.range_name(image, index, "/")
+                self._rows.append({"name": name, "depth": 1, "parent": "", "launch": -1, "values": values,
+                                   "pass_group": 0, "first_iteration": 0, "iterations": 1})
+            else:
+                self._rows.append(self._launch_row(launches[index], launches[index].launch_id, values, 0, 0, 1,
+                                                   "kernel"))
+        self._rp.initialize_counter_data(image)
+
+    def _finish_kernels(self) -> None:
+        self._collect_kernels()
+        replay_ms = [(s.exit_ns - s.enter_ns) / 1e6 for s in self._collector.selected if s.exit_ns > 0]
+        if replay_ms:
+            self._notes["replay_ms_per_launch"] = float(np.median(replay_ms))
+            # judged on the launches after the first, which may pay one-time costs (seen: 120 ms after a PC
+            # sampling block, then 40; 147 ms for the second launch after CUPTI was detached)
+            self._warn_replay_cost(float(np.median(replay_ms[1:] if len(replay_ms) > 1 else replay_ms)),
+                                   len(replay_ms) - 1)
+
+    def _warn_replay_cost(self, ms: float, judged: int | None = None) -> None:
+        """Kernel replay dearer than expected, or memory that makes it dear: say what was observed, and what is
+        cheaper. Causes are named only when seen: the memory this process holds, and loaded modules built with
+        relocatable device code (read from their cubins as they loaded, :mod:`gpuscope._gpu.modules`)."""
+        if self.passes < 2:
+            return
+        from gpuscope._gpu import device as _device
+        from gpuscope._gpu import modules as _modules
+
+        device_gib = _device.memory_used_gib(self.device)
+        own_gib = _device.process_memory_gib(self.device)
+        held = device_gib if own_gib is None else own_gib
+        whose = "the device has" if own_gib is None else "this process holds"
+        expected = (_REPLAY_FIXED_MS + _REPLAY_PASS_MS * self.passes
+                    + _REPLAY_RESTORE_MS_PER_GIB * held * (self.passes - 1))
+        seen = _modules.seen()
+        dear = ms > 1.8 * expected
+        if dear and not seen.relocatable and judged is not None and judged < _REPLAY_JUDGED:
+            dear = False  # a time with no cause seen says nothing on one or two launches
+        if not dear and held < _REPLAY_WARN_GIB:
+            return
+        causes = []
+        if held >= _REPLAY_WARN_GIB:
+            causes.append(f"{whose} {held:.1f} GiB of device memory in use, which CUPTI's kernel replay restores "
+                          f"before each of the {self.passes - 1} passes after the first")
+        if dear and seen.relocatable:
+            names = sorted({n for kernels, _ in seen.relocatable for n in kernels})
+            causes.append(f"{len(seen.relocatable)} loaded module(s) were built with relocatable device code "
+                          f"({', '.join(_readable(n) for n in names[:3]) or 'no named kernel'}: "
+                          f"{seen.relocatable[0][1][0]}); with one loaded, CUPTI restores much more per pass "
+                          "(measured on an H100: 48-90 ms per launch instead of 40)")
+        if dear and not seen.relocatable:
+            heard = (f"none of the {seen.loaded} module(s) loaded since gpuscope's first session in this process "
+                     "was built with relocatable device code (modules loaded before it were not inspected)"
+                     if seen.watching else f"the loaded modules could not be inspected ({seen.error})")
+            causes.append(f"the cause is unknown: {whose} {held:.1f} GiB in use (about {expected:.0f} ms expected "
+                          f"with it on an H100) and {heard}")
+        _warn(f"Kernel replay cost {ms:.0f} ms per launch here ({self.passes} passes): " + "; ".join(causes)
+              + ". mode='iteration' (pass k on the k-th iteration of a repeated top-level range, or between "
+              "Profiler.step() calls) saves and restores nothing: about 1.1 ms per launch per pass on an H100, "
+              "whatever the memory held.")
+        self._notes.update(replay_memory_gib=round(held, 2), replay_memory_scope="process" if own_gib is not None
+                           else "device", relocatable_modules=len(seen.relocatable))
+
+    def _launch_row(self, launch, index: int, values, group: int, first_iteration: int, iterations: int,
+                    replay: str) -> dict:
+        parent = launch.parent
+        name = f"{parent}/{launch.kernel}" if parent else launch.kernel
+        row = {"name": name, "depth": name.count("/") + 1, "parent": parent, "kernel": launch.kernel,
+               "kernel_qualname": launch.qualname, "symbol": launch.symbol, "launch": index, "grid": launch.grid,
+               "block": launch.block, "start_ns": launch.enter_ns, "end_ns": launch.exit_ns, "pass_group": group,
+               "first_iteration": first_iteration, "iterations": iterations, "values": values}
+        if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
+            row["replay"] = replay
+        return row
+
+
+# CUPTI kernel replay per launch on an H100 (CUPTI 13.0; docs/measurements.md): about 11 ms, plus 3.5 ms per
+# pass, plus a restore of the device memory in use before every pass after the first (about 0.6 ms per GiB).
+_REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
+_REPLAY_WARN_GIB = 4.0
+_REPLAY_JUDGED = 3  # launches after the first before a cost alone (no cause seen) is warned about
+
+
+def _capacity(launches: int) -> int:
+    """Ranges of a counter-data image for iterations of *launches* launches: a power of two with room to spare, so
+    that sessions with about as many launches share one kept configuration."""
+    need = launches + max(8, launches // 4)
+    return min(max(16, 1 << (need - 1).bit_length()), 1 << 20)
+
+
+def _divergence(passes, position: int):
+    """(pass index, what the first pass launched, what that pass launched) at the first differing *position*."""
+    def at(p):
+        if position >= len(p):
+            return "nothing", None
+        s = p[position]
+        return f"{s.kernel} grid={s.grid} block={s.block}", s.signature
+
+    first, signature = at(passes[0])
+    for k, p in enumerate(passes[1:], 1):
+        text, sig = at(p)
+        if sig != signature:
+            return k, first, text
+    return 0, first, first
+
+
+def _readable(symbol: str) -> str:
+    from gpuscope._schema.names import demangle
+
+    return demangle(symbol)

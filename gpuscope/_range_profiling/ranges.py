@@ -1,0 +1,249 @@
+"""``gpuscope.range``: named, nested regions of user code.
+
+A range is a context manager and a function decorator. Ranges nest per thread and are named by path
+("step/fwd"). Entering one pushes the path on the calling thread's stack, emits an NVTX range (domain
+"gpuscope") so Nsight tools see it, and tells every registered *listener*; leaving it tells the listeners and
+pops the path, in ``finally``, also when the body raises.
+
+Listeners are how sessions hear about ranges (the range profiler pushes/pops CUPTI ranges, the PM sampler
+stamps times). The contract::
+
+    listener.range_push(path)   # on the pushing thread, after the path is on the stack
+    listener.range_pop(path)    # on the popping thread, before the path leaves the stack; also on exceptions
+
+A listener that raises does not reach user code: its exception becomes a :class:`GpuscopeWarning` and the
+stack stays balanced. With no listener a range costs a list append, an NVTX push (a no-op unless a tool is
+attached) and their undoing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+import threading
+import warnings
+
+from gpuscope.errors import GpuscopeWarning, UnbalancedRangeError
+
+try:  # NVTX is optional at run time: without it ranges are still recorded by gpuscope's listeners
+    import nvtx as _nvtx
+
+    _DOMAIN = _nvtx.get_domain("gpuscope")
+except Exception:  # pragma: no cover - depends on the environment
+    _DOMAIN = None
+
+__all__ = ["range", "Range", "add_listener", "remove_listener", "current_path", "listeners"]
+
+_local = threading.local()
+_listeners: tuple = ()
+_listeners_lock = threading.Lock()
+
+
+def add_listener(listener) -> None:
+    """Register an object with ``range_push(path)`` and ``range_pop(path)`` methods (idempotent)."""
+    global _listeners
+    for method in ("range_push", "range_pop"):
+        if not callable(getattr(listener, method, None)):
+            raise TypeError(f"a range listener needs a {method}(path) method; got {listener!r}")
+    with _listeners_lock:
+        if listener not in _listeners:
+            _listeners = (*_listeners, listener)
+
+
+def remove_listener(listener) -> None:
+    """Unregister a listener (no error if it is not registered)."""
+    global _listeners
+    with _listeners_lock:
+        _listeners = tuple(item for item in _listeners if item is not listener)
+
+
+def _forget_listeners_in_child() -> None:
+    """After ``os.fork`` the child starts with no listeners: the parent's sessions and samplers are not its own."""
+    global _listeners, _listeners_lock
+    _listeners = ()
+    _listeners_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_listeners_in_child)
+
+
+def listeners() -> tuple:
+    """The registered listeners, in registration order."""
+    return _listeners
+
+
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def current_path() -> str | None:
+    """The innermost open range path of the calling thread, or None outside every range."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1].path if stack else None
+
+
+def _notify(targets, method: str, path: str) -> None:
+    for listener in targets:
+        try:
+            getattr(listener, method)(path)
+        except Exception as exc:  # a profiler's trouble must not break the user's program
+            warnings.warn(
+                f"gpuscope range listener {listener!r}.{method}({path!r}) raised {type(exc).__name__}: {exc}",
+                GpuscopeWarning,
+                stacklevel=3,
+            )
+
+
+class _Entry:
+    """One open range on a thread's stack: its path, who opened it and whom it told."""
+
+    __slots__ = ("path", "owner", "notified")
+
+    def __init__(self, path, owner, notified):
+        self.path, self.owner, self.notified = path, owner, notified
+
+
+def _push(owner, name: str) -> str:
+    stack = _stack()
+    path = f"{stack[-1].path}/{name}" if stack else name
+    targets = _listeners
+    stack.append(_Entry(path, owner, targets))
+    if _DOMAIN is not None:
+        _DOMAIN.push_range(_DOMAIN.get_event_attributes(message=path))
+    if targets:
+        _notify(targets, "range_push", path)
+    return path
+
+
+def _pop_entry(stack: list) -> None:
+    entry = stack[-1]
+    try:
+        if entry.notified:
+            live = _listeners
+            _notify([item for item in entry.notified if item in live], "range_pop", entry.path)
+    finally:
+        stack.pop()
+        if _DOMAIN is not None:
+            _DOMAIN.pop_range()
+
+
+def _pop(owner) -> None:
+    stack = _stack()
+    if stack and stack[-1].owner is owner:
+        _pop_entry(stack)
+        return
+    depth = next((i for i in reversed(builtins.range(len(stack))) if stack[i].owner is owner), None)
+    if depth is None:
+        raise UnbalancedRangeError(
+            f"gpuscope.range {owner.name!r} was exited on a thread where it is not open "
+            f"(open here: {current_path()!r}). Enter and exit a range on the same thread, with `with` or as a "
+            "decorator."
+        )
+    inner = [entry.path for entry in stack[depth + 1 :]]
+    while len(stack) > depth:  # close the inner ones too, so the stack stays consistent
+        _pop_entry(stack)
+    raise UnbalancedRangeError(
+        f"gpuscope.range {owner.name!r} was exited while inner ranges {inner} were still open; they were closed "
+        "with it. Exit ranges in the reverse order of entering them (use `with` blocks)."
+    )
+
+
+#: gpuscope.replay, handed over by the session module when it loads (this module stays below it: sampling and
+#: sessions both import it). Until then no session can be open, and replay would just call the function.
+_replay = None
+
+
+def set_replay(replay) -> None:
+    """Called once by :mod:`gpuscope._range_profiling.session` with its :func:`replay`."""
+    global _replay
+    _replay = replay
+
+
+class Range:
+    """A named region of code: ``with gpuscope.range("step"):`` or ``@gpuscope.range("step")``.
+
+    Parameters
+    ----------
+    name : str or callable
+        The range's name, one path component (no "/"; nest ranges to build paths). Used bare as a decorator
+        (``@gpuscope.range``) the function's ``__qualname__`` is the name.
+    replay : bool
+        As a decorator only: run each call of the function through :func:`gpuscope.replay`, once per pass of
+        the active session, restoring device memory between passes. Use it for re-runnable functions whose
+        metric set needs more than one pass.
+
+    Raises
+    ------
+    TypeError
+        If *name* is not a string.
+    ValueError
+        If *name* is empty or contains "/".
+    UnbalancedRangeError
+        On exit, if the range is not the innermost open range of the calling thread.
+
+    Examples
+    --------
+    >>> with gpuscope.range("step"):
+    ...     with gpuscope.range("fwd"):      # path "step/fwd"
+    ...         kernel[grid, block](x)
+    """
+
+    __slots__ = ("name", "replay", "__weakref__")
+
+    def __new__(cls, name="", *, replay: bool = False):
+        if callable(name) and not isinstance(name, str):  # bare decorator: @gpuscope.range
+            return cls(name.__qualname__, replay=replay)(name)
+        return super().__new__(cls)
+
+    def __init__(self, name: str = "", *, replay: bool = False):
+        if not isinstance(name, str):
+            raise TypeError(f"a range name must be a str, not {type(name).__name__} ({name!r})")
+        if not name or "/" in name or "\0" in name:
+            raise ValueError(
+                f"invalid range name {name!r}: use a non-empty name without '/' or NUL characters; nest ranges "
+                "to make paths such as 'step/fwd'"
+            )
+        self.name = name
+        self.replay = bool(replay)
+
+    def __repr__(self):
+        return f"gpuscope.range({self.name!r})"
+
+    def __enter__(self):
+        _push(self, self.name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _pop(self)
+        return False
+
+    def __call__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"gpuscope.range({self.name!r}) decorates callables, not {type(fn).__name__}")
+        if self.replay:
+
+            @functools.wraps(fn)
+            def replayed(*args, **kwargs):
+                if _replay is None:  # the session module never loaded: no session is open, nothing to replay
+                    return fn(*args, **kwargs)
+                return _replay(fn, *args, name=self.name, **kwargs)
+
+            return replayed
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            _push(self, self.name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _pop(self)
+
+        return wrapper
+
+
+# The public name. Defined last: below this line the module's ``range`` is gpuscope.range, not the builtin.
+range = Range  # noqa: A001

@@ -1,0 +1,172 @@
+"""Compare two range-profiling runs kernel by kernel, and say which differences are larger than run-to-run noise.
+
+Each kernel's launches (or each user range's executions) are the samples: for every quantity (GPU time per
+launch, Top-Down nodes as fractions of peak, throughput metrics) the two runs' per-launch values are compared with
+Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) and its confidence interval of the difference of
+means. A difference is *significant* when the test rejects "same mean" at ``alpha`` **and** the change is larger
+than ``min_change`` (relative, for times and metrics; absolute fraction of peak, for Top-Down nodes), so that a
+statistically real but negligible shift over thousands of launches is not flagged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpuscope._results.report import GPU_TIME, SHORT_NAMES, Report, _count, _finite, _kind, _new, group_key, topdown_per_launch
+
+__all__ = ["compare"]
+
+
+def _quantities(ds) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Per-range values of every comparable quantity, and which of them are fractions of peak."""
+    from gpuscope.metrics import topdown as td
+
+    out: dict[str, np.ndarray] = {}
+    fractions: set[str] = set()
+    if GPU_TIME in ds:
+        out["gpu_time_us"] = np.asarray(ds[GPU_TIME].values, dtype=float) / 1e3
+    result = topdown_per_launch(ds)
+    if result is not None:
+        nodes, ipc_max = result
+        for name in dict.fromkeys(td.level_cut(1) + td.level_cut(2)):
+            if name in nodes:
+                out[name] = np.asarray(nodes[name].values, dtype=float) / ipc_max
+                fractions.add(name)
+    for m in ds.data_vars:
+        if ds[m].dims == ("range",) and ".pct_of_peak" in m:
+            out[SHORT_NAMES.get(m, m)] = np.asarray(ds[m].values, dtype=float)
+    return out, fractions
+
+
+def _welch(a: np.ndarray, b: np.ndarray, confidence: float):
+    """(p value, ci low, ci high) for mean(b) - mean(a), NaN where the data cannot tell."""
+    from scipy import stats
+
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size < 2 or b.size < 2:
+        return np.nan, np.nan, np.nan
+    if np.ptp(a) == 0 and np.ptp(b) == 0:  # no spread at all: identical is certain, a change is exact
+        same = a[0] == b[0]
+        return (1.0 if same else 0.0), b[0] - a[0], b[0] - a[0]
+    res = stats.ttest_ind(b, a, equal_var=False)
+    ci = res.confidence_interval(confidence)
+    return float(res.pvalue), float(ci.low), float(ci.high)
+
+
+def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Report:
+    """Per-kernel differences between two range-profiling Datasets, with significance from repeated launches.
+
+    Parameters
+    ----------
+    base, new : xarray.Dataset
+        Range results (dim ``range``) of the same program: the baseline and the run to judge, live or loaded
+        with :func:`gpuscope.open_dataset`. Rows are matched by kernel name (launches) or range path (user ranges).
+    alpha : float
+        Significance level of Welch's t-test; the confidence interval is ``1 - alpha``.
+    min_change : float
+        Smallest change worth flagging: relative to the base mean for times and metrics (0.02 = 2%), in fractions
+        of peak for Top-Down nodes (0.02 = 2 points).
+
+    Returns
+    -------
+    Report
+        A DataFrame with one row per (kernel, quantity): ``base``, ``new`` (means), ``change`` (new - base),
+        ``relative`` (change / base), ``ci_low``/``ci_high`` (confidence interval of the change), ``p_value``,
+        ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities: ``gpu_time_us`` per launch, Top-Down
+        level 1 and 2 nodes as fractions of peak, throughput metrics in percent. Kernels found in one run only
+        get one row with the other side empty. NaN and inf values are no data: left out of the means and tests
+        (``n_base``/``n_new`` count the values used) and counted in a note. ``print()`` shows the time rows and
+        every significant row, fitted to the terminal.
+
+    Raises
+    ------
+    ValueError
+        A Dataset is not range results (PM and PC sampling are not compared), holds no finite metric value, or bad
+        ``alpha``/``min_change``.
+    gpuscope.errors.NotGpuscopeDataError
+        A Dataset is not gpuscope's.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, not {alpha}")
+    if min_change < 0:
+        raise ValueError(f"min_change must be >= 0, not {min_change}")
+    for label, ds in (("base", base), ("new", new)):
+        kind = _kind(ds)
+        if kind != "range":
+            raise ValueError(f"compare() works on range-profiling results; the {label} Dataset is {kind} data. "
+                             "Profile both runs with gpuscope.Profiler (or gpuscope run) and compare those.")
+    notes = []
+    for label, ds in (("base", base), ("new", new)):
+        try:
+            _, missing = _finite(ds, "range", "launch")
+        except ValueError as exc:
+            raise ValueError(f"the {label} Dataset: {exc}") from None
+        notes += [f"{label}: {n}" for n in missing]
+    (qa, frac_a), (qb, frac_b) = _quantities(base), _quantities(new)
+    ka, kb = group_key(base), group_key(new)
+    kernels = list(dict.fromkeys([*ka.tolist(), *kb.tolist()]))
+    common = [q for q in qa if q in qb]
+    rows = []
+    for k in kernels:
+        in_a, in_b = ka == k, kb == k
+        if not in_a.any() or not in_b.any():
+            side = "base" if in_a.any() else "new"
+            rows.append({"kernel": k, "quantity": f"only in {side}", "n_base": int(in_a.sum()), "n_new": int(in_b.sum()),
+                         "significant": False})
+            continue
+        for q in common:
+            a, b = qa[q][in_a], qb[q][in_b]
+            a, b = a[np.isfinite(a)], b[np.isfinite(b)]  # NaN or inf is no data (counted in a note), not a value
+            ma, mb = (x.mean() if x.size else np.nan for x in (a, b))
+            p, lo, hi = _welch(a, b, 1 - alpha)
+            change = mb - ma
+            relative = change / ma if ma else np.nan
+            size = abs(change) if q in frac_a else abs(relative)
+            rows.append({"kernel": k, "quantity": q, "base": ma, "new": mb, "change": change, "relative": relative,
+                         "ci_low": lo, "ci_high": hi, "p_value": p, "n_base": int(a.size), "n_new": int(b.size),
+                         "significant": bool(np.isfinite(p) and p < alpha and size > min_change)})
+        if in_a.sum() < 2 or in_b.sum() < 2:
+            notes.append(f"{k}: a single launch in one run, so its noise is unknown and nothing about it is flagged; "
+                         "profile more launches.")
+    frame = pd.DataFrame(rows, columns=["kernel", "quantity", "base", "new", "change", "relative", "ci_low", "ci_high",
+                                        "p_value", "n_base", "n_new", "significant"]).set_index(["kernel", "quantity"])
+    missing = sorted((set(qa) | set(qb)) - set(common))
+    if missing:
+        notes.append(f"only one run has {', '.join(missing)}: not compared.")
+    flagged = int(frame["significant"].sum())
+    notes.insert(0, f"{flagged} of {len(frame)} differences are larger than run-to-run noise (Welch t-test, "
+                    f"p < {alpha:g}, and a change over {min_change:g}: relative for times and metrics, fraction of "
+                    "peak for Top-Down nodes); ci: its confidence interval of new - base.")
+    title = (f"gpuscope compare: {_count(len(kernels), 'kernel')}; base {_count(base.sizes['range'], 'range')} "
+             f"({base.attrs.get('created', '?')}), new {_count(new.sizes['range'], 'range')} "
+             f"({new.attrs.get('created', '?')})")
+    out = _new(frame, title, notes, ["relative"], _PRIORITY)
+    out.attrs["fraction_quantities"] = sorted(frac_a | frac_b)
+    return Comparison(out).__finalize__(out)
+
+
+#: The columns a narrow terminal keeps, most important first.
+_PRIORITY = ("base", "new", "relative", "significant", "p_value", "ci_low", "ci_high", "n_base", "n_new", "change")
+
+
+class Comparison(Report):
+    """The result of :func:`compare`: prints the time rows and the significant ones."""
+
+    @property
+    def _constructor(self):
+        return Comparison
+
+    def to_text(self, width: int | None = None, all_rows: bool = False) -> str:
+        """The table as text no wider than *width* (see :meth:`Report.to_text`): time rows and significant rows,
+        or every row with *all_rows*."""
+        frame = pd.DataFrame(self)
+        quantities = frame.index.get_level_values("quantity")
+        keep = frame["significant"].to_numpy() | (quantities == "gpu_time_us") | quantities.str.startswith("only in")
+        keep = keep | all_rows
+        shown = Report(frame[keep])
+        shown.attrs = dict(self.attrs)
+        if not keep.all():
+            shown.attrs["notes"] = [*self.notes, f"{int((~keep).sum())} rows within noise not shown "
+                                                 "(the DataFrame has them all)."]
+        return Report.to_text(shown, width)

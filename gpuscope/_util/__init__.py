@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: argument checks, teardown that Ctrl-C cannot cut short."""
