@@ -119,22 +119,7 @@ def is_trusted(image: np.ndarray, kind: Kind) -> bool:
         return _trusted.get(_key(image)) is Kind(kind)
 
 
-#: kind -> the function that reads a trusted image's count straight from CUPTI, registered by the module that makes
-#: such images (pm_sampling, range_profiler) when it loads: this module stays below them.
-_RAW_COUNT: dict = {}
-
-
-def register_count(kind: Kind, count) -> None:
-    """Called by the CUPTI module that makes *kind* images, with ``count(image) -> int``."""
-    _RAW_COUNT[Kind(kind)] = count
-
-
-def _raw_count(image: np.ndarray, kind: Kind) -> int:
-    """The image's count straight from CUPTI (only for trusted images, whose module has registered its count)."""
-    return int(_RAW_COUNT[kind](image))
-
-
-def check(image, kind: Kind, *, chip: str | None = None, metrics=None, what: str = "counter_data") -> ImageInfo:
+def check(image, kind: Kind, *, count, chip: str | None = None, metrics=None, what: str = "counter_data") -> ImageInfo:
     """Make sure CUPTI can read *image* as a *kind* image without crashing; return its counts.
 
     Parameters
@@ -143,6 +128,9 @@ def check(image, kind: Kind, *, chip: str | None = None, metrics=None, what: str
         The counter-data image.
     kind : Kind
         The API that should have made it.
+    count : callable
+        ``count(image) -> int``: the image's samples or ranges straight from CUPTI, for an image already trusted
+        (passed in by the module of that API, which this one does not import).
     chip, metrics : optional
         With both, the child also evaluates *metrics* of the first and last sample or range on *chip*.
     what : str
@@ -156,7 +144,7 @@ def check(image, kind: Kind, *, chip: str | None = None, metrics=None, what: str
     kind = Kind(kind)
     image = as_image(image, what)
     if is_trusted(image, kind):
-        return ImageInfo(kind, _raw_count(image, kind))
+        return ImageInfo(kind, int(count(image)))
     digest = hashlib.blake2b(memoryview(image), digest_size=20).hexdigest()
     cache_key = (digest, kind, chip, tuple(metrics or ()))
     with _lock:

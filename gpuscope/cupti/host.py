@@ -374,10 +374,13 @@ class Evaluator:
             raise ValueError("out must be a C-contiguous float64 numpy array.")
         if out.ndim != 2 or out.shape[1] != m or out.shape[0] < count:
             raise ValueError(f"out must have shape (>= {count}, {m}); got {out.shape}.")
-        from gpuscope.cupti import _images
+        from gpuscope.cupti import _images, pm_sampling, range_profiler
 
-        kind = _images.Kind.PM_SAMPLING if self._host.profiler_type is ProfilerType.PM_SAMPLING else _images.Kind.RANGE_PROFILER
-        info = _images.check(counter_data, kind, chip=self._host.chip, metrics=self.metrics)
+        if self._host.profiler_type is ProfilerType.PM_SAMPLING:
+            kind, counted = _images.Kind.PM_SAMPLING, pm_sampling._completed
+        else:
+            kind, counted = _images.Kind.RANGE_PROFILER, range_profiler._num_ranges_raw
+        info = _images.check(counter_data, kind, count=counted, chip=self._host.chip, metrics=self.metrics)
         _images.check_indices(info, int(first), int(count))
         self._evaluate_raw(counter_data, first, count, out)
 
@@ -403,9 +406,9 @@ def range_name(counter_data, range_index: int, delimiter: str = "/") -> str:
     CounterDataImageError
         Not a sound range-profiler image (a PM sampling image crashes CUPTI here), or no range *range_index*.
     """
-    from gpuscope.cupti import _images
+    from gpuscope.cupti import _images, range_profiler
 
-    info = _images.check(counter_data, _images.Kind.RANGE_PROFILER)
+    info = _images.check(counter_data, _images.Kind.RANGE_PROFILER, count=range_profiler._num_ranges_raw)
     _images.check_indices(info, int(range_index), 1)
     return _range_name_raw(counter_data, range_index, delimiter)
 

@@ -203,7 +203,7 @@ def decode(handle: int, image: np.ndarray) -> Decoded:
 
 def _check_populated(image: np.ndarray, first: int, count: int) -> None:
     """Raise unless samples ``first .. first+count-1`` are populated in a sound *image*."""
-    _images.check(image, _images.Kind.PM_SAMPLING, what="image")
+    _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
     populated = _info(image).populated
     _images.check_indices(_images.ImageInfo(_images.Kind.PM_SAMPLING, populated), int(first), int(count))
 
@@ -225,7 +225,7 @@ def counter_data_info(image: np.ndarray) -> CounterDataInfo:
     CounterDataImageError
         Not a PM sampling counter-data image that CUPTI can read (checked first: see :mod:`._images`).
     """
-    _images.check(image, _images.Kind.PM_SAMPLING, what="image")
+    _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
     return _info(image)
 
 
@@ -236,6 +236,11 @@ def _info(image: np.ndarray) -> CounterDataInfo:
     )
     _f.cuptiPmSamplingGetCounterDataInfo(p)
     return CounterDataInfo(int(p.numTotalSamples), int(p.numPopulatedSamples), int(p.numCompletedSamples))
+
+
+def _completed(image: np.ndarray) -> int:
+    """Completed samples of a sound image (``_images.check``'s count for PM sampling images)."""
+    return _info(image).completed
 
 
 def sample_info(handle: int | None, image: np.ndarray, index: int) -> tuple[int, int]:
@@ -284,6 +289,3 @@ def sample_times_into(handle: int, image: np.ndarray, first: int, count: int, ou
         get(p)
         out[k, 0] = p.startTimestamp
         out[k, 1] = p.endTimestamp
-
-
-_images.register_count(_images.Kind.PM_SAMPLING, lambda image: _info(image).completed)
