@@ -736,7 +736,7 @@ import json, sys
 sys.path.insert(0, "benchmarks")
 import numpy as np
 import gpuscope as gs
-from gpuscope import _pcsampling
+from gpuscope._pc_sampling import sampler as _pcsampling
 from gpuscope.cupti import pc_sampling as C
 from bench_fast_topdown import Pair
 parts = []

@@ -128,7 +128,7 @@ def _short(metric: str) -> str:
 
 def support_markdown() -> str:
     """The generated tables of ``docs/support.md`` for the loaded CUPTI (``tests/unit/test_support_doc.py`` checks
-    that the page holds them; regenerate with ``python -c "from gpuscope import _support;
+    that the page holds them; regenerate with ``python -c "from gpuscope._gpu import support as _support;
     print(_support.support_markdown())"``)."""
     from gpuscope.metrics.architectures import ARCHITECTURES, NOT_STALLS, STALL_PARENT, SUB_REASONS
 

@@ -136,7 +136,7 @@ def test_process_exit_with_a_kept_profiler_leaves_the_counters_free(tmp_path):
         import numpy as np
         from numba import cuda
         import gpuscope as gs
-        from gpuscope import _keep
+        from gpuscope._gpu import keep as _keep
 
         @cuda.jit
         def k(x):

@@ -262,7 +262,7 @@ def test_an_idle_profiler_is_released_by_its_timer(kept_state, monkeypatch):
 
 
 def test_xarray_is_imported_in_the_background_and_the_thread_ends():
-    code = ("import sys, threading; from gpuscope import _keep; assert 'xarray' not in sys.modules; "
+    code = ("import sys, threading; from gpuscope._gpu import keep as _keep; assert 'xarray' not in sys.modules; "
             "_keep.import_xarray_soon(); _keep.import_xarray_soon(); _keep.imports_done(); "
             "print('xarray' in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith('gpuscope-')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

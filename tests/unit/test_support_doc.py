@@ -18,4 +18,4 @@ def test_support_page_is_current():
     generated = text.split(START, 1)[1].split(END, 1)[0].strip()
     assert generated == _support.support_markdown().strip(), (
         "docs/support.md is out of date: regenerate the block between its markers with "
-        "python -c 'from gpuscope import _support; print(_support.support_markdown())'")
+        "python -c 'from gpuscope._gpu import support as _support; print(_support.support_markdown())'")

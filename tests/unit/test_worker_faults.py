@@ -220,7 +220,7 @@ def test_a_worker_that_reads_nothing_does_not_block_the_dispatcher(make_backend,
 PARENT = """
 import json, sys, time
 import numpy as np
-from gpuscope import _pm_workers
+from gpuscope._pm_sampling import workers as _pm_workers
 args = json.loads(sys.argv[1])
 
 class Pipeline:
