@@ -88,7 +88,7 @@ _EXPORTS = {
     # PC sampling
     "pc_sample": "gpuscope._pc_sampling.sampler",
     "PCSampler": "gpuscope._pc_sampling.sampler",
-    "fast_topdown": "gpuscope._pc_sampling.sampler",
+    "fast_topdown": "gpuscope._pc_sampling.fast",
     "profile_fast_topdown": "gpuscope._pc_sampling.fast",
     "FastTopDownError": "gpuscope._pc_sampling.fast",
     "SamplerBusyError": "gpuscope.errors",
