@@ -48,7 +48,7 @@ class SamplerResults:
         ]
         cost = self.decode_us_per_sample
         if math.isfinite(cost) and cost > 0.7 * self.interval_ns / 1000:
-            from gpuscope._gpu.catalog import metric_set
+            from gpuscope._gpu.metric_lists import metric_set
 
             fewer = ("fewer metrics" if set(self.metrics) <= set(metric_set("pm-fast").metrics)
                      else "fewer metrics (the 'pm-fast' set decodes several times faster)")

@@ -229,9 +229,9 @@ class Sampler(SamplerResults):
         return self
 
     def _setup(self) -> None:
-        from gpuscope._gpu import catalog as _catalog
         from gpuscope._gpu import device as _device
         from gpuscope._gpu import keep as _keep
+        from gpuscope._gpu import metric_lists as _lists
         from gpuscope._range_profiling import ranges as _ranges
         from gpuscope.cupti import activity, host, profiler
         from gpuscope.cupti import pm_sampling as pm
@@ -250,7 +250,7 @@ class Sampler(SamplerResults):
         self._initialized = True
         self.chip = profiler.chip_name(self.device)
         self.availability = pm.counter_availability(self.device)
-        resolved = _catalog.resolution(self._requested_metrics, self.chip, "sampling")
+        resolved = _lists.resolution(self._requested_metrics, self.chip, "sampling")
         self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
         check_single_pass(self.metrics, self.chip, self.availability)
         self.trigger = choose_trigger(self.chip)

@@ -154,9 +154,9 @@ class Profiler(UserRanges, PerLaunchModes):
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False):
-        from gpuscope._gpu import catalog as _catalog
         from gpuscope._gpu import device as _device
         from gpuscope._gpu import keep as _keep
+        from gpuscope._gpu import metric_lists as _lists
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
         from gpuscope.cupti import host, profiler
         from gpuscope.cupti._types import ProfilerType
@@ -193,7 +193,7 @@ class Profiler(UserRanges, PerLaunchModes):
         profiler.initialize()
         try:
             self.chip = profiler.chip_name(self.device)
-            resolved = _catalog.resolution(metrics, self.chip, "range")
+            resolved = _lists.resolution(metrics, self.chip, "range")
             self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
