@@ -450,9 +450,9 @@ def cmd_breakdown(args):
         (_session.Profiler, "_teardown", "  teardown"),
         (_pcsampling.PCSampler, "start", "pc start"),
         (_pcsampling.PCSampler, "close", "pc close"),
-        (_pcsampling, "stall_percentages", "stall_percentages"),
+        (_fast, "stall_percentages", "stall_percentages"),
         (td, "aggregate", "aggregate"),
-        (_pcsampling, "fast_topdown", "fast_topdown (combine)"),
+        (_fast, "fast_topdown", "fast_topdown (combine)"),
     ])
     calls = []
     for i in range(args.repeats):

@@ -192,11 +192,11 @@ def decode_cost(seconds=0.5, interval="50us"):
     import warnings
 
     import gpuscope
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope.cupti import pm_sampling as pm
     from gpuscope.cupti import profiler
 
-    sets = {name: _catalog.resolve(name, "GH100", "sampling") for name in ("pm-default", "pm-fast")}
+    sets = {name: _lists.resolve(name, "GH100", "sampling") for name in ("pm-default", "pm-fast")}
     metrics = list(dict.fromkeys(sets["pm-default"] + sets["pm-fast"]))
     profiler.initialize()
     handle = pm.enable(0)

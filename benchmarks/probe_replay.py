@@ -125,7 +125,7 @@ def unprofiled_floor(run_tiny, launches=2000):
 
 
 def _session(metrics):
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope._gpu import device as _device
     from gpuscope.cupti import host, profiler
     from gpuscope.cupti._types import ProfilerType
@@ -133,7 +133,7 @@ def _session(metrics):
     ctx = _device.PrimaryContext(0)
     profiler.initialize()
     chip = profiler.chip_name(0)
-    metrics = _catalog.resolve(metrics, chip, "range")
+    metrics = _lists.resolve(metrics, chip, "range")
     h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, profiler.counter_availability(ctx.handle))
     h.add_metrics(metrics)
     cfg = h.config_image()

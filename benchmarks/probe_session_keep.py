@@ -83,12 +83,12 @@ def kernels():
 
 
 def _host(metrics):
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope.cupti import host, profiler
     from gpuscope.cupti._types import ProfilerType
 
     chip = profiler.chip_name(0)
-    metrics = _catalog.resolve(metrics, chip, "range")
+    metrics = _lists.resolve(metrics, chip, "range")
     h = host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, profiler.pm_counter_availability(0))
     h.add_metrics(metrics)
     cfg = h.config_image()
@@ -443,7 +443,7 @@ def case_rp_switch(a, b, sync):
 
 def case_pm_restart(a, b, sync):
     """PM sampling: Enable and SetConfig once, then Start/Stop/decode twice; SetConfig cost by hardware buffer."""
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope.cupti import host, pm_sampling as pm, profiler
     from gpuscope.cupti._types import PmTriggerMode, ProfilerType
 
@@ -451,7 +451,7 @@ def case_pm_restart(a, b, sync):
     profiler.initialize()
     chip = profiler.chip_name(0)
     avail = pm.counter_availability(0) if hasattr(pm, "counter_availability") else profiler.pm_counter_availability(0)
-    names = _catalog.resolve(ONE_PASS, chip, "sampling")
+    names = _lists.resolve(ONE_PASS, chip, "sampling")
     cfg = host.config_image(chip, ProfilerType.PM_SAMPLING, names, avail)
     out = {"setconfig_by_buffer": []}
     for mb in (32, 128, 512):

@@ -61,10 +61,10 @@ _EXPORTS = {
     "list_metrics": "gpuscope._gpu.catalog",
     "search_metrics": "gpuscope._gpu.catalog",
     "describe_metric": "gpuscope._gpu.catalog",
-    "count_passes": "gpuscope._gpu.catalog",
-    "list_chips": "gpuscope._gpu.catalog",
-    "metric_sets": "gpuscope._gpu.catalog",
-    "metric_set": "gpuscope._gpu.catalog",
+    "count_passes": "gpuscope._gpu.metric_lists",
+    "list_chips": "gpuscope._gpu.chips",
+    "metric_sets": "gpuscope._gpu.metric_lists",
+    "metric_set": "gpuscope._gpu.metric_lists",
     "MetricInfo": "gpuscope._gpu.catalog",
     "MetricSet": "gpuscope.metrics.catalog",
     # analysis (pure, no GPU)
@@ -88,7 +88,7 @@ _EXPORTS = {
     # PC sampling
     "pc_sample": "gpuscope._pc_sampling.sampler",
     "PCSampler": "gpuscope._pc_sampling.sampler",
-    "fast_topdown": "gpuscope._pc_sampling.sampler",
+    "fast_topdown": "gpuscope._pc_sampling.fast",
     "profile_fast_topdown": "gpuscope._pc_sampling.fast",
     "FastTopDownError": "gpuscope._pc_sampling.fast",
     "SamplerBusyError": "gpuscope.errors",

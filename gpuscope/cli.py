@@ -47,21 +47,23 @@ def _print_table(rows, header=None, out=None):
 
 def _metrics(args) -> int:
     from gpuscope._gpu import catalog as cat
+    from gpuscope._gpu import chips as _chips
+    from gpuscope._gpu import metric_lists as _lists
 
     if args.chips:
-        chips = cat.list_chips()
+        chips = _chips.list_chips()
         print(json.dumps(chips) if args.json else "\n".join(chips))
         return EXIT_OK
     if args.support:
         from gpuscope._gpu import support as _support
 
-        info = _support.chip_support(args.chip or cat._check_chip(None))
+        info = _support.chip_support(args.chip or _chips._check_chip(None))
         print(json.dumps(info.as_dict(), indent=2) if args.json else _support.format_support(info))
         return EXIT_OK
     if args.sets and args.chip:
-        return _sets_on_chip(args, cat.canonical_chip(args.chip))
+        return _sets_on_chip(args, _chips.canonical_chip(args.chip))
     if args.sets:
-        sets = cat.metric_sets()
+        sets = _lists.metric_sets()
         if args.json:
             print(json.dumps({n: {"kind": s.kind, "description": s.description, "metrics": list(s.metrics),
                                   "passes": s.passes} for n, s in sets.items()}, indent=2))
@@ -74,17 +76,17 @@ def _metrics(args) -> int:
 
     explicit = "sampling" if args.sampling else args.kind
     kind = explicit or "range"
-    chip = cat.canonical_chip(args.chip) if args.chip else None
+    chip = _chips.canonical_chip(args.chip) if args.chip else None
     where = lambda c: f"{c}, {'PM sampling' if kind == 'sampling' else 'range profiler'}"  # noqa: E731
 
     if args.passes is not None:
-        if not cat.split_list(args.passes):
+        if not _lists.split_list(args.passes):
             raise ValueError("--passes needs metric names or metric-set names, e.g. --passes topdown,launch")
-        metrics, kind = cat.expand(args.passes, explicit)  # a set's kind needs no --sampling
-        chip = chip or cat._check_chip(None)
-        names = cat.resolve(metrics, chip, kind)
-        passes = cat.count_passes(names, chip, kind)
-        per = {m: cat.count_passes([m], chip, kind) for m in names}
+        metrics, kind = _lists.expand(args.passes, explicit)  # a set's kind needs no --sampling
+        chip = chip or _chips._check_chip(None)
+        names = _lists.resolve(metrics, chip, kind)
+        passes = _lists.count_passes(names, chip, kind)
+        per = {m: _lists.count_passes([m], chip, kind) for m in names}
         from gpuscope.cupti import _api
 
         version = "%d.%d" % _api.version()
@@ -103,7 +105,7 @@ def _metrics(args) -> int:
         return EXIT_OK
 
     if args.describe:
-        infos = [cat.describe_metric(n, chip, kind) for n in cat.split_list(args.describe)]
+        infos = [cat.describe_metric(n, chip, kind) for n in _lists.split_list(args.describe)]
         if args.json:
             out = []
             for i in infos:
@@ -152,7 +154,7 @@ def _metrics(args) -> int:
 
 def _sets_on_chip(args, chip: str) -> int:
     """``gpuscope metrics --sets --chip X``: every set as the chip collects it, with what was substituted."""
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope._gpu import support as _support
 
     info = _support.chip_support(chip)
@@ -164,7 +166,7 @@ def _sets_on_chip(args, chip: str) -> int:
             print(f"{st.name} ({st.kind}) on {info.chip}: unsupported: {st.error}")
             continue
         print(f"{st.name} ({st.kind}, {len(st.metrics)} metrics, {st.passes} pass{'es' if st.passes != 1 else ''} "
-              f"on {info.chip}, {st.status}): {_catalog.metric_set(st.name).description}")
+              f"on {info.chip}, {st.status}): {_lists.metric_set(st.name).description}")
         for m in st.metrics:
             print(f"    {m}")
         for original, used in st.substituted.items():
@@ -372,12 +374,12 @@ def _demo(args) -> int:
 
 
 def _run(args) -> int:
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
     from gpuscope._commands import run as _run
 
     metrics = None
     if args.metrics:
-        metrics, kind = _catalog.expand(args.metrics)
+        metrics, kind = _lists.expand(args.metrics)
         if kind != "range":
             raise ValueError(f"--set/--metrics {','.join(args.metrics)} is a PM sampling set: use "
                              f"--sample {','.join(args.metrics)}@100us to sample it over the whole run.")
@@ -385,8 +387,8 @@ def _run(args) -> int:
         None, args.args)
     opts = _run.RunOptions(
         script=args.script, module=module, args=list(script_args), metrics=metrics, mode=args.mode,
-        kernels=_catalog.split_list(args.kernels) if args.kernels else None,
-        exclude=_catalog.split_list(args.exclude) if args.exclude else None,
+        kernels=_lists.split_list(args.kernels) if args.kernels else None,
+        exclude=_lists.split_list(args.exclude) if args.exclude else None,
         launch_skip=args.launch_skip, launch_count=args.launch_count,
         sample=_run.parse_sample(args.sample) if args.sample else None,
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,

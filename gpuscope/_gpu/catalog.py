@@ -1,7 +1,8 @@
-"""The metric catalog: list, search and describe a chip's metrics, resolve metric sets, count passes.
+"""The metric catalog: list, search and describe a chip's metrics.
 
 Works offline through CUPTI's Profiler Host API: give ``chip="GH100"`` on a machine without a GPU; with a GPU
-and no ``chip``, the chip of device 0 is used.
+and no ``chip``, the chip of device 0 is used (:mod:`gpuscope._gpu.chips`). Metric sets and lists are resolved
+for a chip, and their passes counted, in :mod:`gpuscope._gpu.metric_lists`.
 
 A full metric name is a *base* name plus a *sub-metric* suffix that depends on the base metric's type:
 ``smsp__inst_executed`` (a counter) + ``.avg.per_cycle_active``; ``smsp__warp_issue_stalled_wait_per_warp_active``
@@ -17,33 +18,21 @@ import fnmatch
 import functools
 import re
 import threading
-from collections.abc import Iterable, Sequence
 
+from gpuscope._gpu.chips import _check_chip
 from gpuscope._schema.units import split_name, units_of
-from gpuscope.errors import CuptiNotSupportedError, NoGpuError, UnknownMetricError, UnsupportedChipError
-from gpuscope.metrics import catalog as _sets
+from gpuscope.errors import CuptiNotSupportedError, UnknownMetricError, UnsupportedChipError
 
 __all__ = [
     "MetricKind",
     "MetricInfo",
-    "list_chips",
     "list_metrics",
     "search_metrics",
     "describe_metric",
-    "count_passes",
-    "max_metrics_per_pass",
-    "metric_sets",
-    "metric_set",
-    "resolve",
-    "resolution",
-    "config_image",
     "split_name",
     "units_of",
-    "canonical_chip",
     "is_internal",
     "descriptions",
-    "split_list",
-    "expand",
 ]
 
 
@@ -194,83 +183,6 @@ def _chip_metrics(chip: str, kind: MetricKind) -> _ChipMetrics:
     return _ChipMetrics(chip, kind)
 
 
-def forget_hosts() -> None:
-    """Drop the cached host objects (CUPTI is being detached: they belong to the CUPTI that goes away)."""
-    _chip_metrics.cache_clear()
-    _set_on_chip.cache_clear()
-
-
-def list_chips() -> list[str]:
-    """Chip names the loaded CUPTI can profile (e.g. ``"GH100"`` for the H100)."""
-    from gpuscope.cupti import host
-
-    return host.supported_chips()
-
-
-#: Product names (lower case) -> CUPTI chip name, for the command line (``--chip h100``).
-CHIP_ALIASES = {
-    "h100": "GH100", "h200": "GH100", "h800": "GH100", "gh200": "GH100", "h20": "GH100",
-    "a100": "GA100", "a800": "GA100", "a30": "GA100",
-    "a10": "GA102", "a40": "GA102", "a6000": "GA102", "rtx a6000": "GA102", "rtx 3090": "GA102", "rtx 3080": "GA102",
-    "a16": "GA107", "a2": "GA107", "rtx 3070": "GA104", "rtx 3060": "GA106",
-    "l40": "AD102", "l40s": "AD102", "l20": "AD102", "rtx 4090": "AD102", "rtx 6000 ada": "AD102",
-    "rtx 4080": "AD103", "l4": "AD104", "rtx 4070": "AD104", "rtx 4060": "AD107",
-    "t4": "TU104", "rtx 2080": "TU104", "rtx 2080 ti": "TU102", "titan rtx": "TU102", "rtx 8000": "TU102",
-    "b200": "GB100", "b100": "GB100", "gb200": "GB100",
-    "b300": "GB110", "gb300": "GB110",
-    "rtx 5090": "GB202", "rtx pro 6000": "GB202", "rtx 5080": "GB203", "rtx 5070": "GB205",
-}
-
-
-def canonical_chip(chip: str) -> str:
-    """A chip name as CUPTI spells it, from any case or a product name (``"h100"`` -> ``"GH100"``).
-
-    Names that are neither a chip nor a known product come back unchanged (:func:`list_metrics` and friends then
-    say which chips exist).
-    """
-    text = " ".join(chip.strip().lower().replace("geforce", "").replace("nvidia", "").split())
-    for c in list_chips():
-        if c.lower() == text:
-            return c
-    return CHIP_ALIASES.get(text, chip)
-
-
-def _check_chip(chip: str | None, device: int = 0) -> str:
-    if chip is None:
-        return _device_chip(device)
-    chips = list_chips()
-    if chip in chips:
-        return chip
-    hint = ""
-    upper = [c for c in chips if c.lower() == chip.lower()]
-    if upper:
-        hint = f" Chip names are case-sensitive: did you mean {upper[0]!r}?"
-    elif chip.strip().lower() in CHIP_ALIASES:
-        hint = f" {chip} is a product; its chip is {CHIP_ALIASES[chip.strip().lower()]!r}."
-    else:
-        close = difflib.get_close_matches(chip.upper(), chips, n=3, cutoff=0.5)
-        if close:
-            hint = " Closest: " + ", ".join(close) + "."
-    raise UnsupportedChipError(f"Chip {chip!r} is not supported by the loaded CUPTI.{hint} Supported: {', '.join(chips)}.")
-
-
-@functools.lru_cache(maxsize=None)
-def _device_chip(device: int) -> str:
-    from gpuscope.cupti import profiler
-
-    try:
-        from gpuscope._gpu import device as _device
-
-        _device.device_count()
-    except NoGpuError as exc:
-        raise NoGpuError(f"{exc} Pass chip= (e.g. chip='GH100'); gpuscope metrics --chips lists them.") from None
-    profiler.initialize()
-    try:
-        return profiler.chip_name(device)
-    finally:
-        profiler.deinitialize()
-
-
 def _kind(kind) -> MetricKind:
     try:
         return MetricKind(kind)
@@ -417,206 +329,3 @@ def sub_metrics(name: str, chip: str | None = None, kind: str = "range") -> list
     if base not in cm.types:
         cm.check(base)
     return cm.full_names(base)
-
-
-def metric_sets(kind: str | None = None):
-    """The named metric sets (optionally only those for *kind*), by name."""
-    sets = _sets.all_sets()
-    return {n: s for n, s in sets.items() if kind is None or s.kind == _kind(kind).value}
-
-
-def metric_set(name: str):
-    """One named metric set (``launch``, ``speed-of-light``, ``topdown``, ``pm-default``, ...).
-
-    Raises
-    ------
-    KeyError
-        No set has that name.
-    """
-    return _sets.get_set(name)
-
-
-def resolve(metrics: str | Iterable[str], chip: str | None = None, kind: str = "range") -> list[str]:
-    """Turn a metric-set name or a list of names into a checked list of full metric names.
-
-    A set is resolved for the chip (:func:`resolution` says what it substituted or left out); duplicates are
-    dropped, order kept.
-
-    Raises
-    ------
-    UnknownMetricError
-        A name is unknown on *chip* for *kind*, or incomplete; the message names close matches.
-    ValueError
-        A named set is for the other kind of profiling, or the list is empty.
-    """
-    return list(resolution(metrics, chip, kind).metrics)
-
-
-def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str = "range"):
-    """Like :func:`resolve`, with what the chip collects instead of the sets' own metrics.
-
-    Set names (alone or among metric names) become the set as the chip collects it
-    (:meth:`gpuscope.metrics.catalog.MetricSet.on_chip`): a metric the chip lacks is replaced by the chip's
-    equivalent, or left out where it has none.
-
-    Returns
-    -------
-    gpuscope.metrics.catalog.SetOnChip
-        ``metrics`` (checked full names), ``substituted`` (set metric -> what stands in), ``left_out``;
-        ``.attrs()`` gives the Dataset attrs that record them.
-
-    Raises
-    ------
-    UnknownMetricError, ValueError, TypeError
-        As :func:`resolve`.
-    """
-    kind = _kind(kind)
-    names = [metrics] if isinstance(metrics, str) else list(metrics)
-    if not names:
-        raise ValueError("No metrics given.")
-    cm = _chip_metrics(_check_chip(chip), kind)
-    sets = _sets.all_sets()
-    out: list[str] = []
-    substituted: dict = {}
-    left_out: list[str] = []
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"Metric names are strings, got {name!r}.")
-        if name in sets:
-            mset = sets[name]
-            if mset.kind != kind.value:
-                raise ValueError(
-                    f"Metric set {name!r} is for {mset.kind} profiling, not {kind.value}. "
-                    f"Sets for {kind.value}: {', '.join(metric_sets(kind.value))}."
-                )
-            on_chip = _set_on_chip(name, cm.chip, kind)
-            substituted.update(on_chip.substituted)
-            left_out += [m for m in on_chip.left_out if m not in left_out]
-            out += [cm.check(m) for m in on_chip.metrics if m not in out]
-        elif "__" not in name and (close := difflib.get_close_matches(name, sets, n=3, cutoff=0.6)):
-            raise UnknownMetricError(
-                f"{name!r} is neither a metric nor a metric set. Did you mean the set {' or '.join(map(repr, close))}? "
-                f"Metric sets: {', '.join(sets)}.", name, tuple(close))
-        elif name not in out:
-            out.append(cm.check(name))
-    return _sets.SetOnChip(tuple(out), substituted, tuple(left_out))
-
-
-@functools.lru_cache(maxsize=None)
-def _set_on_chip(name: str, chip: str, kind: MetricKind):
-    """A built-in set as *chip* collects it: alternatives for what the chip lacks, and in PM sampling for what
-    does not fit in its one pass on its own (Turing's DRAM throughput)."""
-    cm = _chip_metrics(chip, kind)
-
-    def fits(group) -> bool:
-        if kind is MetricKind.RANGE:
-            return True
-        from gpuscope.cupti import host
-        from gpuscope.errors import CuptiError
-
-        try:
-            return host.num_passes(config_image(list(group), chip, kind.value)) == 1
-        except CuptiError:  # CUPTI 12.6 lists GA10B's mcc__* metrics for PM sampling but cannot configure them
-            return False
-
-    return _sets.get_set(name).on_chip(cm.has, fits)
-
-
-def split_list(items: str | Iterable[str]) -> list[str]:
-    """Names from command-line words: ``["a,b", "c"]`` -> ``["a", "b", "c"]`` (blanks dropped).
-
-    A ``regex:`` entry runs to the end of its word, commas included (``regex:^(fma{1,2})$`` stays whole): put other
-    names before it in the word, or in words of their own.
-    """
-    words = [items] if isinstance(items, str) else list(items)
-    out = []
-    for word in words:
-        parts = word.split(",")
-        for i, part in enumerate(parts):
-            if part.strip().startswith("regex:"):
-                out.append(",".join(parts[i:]).strip())
-                break
-            if part.strip():
-                out.append(part.strip())
-    return out
-
-
-def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | list[str], str]:
-    """Comma-separated metric and set names -> (what :func:`resolve` takes, the kind of profiling).
-
-    One set name stays a set name (so sessions can record it); several sets and names become one list in order,
-    duplicates dropped, set names kept (:func:`resolve` takes each as the chip collects it). Without *kind*, the kind is the sets' kind (``pm-default`` means PM sampling), else range.
-
-    Raises
-    ------
-    ValueError
-        No names, or sets of both kinds, or a set of the other kind than *kind*.
-    """
-    names = split_list(items)
-    if not names:
-        raise ValueError("No metrics given: name metrics or metric sets, separated by commas.")
-    sets = _sets.all_sets()
-    kinds = {sets[n].kind for n in names if n in sets}
-    if len(kinds) > 1:
-        raise ValueError("Those sets mix range profiling and PM sampling metrics: "
-                         + ", ".join(f"{n} ({sets[n].kind})" for n in names if n in sets) + ". Use one kind at a time.")
-    inferred = kinds.pop() if kinds else "range"
-    if kind is not None and _kind(kind).value != inferred and any(n in sets for n in names):
-        wrong = [n for n in names if n in sets]
-        raise ValueError(f"{', '.join(wrong)} is for {inferred} profiling, not {_kind(kind).value}. "
-                         f"Sets for {_kind(kind).value}: {', '.join(metric_sets(_kind(kind).value))}.")
-    kind = _kind(kind or inferred).value
-    if len(names) == 1:
-        return names[0], kind
-    return list(dict.fromkeys(names)), kind  # set names stay: resolve() takes each set as the chip collects it
-
-
-def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter_availability=None):
-    """The CUPTI config image for already-resolved *metrics* (see :func:`resolve`)."""
-    from gpuscope.cupti import host
-    from gpuscope.cupti._types import ProfilerType
-
-    kind = _kind(kind)
-    ptype = ProfilerType.RANGE_PROFILER if kind is MetricKind.RANGE else ProfilerType.PM_SAMPLING
-    return host.config_image(chip, ptype, list(metrics), counter_availability)
-
-
-def count_passes(metrics, chip: str | None = None, kind: str | None = None, counter_availability=None) -> int:
-    """How many passes (replays) CUPTI needs to collect *metrics* (a set name or a list).
-
-    Parameters
-    ----------
-    metrics : str or list of str
-        A metric-set name or metric names.
-    chip : str, optional
-        Default: the chip of GPU 0.
-    kind : {"range", "sampling"}, optional
-        PM sampling can only collect a one-pass list. Default: the kind of the sets named (``"pm-default"`` is
-        PM sampling), else ``"range"``, as the command line infers it.
-    counter_availability : bytes-like, optional
-        The device's counter-availability image; without it CUPTI assumes every counter is free.
-
-    Raises
-    ------
-    UnknownMetricError, UnsupportedChipError, NoGpuError
-    gpuscope.errors.ImageError
-        *counter_availability* is not a counter-availability image of *chip* that CUPTI can read (checked before
-        CUPTI sees it: a damaged image used to crash the process).
-    """
-    from gpuscope.cupti import host
-
-    chip = _check_chip(chip)
-    if kind is None:
-        metrics, kind = expand(metrics)
-    names = resolve(metrics, chip, kind)
-    return host.num_passes(config_image(names, chip, kind, counter_availability))
-
-
-def max_metrics_per_pass(chip: str | None = None, kind: str = "range", counter_availability=None) -> int:
-    """The most hardware metrics one pass can hold on *chip*."""
-    from gpuscope.cupti import host
-    from gpuscope.cupti._types import ProfilerType
-
-    chip = _check_chip(chip)
-    ptype = ProfilerType.RANGE_PROFILER if _kind(kind) is MetricKind.RANGE else ProfilerType.PM_SAMPLING
-    return host.max_metrics_per_pass(chip, ptype, counter_availability)

@@ -268,14 +268,14 @@ def detach_cupti() -> str:
     release()
 
     def drop_hosts():  # host objects belong to the CUPTI that is going away
-        from gpuscope._gpu import catalog as _catalog
+        from gpuscope._gpu import metric_lists as _lists
 
         with _lock:
             hosts = list(_hosts.values())
             _hosts.clear()
         for setup in hosts:
             _quietly_close(setup.host)
-        _catalog.forget_hosts()
+        _lists.forget_hosts()
 
     watching = _modules.pause()
     try:

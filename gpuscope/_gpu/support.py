@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import chips as _chips
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope.errors import UnsupportedChipError
 from gpuscope.metrics import architectures
 
@@ -62,10 +63,10 @@ class ChipSupport:
 
 
 def _set_support(name: str, chip: str) -> SetSupport:
-    mset = _catalog.metric_set(name)
+    mset = _lists.metric_set(name)
     try:
-        res = _catalog.resolution(name, chip, mset.kind)
-        passes = _catalog.count_passes(list(res.metrics), chip, mset.kind)
+        res = _lists.resolution(name, chip, mset.kind)
+        passes = _lists.count_passes(list(res.metrics), chip, mset.kind)
     except UnsupportedChipError as exc:
         return SetSupport(name, mset.kind, (), {}, (), None, str(exc))
     return SetSupport(name, mset.kind, res.metrics, res.substituted, res.left_out, passes)
@@ -86,14 +87,14 @@ def chip_support(chip: str) -> ChipSupport:
     """
     from gpuscope.cupti import _api
 
-    chip = _catalog._check_chip(_catalog.canonical_chip(chip))
+    chip = _chips._check_chip(_chips.canonical_chip(chip))
     try:
         arch = architectures.for_chip(chip)
         family, ccs, smsp, ipc = arch.name, arch.cc_text, arch.smsp_per_sm, arch.ipc_max
         reasons = (*arch.stall_reasons, *arch.optional_stall_reasons)
     except architectures.UnknownChipError:
         family, ccs, smsp, ipc, reasons = "no Top-Down table (newer than this gpuscope)", "", None, None, ()
-    sets = tuple(_set_support(name, chip) for name in _catalog.metric_sets())
+    sets = tuple(_set_support(name, chip) for name in _lists.metric_sets())
     return ChipSupport(chip, "%d.%d" % _api.version(), family, ccs, smsp, ipc, reasons, sets,
                        HARDWARE_VERIFIED.get(chip, ""))
 
@@ -132,7 +133,7 @@ def support_markdown() -> str:
     print(_support.support_markdown())"``)."""
     from gpuscope.metrics.architectures import ARCHITECTURES, NOT_STALLS, STALL_PARENT, SUB_REASONS
 
-    chips = _catalog.list_chips()
+    chips = _chips.list_chips()
     tables = [a for a in ARCHITECTURES if any(c in chips for c in a.chips)]
     out = ["### Architecture families", "",
            "| family | chips | compute capability | warp schedulers per SM | IPC_MAX | stall reasons | "
@@ -167,7 +168,7 @@ def support_markdown() -> str:
             return "part" if reason in a.sub_reasons else "-"
 
         out.append(f"| `{reason}` | {node} | " + " | ".join(mark(a) for a in tables) + " |")
-    names = list(_catalog.metric_sets())
+    names = list(_lists.metric_sets())
     out += ["", "### Built-in sets on each chip", "",
             "Passes as CUPTI's host API counts them without a device (every counter assumed free). **complete**: "
             "the set as named; otherwise what the chip collects instead (`a -> b`) or leaves out (`-a`), by base "

@@ -1,6 +1,7 @@
-"""The fast Top-Down in one call: PC sampling for the stall split, one range pass for IPC, on the same work.
+"""The fast Top-Down: the stall split from PC samples and IPC from one range pass, joined or collected in one call.
 
-:func:`gpuscope.fast_topdown` combines the two Datasets; :func:`profile_fast_topdown` collects them. It runs the
+:func:`fast_topdown` combines the two Datasets (:func:`stall_percentages` turns the PC samples into the stall
+metrics Top-Down reads); :func:`profile_fast_topdown` collects them. It runs the
 work twice inside one iteration-mode range session (the ``fast-topdown`` set: executed and issued IPC, threads
 per instruction, cycles): the first execution, which sizes the counter-data image, under PC sampling; the second
 as the range pass. PC sampling cannot share launches with a range pass: on the H100 (CUPTI 13.0) CUPTI counts no
@@ -15,13 +16,83 @@ import warnings
 from gpuscope._util import validate as _validate
 from gpuscope.errors import GpuscopeError, GpuscopeWarning
 
-__all__ = ["profile_fast_topdown", "FAST_SET"]
+__all__ = ["profile_fast_topdown", "fast_topdown", "stall_percentages", "FAST_SET"]
 
 FAST_SET = "fast-topdown"
 
 
 class FastTopDownError(GpuscopeError, ValueError):
     """The two halves of a fast Top-Down do not fit together (no common kernel, no PC samples)."""
+
+
+def stall_percentages(pc, counter_names: bool = True):
+    """Per-kernel warp-state percentages from PC samples, as the counter metrics Top-Down reads.
+
+    Each kernel's samples over all warp states are 100%. With ``counter_names``, variables are named like the
+    counter metrics (``smsp__warp_issue_stalled_<reason>_per_warp_active.pct``; ``no_instructions`` becomes
+    ``no_instruction``) so that :func:`gpuscope.metrics.topdown.topdown` reads them.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``kernel``.
+    """
+    import xarray as xr
+
+    from gpuscope.metrics.topdown import stall_metric
+
+    from gpuscope.metrics.topdown import STALL_PARENT
+
+    counts = pc["kernel_samples"].astype(float)
+    pct = 100.0 * counts / counts.sum("stall_reason").where(lambda t: t > 0)
+    out = {}
+    for reason in pc["stall_reason"].values.tolist():
+        name = "no_instruction" if reason == "no_instructions" else reason
+        key = stall_metric(name) if counter_names else reason
+        out[key] = pct.sel(stall_reason=reason, drop=True).assign_attrs(units="percent", source="pc_sampling")
+    if counter_names:
+        # A state the GPU has but CUPTI did not list, or that had no samples, is 0%, not missing.
+        zero = xr.zeros_like(pct.isel(stall_reason=0, drop=True)).assign_attrs(units="percent", source="pc_sampling")
+        for name in STALL_PARENT:
+            out.setdefault(stall_metric(name), zero)
+    return xr.Dataset(out, attrs=dict(pc.attrs))
+
+
+def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None, check: str = "ignore"):
+    """Top-Down from one range-profiler pass (IPC, issued IPC, warp efficiency) and PC-sampled stall shares.
+
+    Parameters
+    ----------
+    pc : xarray.Dataset
+        A PC-sampling Dataset (``pc_sample(...).dataset``).
+    ipc : xarray.Dataset
+        Dim ``kernel`` (names as in ``pc.kernel``) with ``smsp__inst_executed.avg.per_cycle_active``,
+        ``smsp__inst_issued.avg.per_cycle_active`` and ``smsp__thread_inst_executed_per_inst_executed.ratio``.
+    levels, arch, check
+        As for :func:`gpuscope.metrics.topdown.topdown`; ``arch`` defaults to the compute capability in the
+        attrs of *pc*; ``check`` defaults to ``"ignore"`` here (PC-sampled shares sum to 100% by construction).
+
+    Returns
+    -------
+    xarray.Dataset
+        The hierarchy per kernel; attr ``topdown_source="fast: 1 range pass + PC sampling"``.
+
+    Raises
+    ------
+    ValueError
+        A kernel of *ipc* has no PC samples.
+    """
+    from gpuscope.metrics import topdown as td
+
+    stalls = stall_percentages(pc)
+    missing = sorted(set(ipc["kernel"].values.tolist()) - set(stalls["kernel"].values.tolist()))
+    if missing:
+        raise ValueError(f"no PC samples for kernel(s) {missing}; PC-sampled kernels: {stalls['kernel'].values.tolist()}")
+    merged = ipc.merge(stalls.sel(kernel=ipc["kernel"]), join="left", compat="override")
+    merged.attrs = {**stalls.attrs, **ipc.attrs}
+    result = td.topdown(merged, levels=levels, arch=arch or pc.attrs.get("compute_capability"), check=check)
+    result.attrs["topdown_source"] = "fast: 1 range pass + PC sampling"
+    return result
 
 
 def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, levels=(1, 2, 3), check: str = "warn",
@@ -69,6 +140,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     FastTopDownError
         No kernel was seen by both halves.
     """
+    from gpuscope._pc_sampling import messages as _messages
     from gpuscope._pc_sampling import sampler as _pcsampling
     from gpuscope._schema.names import match_kernel
     from gpuscope.metrics import topdown as td
@@ -91,7 +163,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         prof.step()
         work(*args, **kwargs)
     pc, ranges = pcs.dataset, prof.dataset
-    stalls = _pcsampling.stall_percentages(pc)
+    stalls = stall_percentages(pc)
     sampled = [str(k) for k in stalls["kernel"].values]
     rows = ranges.isel(range=[i for i, k in enumerate(ranges["kernel"].values) if str(k)])
     per_kernel = td.aggregate(rows, by="kernel")
@@ -99,23 +171,23 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     both = {k: n for k, n in names.items() if n is not None}
     if not both:
         unattributed = int(pc.attrs.get("non_user_kernel_samples", 0))
-        why = " " + _pcsampling.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0)),
-                                                     str(pc.attrs.get("cupti_detach", ""))) if unattributed else ""
+        why = " " + _messages.unattributed_message(unattributed, int(pc.attrs.get("total_samples", 0)),
+                                                   str(pc.attrs.get("cupti_detach", ""))) if unattributed else ""
         raise FastTopDownError(
             f"No kernel was seen by both PC sampling ({sampled or 'no samples'}) and the range pass "
             f"({list(names) or 'no launches'}): does work() launch kernels on device {device}, the same each "
             f"call?{why}")
     unsampled = {k: int(per_kernel["count"].sel(kernel=k)) for k in names if k not in both}
     if unsampled:
-        warnings.warn(_pcsampling.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
-                                                    int(pc.attrs.get("total_samples", 0)),
-                                                    str(pc.attrs.get("cupti_detach", "")))
+        warnings.warn(_messages.unsampled_message(unsampled, int(pc.attrs.get("non_user_kernel_samples", 0)),
+                                                  int(pc.attrs.get("total_samples", 0)),
+                                                  str(pc.attrs.get("cupti_detach", "")))
                       + " They are left out of the result (kernels_without_pc_samples).", GpuscopeWarning,
                       stacklevel=2)
     ipc = per_kernel.sel(kernel=list(both)).assign_coords(kernel=list(both.values()))
     ipc = ipc[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]]
     ipc.attrs = dict(ranges.attrs)
-    result = _pcsampling.fast_topdown(pc, ipc, levels=levels, check=check)
+    result = fast_topdown(pc, ipc, levels=levels, check=check)
     launches = [int(per_kernel["count"].sel(kernel=k)) for k in both]
     per_kernel_samples = pc["kernel_samples"].sum("stall_reason")
     samples = [int(per_kernel_samples.sel(kernel=n)) for n in both.values()]

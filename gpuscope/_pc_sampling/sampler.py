@@ -2,9 +2,10 @@
 
 Continuous mode (kernels are not serialised); PC sampling is enabled at the start of the ``with`` block and
 disabled at its end, each after a device synchronisation, so only the code inside is sampled; a background thread drains CUPTI while the block runs, and the rest is drained at the end.
-Stall reasons keep CUPTI's names and are grouped into the Top-Down categories (:data:`STALL_REASONS`).
-:func:`fast_topdown` turns the per-kernel stall fractions plus three IPC metrics from one range-profiler pass
-into the Top-Down hierarchy.
+The records become a Dataset in :mod:`gpuscope._pc_sampling.records` (stall reasons keep CUPTI's names and are
+grouped into the Top-Down categories); :mod:`gpuscope._pc_sampling.messages` says what lost samples mean;
+:func:`gpuscope._pc_sampling.fast.fast_topdown` turns the per-kernel stall fractions plus three IPC metrics from
+one range-profiler pass into the Top-Down hierarchy.
 """
 
 from __future__ import annotations
@@ -16,40 +17,11 @@ import weakref
 
 import numpy as np
 
+from gpuscope._pc_sampling.messages import overflow_message, unattributed_message, unsampled_message
+from gpuscope._pc_sampling.records import records_dataset, sample_total
 from gpuscope.errors import GpuscopeError, GpuscopeWarning, SamplerBusyError
 
-__all__ = ["pc_sample", "PCSampler", "STALL_REASONS", "CUPTI_PREFIX", "records_dataset", "stall_percentages",
-           "fast_topdown"]
-
-#: Prefix of every stall-reason name CUPTI gives; the Dataset's ``stall_reason`` dim drops it.
-CUPTI_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
-
-#: Warp state -> (Top-Down category, short description). Categories follow
-#: :data:`gpuscope.metrics.topdown.STALL_PARENT` (the counter-based hierarchy), with ``issued`` for the two
-#: states that are not stalls: ``selected`` (the warp issued) and ``not_selected`` (ready, another warp issued).
-#: PC sampling says ``no_instructions`` where the counters say ``no_instruction``.
-STALL_REASONS: dict[str, tuple[str, str]] = {
-    "selected": ("issued", "the warp issued an instruction"),
-    "not_selected": ("issued", "ready, but the scheduler issued another warp"),
-    "no_instructions": ("frontend_fetch", "no instruction fetched yet, or an instruction cache miss"),
-    "barrier": ("frontend_fetch", "waiting for sibling warps at a CTA barrier (__syncthreads)"),
-    "membar": ("frontend_fetch", "waiting on a memory barrier"),
-    "branch_resolving": ("frontend_fetch", "waiting for a branch target or the branch mask"),
-    "sleeping": ("frontend_fetch", "all threads blocked, yielded or sleeping"),
-    "misc": ("frontend_decode", "miscellaneous hardware reason"),
-    "dispatch_stall": ("frontend_decode", "the dispatcher held the warp back (pipeline interlock)"),
-    "math_pipe_throttle": ("backend_core", "waiting for an oversubscribed math pipe"),
-    "wait": ("backend_core", "fixed-latency execution dependency (e.g. a dependent FMA)"),
-    "gmma": ("backend_core", "waiting on a warpgroup MMA (Hopper tensor cores)"),
-    "warpgroup_arrive": ("backend_core", "waiting at a warpgroup arrive barrier before a warpgroup MMA (Hopper)"),
-    "long_scoreboard": ("backend_memory", "waiting for L1TEX data: global, local, texture"),
-    "short_scoreboard": ("backend_memory", "waiting for MIO data: shared memory, special math"),
-    "mio_throttle": ("backend_memory", "MIO instruction queue full"),
-    "lg_throttle": ("backend_memory", "local/global memory instruction queue full"),
-    "tex_throttle": ("backend_memory", "texture instruction queue full"),
-    "drain": ("backend_memory", "after EXIT, waiting for memory writes to drain"),
-    "imc_miss": ("backend_memory", "immediate constant cache miss"),
-}
+__all__ = ["pc_sample", "PCSampler"]
 
 #: Period of the CUPTI default (it depends on the SM count) is used when ``period=None``.
 MIN_PERIOD_LOG2, MAX_PERIOD_LOG2 = 5, 31
@@ -77,181 +49,6 @@ def _period_log2(period) -> int | None:
             f"period={cycles} cycles is out of range: CUPTI accepts 2**5 = 32 to 2**31 = 2147483648 cycles"
         )
     return n
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Records -> Dataset (also used on recorded fixtures, without a GPU)
-
-
-def _reason_table(cupti_names: list[str]):
-    """Base states (without ``_not_issued``) in CUPTI's order, and name -> (column, is_not_issued)."""
-    base: list[str] = []
-    column: dict[str, tuple[int, bool]] = {}
-    for full in cupti_names:
-        if not full.startswith(CUPTI_PREFIX):
-            continue  # smsp__pcsamp_sample_count, smsp__pcsamp_samples_data_dropped: counts, not warp states
-        short = full[len(CUPTI_PREFIX):]
-        not_issued = short.endswith("_not_issued")
-        stem = short[: -len("_not_issued")] if not_issued else short
-        if stem not in base:
-            base.append(stem)
-        column[full] = (base.index(stem), not_issued)
-    return base, column
-
-
-def sample_total(records, reason_indices, reason_names) -> int:
-    """Every sample accounted for: those in the records, dropped ones, and those CUPTI could not attribute.
-
-    A sample is counted once, in its warp state; the ``*_not_issued`` rows repeat samples already counted.
-    CUPTI's own ``totalSamples`` (``records.total_samples``) is not used: on the H100 (CUPTI 13.0) it leaves out
-    what a drain delivers in a process's first block and what ``cuptiPCSamplingDisable`` hands over, so at
-    long periods it reports a few hundred samples where the records hold 10^5 (docs/pc-sampling.md).
-    """
-    _, column = _reason_table(list(reason_names))
-    states = [int(i) for i, n in zip(reason_indices, reason_names) if n in column and not column[n][1]]
-    delivered = int(np.sum(records.samples[np.isin(records.stall_reason_index, states)]))
-    return delivered + int(records.dropped_samples) + int(records.non_user_kernel_samples)
-
-
-def records_dataset(records, reason_indices, reason_names, source_map, *, device_info=None, chip="", attrs=None):
-    """Build the PC-sampling Dataset from raw records (:class:`gpuscope.cupti.pc_sampling.PCRecords`).
-
-    Parameters
-    ----------
-    records : PCRecords
-        Rows of (cubin CRC, PC offset, function, stall-reason index, samples), possibly repeated per PC.
-    reason_indices, reason_names : sequence
-        CUPTI's stall-reason table (``cuptiPCSamplingGetStallReasons``).
-    source_map : gpuscope._pc_sampling.source.SourceMap
-        Maps PCs to file and line.
-
-    Returns
-    -------
-    xarray.Dataset
-        See :func:`gpuscope._results.build.pc_sampling_dataset`.
-    """
-    from gpuscope._results import build as _results
-    from gpuscope._pc_sampling.source import pretty_function
-
-    base, column = _reason_table(list(reason_names))
-    by_index = {int(i): column[n] for i, n in zip(reason_indices, reason_names) if n in column}
-    keys: dict[tuple[int, str, int], int] = {}
-    samples_rows: list[tuple[int, int, bool, int]] = []
-    for crc, fn, off, idx, n in zip(records.cubin_crc, records.function, records.pc_offset,
-                                    records.stall_reason_index, records.samples):
-        if int(idx) in by_index:
-            row = keys.setdefault((int(crc), str(fn), int(off)), len(keys))
-            samples_rows.append((row, *by_index[int(idx)], int(n)))
-    samples = np.zeros((len(keys), len(base)), dtype=np.int64)
-    not_issued = np.zeros_like(samples)
-    for row, col, is_not_issued, n in samples_rows:
-        (not_issued if is_not_issued else samples)[row, col] += n
-    locations = [source_map.locate(crc, fn, off) for crc, fn, off in keys]
-    pcs = {
-        "function": [pretty_function(fn) for _, fn, _ in keys],
-        "mangled_name": [fn for _, fn, _ in keys],
-        "pc_offset": [off for _, _, off in keys],
-        "cubin_crc": [crc for crc, _, _ in keys],
-        "file": [loc.file for loc in locations],
-        "line": [loc.line for loc in locations],
-        "line_text": [loc.text for loc in locations],
-    }
-    reasons = {
-        "name": base,
-        "cupti_name": [CUPTI_PREFIX + b for b in base],
-        "category": [STALL_REASONS.get(b, ("other", ""))[0] for b in base],
-        "description": [STALL_REASONS.get(b, ("other", "not described by gpuscope"))[1] for b in base],
-    }
-    totals = {
-        "total_samples": sample_total(records, reason_indices, reason_names),
-        "cupti_total_samples": records.total_samples,
-        "dropped_samples": records.dropped_samples,
-        "non_user_kernel_samples": records.non_user_kernel_samples,
-        "hardware_buffer_full": int(records.hardware_buffer_full),
-    }
-    extra = dict(attrs or {})
-    # comma-separated strings, not lists: an empty list does not survive netCDF
-    extra["functions_without_lineinfo"] = ", ".join(sorted(pretty_function(f) for f in source_map.without_lineinfo))
-    extra["functions_without_cubin"] = ", ".join(sorted(pretty_function(f) for f in source_map.without_cubin))
-    return _results.pc_sampling_dataset(pcs, samples, not_issued, reasons, totals, device_info, chip, extra)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Fast Top-Down
-
-
-def stall_percentages(pc, counter_names: bool = True):
-    """Per-kernel warp-state percentages from PC samples, as the counter metrics Top-Down reads.
-
-    Each kernel's samples over all warp states are 100%. With ``counter_names``, variables are named like the
-    counter metrics (``smsp__warp_issue_stalled_<reason>_per_warp_active.pct``; ``no_instructions`` becomes
-    ``no_instruction``) so that :func:`gpuscope.metrics.topdown.topdown` reads them.
-
-    Returns
-    -------
-    xarray.Dataset
-        Dim ``kernel``.
-    """
-    import xarray as xr
-
-    from gpuscope.metrics.topdown import stall_metric
-
-    from gpuscope.metrics.topdown import STALL_PARENT
-
-    counts = pc["kernel_samples"].astype(float)
-    pct = 100.0 * counts / counts.sum("stall_reason").where(lambda t: t > 0)
-    out = {}
-    for reason in pc["stall_reason"].values.tolist():
-        name = "no_instruction" if reason == "no_instructions" else reason
-        key = stall_metric(name) if counter_names else reason
-        out[key] = pct.sel(stall_reason=reason, drop=True).assign_attrs(units="percent", source="pc_sampling")
-    if counter_names:
-        # A state the GPU has but CUPTI did not list, or that had no samples, is 0%, not missing.
-        zero = xr.zeros_like(pct.isel(stall_reason=0, drop=True)).assign_attrs(units="percent", source="pc_sampling")
-        for name in STALL_PARENT:
-            out.setdefault(stall_metric(name), zero)
-    return xr.Dataset(out, attrs=dict(pc.attrs))
-
-
-def fast_topdown(pc, ipc, levels=(1, 2, 3), arch=None, check: str = "ignore"):
-    """Top-Down from one range-profiler pass (IPC, issued IPC, warp efficiency) and PC-sampled stall shares.
-
-    Parameters
-    ----------
-    pc : xarray.Dataset
-        A PC-sampling Dataset (``pc_sample(...).dataset``).
-    ipc : xarray.Dataset
-        Dim ``kernel`` (names as in ``pc.kernel``) with ``smsp__inst_executed.avg.per_cycle_active``,
-        ``smsp__inst_issued.avg.per_cycle_active`` and ``smsp__thread_inst_executed_per_inst_executed.ratio``.
-    levels, arch, check
-        As for :func:`gpuscope.metrics.topdown.topdown`; ``arch`` defaults to the compute capability in the
-        attrs of *pc*; ``check`` defaults to ``"ignore"`` here (PC-sampled shares sum to 100% by construction).
-
-    Returns
-    -------
-    xarray.Dataset
-        The hierarchy per kernel; attr ``topdown_source="fast: 1 range pass + PC sampling"``.
-
-    Raises
-    ------
-    ValueError
-        A kernel of *ipc* has no PC samples.
-    """
-    from gpuscope.metrics import topdown as td
-
-    stalls = stall_percentages(pc)
-    missing = sorted(set(ipc["kernel"].values.tolist()) - set(stalls["kernel"].values.tolist()))
-    if missing:
-        raise ValueError(f"no PC samples for kernel(s) {missing}; PC-sampled kernels: {stalls['kernel'].values.tolist()}")
-    merged = ipc.merge(stalls.sel(kernel=ipc["kernel"]), join="left", compat="override")
-    merged.attrs = {**stalls.attrs, **ipc.attrs}
-    result = td.topdown(merged, levels=levels, arch=arch or pc.attrs.get("compute_capability"), check=check)
-    result.attrs["topdown_source"] = "fast: 1 range pass + PC sampling"
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The sampler
 
 
 def default_hardware_buffer(period_log2: int | None) -> int | None:
@@ -588,54 +385,6 @@ class PCSampler:
                 stacklevel=3,
             )
         return ds
-
-
-def overflow_message(dropped: int, total: int, buffer_full: bool, period_log2: int | None) -> str:
-    """What a full buffer or dropped samples mean for the result, and what to do."""
-    text = f"PC sampling dropped {dropped} of {total} samples" if dropped else "PC sampling lost samples"
-    if buffer_full:
-        longer = 2 ** max(15, (period_log2 or 10) + 3)
-        text += (": CUPTI's hardware buffer filled, and CUPTI does not count what it lost then (on the H100, a "
-                 "64 MiB buffer at period 2**10 kept 2.5 M of 7.9 M samples and counted none as dropped). The "
-                 "stall shares may lean toward the kernels that ran first. Sample a shorter stretch of the "
-                 f"workload, a longer period (period={longer} keeps up with CUPTI's decoding), or pass a larger "
-                 "hardware_buffer_size")
-    else:
-        text += "; use a longer period or a larger hardware_buffer_size"
-    return text + "."
-
-
-# CUPTI's rule for which kernels it samples (measured on the H100, CUPTI 13.0; docs/pc-sampling.md)
-_FIRST_LAUNCH_RULE = (
-    "CUPTI maps a kernel for PC sampling only if it did not run while CUPTI was attached outside a pc_sample block "
-    "(under gs.Profiler, or between blocks)"
-)
-
-
-def _rule(detach: str) -> str:
-    if detach in ("detached", "not attached"):
-        return ("CUPTI had forgotten the process when the block started, so these kernels were not hidden by "
-                "earlier profiling.")
-    return (f"{_FIRST_LAUNCH_RULE}; CUPTI was not detached first ({detach or 'unknown'}). Sample in a fresh process "
-            "or before profiling those kernels; unless another CUPTI tool is injected, leave GPUSCOPE_PC_DETACH "
-            "unset so that the block detaches CUPTI first (docs/pc-sampling.md).")
-
-
-def unsampled_message(missing: dict[str, int], unattributed: int, total: int, detach: str = "") -> str:
-    """Kernels that launched in a block but have no PC sample: what CUPTI counted for them, and why."""
-    from gpuscope._pc_sampling.source import pretty_function
-
-    names = ", ".join(f"{pretty_function(k)} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
-    counted = (f"CUPTI counted {unattributed} of {total} samples as unattributed (non-user kernel samples)"
-               if unattributed else "CUPTI counted no sample as unattributed: their samples were lost uncounted")
-    return (f"No PC samples for {names}, which ran in the block; {counted}. {_rule(detach)} (A kernel "
-            "shorter than one sampling period per SM may also get no sample.)")
-
-
-def unattributed_message(unattributed: int, total: int, detach: str = "") -> str:
-    """Why CUPTI counted samples it gave no records for, and what to do."""
-    return (f"CUPTI could not attribute {unattributed} of {total} PC samples to a kernel (its non-user kernel "
-            f"samples): they have no records. {_rule(detach)}")
 
 
 def _quietly(fn, *args) -> None:

@@ -3,8 +3,9 @@
 The part of :class:`gpuscope.Profiler` that runs at kernel launches (CUPTI's launch callbacks): kernel replay with
 small images emptied when full, iterations as passes (marked by a top-level range, by ``Profiler.step()``, or found
 in the launch stream by :mod:`gpuscope._range_profiling.repetition` in auto mode), the rows of launches and the kernel-replay cost
-warning. What each launch becomes is :mod:`gpuscope._range_profiling.launches`'; the session's lifecycle, user ranges and user
-replay are :mod:`gpuscope._range_profiling.session`'s, whose ``Profiler`` mixes this class in.
+warning. What each launch becomes is :mod:`gpuscope._range_profiling.launches`'; the session's lifecycle is
+:mod:`gpuscope._range_profiling.session`'s, whose ``Profiler`` mixes this class in; user ranges and user replay are
+:mod:`gpuscope._range_profiling.user`'s.
 """
 
 from __future__ import annotations

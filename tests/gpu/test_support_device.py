@@ -8,7 +8,7 @@ import pytest
 
 import gpuscope as gs
 from gpuscope import cli
-from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope.metrics import catalog as sets_data
 
 
@@ -50,14 +50,14 @@ def _kernel():
 def test_session_attrs_say_what_the_set_lost(x, monkeypatch, reduced):
     from numba import cuda
 
-    real = _catalog.resolution
+    real = _lists.resolution
     if reduced:  # as on a chip without DRAM byte counters (GA10B, GB20B): the launch set less those two
         def resolution(metrics, chip=None, kind="range"):
             res = real(metrics, chip, kind)
             keep = tuple(m for m in res.metrics if not m.startswith("dram__bytes"))
             return sets_data.SetOnChip(keep, {}, ("dram__bytes_read.sum", "dram__bytes_write.sum"))
 
-        monkeypatch.setattr(_catalog, "resolution", resolution)
+        monkeypatch.setattr(_lists, "resolution", resolution)
     twice = _kernel()
     twice[64, 1024](x)
     cuda.synchronize()

@@ -5,6 +5,7 @@ import pytest
 
 import gpuscope as gs
 from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope.cupti import _api
 from gpuscope.errors import UnknownMetricError, UnsupportedChipError
 
@@ -28,7 +29,7 @@ def test_split_name():
 @pytest.mark.parametrize("name", sorted(gs.metric_sets()))
 def test_metric_sets_are_valid_and_passes_recorded(name):
     mset = gs.metric_set(name)
-    assert _catalog.resolve(name, "GH100", mset.kind) == list(mset.metrics)
+    assert _lists.resolve(name, "GH100", mset.kind) == list(mset.metrics)
     kind = "range" if mset.kind == "range" else "pm"
     availability = np.load(f"tests/fixtures/gh100_counter_availability_{kind}.npy")
     passes = gs.count_passes(name, chip="GH100", kind=mset.kind, counter_availability=availability)
@@ -72,24 +73,24 @@ def test_unknown_metric_names_closest():
 
 def test_counter_without_rollup():
     with pytest.raises(UnknownMetricError, match=r"needs a rollup: \.sum, \.avg, \.min or \.max") as info:
-        _catalog.resolve(["sm__cycles_elapsed"], "GH100")
+        _lists.resolve(["sm__cycles_elapsed"], "GH100")
     assert info.value.suggestions == ("sm__cycles_elapsed.sum",)
 
 
 def test_bad_sub_metric_suggests():
     with pytest.raises(UnknownMetricError) as info:
-        _catalog.resolve(["dram__bytes_read.summ"], "GH100")
+        _lists.resolve(["dram__bytes_read.summ"], "GH100")
     assert "dram__bytes_read.sum" in info.value.suggestions
 
 
 def test_metric_of_the_other_kind():
     with pytest.raises(UnknownMetricError, match="exists for range profiling"):
-        _catalog.resolve(["smsp__threads_launched.sum"], "GH100", "sampling")
+        _lists.resolve(["smsp__threads_launched.sum"], "GH100", "sampling")
 
 
 def test_set_of_the_other_kind():
     with pytest.raises(ValueError, match="'pm-default' is for sampling"):
-        _catalog.resolve("pm-default", "GH100", "range")
+        _lists.resolve("pm-default", "GH100", "range")
 
 
 @pytest.mark.parametrize("chip,hint", [("gh100", "did you mean 'GH100'"), ("GH200", "GH100"), ("XX100", "Closest")])
@@ -108,9 +109,9 @@ def test_other_chip_and_sampling_lists():
 
 
 def test_resolve_dedups_and_rejects_empty():
-    assert _catalog.resolve(["dram__bytes_read.sum", "dram__bytes_read.sum"], "GH100") == ["dram__bytes_read.sum"]
+    assert _lists.resolve(["dram__bytes_read.sum", "dram__bytes_read.sum"], "GH100") == ["dram__bytes_read.sum"]
     with pytest.raises(ValueError, match="No metrics"):
-        _catalog.resolve([], "GH100")
+        _lists.resolve([], "GH100")
 
 
 def test_no_chip_without_gpu_says_pass_chip():
@@ -147,7 +148,7 @@ def test_units_of(suffix, cupti_units, expected):
     ([" , x ,"], ["x"]),
 ])
 def test_split_list_keeps_a_regex_whole(words, expected):
-    assert _catalog.split_list(words) == expected
+    assert _lists.split_list(words) == expected
 
 
 def test_count_passes_infers_the_kind_of_a_set_as_the_cli_does():

@@ -9,6 +9,8 @@ import pytest
 import gpuscope as gs
 from gpuscope import cli
 from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import chips as _chips
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope._commands import demo as _demo
 from gpuscope.cupti import _lib
 
@@ -35,7 +37,7 @@ def test_comma_separated_metrics_and_sets(capsys):
 @pytest.mark.parametrize("name,chip", [("h100", "GH100"), ("H100", "GH100"), ("gh100", "GH100"), ("A100", "GA100"),
                                        ("l4", "AD104"), ("GeForce RTX 4090", "AD102"), ("ga102", "GA102")])
 def test_chip_names_any_case_and_products(capsys, name, chip):
-    assert _catalog.canonical_chip(name) == chip
+    assert _chips.canonical_chip(name) == chip
     code, out, _ = run(capsys, "metrics", "--chip", name, "--passes", "launch")
     assert code == 0 and f"({chip}, range profiler" in out
 
@@ -169,4 +171,4 @@ def test_nsight_compute_short_forms_of_run(monkeypatch):
                                           "-k", "stream", "script.py", "-c", "9"])
     assert (args.launch_count, args.launch_skip) == (3, 2)  # the script's own "-c 9" stays the script's
     assert args.kernels == ["regex:^(fma{1,2})$", "stream"] and args.args == ["-c", "9"]
-    assert _catalog.split_list(args.kernels) == ["regex:^(fma{1,2})$", "stream"]
+    assert _lists.split_list(args.kernels) == ["regex:^(fma{1,2})$", "stream"]

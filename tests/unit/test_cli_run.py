@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import gpuscope as gs
-from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope import cli
 from gpuscope._commands import demo as _demo
 from gpuscope._commands import run as _run
@@ -95,7 +95,7 @@ def test_filters_and_metric_lists_are_passed(fake, tmp_path, capsys):
     assert (args["launch_skip"], args["launch_count"], args["mode"]) == (2, 10, "user")
     # the sets stay names, so that the session takes each as its chip collects it
     assert args["metrics"] == ["topdown", "launch"]
-    metrics = _catalog.resolve(args["metrics"], "GH100")
+    metrics = _lists.resolve(args["metrics"], "GH100")
     assert metrics[0] == gs.metric_set("topdown").metrics[0] and "sm__ctas_launched.sum" in metrics
     assert len(metrics) == len(set(metrics))  # the sets' shared metrics once
 

@@ -91,10 +91,10 @@ def test_another_injected_tool_keeps_cupti_attached(cupti, monkeypatch):
 
 
 def test_the_catalogs_host_objects_are_dropped(cupti, monkeypatch):
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
 
     dropped = []
-    monkeypatch.setattr(_catalog, "forget_hosts", lambda: dropped.append(True))
+    monkeypatch.setattr(_lists, "forget_hosts", lambda: dropped.append(True))
     assert _keep.detach_cupti() == "detached" and dropped == [True]
 
 

@@ -7,7 +7,6 @@ import xarray as xr
 
 import gpuscope as gs
 from gpuscope._pc_sampling import fast as _fast
-from gpuscope._pc_sampling import sampler as P
 from gpuscope.metrics import topdown as td
 
 from .test_pc_fixtures import _ncu_dataset, recorded  # noqa: F401 (fixture)
@@ -65,7 +64,7 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
     # one iteration-mode session; PC sampling over its first (sizing) iteration, the range pass on the second
     assert [c if isinstance(c, str) else "session" for c in calls] == [
         "session", "enter", "step", "session", "enter", "work", "exit", "step", "work", "exit"]
-    expected = P.fast_topdown(pc, ncu[FAST])
+    expected = _fast.fast_topdown(pc, ncu[FAST])
     for node in expected.data_vars:
         np.testing.assert_allclose(result[node].sel(kernel=expected["kernel"]), expected[node], rtol=1e-12)
         assert result[node].attrs["units"] == expected[node].attrs["units"]

@@ -10,6 +10,7 @@ cuda = pytest.importorskip("numba.cuda")
 
 from gpuscope._range_profiling import kernels as _kernels  # noqa: E402
 from gpuscope._range_profiling import session as _session
+from gpuscope._range_profiling import user as _user
 
 
 @cuda.jit
@@ -45,7 +46,7 @@ def test_launch_goes_through_the_session(monkeypatch):
     k[1, 16](x)
     assert fake.launches == [("add_one", (2,), (8,)), ("add_one", 1, 16)]
     assert x.tolist() == [2.0] * 16
-    assert _session._dim3((2,)) == (2, 1, 1) and _session._dim3(16) == (16, 1, 1)
+    assert _user._dim3((2,)) == (2, 1, 1) and _user._dim3(16) == (16, 1, 1)
 
 
 def test_misuse_messages():

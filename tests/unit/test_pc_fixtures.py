@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from gpuscope._pc_sampling import sampler as P
+from gpuscope._pc_sampling import fast as _fast
+from gpuscope._pc_sampling import records as _pcrecords
 from gpuscope._pc_sampling import source as _source
 from gpuscope.cupti import pc_sampling as C
 
@@ -32,7 +33,7 @@ def recorded():
     with open(_fixture("bench_pc_sampling.py.txt")) as fh:
         sources = {"bench_pc_sampling.py": fh.read()}
     smap = _source.SourceMap(registry, sources=sources)
-    ds = P.records_dataset(records, data["reason_indices"], [str(n) for n in data["reason_names"]], smap,
+    ds = _pcrecords.records_dataset(records, data["reason_indices"], [str(n) for n in data["reason_names"]], smap,
                            chip="GH100", attrs={"compute_capability": "9.0"})
     return records, ds
 
@@ -121,7 +122,7 @@ def test_fast_topdown_within_5_points_of_the_counter_topdown(recorded):
     _, ds = recorded
     ncu = _ncu_dataset()
     full = td.topdown(ncu, check="ignore")
-    fast = P.fast_topdown(ds, ncu[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]])
+    fast = _fast.fast_topdown(ds, ncu[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]])
     diff = {n: 100 * np.abs(fast[n] - full[n]).max().item() / 4.0 for n in fast.data_vars}
     assert max(diff.values()) < 5.0
     assert diff["backend_core_math_pipe_throttle"] == pytest.approx(3.05, abs=0.05)  # the largest

@@ -7,13 +7,16 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
+from gpuscope._pc_sampling import fast as _fast
+from gpuscope._pc_sampling import messages as _messages
+from gpuscope._pc_sampling import records as _pcrecords
 from gpuscope._pc_sampling import sampler as P
 from gpuscope._pc_sampling import source as _source
 from gpuscope.cupti import _types as T
 from gpuscope.cupti.pc_sampling import PCRecords, SamplingBuffer
 from gpuscope.metrics import pc_plot, topdown
 
-PREFIX = P.CUPTI_PREFIX
+PREFIX = _pcrecords.CUPTI_PREFIX
 NAMES = [PREFIX + "long_scoreboard", PREFIX + "long_scoreboard_not_issued", PREFIX + "selected",
          PREFIX + "no_instructions", PREFIX + "wait", "smsp__pcsamp_sample_count"]
 INDICES = np.array([14, 15, 39, 25, 36, 0], dtype=np.uint32)
@@ -42,7 +45,7 @@ def test_other_bad_arguments():
 
 
 def test_stall_reason_categories_match_topdown():
-    for reason, (category, description) in P.STALL_REASONS.items():
+    for reason, (category, description) in _pcrecords.STALL_REASONS.items():
         name = "no_instruction" if reason == "no_instructions" else reason
         assert description
         if reason in ("selected", "not_selected"):
@@ -54,7 +57,7 @@ def test_stall_reason_categories_match_topdown():
 
 
 def test_reason_table_pairs_not_issued():
-    base, column = P._reason_table(NAMES)
+    base, column = _pcrecords._reason_table(NAMES)
     assert base == ["long_scoreboard", "selected", "no_instructions", "wait"]  # sample_count is not a state
     assert column[PREFIX + "long_scoreboard_not_issued"] == (0, True)
     assert column[PREFIX + "long_scoreboard"] == (0, False)
@@ -104,7 +107,7 @@ def _dataset():
     reg.add(b"\x7fELF")
     smap = _source.SourceMap(reg, lookup=lambda c, f, o: (o // 16, "k.py", "/src"),
                              sources={"k.py": "a = 1\nx = y[i]\nz = x * 2\n"})
-    return P.records_dataset(_records(), INDICES, NAMES, smap, chip="GH100",
+    return _pcrecords.records_dataset(_records(), INDICES, NAMES, smap, chip="GH100",
                              attrs={"compute_capability": "9.0"})
 
 
@@ -132,7 +135,7 @@ def test_netcdf_round_trip(tmp_path):
 
 def test_stall_percentages_and_fast_topdown():
     ds = _dataset()
-    pct = P.stall_percentages(ds)
+    pct = _fast.stall_percentages(ds)
     k = "__main__.kernel"
     assert pct[topdown.stall_metric("long_scoreboard")].sel(kernel=k).item() == pytest.approx(100 * 11 / 20)
     assert pct[topdown.stall_metric("no_instruction")].sel(kernel="saxpy").item() == pytest.approx(100.0)
@@ -141,14 +144,14 @@ def test_stall_percentages_and_fast_topdown():
          topdown.THREADS_PER_INST: ("kernel", [32.0])},
         coords={"kernel": [k]},
     )
-    td = P.fast_topdown(ds, ipc)
+    td = _fast.fast_topdown(ds, ipc)
     stall = 4.0 - 1.0  # IPC_MAX - 4 * issued
     # shares over stall reasons only: long_scoreboard 11, wait 6 (selected is not a stall)
     assert td["backend_memory"].sel(kernel=k).item() == pytest.approx(stall * 11 / 17)
     assert td["backend_core"].sel(kernel=k).item() == pytest.approx(stall * 6 / 17)
     assert td["retire"].sel(kernel=k).item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no PC samples"):
-        P.fast_topdown(ds, ipc.assign_coords(kernel=["missing"]))
+        _fast.fast_topdown(ds, ipc.assign_coords(kernel=["missing"]))
 
 
 def test_plot_tables():
@@ -180,10 +183,10 @@ def test_sample_total_counts_each_sample_once_and_not_cuptis_undercount():
     # the records hold 22 warp-state samples (the 4 in long_scoreboard_not_issued repeat samples already counted)
     rec = _records()
     rec.total_samples, rec.dropped_samples, rec.non_user_kernel_samples = 3, 1, 5
-    assert P.sample_total(rec, INDICES, NAMES) == 22 + 1 + 5
+    assert _pcrecords.sample_total(rec, INDICES, NAMES) == 22 + 1 + 5
     reg = _source.CubinRegistry(crc=lambda b: 5)
     smap = _source.SourceMap(reg, lookup=lambda c, f, o: (0, "", ""))
-    ds = P.records_dataset(rec, INDICES, NAMES, smap, chip="GH100", attrs={"compute_capability": "9.0"})
+    ds = _pcrecords.records_dataset(rec, INDICES, NAMES, smap, chip="GH100", attrs={"compute_capability": "9.0"})
     assert (ds.attrs["total_samples"], ds.attrs["cupti_total_samples"]) == (28, 3)
     assert int(ds.samples.sum()) + ds.attrs["dropped_samples"] + ds.attrs["non_user_kernel_samples"] == 28
 
@@ -245,11 +248,9 @@ def test_hardware_buffer_follows_the_period():
 
 
 def test_a_full_hardware_buffer_is_said_to_lose_uncounted_samples():
-    from gpuscope._pc_sampling import sampler as P
-
-    text = P.overflow_message(0, 2_479_002, True, 10)
+    text = _messages.overflow_message(0, 2_479_002, True, 10)
     assert "lost samples" in text and "does not count" in text and "period=32768" in text
-    assert "dropped 5 of 100" in P.overflow_message(5, 100, False, 12)
+    assert "dropped 5 of 100" in _messages.overflow_message(5, 100, False, 12)
 
 
 def test_a_kernel_that_ran_without_samples_is_named_even_when_cupti_counts_nothing(monkeypatch):
@@ -301,9 +302,9 @@ def test_launch_recorders_share_the_callbacks(monkeypatch):
 
 
 def test_the_message_says_whether_cupti_was_detached_when_the_block_started():
-    after = P.unsampled_message({"stream": 3}, 0, 10, "detached")
+    after = _messages.unsampled_message({"stream": 3}, 0, 10, "detached")
     assert "had forgotten the process" in after and "fresh process" not in after
-    refused = P.unattributed_message(5, 10, "off (GPUSCOPE_PC_DETACH=0)")
+    refused = _messages.unattributed_message(5, 10, "off (GPUSCOPE_PC_DETACH=0)")
     assert "CUPTI was not detached first (off" in refused and "fresh process" in refused
 
 

@@ -114,7 +114,7 @@ def test_pm_sampling_per_phase(series):
 
 @pytest.fixture(scope="module")
 def pc():
-    from gpuscope._pc_sampling import sampler as P
+    from gpuscope._pc_sampling import records as P
     from gpuscope._pc_sampling import source as _source
     from gpuscope.cupti import pc_sampling as C
 

@@ -107,11 +107,11 @@ def test_sampler_rejects_bad_arguments_before_touching_the_gpu():
 
 
 def test_pm_default_is_single_pass_on_gh100():
-    from gpuscope._gpu import catalog as _catalog
+    from gpuscope._gpu import metric_lists as _lists
 
-    metrics = _catalog.resolve("pm-default", "GH100", "sampling")
+    metrics = _lists.resolve("pm-default", "GH100", "sampling")
     _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)  # does not raise
-    assert _catalog.count_passes(metrics, "GH100", "sampling", AVAILABILITY) == 1
+    assert _lists.count_passes(metrics, "GH100", "sampling", AVAILABILITY) == 1
 
 
 def test_multi_pass_message_says_what_to_drop_and_how_to_split():

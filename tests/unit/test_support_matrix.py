@@ -16,6 +16,7 @@ import xarray as xr
 
 import gpuscope as gs
 from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope._gpu import support as _support
 from gpuscope.cupti import host
 from gpuscope.errors import UnsupportedChipError
@@ -47,9 +48,9 @@ def test_every_set_resolves_on_every_chip(chip, name):
     kind = gs.metric_set(name).kind
     if not _profilable(chip, kind):
         with pytest.raises(UnsupportedChipError, match="cannot profile"):
-            _catalog.resolve(name, chip, kind)
+            _lists.resolve(name, chip, kind)
         return
-    res = _catalog.resolution(name, chip, kind)
+    res = _lists.resolution(name, chip, kind)
     mset = gs.metric_set(name)
     # what the chip collects is the set, less what was left out, with substitutes in place
     assert set(res.left_out) | set(res.substituted) <= set(mset.metrics)
@@ -57,8 +58,8 @@ def test_every_set_resolves_on_every_chip(chip, name):
                                                              if m not in res.left_out and m not in res.substituted]
     for original, used in res.substituted.items():
         assert set(used) <= set(res.metrics) and original not in res.metrics
-    assert _catalog.resolve(list(res.metrics), chip, kind) == list(res.metrics)  # every name is the chip's own
-    image = _catalog.config_image(list(res.metrics), chip, kind)
+    assert _lists.resolve(list(res.metrics), chip, kind) == list(res.metrics)  # every name is the chip's own
+    image = _lists.config_image(list(res.metrics), chip, kind)
     assert len(image) > 0
     passes = host.num_passes(image)
     assert passes >= 1
@@ -96,7 +97,7 @@ def test_topdown_set_on_chip_is_its_tables(chip):
     if not _profilable(chip, "range"):
         pytest.skip(f"this CUPTI cannot profile {chip}")
     table = arch.for_chip(chip)
-    names = _catalog.resolve("topdown", chip)
+    names = _lists.resolve("topdown", chip)
     assert set(td.required_metrics(chip)) <= set(names)
     stalls = {n for n in names if n.startswith(STALL_PREFIX)}
     assert stalls == {arch.stall_metric(r) for r in (*table.stall_reasons, *arch.NOT_STALLS)}

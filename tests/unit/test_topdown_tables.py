@@ -3,7 +3,7 @@
 import pytest
 
 import gpuscope as gs
-from gpuscope._gpu import catalog as _catalog
+from gpuscope._gpu import metric_lists as _lists
 from gpuscope.metrics import topdown as td
 
 # One chip per table and compute capability, as CUPTI names them.
@@ -13,7 +13,7 @@ CHIPS = [("TU102", "7.5"), ("GA100", "8.0"), ("AD102", "8.9"), ("GH100", "9.0"),
 @pytest.mark.parametrize("chip,cc", CHIPS)
 def test_required_metrics_exist_on_chip(chip, cc):
     metrics = td.required_metrics(cc)
-    assert _catalog.resolve(metrics, chip, "range") == list(metrics)
+    assert _lists.resolve(metrics, chip, "range") == list(metrics)
     assert gs.count_passes(metrics, chip=chip) <= 8
 
 
@@ -25,5 +25,5 @@ def test_hopper_optional_gmma_exists_and_costs_one_pass():
 
 def test_blackwell_has_no_imc_miss():
     with pytest.raises(gs.UnknownMetricError):
-        _catalog.resolve([td.stall_metric("imc_miss")], "GB100")
+        _lists.resolve([td.stall_metric("imc_miss")], "GB100")
     assert td.stall_metric("imc_miss") not in td.required_metrics("10.0")

@@ -218,7 +218,7 @@ def test_errors(tmp_path, series):
 
 def _pc_recording():
     """The H100 PC-sampling recording (stream and fma of benchmarks/bench_pc_sampling.py) as a Dataset."""
-    from gpuscope._pc_sampling import sampler as P
+    from gpuscope._pc_sampling import records as P
     from gpuscope._pc_sampling import source as _source
     from gpuscope.cupti import pc_sampling as C
 
