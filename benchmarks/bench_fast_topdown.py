@@ -439,7 +439,7 @@ def cmd_breakdown(args):
         (host.ProfilerHost, "__init__", "  ProfilerHost.__init__"),
         (host.ProfilerHost, "add_metrics", "  ProfilerHost.add_metrics"),
         (host.ProfilerHost, "config_image", "  ProfilerHost.config_image"),
-        (_session.Profiler, "_properties", "  metric properties"),
+        (_session, "_properties", "  metric properties"),
         (_session.Profiler, "start", "Profiler.start"),
         (range_profiler.RangeProfiler, "__init__", "  RangeProfiler enable"),
         (range_profiler.RangeProfiler, "counter_data_image", "  counter_data_image"),

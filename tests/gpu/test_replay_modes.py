@@ -206,7 +206,7 @@ def test_forked_child_never_touches_the_session(arrays):
             try:
                 with gs.range("child"):
                     pass
-                if gs._session.active_session() is not None:
+                if gs._range_profiling.session.active_session() is not None:
                     code = 3
             except BaseException:
                 code = 4
@@ -258,7 +258,7 @@ CUPY_SCRIPT = textwrap.dedent(r'''
                       "ipc": [float(v) for v in it["smsp__inst_executed.avg.per_cycle_active"].values],
                       "replay_ms": float(ke.attrs.get("replay_ms_per_launch", -1)), "passes": kprof.passes,
                       "warnings": [str(w.message) for w in caught],
-                      "held_gib": gs._device.memory_used_gib(0)}))
+                      "held_gib": gs._gpu.device.memory_used_gib(0)}))
 ''')
 
 
