@@ -137,6 +137,7 @@ def test_process_exit_with_a_kept_profiler_leaves_the_counters_free(tmp_path):
         from numba import cuda
         import gpuscope as gs
         from gpuscope import _keep
+
         from benchmarks.workloads import tiny
 
         x = cuda.to_device(np.ones(1 << 16, np.float32))
