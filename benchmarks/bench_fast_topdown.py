@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +52,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numba import cuda, float32  # noqa: E402
+
+if __package__:  # imported as benchmarks.bench_fast_topdown
+    from benchmarks import workloads  # noqa: E402
+else:  # python3 benchmarks/bench_fast_topdown.py, or beside it (sys.path.insert(0, "benchmarks"))
+    import workloads  # noqa: E402
 
 THREADS = 256
 N_STREAM = 1 << 24
@@ -82,15 +86,9 @@ def fma(out, a, b, iters):
         out[i] = v0 + v1 + v2 + v3
 
 
-def _renamed(fn, name):
-    """*fn* under another name: Numba names a kernel after its Python function, and the Top-Down is per name."""
-    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-    copy.__qualname__ = name
-    return copy
-
-
-# the FMA kernel's body under its own name: launched with fewer blocks than one wave
-sub_wave = cuda.jit(lineinfo=True)(_renamed(fma.py_func, "sub_wave"))
+# the FMA kernel's body under its own name (the Top-Down is per name): launched with fewer blocks than one wave; a
+# module attribute of its name here, where PC sampling looks for its cubin
+sub_wave = cuda.jit(lineinfo=True)(workloads.renamed(fma.py_func, "sub_wave"))
 
 
 @cuda.jit(lineinfo=True)

@@ -24,44 +24,23 @@ import time
 
 import numpy as np
 
+if __package__:  # imported as benchmarks.bench_pm_sampling
+    from benchmarks import workloads
+else:  # python3 benchmarks/bench_pm_sampling.py: benchmarks/ is sys.path[0]
+    import workloads
+
 
 def make_workload():
     from numba import cuda
 
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, n):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(n):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    n = 16 << 20
-    a = cuda.to_device(np.ones(n, np.float32))
-    b = cuda.to_device(np.ones(n, np.float32))
-    c = cuda.device_array(n, np.float32)
-    x = cuda.to_device(np.ones(1 << 20, np.float32))
+    work = workloads.StreamFma(16 << 20)
 
     def launches(count):
-        for k in range(count):
-            if k % 2 == 0:
-                stream[(n + 255) // 256, 256](a, b, c)
-            else:
-                fma[((1 << 20) + 255) // 256, 256](x, 2000)
-            if k % 20 == 19:
-                cuda.synchronize()
-        cuda.synchronize()
+        work.alternate(count, 2000, sync_every=20)
 
     def stream_only(count):
         for k in range(count):
-            stream[(n + 255) // 256, 256](a, b, c)
+            work.stream()
         cuda.synchronize()
 
     def for_seconds(seconds):
@@ -74,7 +53,7 @@ def make_workload():
 
     launches(40)  # compile and warm up
     stream_only(2)
-    return launches, for_seconds, stream_only, 3 * n * 4  # bytes moved per streaming launch (2 read, 1 written)
+    return launches, for_seconds, stream_only, 3 * work.n * 4  # bytes moved per streaming launch (2 read, 1 written)
 
 
 def parse_config(config):

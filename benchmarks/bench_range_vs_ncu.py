@@ -27,6 +27,11 @@ import subprocess
 import sys
 import time
 
+if __package__:  # imported as benchmarks.bench_range_vs_ncu
+    from benchmarks import workloads
+else:  # python3 benchmarks/bench_range_vs_ncu.py: benchmarks/ is sys.path[0]
+    import workloads
+
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum", "dram__bytes_read.sum"]
 _ST = ("no_instruction barrier membar branch_resolving sleeping misc dispatch_stall math_pipe_throttle "
        "long_scoreboard imc_miss mio_throttle drain lg_throttle short_scoreboard wait tex_throttle selected "
@@ -36,42 +41,13 @@ TOPDOWN = ["smsp__inst_executed.avg.per_cycle_active", "smsp__thread_inst_execut
 
 
 def make_workload():
-    import numpy as np
-    from numba import cuda
+    work = workloads.StreamFma(1 << 24, random=True)  # stream over 3 x 64 MB, fma over 1 Mi elements
 
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, iters):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(iters):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    n = 1 << 24
-    rng = np.random.default_rng(0)
-    a = cuda.to_device(rng.random(n, dtype=np.float32))
-    b = cuda.to_device(rng.random(n, dtype=np.float32))
-    c = cuda.device_array(n, np.float32)
-    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
-    g, gx = (n + 255) // 256, (n // 16 + 255) // 256
-
-    def run(launches, s=stream, f=fma):
-        for k in range(launches):
-            if k % 2 == 0:
-                s[g, 256](a, b, c)
-            else:
-                f[gx, 256](x, 2000)
-        cuda.synchronize()
+    def run(launches, s=workloads.stream, f=workloads.fma):
+        work.alternate(launches, 2000, stream_kernel=s, fma_kernel=f)
 
     run(2)
-    return run, stream, fma
+    return run, workloads.stream, workloads.fma
 
 
 def plain_ms(run, launches):

@@ -35,6 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+if __package__:  # imported as benchmarks.bench_replay_modes
+    from benchmarks import workloads  # noqa: E402
+else:  # python3 benchmarks/bench_replay_modes.py, or beside it (probe_replay.py): benchmarks/ is on sys.path
+    import workloads  # noqa: E402
+
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum", "dram__bytes_read.sum"]
 CG_SRC = r"""
 #include <cooperative_groups.h>
@@ -60,43 +65,11 @@ def workload():
     import numpy as np
     from numba import cuda
 
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, iters):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(iters):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    @cuda.jit
-    def tiny(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] += 1.0
-
-    n = 1 << 24
-    rng = np.random.default_rng(0)
-    a = cuda.to_device(rng.random(n, dtype=np.float32))
-    b = cuda.to_device(rng.random(n, dtype=np.float32))
-    c = cuda.device_array(n, np.float32)
-    x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
-    t = cuda.to_device(np.zeros(1024, np.float32))
-    g, gx = (n + 255) // 256, (n // 16 + 255) // 256
+    work = workloads.StreamFma(1 << 24, random=True)  # stream over 3 x 64 MB, fma over 1 Mi elements
+    tiny, t = workloads.tiny, cuda.to_device(np.zeros(1024, np.float32))
 
     def run(launches):
-        for k in range(launches):
-            if k % 2 == 0:
-                stream[g, 256](a, b, c)
-            else:
-                fma[gx, 256](x, 2000)
-        cuda.synchronize()
+        work.alternate(launches, 2000)
 
     def run_tiny(launches):
         for _ in range(launches):
@@ -105,7 +78,7 @@ def workload():
 
     def run_stream(launches):  # a 4 MB streaming kernel only (about 40 us)
         for _ in range(launches):
-            stream[g // 16, 256](a, b, c)
+            work.stream(work.stream_blocks // 16)
         cuda.synchronize()
 
     run(2)

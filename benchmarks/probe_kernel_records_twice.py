@@ -35,6 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+if __package__:  # imported as benchmarks.probe_kernel_records_twice
+    from benchmarks import workloads  # noqa: E402
+else:  # python3 benchmarks/probe_kernel_records_twice.py: benchmarks/ is on sys.path
+    import workloads  # noqa: E402
+
 VARIANTS = ("none", "register", "records", "sample", "sample_nokernels", "records_thread", "sample_topdown",
             "demo_rounds", "demo_rounds_nokernels")
 
@@ -50,11 +55,7 @@ def run_variant(name: str) -> dict:
 
     faulthandler.dump_traceback_later(30, exit=False)
 
-    @cuda.jit
-    def scale(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] *= 2.0
+    scale = workloads.jit_as("scale", workloads.twice)  # x *= 2, a kernel of its own named scale
 
     x = cuda.to_device(np.ones(1 << 20, dtype=np.float32))
 

@@ -18,43 +18,25 @@ from pathlib import Path
 
 import numpy as np
 
+if __package__:  # imported as benchmarks.record_phases
+    from benchmarks import workloads
+else:  # python3 benchmarks/record_phases.py: benchmarks/ is sys.path[0]
+    import workloads
+
 
 def kernels():
     from numba import cuda
 
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, n):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(n):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    @cuda.jit
-    def tiny(x):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] += 1.0
-
-    n = 16 << 20
-    a, b = cuda.to_device(np.ones(n, np.float32)), cuda.to_device(np.ones(n, np.float32))
-    c, x = cuda.device_array(n, np.float32), cuda.to_device(np.ones(1 << 20, np.float32))
-    t = cuda.to_device(np.zeros(1024, np.float32))
+    work = workloads.StreamFma(16 << 20)  # stream over 3 x 64 MiB, fma over 1 Mi elements
+    tiny, t = workloads.tiny, cuda.to_device(np.zeros(1024, np.float32))
 
     def run(kind, seconds, fma_iters=2000, sync_every=20, host_sleep=0.0):
         t0, k = time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds:
             if kind == "stream":
-                stream[(n + 255) // 256, 256](a, b, c)
+                work.stream()
             elif kind == "fma":
-                fma[((1 << 20) + 255) // 256, 256](x, fma_iters)
+                work.fma(fma_iters)
             elif kind == "tiny":
                 tiny[4, 256](t)
             k += 1
@@ -80,7 +62,7 @@ def kernels():
         """FMA chains that grow from 200 to 4000 iterations over *seconds*: a slow, steady change."""
         t0 = time.perf_counter()
         while (elapsed := time.perf_counter() - t0) < seconds:
-            fma[((1 << 20) + 255) // 256, 256](x, int(200 + 3800 * elapsed / seconds))
+            work.fma(int(200 + 3800 * elapsed / seconds))
             cuda.synchronize()
 
     def idle(seconds):

@@ -3,12 +3,13 @@ mode's; an annotated loop after a setup kernel stays in iteration mode; code wit
 
 import warnings
 
-import numpy as np
 import pytest
 
 import gpuscope as gs
 
 cuda = pytest.importorskip("numba.cuda")
+from benchmarks import workloads  # noqa: E402
+
 N = 1 << 22
 TOL_PP = 2.0
 
@@ -20,42 +21,24 @@ def fill_f(x, v):
         x[i] = v
 
 
-@cuda.jit
-def stream_f(a, b, c):
-    i = cuda.grid(1)
-    if i < c.size:
-        c[i] = a[i] + 2.0 * b[i]
-
-
-@cuda.jit
-def fma_f(x, iters):
-    i = cuda.grid(1)
-    if i < x.size:
-        v = x[i]
-        for _ in range(iters):
-            v = v * 1.000001 + 0.5
-        x[i] = v
+# the shared stream and FMA kernels under names of their own
+stream_f = workloads.jit_as("stream_f", workloads.stream)
+fma_f = workloads.jit_as("fma_f", workloads.fma)
 
 
 @pytest.fixture(scope="module")
 def arrays():
-    a = cuda.to_device(np.ones(N, np.float32))
-    b = cuda.to_device(np.ones(N, np.float32))
-    c = cuda.device_array(N, np.float32)
-    x = cuda.to_device(np.ones(N // 16, np.float32))
-    return a, b, c, x
+    return workloads.StreamFma(N)  # ones: N for stream, N // 16 for fma
 
 
-def setup(arrays):
-    a, b, c, x = arrays
-    fill_f[N // 256, 256](a, 1.0)
-    fill_f[N // 16 // 256, 256](x, 1.0)
+def setup(work):
+    fill_f[N // 256, 256](work.a, 1.0)
+    fill_f[N // 16 // 256, 256](work.x, 1.0)
 
 
-def step(arrays):
-    a, b, c, x = arrays
-    stream_f[N // 256, 256](a, b, c)
-    fma_f[N // 16 // 256, 256](x, 500)
+def step(work):
+    work.stream(kernel=stream_f)
+    work.fma(500, kernel=fma_f)
 
 
 def per_kernel_pp(ds):
@@ -123,14 +106,13 @@ def test_code_without_a_loop_stays_in_kernel_mode(arrays):
 
 
 def test_a_loop_with_a_checkpoint_kernel_every_few_steps(arrays):
-    a, b, c, x = arrays
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
         with gs.Profiler(["smsp__inst_executed.sum", "sm__ctas_launched.sum"], mode="auto") as prof:
             for i in range(40):
                 step(arrays)
                 if i % 10 == 9:
-                    fill_f[64, 256](c, 0.0)  # a checkpoint kernel, between iterations
+                    fill_f[64, 256](arrays.c, 0.0)  # a checkpoint kernel, between iterations
     ds = prof.dataset
     assert ds.attrs["iterations_found_by"] == "repetition"
     it = ds.isel(range=ds.replay.values == "iteration")

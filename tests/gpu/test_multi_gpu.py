@@ -89,14 +89,7 @@ def test_sample_both_gpus_from_one_process():
     clock, so this holds only if both devices' sample timestamps are on that one clock."""
     from numba import cuda
 
-    @cuda.jit
-    def fma(x, n):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(n):
-                v = v * 1.000001 + 0.5
-            x[i] = v
+    from benchmarks.workloads import fma
 
     size = 1 << 20
     arrays = {}

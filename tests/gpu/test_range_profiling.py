@@ -6,6 +6,8 @@ import pytest
 import gpuscope as gs
 
 cuda = pytest.importorskip("numba.cuda")
+from benchmarks import workloads  # noqa: E402
+
 CHEAP = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
 SEVEN = ["smsp__inst_executed.avg.per_cycle_active", "smsp__thread_inst_executed_per_inst_executed.ratio",
          "smsp__inst_issued.avg.per_cycle_active"] + [
@@ -16,11 +18,7 @@ SEVEN = ["smsp__inst_executed.avg.per_cycle_active", "smsp__thread_inst_executed
 N = 1 << 20
 
 
-@cuda.jit
-def inc(x):
-    i = cuda.grid(1)
-    if i < x.size:
-        x[i] += 1.0
+inc = workloads.jit_as("inc", workloads.tiny)  # x += 1, a kernel of its own named inc
 
 
 @cuda.jit

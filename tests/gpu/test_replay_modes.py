@@ -13,51 +13,29 @@ import pytest
 import gpuscope as gs
 
 cuda = pytest.importorskip("numba.cuda")
+from benchmarks import workloads  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 1 << 22
 TOL_PP = 2.0  # iteration vs kernel mode, per Top-Down node, percentage points of IPC_MAX
 
 
-@cuda.jit
-def stream(a, b, c):
-    i = cuda.grid(1)
-    if i < c.size:
-        c[i] = a[i] + 2.0 * b[i]
-
-
-@cuda.jit
-def fma(x, iters):
-    i = cuda.grid(1)
-    if i < x.size:
-        v = x[i]
-        for _ in range(iters):
-            v = v * 1.000001 + 0.5
-        x[i] = v
-
-
-@cuda.jit
-def tiny(x):
-    i = cuda.grid(1)
-    if i < x.size:
-        x[i] += 1.0
+def make_arrays():
+    """The stream and FMA arrays (N and N // 16 elements, random numbers): a workloads.StreamFma."""
+    return workloads.StreamFma(N, random=True)
 
 
 @pytest.fixture(scope="module")
 def arrays():
-    rng = np.random.default_rng(0)
-    a = cuda.to_device(rng.random(N, dtype=np.float32))
-    b = cuda.to_device(rng.random(N, dtype=np.float32))
-    c = cuda.device_array(N, np.float32)
-    x = cuda.to_device(rng.random(N // 16, dtype=np.float32))
-    return a, b, c, x
+    return make_arrays()
 
 
-def body(arrays, extra=False, skip_fma=False):
-    a, b, c, x = arrays
-    stream[N // 256, 256](a, b, c)
+def body(work, extra=False, skip_fma=False):
+    work.stream()
     if extra:
-        tiny[4, 256](x)
+        workloads.tiny[4, 256](work.x)
     if not skip_fma:
-        fma[N // 16 // 256, 256](x, 500)
+        work.fma(500)
 
 
 def per_kernel_pp(ds):
@@ -172,12 +150,11 @@ def test_bad_input_leaves_the_profiler_usable(arrays):
 
 
 def test_launches_from_eight_threads(arrays):
-    a, b, c, x = arrays
     ys = [cuda.to_device(np.zeros(1024 * (t + 1), np.float32)) for t in range(8)]
 
     def work(t):
         with gs.range(f"t{t}"):
-            tiny[t + 1, 1024](ys[t])
+            workloads.tiny[t + 1, 1024](ys[t])
         cuda.synchronize()
 
     with gs.Profiler(["sm__ctas_launched.sum"], mode="kernel") as prof:
@@ -241,9 +218,7 @@ CUPY_SCRIPT = textwrap.dedent(r'''
     x = cp.zeros(4096, cp.float32); c = cp.zeros(1, cp.int32)
     m.get_function("cgk")((16,), (256,), (x, c, cp.int32(4096)))
     cp.cuda.Device().synchronize()
-    rng = np.random.default_rng(0)
-    arrays = (cuda.to_device(rng.random(t.N, dtype=np.float32)), cuda.to_device(rng.random(t.N, dtype=np.float32)),
-              cuda.device_array(t.N, np.float32), cuda.to_device(rng.random(t.N // 16, dtype=np.float32)))
+    arrays = t.make_arrays()
     t.body(arrays)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -267,7 +242,8 @@ def test_cupy_cooperative_module_loaded():
     import json
 
     here = os.path.dirname(__file__)
-    proc = subprocess.run([sys.executable, "-c", CUPY_SCRIPT, here], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", CUPY_SCRIPT, here], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)  # the script imports this module, which imports benchmarks.workloads
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     print(r)
@@ -289,9 +265,7 @@ MEMORY_SCRIPT = textwrap.dedent(r'''
     held = [cuda.device_array(1 << 30, np.uint8) for _ in range(8)]
     for h in held:
         h[:1] = 1
-    rng = np.random.default_rng(0)
-    arrays = (cuda.to_device(rng.random(t.N, dtype=np.float32)), cuda.to_device(rng.random(t.N, dtype=np.float32)),
-              cuda.device_array(t.N, np.float32), cuda.to_device(rng.random(t.N // 16, dtype=np.float32)))
+    arrays = t.make_arrays()
     t.body(arrays)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -306,7 +280,8 @@ def test_replay_cost_warning_names_only_what_it_saw_memory():
     import json
 
     here = os.path.dirname(__file__)
-    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, here], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, here], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)  # the script imports this module, which imports benchmarks.workloads
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     print(r)

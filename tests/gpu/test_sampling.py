@@ -13,6 +13,7 @@ from gpuscope._pm_sampling.api import sample as gs_sample
 from gpuscope.errors import GpuscopeWarning, NotSinglePassError, SamplerBusyError
 
 cuda = pytest.importorskip("numba.cuda")
+from benchmarks import workloads  # noqa: E402
 
 SM_ACTIVE = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
 GR_ACTIVE = "gr__cycles_active.avg.pct_of_peak_sustained_elapsed"
@@ -21,26 +22,7 @@ DRAM_READ = "dram__read_throughput.avg.pct_of_peak_sustained_elapsed"
 
 @pytest.fixture(scope="module")
 def workload():
-    @cuda.jit
-    def stream(a, b, c):
-        i = cuda.grid(1)
-        if i < c.size:
-            c[i] = a[i] + 2.0 * b[i]
-
-    @cuda.jit
-    def fma(x, n):
-        i = cuda.grid(1)
-        if i < x.size:
-            v = x[i]
-            for _ in range(n):
-                v = v * 1.000001 + 0.5
-            x[i] = v
-
-    n = 16 << 20
-    a = cuda.to_device(np.ones(n, np.float32))
-    b = cuda.to_device(np.ones(n, np.float32))
-    c = cuda.device_array(n, np.float32)
-    x = cuda.to_device(np.ones(1 << 20, np.float32))
+    work = workloads.StreamFma(16 << 20)  # stream over 3 x 64 MiB, fma over 1 Mi elements
 
     def run(seconds, kind="mixed"):
         t0 = time.perf_counter()
@@ -48,9 +30,9 @@ def workload():
         while time.perf_counter() - t0 < seconds:
             for _ in range(10):
                 if kind == "stream" or (kind == "mixed" and k % 2 == 0):
-                    stream[(n + 255) // 256, 256](a, b, c)
+                    work.stream()
                 else:
-                    fma[((1 << 20) + 255) // 256, 256](x, 2000)
+                    work.fma(2000)
                 k += 1
             cuda.synchronize()
         return k
@@ -217,15 +199,7 @@ import os, signal, sys, threading, time
 import numpy as np
 from numba import cuda
 import gpuscope as gs
-
-@cuda.jit
-def fma(x, n):
-    i = cuda.grid(1)
-    if i < x.size:
-        v = x[i]
-        for _ in range(n):
-            v = v * 1.000001 + 0.5
-        x[i] = v
+from benchmarks.workloads import fma
 
 x = cuda.to_device(np.ones(1 << 20, np.float32))
 fma[4096, 256](x, 200); cuda.synchronize()
@@ -256,8 +230,10 @@ def test_two_ctrl_c_leave_nothing_behind(tmp_path):
     import glob
     import subprocess
     import sys
+    from pathlib import Path
 
-    out = subprocess.run([sys.executable, "-c", _CTRL_C_CHILD], capture_output=True, text=True, timeout=300)
+    root = Path(__file__).resolve().parents[2]  # the child imports benchmarks.workloads
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_CHILD], capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "threads []" in out.stdout and "children 0" in out.stdout, out.stdout
     assert not glob.glob("/dev/shm/gpuscope-*")

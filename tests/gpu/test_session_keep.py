@@ -138,16 +138,12 @@ def test_process_exit_with_a_kept_profiler_leaves_the_counters_free(tmp_path):
         import gpuscope as gs
         from gpuscope._gpu import keep as _keep
 
-        @cuda.jit
-        def k(x):
-            i = cuda.grid(1)
-            if i < x.size:
-                x[i] += 1.0
+        from benchmarks.workloads import tiny
 
         x = cuda.to_device(np.ones(1 << 16, np.float32))
         with gs.Profiler(["smsp__inst_executed.sum"]) as prof:
             with gs.range("r"):
-                k[256, 256](x)
+                tiny[256, 256](x)
         print("kept", _keep.kept_devices(), int(prof.dataset["smsp__inst_executed.sum"][0]) > 0)
     """))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
