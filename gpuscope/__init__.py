@@ -69,7 +69,7 @@ _EXPORTS = {
     "MetricSet": "gpuscope.metrics.catalog",
     # analysis (pure, no GPU)
     "topdown": "gpuscope.metrics.topdown",
-    "aggregate": "gpuscope.metrics.topdown",
+    "aggregate": "gpuscope.metrics.topdown_aggregate",
     "dynamic": "gpuscope.metrics.phase_topdown",
     "required_metrics": "gpuscope.metrics.topdown",
     "phases": "gpuscope.metrics.phases",

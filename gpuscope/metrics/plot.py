@@ -15,8 +15,9 @@ import numpy as np
 import xarray as xr
 
 from gpuscope._schema.labels import string_labels
-from gpuscope.errors import GpuscopeWarning
+from gpuscope.errors import GpuscopeWarning, MissingMetricsError
 from gpuscope.metrics import topdown as _td
+from gpuscope.metrics.topdown_aggregate import _weights
 
 __all__ = ["hierarchy", "timeline", "topdown", "phase_topdown", "short_label"]
 
@@ -103,8 +104,8 @@ def _time_share(td: xr.Dataset, dim: str) -> tuple[np.ndarray | None, str]:
     or "time")."""
     weight = "weight" if "weight" in td.coords and td["weight"].dims == (dim,) else None
     try:
-        w = _td._weights(td, weight, dim)
-    except _td.MissingMetricsError:
+        w = _weights(td, weight, dim)
+    except MissingMetricsError:
         return None, ""
     what = "SM cycles" if "cycle" in str(getattr(w, "attrs", {}).get("units", "")) else "time"
     w = np.asarray(w, dtype=float)

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from gpuscope.errors import GpuscopeWarning, MissingMetricsError
-from gpuscope.metrics import catalog
+from gpuscope.metrics import catalog, phase_topdown
 from gpuscope.metrics import topdown as td
 from gpuscope.metrics.topdown import stall_metric
 
@@ -233,13 +233,13 @@ def test_aggregate_falls_back_on_duration_and_complains_without_weight():
 def test_dynamic_gives_one_kernel_in_launch_order():
     ds = range_dataset(stalls=(STALLS_0, STALLS_1, STALLS_1), ipc=(0.5, 0.1, 0.3), issued=(0.55, 0.1, 0.3),
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(1, 0, 0))
-    dyn = td.dynamic(td.topdown(ds), "fma")
+    dyn = phase_topdown.dynamic(td.topdown(ds), "fma")
     assert list(dyn.launch.values) == [0, 1]
     np.testing.assert_allclose(dyn.retire, [1.2, 1.5])
     with pytest.raises(ValueError, match="several kernels"):
-        td.dynamic(td.topdown(ds))
+        phase_topdown.dynamic(td.topdown(ds))
     with pytest.raises(ValueError, match="no kernel"):
-        td.dynamic(td.topdown(ds), "gemm")
+        phase_topdown.dynamic(td.topdown(ds), "gemm")
 
 
 def test_netcdf_round_trip(tmp_path):
