@@ -107,7 +107,7 @@ _EXPORTS = {
     "kernel_executions": "gpuscope._schema.dataset",
     # the answer at the end of a run
     "report": "gpuscope._results.report",
-    "Report": "gpuscope._results.report",
+    "Report": "gpuscope._results.report_table",
     "compare": "gpuscope._results.compare",
     "NotGpuscopeDataError": "gpuscope.errors",
     # many GPUs, many processes

@@ -402,7 +402,7 @@ _KIND_NEEDS = {"range": "range", "pm_sampling": "time", "pc_sampling": "kernel_s
 def _open(path: str):
     """A saved gpuscope Dataset, or an error that says what the file is not."""
     from gpuscope._results.io import open_dataset
-    from gpuscope._results.report import _kind
+    from gpuscope._results.report_inputs import _kind
 
     try:
         ds = open_dataset(path)
@@ -422,7 +422,7 @@ def _open(path: str):
 
 def _check_dims(path: str, ds) -> None:
     """Raise unless *ds* has what its kind cannot lack (an edited ``kind`` made the report fail on a missing dim)."""
-    from gpuscope._results.report import _kind
+    from gpuscope._results.report_inputs import _kind
 
     kind = _kind(ds)
     need = _KIND_NEEDS[kind]
@@ -435,7 +435,7 @@ def _check_dims(path: str, ds) -> None:
 
 def _no_samples(path: str, ds) -> str:
     """What show says of PM samples without a sample (a run whose samples were all lost writes one)."""
-    from gpuscope._results.report import _device_line
+    from gpuscope._results.report_inputs import _device_line
 
     lost = ds.attrs.get("lost_samples")
     why = f"{lost} samples were lost during collection (attrs['lost_samples'])" if lost else "none was recorded"
