@@ -1,4 +1,4 @@
-"""The report of a PM sampling series, one row per user range or phase; and of the Top-Down per phase."""
+"""The reports of PM sampling: one row per user range or phase of a series, or per phase of its Top-Down."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phases of a multivariate time series: change points, recurring phase labels, per-phase summaries.
+"""Phases of a multivariate time series (:func:`phases`): the input checked, change points, labels and summaries joined.
 
 Method (docs/phases.md has the reasons and the measurements)
 ------
