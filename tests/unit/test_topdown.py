@@ -7,7 +7,8 @@ import pytest
 import xarray as xr
 
 from gpuscope.errors import GpuscopeWarning, MissingMetricsError
-from gpuscope.metrics import catalog, phase_topdown
+from gpuscope.metrics import catalog
+from gpuscope.metrics import phase_topdown
 from gpuscope.metrics import topdown as td
 from gpuscope.metrics.topdown import stall_metric
 
