@@ -244,7 +244,8 @@ def run_child(mode, sessions, process, hold, timeout=300) -> dict:
 RUN_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from gpuscope import cli, _run
+from gpuscope import cli
+from gpuscope._commands import run as _run
 from gpuscope.cupti import _api
 calls = {}
 _api.observe(lambda name, s: calls.__setitem__(name, calls.get(name, 0.0) + s))

@@ -69,7 +69,7 @@ _EXPORTS = {
     "MetricSet": "gpuscope.metrics.catalog",
     # analysis (pure, no GPU)
     "topdown": "gpuscope.metrics.topdown",
-    "aggregate": "gpuscope.metrics.topdown",
+    "aggregate": "gpuscope.metrics.topdown_aggregate",
     "dynamic": "gpuscope.metrics.phase_topdown",
     "required_metrics": "gpuscope.metrics.topdown",
     "phases": "gpuscope.metrics.phases",
@@ -107,7 +107,7 @@ _EXPORTS = {
     "kernel_executions": "gpuscope._schema.dataset",
     # the answer at the end of a run
     "report": "gpuscope._results.report",
-    "Report": "gpuscope._results.report",
+    "Report": "gpuscope._results.report_table",
     "compare": "gpuscope._results.compare",
     "NotGpuscopeDataError": "gpuscope.errors",
     # many GPUs, many processes

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from gpuscope._schema.labels import string_labels
-from gpuscope._results.report import _PROSE, SHORT_NAMES, _scaled, _width, _wrap
+from gpuscope._results.report_inputs import SHORT_NAMES
+from gpuscope._results.report_pm import _scaled
+from gpuscope._results.report_table import _PROSE, _width, _wrap
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDED_LAUNCHES = DATA / "demo_launches.nc"
@@ -216,7 +218,7 @@ def _segments(series, ph, n_phases: int):
     run is a transient, counted in a note), and the (phase, user range) pairs that hold a tenth of a segment."""
     import pandas as pd
 
-    from gpuscope._results.report import _new
+    from gpuscope._results.report_table import _new
 
     metrics = [v for v in series.data_vars if series[v].dims == ("time",)]
     t_all = series["time"].values

@@ -13,7 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuscope._results.report import GPU_TIME, SHORT_NAMES, Report, _count, _finite, _kind, _new, group_key, topdown_per_launch
+from gpuscope._results.report_inputs import SHORT_NAMES, _finite, _kind
+from gpuscope._results.report_ranges import GPU_TIME, group_key
+from gpuscope._results.report_table import Report, _count, _new
+from gpuscope._results.report_topdown import topdown_per_launch
 
 __all__ = ["compare"]
 

@@ -182,7 +182,7 @@ def _weight(td: xr.Dataset, dim: str) -> xr.DataArray:
     """Per-row weight for the means: aggregate's own default (kernel length in SM cycles when measured, else the
     range's duration), with unknown or negative weights as 0, and equal weights when there is none."""
     from gpuscope.errors import MissingMetricsError
-    from gpuscope.metrics.topdown import _weights
+    from gpuscope.metrics.topdown_aggregate import _weights
 
     try:
         return _weights(td, None, dim).fillna(0.0).clip(0)

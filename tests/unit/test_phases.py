@@ -7,6 +7,7 @@ import pytest
 import xarray as xr
 
 from gpuscope.errors import GpuscopeWarning, MissingMetricsError
+from gpuscope.metrics import changepoints
 from gpuscope.metrics import phases as ph
 from gpuscope.metrics import topdown as td
 
@@ -137,7 +138,7 @@ def test_noise_scale_of_short_series_is_unbiased():
     it is, and noise becomes phases): 2% of the differences are trimmed, none of fewer than 50."""
     rng = np.random.default_rng(5)
     for k in (19, 30, 50, 200):  # 19: the differences of the shortest series phases detects in
-        scale = ph._trimmed_scale(rng.normal(size=(20_000, k)))
+        scale = changepoints._trimmed_scale(rng.normal(size=(20_000, k)))
         assert np.mean(scale**2) == pytest.approx(1.0, abs=0.04), k
 
 
@@ -210,7 +211,7 @@ def test_a_segment_within_reach_of_both_neighbours_is_absorbed_once():
     gs.phases on H100 data in a shuffled GPU-suite run): it now joins the first and stays."""
     import threading
 
-    from gpuscope.metrics.phases import _absorb_excursions
+    from gpuscope.metrics.phase_labels import _absorb_excursions
 
     rng = np.random.default_rng(0)
     z = np.concatenate([rng.normal(0, 1, 400), np.full(10, 0.5), rng.normal(1, 1, 400)])[:, None]

@@ -1,0 +1,25 @@
+"""``gpuscope compare``: per-kernel differences between two saved runs, flagged where larger than run-to-run noise."""
+
+from __future__ import annotations
+
+from gpuscope._commands.exits import EXIT_OK
+from gpuscope._commands.show import _open
+
+
+def _compare(args) -> int:
+    import warnings
+
+    from gpuscope._results.compare import compare
+    from gpuscope.errors import GpuscopeWarning
+
+    base, new = _open(args.base), _open(args.new)
+    with warnings.catch_warnings():  # the coverage warnings of Top-Down repeat for each file; compare says enough
+        warnings.simplefilter("ignore", GpuscopeWarning)
+        result = compare(base, new, alpha=args.alpha, min_change=args.min_change)
+    if args.all:
+        print(result.to_text(all_rows=True))
+    else:
+        print(result)
+    if args.csv:
+        result.to_csv(args.csv)
+    return EXIT_OK

@@ -1,0 +1,89 @@
+"""``gpuscope show``: the report of each saved file, or every value in it (``--page raw``).
+
+A saved file is opened and checked here (:func:`_open`) for ``gpuscope compare`` too.
+"""
+
+from __future__ import annotations
+
+from gpuscope._commands.exits import EXIT_OK
+from gpuscope.errors import NotGpuscopeDataError
+
+#: What a file of each kind cannot lack: a dim (range results, PM samples) or a variable (PC samples).
+_KIND_NEEDS = {"range": "range", "pm_sampling": "time", "pc_sampling": "kernel_samples"}
+
+
+def _open(path: str):
+    """A saved gpuscope Dataset, or an error that says what the file is not."""
+    from gpuscope._results.io import open_dataset
+    from gpuscope._results.report_inputs import _kind
+
+    try:
+        ds = open_dataset(path)
+    except (FileNotFoundError, NotGpuscopeDataError):
+        raise
+    except (OSError, ValueError) as exc:
+        raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
+                                   "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
+    try:
+        _kind(ds)
+    except NotGpuscopeDataError as exc:
+        raise NotGpuscopeDataError(f"{path}: {exc}") from None
+    if "device" not in ds.dims:  # a file of several devices: each device's part is checked (by _show)
+        _check_dims(path, ds)
+    return ds
+
+
+def _check_dims(path: str, ds) -> None:
+    """Raise unless *ds* has what its kind cannot lack (an edited ``kind`` made the report fail on a missing dim)."""
+    from gpuscope._results.report_inputs import _kind
+
+    kind = _kind(ds)
+    need = _KIND_NEEDS[kind]
+    if need not in ds.dims and need not in ds.data_vars:
+        raise NotGpuscopeDataError(
+            f"{path}: its kind attribute says {kind!r}, but it has no {need!r} "
+            f"{'variable' if kind == 'pc_sampling' else 'dim'} (its dims: {', '.join(map(str, ds.dims)) or 'none'}): "
+            "the file was edited or damaged. Save the Dataset again with gpuscope.save_dataset.")
+
+
+def _no_samples(path: str, ds) -> str:
+    """What show says of PM samples without a sample (a run whose samples were all lost writes one)."""
+    from gpuscope._results.report_inputs import _device_line
+
+    lost = ds.attrs.get("lost_samples")
+    why = f"{lost} samples were lost during collection (attrs['lost_samples'])" if lost else "none was recorded"
+    return f"gpuscope report: PM sampling, no samples ({_device_line(ds)})\n(no rows)\nnote: {path} holds no " \
+           f"samples: {why}."
+
+
+def _show(args) -> int:
+    import pandas as pd
+
+    from gpuscope._pm_sampling.multi import each_device
+    from gpuscope._results.report import raw_text, report
+    from gpuscope._schema.dataset import to_dataframe
+
+    if args.page == "raw" and args.by:
+        raise ValueError("--by groups the rows of the details page; --page raw lists every row as it was recorded")
+    options = {"by": args.by} if args.by else {}
+    tables = {}
+    for path in args.files:
+        parts = each_device(_open(path))  # a file of several devices: each device's report
+        for part in parts:
+            _check_dims(path, part)
+            if len(parts) > 1:
+                print(f"device {part.attrs['device_index']}:")
+            if part.attrs.get("kind") == "pm_sampling" and part.sizes.get("time") == 0:
+                print(_no_samples(path, part))
+            elif args.page == "raw":
+                print(raw_text(part))
+                tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
+            else:
+                table = report(part, **options)
+                print(table)
+                tables[(path, part.attrs.get("device_index", 0))] = pd.DataFrame(table).reset_index()
+    if args.csv and tables:  # one table: with several files or devices, each row says which
+        frame = next(iter(tables.values())) if len(tables) == 1 else (
+            pd.concat(tables, names=["file", "device"]).reset_index(level=[0, 1]))
+        frame.to_csv(args.csv, index=False)
+    return EXIT_OK

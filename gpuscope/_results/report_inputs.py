@@ -1,0 +1,89 @@
+"""What every report reads from a Dataset: its kind, its device, short names of its metrics, its missing values."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscope._results.report_table import _count, _plural
+
+#: Short column labels for metrics that often appear in reports.
+SHORT_NAMES = {
+    "gr__cycles_active.avg.pct_of_peak_sustained_elapsed": "GR active %",
+    "sm__cycles_active.avg.pct_of_peak_sustained_elapsed": "SM active %",
+    "sm__inst_executed_realtime.avg.pct_of_peak_sustained_elapsed": "SM issue %",
+    "sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed": "tensor %",
+    "dram__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read %",
+    "dram__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
+    "pcie__read_bytes.sum.per_second": "PCIe read GB/s",
+    "pcie__write_bytes.sum.per_second": "PCIe write GB/s",
+    "pcie__throughput.avg.pct_of_peak_sustained_elapsed": "PCIe %",
+    "dramc__read_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM read %",
+    "dramc__write_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
+    "mcc__dram_throughput_op_read.avg.pct_of_peak_sustained_elapsed": "DRAM read %",
+    "mcc__dram_throughput_op_write.avg.pct_of_peak_sustained_elapsed": "DRAM write %",
+    "dram__bytes_op_read.sum.per_second": "DRAM read B/s",
+    "dram__bytes_op_write.sum.per_second": "DRAM write B/s",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory %",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active": "L1 %",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2 %",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM %",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %",
+}
+
+
+def _kind(ds) -> str:
+    kind = ds.attrs.get("kind", "")
+    if kind in ("range", "pm_sampling", "pc_sampling", "topdown_by_phase"):
+        return kind
+    if "range" in ds.dims:
+        return "range"
+    if "time" in ds.dims:
+        return "pm_sampling"
+    if "kernel_samples" in ds:
+        return "pc_sampling"
+    from gpuscope.errors import NotGpuscopeDataError
+
+    raise NotGpuscopeDataError(
+        "This is not a gpuscope Dataset: it has no 'kind' attribute and none of the dims 'range' (range "
+        f"profiling), 'time' (PM sampling) or a 'kernel_samples' variable (PC sampling). Its dims: {list(ds.dims)}."
+    )
+
+
+def _device_line(ds) -> str:
+    a = ds.attrs
+    parts = [str(a.get("device_name") or a.get("chip") or "unknown GPU")]
+    if a.get("chip"):
+        parts.append(f"chip {a['chip']}")
+    if a.get("cupti_version"):
+        parts.append(f"CUPTI {a['cupti_version']}")
+    if a.get("created"):
+        parts.append(f"recorded {a['created']}")
+    return ", ".join(parts)
+
+
+def _finite(ds, dim: str, what: str):
+    """*ds* with NaN in place of every NaN or inf of its metrics along *dim* (missing, not a number to sum), and
+    a note that counts them per metric.
+
+    Raises
+    ------
+    ValueError
+        No metric holds a single finite value: there is nothing to report.
+    """
+    n = ds.sizes[dim]
+    metrics = [m for m in ds.data_vars if ds[m].dims == (dim,) and np.issubdtype(ds[m].dtype, np.number)]
+    bad = {m: int(n - np.isfinite(ds[m].values).sum()) for m in metrics}
+    if metrics and n and all(b == n for b in bad.values()):
+        raise ValueError(f"This Dataset holds no measurement: every value of its {_count(len(metrics), 'metric')} "
+                         f"in its {_count(n, what)} is NaN or inf (a failed or damaged recording). There is nothing "
+                         "to report; profile again.")
+    missing = {m: b for m, b in bad.items() if b}
+    if not missing:
+        return ds, []
+    ds = ds.assign({m: ds[m].where(np.isfinite(ds[m])) for m in missing})
+    listed = sorted(missing.items(), key=lambda mb: -mb[1])
+    text = ", ".join(f"{m} in {b} of {n}" for m, b in listed[:3]) + (
+        f" and {len(listed) - 3} more metrics" if len(listed) > 3 else "")
+    return ds, [f"no data (NaN or inf) for {text} {_plural(what)}: left out of sums and means; '-' or 'no data' "
+                "where no value is left."]

@@ -1,0 +1,54 @@
+"""Top-Down columns of a report: level 1 as fractions of peak, and the verdict (bound_by, culprit, advice text).
+
+The verdict ``bound_by`` is the level-2 node (level-1 ``retire`` excluded) that loses the most issue slots; its
+``culprit`` is the stall reason (level-3 node) under it that loses the most; the advice is that node's description.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["topdown_per_launch"]
+
+
+def topdown_per_launch(ds):
+    """Top-Down nodes per range as fractions of peak, or None when the Dataset lacks the Top-Down metrics."""
+    from gpuscope.errors import MissingMetricsError
+    from gpuscope.metrics import topdown as td
+
+    try:
+        nodes = td.topdown(ds, check="ignore")
+    except (MissingMetricsError, ValueError):
+        return None
+    ipc_max = float(nodes.attrs["topdown_ipc_max"])
+    return nodes, ipc_max
+
+
+def _verdict(row: dict | None) -> tuple[str, str, str]:
+    """(bound_by, culprit, advice) from one row's Top-Down node values; "no data" where none is finite."""
+    from gpuscope.metrics import topdown as td
+
+    level2 = [n for n in td.level_cut(2, row or {}) if n != "retire"]
+    values = {n: row[n] for n in level2 if np.isfinite(row[n])}
+    if not values:
+        return "no data", "", ""
+    bound = max(values, key=values.get)
+    children = {n.name: row[n.name] for n in td.NODES if n.parent == bound and n.name in row and np.isfinite(row[n.name])}
+    culprit = max(children, key=children.get)[len(bound) + 1:] if children else ""
+    return bound, culprit, next(n.description for n in td.NODES if n.name == bound)
+
+
+def _topdown_columns(frame: pd.DataFrame, rows: dict, ipc_max: float) -> list[str]:
+    """Top-Down level 1 (fractions of peak), bound_by, culprit and advice per row of *frame*, from *rows*: row
+    label -> node values in IPC (a row without any is "no data", never a number)."""
+    from gpuscope.metrics import topdown as td
+
+    level1 = td.level_cut(1)
+    for node in level1:
+        frame[node] = [rows.get(k, {}).get(node, np.nan) / ipc_max for k in frame.index]
+    verdicts = [_verdict(rows.get(k)) for k in frame.index]
+    frame["bound_by"] = [v[0] for v in verdicts]
+    frame["culprit"] = [v[1] for v in verdicts]
+    frame["advice"] = [v[2] for v in verdicts]
+    return level1

@@ -1,0 +1,229 @@
+"""Top-Down as bars: stacked bars per range, group or phase (:func:`topdown`) and the tree as an icicle chart.
+
+matplotlib is imported inside each function, never at import time; colours from :mod:`gpuscope.metrics.plot_colors`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import xarray as xr
+
+from gpuscope.errors import MissingMetricsError
+from gpuscope.metrics import topdown as _td
+from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, _pyplot
+from gpuscope.metrics.topdown_aggregate import _weights
+
+__all__ = ["NEGLIGIBLE", "hierarchy", "topdown"]
+
+_LABEL_COORDS = ("name", "kernel")
+_DIM_LABEL = {"range": "kernel launch or user range", "phase_id": "phase"}
+#: Nodes below this share of IPC_MAX in every bar are drawn as one grey "other" segment.
+NEGLIGIBLE = 0.005
+
+
+def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
+    """The Dataset itself when it already holds Top-Down nodes, else its Top-Down."""
+    if any(n in _td._BY_NAME for n in ds.data_vars):
+        return ds
+    return _td.topdown(ds)
+
+
+def _bar_labels(td: xr.Dataset, dim: str) -> list[str]:
+    """Bar labels: the dim's coordinate (range path, kernel), else name/kernel; repeated labels get ``#launch``."""
+    values = None
+    for coord in (dim, *_LABEL_COORDS):
+        if coord in td.coords and td[coord].dims == (dim,):
+            values = [str(v) for v in np.asarray(td[coord])]
+            break
+    if values is None:
+        return [str(i) for i in range(td.sizes[dim])]
+    if len(set(values)) < len(values):
+        if "launch" in td.coords and td["launch"].dims == (dim,):
+            return [f"{v}#{int(k)}" for v, k in zip(values, np.asarray(td["launch"]), strict=True)]
+        return [f"{v}#{i}" for i, v in enumerate(values)]
+    return values
+
+
+def _time_share(td: xr.Dataset, dim: str) -> tuple[np.ndarray | None, str]:
+    """Each bar's share of the total weight, None when there is no weight; and what the weight is ("SM cycles"
+    or "time")."""
+    weight = "weight" if "weight" in td.coords and td["weight"].dims == (dim,) else None
+    try:
+        w = _weights(td, weight, dim)
+    except MissingMetricsError:
+        return None, ""
+    what = "SM cycles" if "cycle" in str(getattr(w, "attrs", {}).get("units", "")) else "time"
+    w = np.asarray(w, dtype=float)
+    total = np.nansum(w)
+    return (w / total if total > 0 and w.shape == (td.sizes[dim],) else None), what
+
+
+def _collapse(cut: list[str], td: xr.Dataset, ipc_max: float) -> tuple[list[str], list[str]]:
+    """(nodes to draw, nodes below NEGLIGIBLE of IPC_MAX in every bar, drawn as one "other" segment)."""
+    small = [n for n in cut if _td._BY_NAME[n].level == 3
+             and np.nanmax(np.abs(np.atleast_1d(np.asarray(td[n], dtype=float))), initial=0) < NEGLIGIBLE * ipc_max]
+    return [n for n in cut if n not in small], small
+
+
+def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = False, sort: bool | None = None,
+            ax=None):
+    """Stacked Top-Down bars, one bar per range (or per group with ``by``), annotated with each bar's time share.
+
+    The x-axis label says what the bars are and what the number above each is (its share of all the SM cycles,
+    or of the time where there is no cycle count), so it stays explained when the caller replaces the title.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A Top-Down Dataset, or range results holding the ``topdown`` metric set (computed here).
+    level : int or sequence of int
+        Level(s) to show; one axes per level. Each bar stacks the level's cut, which sums to ``IPC_MAX``.
+        Level-3 nodes below 0.5% of ``IPC_MAX`` in every bar are merged into one grey "other" segment.
+    by : str, optional
+        Aggregate first (:func:`gpuscope.metrics.topdown.aggregate`), e.g. ``"kernel"``.
+    fraction : bool
+        Show percent of ``IPC_MAX`` instead of IPC.
+    sort : bool, optional
+        Order bars by time share, largest first. Default: sort groups (aggregated data), keep ranges in
+        their order (launch order, as :func:`gpuscope.metrics.phase_topdown.dynamic` returns them).
+    ax : matplotlib.axes.Axes or sequence of them, optional
+        Where to draw; new figure by default.
+
+    Returns
+    -------
+    matplotlib.axes.Axes or numpy.ndarray of Axes
+        One Axes per level (an array when several levels are drawn).
+
+    Raises
+    ------
+    ValueError
+        The Dataset is not one-dimensional after aggregation, or a level is not available.
+    gpuscope.errors.MissingMetricsError
+        Raw metrics lack what Top-Down needs.
+    """
+    plt = _pyplot()
+    td = _as_topdown(ds)
+    if by is not None:
+        td = _td.aggregate(td, by=by)
+    levels = [level] if isinstance(level, int) else list(level)
+    if len(td.dims) > 1:
+        raise ValueError(f"expected one dimension of bars, got {list(td.dims)}; select or aggregate first")
+    dim = next(iter(td.dims), None)
+    share, what = _time_share(td, dim) if dim else (None, "")
+    if share is not None and (sort if sort is not None else dim != "range"):
+        td = td.isel({dim: np.argsort(-share, kind="stable")})
+        share, what = _time_share(td, dim)
+    axes = np.atleast_1d(ax) if ax is not None else np.atleast_1d(
+        plt.subplots(len(levels), 1, figsize=(max(6, 0.5 * td.sizes.get(dim, 1) + 3), 3.2 * len(levels)),
+                     squeeze=False)[1][:, 0]
+    )
+    ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
+    scale = 100.0 / ipc_max if fraction else 1.0
+    labels = _bar_labels(td, dim) if dim else ["all"]
+    x = np.arange(len(labels))
+    for axis, lv in zip(axes, levels, strict=True):
+        cut = _td.level_cut(lv, td.data_vars)
+        if not any(_td._BY_NAME[n].level == lv for n in cut):
+            raise ValueError(f"level {lv} is not in this Top-Down Dataset")
+        drawn, small = _collapse(cut, td, ipc_max)
+        colors = _node_colors(drawn)
+        bottom = np.zeros(len(x))
+        width = 0.8 if len(x) < 60 else 1.0
+        for name in drawn + (["other"] if small else []):
+            # Small negative values (replay from different passes) would stack downwards; draw them as 0.
+            parts = [name] if name != "other" else small
+            height = sum(np.clip(np.atleast_1d(np.asarray(td[n], dtype=float)), 0, None) for n in parts) * scale
+            label = name if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:.1%} each)"
+            axis.bar(x, height, bottom=bottom, color=colors.get(name, _OTHER_COLOR), label=label, width=width)
+            bottom += np.nan_to_num(height)
+        if share is not None and len(x) <= 60:
+            for xi, top, sh in zip(x, bottom, share, strict=True):
+                axis.text(xi, top, f"{sh:.0%}" if sh >= 0.01 else f"{sh:.1%}", ha="center", va="bottom",
+                          fontsize="x-small")
+        axis.set_xticks(x, labels, rotation=45 if len(x) > 6 else 0, ha="right" if len(x) > 6 else "center")
+        if len(x) > 60:
+            axis.set_xticks(x[:: len(x) // 20 + 1], [labels[i] for i in x[:: len(x) // 20 + 1]])
+        axis.set_ylim(0, ipc_max * scale * 1.1)
+        axis.set_ylabel("% of IPC_MAX" if fraction else f"IPC ({td.attrs.get('topdown_units', _td.UNITS)})")
+        axis.set_title(f"Top-Down level {lv}")
+        xlabel = _DIM_LABEL.get(dim, dim or "")
+        if share is not None and len(x) <= 60:
+            xlabel += f"; the number above a bar is its share of all the {what}"
+        axis.set_xlabel(textwrap.fill(xlabel, int(9 * axis.figure.get_figwidth())), fontsize="small")
+        axis.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
+    axes[0].figure.tight_layout()
+    return axes[0] if len(axes) == 1 else axes
+
+
+def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
+    """The Top-Down tree as an icicle chart: one row per level, each node as wide as its value.
+
+    Ranges are first averaged with :func:`gpuscope.metrics.topdown.aggregate` (``by=None``). Boxes wide enough
+    carry their name and value; a legend beside the chart lists every node of at least ``NEGLIGIBLE`` of
+    ``IPC_MAX`` with its value (slivers included) and counts the smaller ones.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A Top-Down Dataset (or range results with the ``topdown`` metric set).
+    fraction : bool
+        Label nodes in percent of ``IPC_MAX`` (else IPC).
+    ax : matplotlib.axes.Axes, optional
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    gpuscope.errors.MissingMetricsError
+        Raw metrics lack what Top-Down needs, or there is no weight to average ranges with (per-group
+        results of :func:`gpuscope.metrics.topdown.aggregate` carry theirs in the ``weight`` coordinate).
+    """
+    plt = _pyplot()
+    td = _as_topdown(ds)
+    over = next(iter(td.dims), None)
+    if td.dims:
+        dim = next(iter(td.dims))
+        # aggregated groups carry their summed weight; ranges find theirs (cycles, else duration)
+        weight = "weight" if "weight" in td.coords and td["weight"].dims == (dim,) else None
+        td = _td.aggregate(td, by=None, weight=weight, dim=dim)
+    ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
+    names = [n for n in td.data_vars if n in _td._BY_NAME]
+    values = {n: max(float(td[n]), 0.0) for n in names}
+    colors = _node_colors(names)
+    if ax is None:
+        ax = plt.subplots(figsize=(13, 4.5))[1]
+    # Lay children out inside their parent's span, left to right, in hierarchy order.
+    cursor = {"": 0.0}  # where the next child of each node starts
+    handles, labels, small = [], [], 0
+    for node in _td.NODES:
+        if node.name not in values:
+            continue
+        start, width = cursor.get(node.parent, 0.0), values[node.name]
+        cursor[node.parent] = start + width
+        cursor[node.name] = start
+        bar = ax.barh(-node.level, width, left=start, height=0.9, color=colors[node.name], edgecolor="white")
+        if width > 0.06 * ipc_max:  # narrower boxes cannot hold a readable label: the legend names them
+            text = f"{100 * width / ipc_max:.0f}%" if fraction else f"{width:.2f}"
+            label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
+            ax.text(start + width / 2, -node.level, f"{label}\n{text}", ha="center", va="center", fontsize="x-small")
+        if width >= NEGLIGIBLE * ipc_max:
+            handles.append(bar)
+            labels.append(f"{node.name}  {f'{100 * width / ipc_max:.1f}%' if fraction else f'{width:.3f}'}")
+        else:
+            small += 1
+    if small:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color="white"))
+        labels.append(f"({small} nodes < {NEGLIGIBLE:.1%} each not listed)")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small", frameon=False,
+              ncol=2 if len(handles) > 16 else 1, title=f"node, {'% of IPC_MAX' if fraction else 'IPC'}",
+              title_fontsize="x-small")
+    ax.set_xlim(0, ipc_max)
+    ax.set_yticks([-1, -2, -3], ["level 1", "level 2", "level 3"])
+    ax.set_xlabel(f"IPC ({_td.UNITS}); IPC_MAX = {ipc_max:g}")
+    ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""))
+    ax.figure.tight_layout()
+    return ax

@@ -1,0 +1,94 @@
+"""Consistency checks of a Top-Down: every level cut sums to IPC_MAX, and the warp states cover the active cycles."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import xarray as xr
+
+from gpuscope.errors import GpuscopeWarning
+from gpuscope.metrics.architectures import NOT_STALLS, Architecture, stall_metric
+from gpuscope.metrics.topdown_nodes import _BY_NAME, level_cut
+
+__all__ = ["COVERAGE_TOLERANCE", "LEVEL_TOLERANCE", "check_levels"]
+
+#: Percentage points by which the collected warp states may miss (or exceed) 100% before gpuscope warns.
+#: Values from different replay passes do not add up exactly, so this cannot be tight.
+COVERAGE_TOLERANCE = 5.0
+
+#: Fraction of IPC_MAX by which a level cut may miss IPC_MAX, or a node may go below zero, before
+#: :func:`check_levels` complains. Replay (issued - executed) is a small difference of numbers from different
+#: passes, so it can come out slightly negative.
+LEVEL_TOLERANCE = 0.02
+
+
+def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float) -> None:
+    """Warn when the collected warp states do not add up to ~100% of warp-active cycles."""
+    if not all(stall_metric(r) in ds for r in NOT_STALLS):
+        return
+    reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
+    present = [stall_metric(r) for r in reasons if stall_metric(r) in ds]
+    covered = sum(ds[m].astype(float) for m in present)
+    worst = float(np.nanmax(np.abs(np.asarray(covered) - 100.0), initial=0.0))
+    if worst > tolerance:
+        absent = [stall_metric(r) for r in arch.optional_stall_reasons if stall_metric(r) not in ds]
+        hint = f" Collect {', '.join(absent)} too (required_metrics(..., optional=True))." if absent else ""
+        warnings.warn(
+            f"The collected warp states cover {float(np.nanmin(covered)):.1f}-{float(np.nanmax(covered)):.1f}% "
+            f"of warp-active cycles, not 100% (tolerance {tolerance} points): stall reasons that were not "
+            f"collected, or passes that disagree, make the frontend/backend split approximate.{hint}",
+            GpuscopeWarning,
+            stacklevel=3,
+        )
+
+
+def check_levels(td: xr.Dataset, tolerance: float = LEVEL_TOLERANCE, on_error: str = "raise") -> dict[int, float]:
+    """Check that every level cut of a Top-Down Dataset sums to ``IPC_MAX`` and no node is negative.
+
+    Parameters
+    ----------
+    td : xarray.Dataset
+        Output of :func:`topdown` (or :func:`aggregate` of it).
+    tolerance : float
+        Allowed error as a fraction of ``IPC_MAX``.
+    on_error : {"raise", "warn"}
+        Raise ``ValueError`` or emit a :class:`~gpuscope.errors.GpuscopeWarning`.
+
+    Returns
+    -------
+    dict
+        Level -> largest absolute deviation of its cut from ``IPC_MAX`` (NaN entries are ignored).
+
+    Raises
+    ------
+    ValueError
+        With ``on_error="raise"``, when a check fails; or when ``td`` has no Top-Down nodes.
+    """
+    names = [n for n in td.data_vars if n in _BY_NAME]
+    if not names:
+        raise ValueError("not a Top-Down Dataset: none of its variables is a Top-Down node")
+    ipc_max = float(td.attrs.get("topdown_ipc_max", td[names[0]].attrs.get("ipc_max", 4.0)))
+    limit = tolerance * ipc_max
+    deviations, problems = {}, []
+    for level in sorted({_BY_NAME[n].level for n in names}):
+        cut = level_cut(level, names)
+        total = sum(td[n] for n in cut)
+        dev = float(np.nanmax(np.abs(np.asarray(total) - ipc_max), initial=0.0))
+        deviations[level] = dev
+        if dev > limit:
+            problems.append(f"level {level} ({' + '.join(cut)}) misses IPC_MAX={ipc_max:g} by up to {dev:.3g}")
+    for n in names:
+        low = float(np.nanmin(np.asarray(td[n]), initial=0.0))
+        if low < -limit:
+            problems.append(f"{n} goes down to {low:.3g}")
+    if problems:
+        text = (
+            "Top-Down consistency check failed (tolerance "
+            f"{tolerance:.0%} of IPC_MAX): " + "; ".join(problems) + ". The input metrics disagree with each "
+            "other (different passes or ranges combined?)."
+        )
+        if on_error == "raise":
+            raise ValueError(text)
+        warnings.warn(text, GpuscopeWarning, stacklevel=3)
+    return deviations
