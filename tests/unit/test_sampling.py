@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope._results import io as _io
+from gpuscope._results import trace as _trace
 from gpuscope._results import build as _results
 from gpuscope._pm_sampling import sampler as _sampling
 from gpuscope._pm_sampling.api import sample as gs_sample
@@ -202,7 +202,7 @@ def test_netcdf_round_trip(tmp_path):
 
 def test_chrome_trace(tmp_path):
     ds = _synthetic()
-    trace = _io.to_chrome_trace(ds, tmp_path / "t.json")
+    trace = _trace.to_chrome_trace(ds, tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text()) == trace
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert len(counters) == 10
@@ -215,9 +215,9 @@ def test_chrome_trace(tmp_path):
         ("step", 1.3, 2.5, "step"),
         ("fwd", 1.8, 1.0, "step/fwd"),
     ]
-    only = _io.to_chrome_trace(ds, metrics=["pcie__read_bytes.sum.per_second"])
+    only = _trace.to_chrome_trace(ds, metrics=["pcie__read_bytes.sum.per_second"])
     assert len([e for e in only["traceEvents"] if e["ph"] == "C"]) == 5
     with pytest.raises(ValueError, match="Not in this dataset"):
-        _io.to_chrome_trace(ds, metrics=["nope"])
+        _trace.to_chrome_trace(ds, metrics=["nope"])
     with pytest.raises(ValueError, match="PM sampling"):
-        _io.to_chrome_trace(xr.Dataset())
+        _trace.to_chrome_trace(xr.Dataset())
