@@ -142,8 +142,9 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     as they are (bool, None, lists, which come back as a scalar when they have one element, dicts) are encoded,
     and the Dataset attr ``gpuscope_attr_types`` (a JSON dict ``{variable or "": {attr: type}}``) records how
     to decode them; other readers see ``0``/``1`` for bools, ``""`` for None and ``[]``, and JSON text for
-    dicts. String variables of dtype object (the per-sample ``range`` of PM samples) are stored as integer codes
-    with their distinct strings in the attr ``gpuscope_strings`` (JSON), so a long range name is stored once.
+    dicts. String variables of dtype object (the per-sample ``range`` of PM samples, ``span_path`` and
+    ``exec_kernel`` of their tables) are stored as integer codes with their distinct strings in the attr
+    ``gpuscope_strings`` (JSON), so a long range name is stored once.
 
     Parameters
     ----------
@@ -214,10 +215,11 @@ def open_dataset(path: str | os.PathLike):
     """Load a Dataset saved with :func:`save_dataset` (or ``ds.to_netcdf``), fully into memory.
 
     Attrs come back with the types they were saved with (see :func:`save_dataset`); the indexes of the
-    schema (``name`` and ``kernel`` of range results) are restored; files of an older gpuscope layout (grid and
-    block along an ``xyz`` dim, user ranges along a ``span`` dim: gpuscope 0.1) are converted to the current
-    one, exactly, and metric units an older gpuscope wrote (``byte/second/second``) are corrected
-    (:func:`gpuscope._schema.dataset.upgrade`). So ``xr.testing.assert_identical`` holds between a saved and the loaded
+    schema (``name`` and ``kernel`` of range results) are restored; files of an older gpuscope layout are
+    converted to the current one, exactly (schema 1, gpuscope 0.1: grid and block along an ``xyz`` dim, user
+    ranges as data variables along ``span``; schema 2: the span and execution tables of PM samples in list
+    attrs, each sample's span as the coordinate ``span``, now ``span_index``), and metric units an older gpuscope
+    wrote (``byte/second/second``) are corrected (:func:`gpuscope._schema.dataset.upgrade`). So ``xr.testing.assert_identical`` holds between a saved and the loaded
     Dataset.
 
     Parameters

@@ -102,7 +102,7 @@ def _pm_events(trace: _Trace, ds, names: list[str]) -> None:
                                table["end_ns"].tolist()):
         events.append({"name": p.rsplit("/", 1)[-1], "ph": "X", "pid": pid, "tid": tids[thread], "ts": s,
                        "dur": (e - s) / 1e3, "args": {"path": p}})
-    if "exec_start_ns" in ds.attrs:
+    if _dataset.has_executions(ds):
         _execution_events(trace, ds, pid)
 
 
