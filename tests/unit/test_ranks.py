@@ -264,7 +264,8 @@ def test_merge_pm_execution_tables(tmp_path):
     t0 = int(ts.attrs["session_start_ns"])
     parts = []
     for r in range(2):
-        records = [("gemm", t0 + 100 * i, t0 + 100 * i + 50, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, i) for i in range(r + 2)]
+        records = [("gemm", t0 + 100 * i, t0 + 100 * i + 50, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, i)
+                   for i in range(r + 2)]
         one = _results.with_executions(ts, {"records": records, "dropped": 0, "errors": []})
         parts.append(_rank_copy(one, r, session=t0, wall=t0 + 1000 * r))
     m = gs.merge_ranks(parts)

@@ -1,8 +1,8 @@
 """Schema 3: the span and execution tables of PM samples as coordinates along their own dims (``span``,
 ``execution``), each sample's span as ``span_index``; files of schema 2 (tables in list attrs, the sample's span as
-the coordinate ``span``) converted exactly on load; the tables in long format, merges and exports."""
+the coordinate ``span``) converted exactly on load; the tables and the long format. Merges of the tables: test_ranks
+and test_multi_sampling."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +121,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
     with xr.open_dataset(PHASES / f"{name}.nc", engine="h5netcdf") as raw:
         raw = raw.load()
     assert raw.attrs["gpuscope_schema"] == 2 and raw["span"].dims == ("time",)  # the fixture is schema 2
-    paths = json.loads(json.dumps(np.atleast_1d(raw.attrs["span_path"]).tolist()))
+    paths = np.atleast_1d(raw.attrs["span_path"]).tolist()
     ds = gs.open_dataset(PHASES / f"{name}.nc")
     assert ds.attrs["gpuscope_schema"] == 3 and ds.sizes == {"time": raw.sizes["time"], "span": len(paths)}
     assert ds["span_path"].values.tolist() == paths
