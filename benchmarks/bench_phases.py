@@ -83,7 +83,7 @@ def score(ds: xr.Dataset, ph: xr.Dataset, rec) -> dict:
     err = np.array([np.abs(found - b).min() if len(found) else np.inf for b in true]) / 1e6
     labels, truth = np.asarray(ph.phase), rec.true_labels(ds)
     inside = truth >= 0
-    span = np.asarray(ds["span"])[inside]
+    span = np.asarray(ds["span_index"])[inside]
     t_end = np.asarray(ds["end_ns"], dtype=float)[inside] - float(ds.attrs["session_start_ns"])
     core = np.zeros_like(inside)
     core[inside] = (t[inside] >= sp["start"].to_numpy()[span] + EDGE_NS) & (

@@ -99,8 +99,8 @@ _EXPORTS = {
     "combine_devices": "gpuscope._pm_sampling.multi",
     "select_device": "gpuscope._pm_sampling.multi",
     "NotSinglePassError": "gpuscope.errors",
-    "to_chrome_trace": "gpuscope._results.io",
-    "to_perfetto": "gpuscope._results.io",
+    "to_chrome_trace": "gpuscope._results.trace",
+    "to_perfetto": "gpuscope._results.trace",
     # tables
     "to_dataframe": "gpuscope._schema.dataset",
     "spans": "gpuscope._schema.dataset",

@@ -320,7 +320,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     parts = each_device(ds)  # several devices sampled: each one's samples, reported and traced on its own
     size = sum(p.sizes.get("range", p.sizes.get("time", 0)) for p in parts)
     if opts.trace and size:
-        from gpuscope._results.io import to_perfetto
+        from gpuscope._results.trace import to_perfetto
 
         to_perfetto(opts.trace, *parts)
         print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)

@@ -238,12 +238,18 @@ def combine_devices(datasets):
       :data:`LOSS_COUNTS` that any device records (``lost_samples``, ``overflows``, ``discarded_samples``, ...),
       and every other scalar attr that differs between devices. Loss is never hidden: the attrs hold each count's
       **total** over the devices (``attrs["lost_samples"]``) and every device's ``decode_errors``. Attrs equal on
-      every device stay attrs; list attrs that differ (span tables of sessions that saw different user ranges)
-      are dropped and named in ``attrs["per_device_attrs_dropped"]``.
+      every device stay attrs; list attrs that differ are dropped and named in
+      ``attrs["per_device_attrs_dropped"]``.
+    * **The span table** (user ranges: the process's, which every device's session records alike) stays one table
+      along ``span``: each span once (by path, thread and start; a range still open when the sessions stopped
+      ends at the latest stop), ordered by start; ``span_index`` (device, sample) is each sample's position in
+      it (-1: none, or padding). Execution tables (``kernels=True``, one device's each) follow one another along
+      ``execution``, with ``exec_device`` saying whose each row is.
 
     For one device's samples as a Dataset of its own (dim ``time``: phases, reports, plots), use
-    :func:`select_device`; ``to_dataframe()`` gives one row per (device, sample), padding included (drop it with
-    ``df[df.time >= 0]``).
+    :func:`select_device`; ``ds.drop_dims(["span", "execution"], errors="ignore").to_dataframe()`` gives one row
+    per (device, sample), padding included (drop it with ``df[df.time >= 0]``); without ``drop_dims`` xarray
+    crosses every row with every span.
 
     Parameters
     ----------
@@ -265,8 +271,9 @@ def combine_devices(datasets):
     import xarray as xr
 
     from gpuscope._results.ranks import _merge_pm, split_attrs
+    from gpuscope._schema.dataset import upgrade
 
-    datasets = [_validate.dataset(ds, f"datasets[{i}]") for i, ds in enumerate(datasets)]
+    datasets = [upgrade(_validate.dataset(ds, f"datasets[{i}]")) for i, ds in enumerate(datasets)]
     if not datasets:
         raise ValueError("combine_devices got no Datasets: give the PM samples of each device.")
     for i, ds in enumerate(datasets):
@@ -293,7 +300,7 @@ def combine_devices(datasets):
         else:
             attrs[key] = int(column.astype(np.int64).sum())
         coords[key] = ("device", column, {"description": f"per device; attrs['{key}'] holds them all"})
-    data_vars, sample_coords, origin = _merge_pm(datasets, None, "device")
+    data_vars, sample_coords, origin = _merge_pm(datasets, None, "device", devices)
     first = int(np.argmin([int(ds.attrs["session_start_ns"]) for ds in datasets]))
     attrs.update(session_start_ns=int(origin), time_origin_ns=int(origin), merged_devices=len(datasets))
     if "wall_clock_ns" in datasets[first].attrs:
@@ -307,8 +314,8 @@ def select_device(ds, device: int):
     """One device's samples from a Dataset with a ``device`` dim, as the Dataset that device's own sampler gives
     (dim ``time``, its own ``session_start_ns``, ``lost_samples`` and other per-device attrs; padding dropped).
 
-    The span table survives when every device saw the same user ranges (the usual case: one process); the
-    execution table of ``kernels=True`` does not exist here.
+    It holds the combined span table (the process's user ranges: the device's own when every device saw the same
+    ones, the usual case) and the device's rows of the execution table, if any.
 
     Parameters
     ----------
@@ -358,12 +365,20 @@ def select_device(ds, device: int):
     for key, fill in _DEVICE_ATTRS.items():
         if key in attrs and attrs[key] == fill:
             del attrs[key]  # the device did not record it (another did): its own Dataset has none
-    table = {k: _dataset._as_list(attrs.get(k, [])) for k in _dataset.SPAN_ATTRS}
+    held_spans = "span_path" in one.variables
+    table = {k: one[k].values.tolist() if held_spans else [] for k in _dataset.SPAN_VARS}
     ranges = one["range"].values if "range" in one.coords else None
     coords = _results.sample_coords(one["start_ns"].values, one["end_ns"].values, int(attrs["session_start_ns"]),
                                     table, ranges)
     if ranges is not None:
         coords["range"].attrs = dict(one["range"].attrs)  # as the device's Dataset had them
+    if _dataset.SPAN_INDEX in one.coords:  # as combined, not derived again
+        coords[_dataset.SPAN_INDEX].values = one[_dataset.SPAN_INDEX].values.astype(np.int64)
+    if held_spans:
+        coords.update({k: one[k].variable for k in _dataset.SPAN_VARS})
+    if _dataset.has_executions(one):
+        mine = one.isel(execution=one["exec_device"].values == device) if "exec_device" in one.coords else one
+        coords.update({k: mine[k].variable for k in _dataset.EXEC_VARS})
     data_vars = {name: xr.DataArray(one[name].values, dims="time", attrs=dict(one[name].attrs))
                  for name in one.data_vars}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)

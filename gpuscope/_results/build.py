@@ -9,8 +9,9 @@ import datetime
 
 import numpy as np
 
-from gpuscope._schema.dataset import (RANGE_COORDS, SAMPLE_RANGE_ATTRS, SAMPLE_SPAN_ATTRS, SCHEMA_VERSION,
-                                      SHAPE_COORDS, index, innermost_span)
+from gpuscope._schema.dataset import (EXEC_TABLE, RANGE_COORDS, SAMPLE_RANGE_ATTRS, SAMPLE_SPAN_ATTRS,
+                                      SCHEMA_VERSION, SHAPE_COORDS, SPAN_INDEX, SPAN_TABLE, index, innermost_span,
+                                      table_coords)
 from gpuscope._schema.labels import string_labels
 
 # ---------------------------------------------------------------------------------------------------------
@@ -91,15 +92,23 @@ def sampling_dataset(
 ):
     """A PM sampling time series.
 
-    Schema: one dim, ``time`` (int64 ns from the session start to each sample's end, attrs units="ns"), so
-    ``ds.to_dataframe()`` has one row per sample. Coords ``start_ns``/``end_ns`` (CUPTI timestamps of each
-    sample, ns), ``range`` (path of the innermost user range open at the sample's midpoint, "" where none) and
-    ``span`` (index of that range in the span table, -1 where none); one variable per metric (exact CUPTI
-    name) with attrs ``units``, ``description``, ``metric_type``, ``hw_unit``. The user ranges themselves (the
-    span table: one entry per execution of a range) are lists in the attrs :data:`SPAN_ATTRS`: ``span_path``,
-    ``span_thread``, ``span_start_ns``, ``span_end_ns`` (CUPTI timestamps); :func:`spans` gives them as a
-    table. Attrs: device and versions, ``kind="pm_sampling"``, ``metrics``, ``session_start_ns``, plus *attrs*
-    (interval, trigger, lost samples, ...).
+    Schema (version :data:`~gpuscope._schema.dataset.SCHEMA_VERSION`):
+
+    * dim ``time`` (int64 ns from the session start to each sample's end, attrs units="ns"), one variable per
+      metric along it (exact CUPTI name) with attrs ``units``, ``description``, ``metric_type``, ``hw_unit``;
+      per-sample coords ``start_ns``/``end_ns`` (CUPTI timestamps of each sample, ns), ``range`` (path of the
+      innermost user range open at the sample's midpoint, "" where none) and ``span_index`` (that range's
+      position along ``span``, -1 where none).
+    * dim ``span``: the span table, one entry per execution of a user range, as the coords of
+      :data:`~gpuscope._schema.dataset.SPAN_TABLE` (``span_path``, ``span_thread``, ``span_start_ns``,
+      ``span_end_ns``); :func:`~gpuscope._schema.dataset.spans` gives it as a DataFrame.
+    * dim ``execution`` (only with *executions*): the execution table, see :func:`with_executions`.
+    * attrs: device and versions, ``kind="pm_sampling"``, ``gpuscope_schema``, ``metrics``,
+      ``session_start_ns``, plus *attrs* (interval, trigger, lost samples, ...).
+
+    The tables are coordinates, so ``ds.data_vars`` are the metrics alone; xarray's ``ds.to_dataframe()`` crosses
+    every sample with every span (``ds.drop_dims(["span", "execution"], errors="ignore")`` first gives one row
+    per sample, as :func:`gpuscope.to_dataframe` does).
 
     Parameters
     ----------
@@ -108,11 +117,8 @@ def sampling_dataset(
     spans : sequence
         Objects with ``path``, ``thread``, ``start_ns`` and ``end_ns``.
     executions : dict, optional
-        Kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``): ``records`` (tuples as
-        :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``, ``errors``, ``other_devices``. They become the
-        execution table, lists in the attrs :data:`EXEC_ATTRS` (:func:`kernel_executions` gives it as a table),
-        and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
-        flushed), ``kernel_records_other_devices``, ``kernel_record_errors``.
+        Kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``), as
+        :func:`with_executions` takes them.
     """
     import xarray as xr
 
@@ -130,18 +136,19 @@ def sampling_dataset(
         for name, row in zip(metrics, values)
     }
     coords = sample_coords(start_ns, end_ns, session_start_ns, table, ranges)
+    coords.update(table_coords(SPAN_TABLE, "span", table))
     all_attrs = {"kind": "pm_sampling", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
-    all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns), **table)
+    all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns))
     all_attrs.update(attrs or {})
-    if executions is not None:
-        all_attrs.update(_execution_attrs(executions))
-    return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+    ds = xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
+    return ds if executions is None else with_executions(ds, executions)
 
 
 def sample_coords(start_ns, end_ns, session_start_ns: int, table: dict, ranges=None) -> dict:
     """The per-sample coordinates of a PM sampling Dataset (see :func:`sampling_dataset`): ``time``, ``start_ns``,
-    ``end_ns``, ``range`` and ``span``, from the samples' CUPTI timestamps and the span table *table* (lists
-    keyed by :data:`SPAN_ATTRS`); *ranges* None derives each sample's range path from the table."""
+    ``end_ns``, ``range`` and ``span_index``, from the samples' CUPTI timestamps and the span table *table* (lists
+    keyed by the names of :data:`~gpuscope._schema.dataset.SPAN_TABLE`); *ranges* None derives each sample's
+    range path from the table."""
     import xarray as xr
 
     start_ns = np.asarray(start_ns, dtype=np.int64)
@@ -155,28 +162,40 @@ def sample_coords(start_ns, end_ns, session_start_ns: int, table: dict, ranges=N
         "end_ns": xr.DataArray(end_ns, dims="time", attrs={"units": "ns", "clock": "cuptiGetTimestamp"}),
         "range": xr.DataArray(string_labels(ranges, missing="").reshape(start_ns.shape), dims="time",
                               attrs=SAMPLE_RANGE_ATTRS),
-        "span": xr.DataArray(span, dims="time", attrs=SAMPLE_SPAN_ATTRS),
+        SPAN_INDEX: xr.DataArray(span, dims="time", attrs=dict(SAMPLE_SPAN_ATTRS)),
     }
 
 
-def _execution_attrs(executions: dict) -> dict:
+def with_executions(ds, executions: dict):
+    """*ds* (PM samples) with the kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``).
+
+    *executions*: ``records`` (tuples as :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``,
+    ``errors``, ``other_devices``. The records with an end time become the execution table, the coords of
+    :data:`~gpuscope._schema.dataset.EXEC_TABLE` along the dim ``execution`` (``exec_kernel``, ``exec_symbol``,
+    ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``, ``exec_correlation``;
+    :func:`~gpuscope._schema.dataset.kernel_executions` gives it as a DataFrame). Attrs: ``kernel_records`` (1)
+    and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
+    flushed), ``kernel_records_other_devices``, ``kernel_record_errors``.
+    """
     from gpuscope._schema.names import demangle
 
     complete = [r for r in executions["records"] if r[1] > 0 and r[2] >= r[1]]
     names: dict[str, str] = {}
-    return {
-        "kernel_records": 1,
+    columns = {
         "exec_kernel": [names.setdefault(r[0], demangle(r[0])) for r in complete],
         "exec_symbol": [str(r[0]) for r in complete],
         "exec_start_ns": [int(r[1]) for r in complete],
         "exec_end_ns": [int(r[2]) for r in complete],
         "exec_stream": [int(r[5]) for r in complete],
         "exec_correlation": [int(r[9]) for r in complete],
+    }
+    return ds.assign_coords(table_coords(EXEC_TABLE, "execution", columns)).assign_attrs({
+        "kernel_records": 1,
         "kernel_records_dropped": int(executions.get("dropped", 0)),
         "kernel_records_incomplete": len(executions["records"]) - len(complete),
         "kernel_records_other_devices": int(executions.get("other_devices", 0)),
         "kernel_record_errors": "; ".join(executions.get("errors", [])[:10]),
-    }
+    })
 
 
 # ---------------------------------------------------------------------------------------------------------

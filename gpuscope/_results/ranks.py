@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 
 from gpuscope._results.job import FIELD
+from gpuscope._schema.dataset import EXEC_TABLE, SAMPLE_SPAN_ATTRS, SPAN_INDEX, SPAN_TABLE, table_coords
 from gpuscope.errors import GpuscopeWarning, RankMergeError
 
 __all__ = ["open_ranks", "merge_ranks"]
@@ -23,7 +24,7 @@ _KEY_COORDS = ("name", "depth", "parent", "kernel")
 #: Attrs that become per-rank coordinates whether or not they differ (what identifies a rank and its clock).
 _RANK_ATTRS = {"host": "", "device_index": -1, "local_rank": -1, "session_start_ns": -1, "wall_clock_ns": -1}
 _WALL = "wall clock (time.time_ns), from each rank's session clock link"
-_SKIP_ATTRS = {"rank", "span_path", "span_thread", "span_start_ns", "span_end_ns"}
+_SKIP_ATTRS = {"rank"}
 
 
 def _paths(paths_or_glob) -> list[str]:
@@ -204,9 +205,10 @@ def _merge_range(datasets, offsets):
     return data_vars, coords
 
 
-def _merge_pm(datasets, offsets, dim="rank"):
+def _merge_pm(datasets, offsets, dim="rank", labels=None):
     """PM samples of several sessions along *dim* (``rank``, or ``device`` for :func:`gpuscope.combine_devices`):
-    (dim, sample) variables and coords padded past each session's last sample, ``time`` from the earliest start.
+    (dim, sample) variables and coords padded past each session's last sample, ``time`` from the earliest start,
+    and the span and execution tables merged (:func:`_merge_tables`; *labels*: each session's rank or device).
     *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps."""
     import xarray as xr
 
@@ -214,6 +216,7 @@ def _merge_pm(datasets, offsets, dim="rank"):
 
     n = max(ds.sizes["time"] for ds in datasets)
     positions = [np.arange(ds.sizes["time"]) for ds in datasets]
+    moved = offsets
     clock = "cuptiGetTimestamp" if offsets is None else _WALL
     offsets = [0] * len(datasets) if offsets is None else offsets
     origin = min(int(ds.attrs["session_start_ns"]) + off for ds, off in zip(datasets, offsets))
@@ -232,12 +235,71 @@ def _merge_pm(datasets, offsets, dim="rank"):
         coords["range"] = (dims, string_labels(ranges, missing=""), dict(datasets[0]["range"].attrs))
     coords["samples"] = (dim, np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
                          {"description": f"samples of each {dim} (the rest of its row is padding)"})
+    labels = list(range(len(datasets))) if labels is None else list(labels)
+    span_table, rows = _merge_tables(datasets, "span", SPAN_TABLE, moved, dim, labels, union=dim == "device")
+    coords.update(span_table)
+    if any(SPAN_INDEX in ds.coords for ds in datasets):  # each sample's span, as a position in the merged table
+        cols = [np.where(own >= 0, mine[np.maximum(own, 0)], -1) if mine.size else np.full(own.size, -1)
+                for own, mine in zip([ds[SPAN_INDEX].values if SPAN_INDEX in ds.coords
+                                      else np.full(ds.sizes["time"], -1) for ds in datasets], rows)]
+        coords[SPAN_INDEX] = (dims, _stack(cols, positions, n, np.int64, -1),
+                              {"description": SAMPLE_SPAN_ATTRS["description"] + f" or past the {dim}'s last sample"})
+    coords.update(_merge_tables(datasets, "execution", EXEC_TABLE, moved, dim, labels, union=False)[0])
     data_vars = {}
     for name in dict.fromkeys(v for ds in datasets for v in ds.data_vars):
         cols = [ds[name].values if name in ds else np.full(ds.sizes["time"], np.nan) for ds in datasets]
         attrs = next(ds[name].attrs for ds in datasets if name in ds)
         data_vars[name] = xr.DataArray(_stack(cols, positions, n, np.float64, np.nan), dims=dims, attrs=dict(attrs))
     return data_vars, coords, origin
+
+
+def _merge_tables(datasets, dim, table, offsets, along, labels, union):
+    """One table (*table*: span or execution, along *dim*) from those of several sessions, and for each session
+    the position of each of its rows in it.
+
+    ``union=False`` (ranks; executions): the tables one after the other, with the coordinate ``<prefix><along>``
+    (``span_rank``, ``exec_device``) saying whose each row is; times moved by *offsets* (None: not moved).
+    ``union=True`` (spans of the devices of one process, which share one clock and one set of user ranges): each
+    span once, identified by its path, thread and start; a span still open when the sessions stopped ends at the
+    latest of its ends; ordered by start, longer first, as one session's table is."""
+    import xarray as xr
+
+    names = list(table)
+    held = [names[0] in ds.variables for ds in datasets]
+    if not any(held):
+        return {}, [np.zeros(0, dtype=np.int64) for _ in datasets]
+    sizes = [ds.sizes[dim] if h else 0 for ds, h in zip(datasets, held)]
+    columns = {}
+    for name, (dtype, _) in table.items():
+        parts = [np.asarray(ds[name].values if h else [], dtype=dtype) for ds, h in zip(datasets, held)]
+        if offsets is not None and name.endswith("_ns"):
+            parts = [part + off for part, off in zip(parts, offsets)]
+        columns[name] = np.concatenate(parts)
+    where = np.arange(sum(sizes))  # each row's position in the merged table
+    if union:
+        path, thread, start, end = (columns[name] for name in names)
+        first: dict = {}
+        same = np.asarray([first.setdefault(key, r) for r, key in
+                           enumerate(zip(path.tolist(), thread.tolist(), start.tolist()))], dtype=np.int64)
+        latest = end.copy()
+        np.maximum.at(latest, same, end)  # the latest end of each span, at its first row
+        keep = np.flatnonzero(same == where)
+        order = keep[np.lexsort((-latest[keep], start[keep]))]  # by start, longer first (stable)
+        position = np.empty(where.size, dtype=np.int64)
+        position[order] = np.arange(order.size)
+        where = position[same]
+        columns = {name: column[order] for name, column in columns.items()}
+        columns[names[3]] = latest[order]
+    coords = {name: xr.Variable(*spec) for name, spec in table_coords(table, dim, columns).items()}
+    if offsets is not None:
+        for name in names:
+            if name.endswith("_ns"):
+                coords[name].attrs["clock"] = _WALL
+    if not union:
+        prefix = names[0].split("_", 1)[0]
+        coords[f"{prefix}_{along}"] = xr.Variable(dim, np.repeat(np.asarray(labels, dtype=np.int64), sizes),
+                                                  {"description": f"the {along} whose table the row comes from"})
+    return coords, np.split(where, np.cumsum(sizes)[:-1])
 
 
 def _is_scalar(value) -> bool:
@@ -289,8 +351,8 @@ def merge_ranks(datasets, sources=None):
       order given, with a warning.
     * **Rank coordinates**: ``rank``, ``host``, ``device`` (the device ordinal profiled), ``local_rank``,
       ``file``, ``session_start_ns``, ``wall_clock_ns``, and every scalar attr whose value differs between
-      ranks (``created``, ``lost_samples``, ...). Attrs equal on every rank stay attrs. List attrs that differ
-      (the PM span table ``span_*``) are dropped and named in ``attrs["per_rank_attrs_dropped"]``.
+      ranks (``created``, ``lost_samples``, ...). Attrs equal on every rank stay attrs. List attrs that differ are
+      dropped and named in ``attrs["per_rank_attrs_dropped"]``.
     * **One clock**: each rank's CUPTI timestamps (``start_ns``, ``end_ns``) are moved to the wall clock with
       the pair recorded at its session start (``wall_clock_ns`` taken next to the CUPTI ``session_start_ns``):
       ``wall = cupti + wall_clock_ns - session_start_ns``. Within a host the ranks then agree to the few µs
@@ -307,7 +369,12 @@ def merge_ranks(datasets, sources=None):
       so the sample dim becomes ``sample`` (a position) and ``time``, ``start_ns``, ``end_ns`` and ``range``
       are (rank, sample) coordinates; ``time`` counts ns from ``attrs["time_origin_ns"]``, the earliest rank's
       session start on the wall clock. Shorter ranks are padded: NaN metrics, -1 times, "" range; coordinate
-      ``samples`` says how many each rank has. The per-sample ``span`` index is dropped with the span table.
+      ``samples`` says how many each rank has. The span tables of the ranks (user ranges) follow one another
+      along ``span``, lowest rank first, with ``span_rank`` saying whose each row is and ``span_start_ns`` /
+      ``span_end_ns`` on the clock of ``start_ns``; ``span_index`` (rank, sample) is each sample's position in
+      that table (-1: none, or padding). Likewise the execution tables (``kernels=True``) along ``execution``,
+      with ``exec_rank``. :func:`gpuscope.spans` and :func:`gpuscope.kernel_executions` of the merged Dataset
+      give them with a ``rank`` column and ``start``/``end`` counted from ``time_origin_ns``.
 
     Parameters
     ----------
@@ -328,7 +395,7 @@ def merge_ranks(datasets, sources=None):
     """
     import xarray as xr
 
-    from gpuscope._schema.dataset import index
+    from gpuscope._schema.dataset import index, upgrade
 
     datasets = list(datasets)
     if not datasets:
@@ -337,6 +404,7 @@ def merge_ranks(datasets, sources=None):
         if not isinstance(ds, xr.Dataset):
             raise TypeError(f"merge takes xarray Datasets; item {i} is a {type(ds).__name__}")
     sources = [f"dataset {i}" for i in range(len(datasets))] if sources is None else [str(s) for s in sources]
+    datasets = [upgrade(ds) for ds in datasets]  # Datasets of an older schema not read through open_dataset
     kind = _check_same(datasets, sources)
     ranks = _rank_of(datasets, sources)
     order = np.argsort(ranks, kind="stable")
@@ -346,7 +414,7 @@ def merge_ranks(datasets, sources=None):
     if kind == "range":
         data_vars, coords = _merge_range(datasets, offsets)
     else:
-        data_vars, coords, origin = _merge_pm(datasets, offsets)
+        data_vars, coords, origin = _merge_pm(datasets, offsets, "rank", ranks)
         attrs["time_origin_ns"] = int(origin)
     attrs["merged_ranks"] = len(datasets)
     out = xr.Dataset(data_vars, coords={**rank_coords, **coords}, attrs=attrs)

@@ -11,13 +11,62 @@ import numpy as np
 from gpuscope._schema.units import split_name, units_of
 
 
-#: Attrs of a PM sampling dataset that hold the user-range table, one list entry per range ("span").
-SPAN_ATTRS = ("span_path", "span_thread", "span_start_ns", "span_end_ns")
+#: Version of the Dataset layout, stored in ``attrs["gpuscope_schema"]``; :func:`upgrade` converts older ones.
+#: Version 1 (files without the attr) held grid/block along an ``xyz`` dim and the user ranges as data variables
+#: along ``span``; version 2 held the span and execution tables as list attrs and each sample's span index as the
+#: coordinate ``span``; version 3 holds the tables as coordinates along ``span`` and ``execution``
+#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``.
+SCHEMA_VERSION = 3
+
+_CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
+
+#: The span table of a PM sampling Dataset: one coordinate per column along the ``span`` dim, one entry per
+#: execution of a user range (``gpuscope.range``), ordered by start. name -> (dtype, attrs).
+SPAN_TABLE = {
+    "span_path": (object, {"description": "path of the user range, levels joined by '/'"}),
+    "span_thread": (np.int64, {"description": "host thread that entered the range (threading.get_ident)"}),
+    "span_start_ns": (np.int64, {**_CUPTI_NS, "description": "when the range was entered"}),
+    "span_end_ns": (np.int64, {**_CUPTI_NS, "description": "when the range was left (the session's end for a "
+                                                           "range still open then)"}),
+}
+
+#: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one coordinate per column along
+#: the ``execution`` dim, one entry per kernel execution on the GPU. name -> (dtype, attrs).
+EXEC_TABLE = {
+    "exec_kernel": (object, {"description": "readable kernel name, as the kernel coordinate of range results"}),
+    "exec_symbol": (object, {"description": "the kernel's symbol as the driver has it"}),
+    "exec_start_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's start on the GPU"}),
+    "exec_end_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's end on the GPU"}),
+    "exec_stream": (np.int64, {"description": "CUDA stream the kernel ran on (CUPTI's streamId)"}),
+    "exec_correlation": (np.int64, {"description": "CUPTI's correlation id of the launch call"}),
+}
+
+#: Column names of the span and execution tables (coordinates along ``span`` and ``execution``).
+SPAN_VARS = tuple(SPAN_TABLE)
+EXEC_VARS = tuple(EXEC_TABLE)
+
+#: The per-sample coordinate (along ``time``) that says which span each sample lies in.
+SPAN_INDEX = "span_index"
 
 
-#: Version of the Dataset layout, stored in ``attrs["gpuscope_schema"]``. Files without it (version 1) hold
-#: grid/block along an ``xyz`` dim and user ranges along a ``span`` dim; :func:`upgrade` converts them.
-SCHEMA_VERSION = 2
+def table_coords(table: dict, dim: str, columns: dict) -> dict:
+    """Coordinates along *dim* of the table *table* (:data:`SPAN_TABLE` or :data:`EXEC_TABLE`) from *columns*
+    (column name -> sequence of values; the same length each): strings as object arrays, numbers as int64."""
+    out = {}
+    for name, (dtype, attrs) in table.items():
+        values = columns[name]
+        if dtype is object:
+            data = np.empty(len(values), dtype=object)
+            data[:] = [str(v) for v in values]
+        else:
+            data = np.asarray(values, dtype=dtype).reshape(-1)
+        out[name] = (dim, data, dict(attrs))
+    return out
+
+
+def has_executions(ds) -> bool:
+    """Whether *ds* (PM samples, or phases of them) holds the execution table of ``gpuscope.sample(kernels=True)``."""
+    return "exec_start_ns" in ds.variables
 
 
 def innermost_span(times_ns, starts_ns, ends_ns) -> np.ndarray:
@@ -50,18 +99,18 @@ def innermost_span(times_ns, starts_ns, ends_ns) -> np.ndarray:
     return state[np.searchsorted(when[order], times_ns, side="right")]
 
 
-#: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one entry per kernel execution.
-EXEC_ATTRS = ("exec_kernel", "exec_symbol", "exec_start_ns", "exec_end_ns", "exec_stream", "exec_correlation")
-
-
 def kernel_executions(ds):
     """The kernels that ran on the GPU during a PM sampling session (``gpuscope.sample(kernels=True)``), one row
     per execution, with GPU start and end times on the samples' clock.
 
+    The table is the Dataset's execution table: the coordinates ``exec_kernel``, ``exec_symbol``,
+    ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation`` along its ``execution`` dim.
+
     Parameters
     ----------
     ds : xarray.Dataset
-        A PM sampling Dataset recorded with ``kernels=True`` (or the phases Dataset computed from one).
+        A PM sampling Dataset recorded with ``kernels=True`` (or the phases Dataset computed from one, or several
+        of them combined by :func:`gpuscope.merge_ranks` or :func:`gpuscope.combine_devices`).
 
     Returns
     -------
@@ -69,7 +118,8 @@ def kernel_executions(ds):
         Index ``execution``; columns ``kernel`` (readable name, as the ``kernel`` coordinate of range results),
         ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
         from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
-        ``correlation`` (CUPTI's id of the launch call). Sorted by start.
+        ``correlation`` (CUPTI's id of the launch call). Sorted by start. Of a combined Dataset, also ``rank``
+        or ``device`` (which one ran the kernel; times from ``attrs["time_origin_ns"]``).
 
     Raises
     ------
@@ -82,50 +132,47 @@ def kernel_executions(ds):
     ...     run()
     >>> gpuscope.kernel_executions(s.dataset).groupby("kernel").duration_ns.sum()   # doctest: +SKIP
     """
-    import pandas as pd
-
     if not hasattr(ds, "attrs") or ds.attrs.get("kind") != "pm_sampling":
         raise ValueError("kernel_executions() reads a PM sampling Dataset (from gpuscope.sample); this is not one.")
-    if "exec_start_ns" not in ds.attrs:
+    ds = _current(ds)
+    if not has_executions(ds):
         raise ValueError("This PM sampling Dataset has no kernel executions: record it with "
                          "gpuscope.sample(..., kernels=True) (or gpuscope run --sample SET --kernel-times).")
-    t0 = int(ds.attrs["session_start_ns"])
-    table = pd.DataFrame({
-        "kernel": pd.Series(_as_list(ds.attrs["exec_kernel"]), dtype=str),
-        "symbol": pd.Series(_as_list(ds.attrs["exec_symbol"]), dtype=str),
-        "start_ns": pd.Series(_as_list(ds.attrs["exec_start_ns"]), dtype=np.int64),
-        "end_ns": pd.Series(_as_list(ds.attrs["exec_end_ns"]), dtype=np.int64),
-        "stream": pd.Series(_as_list(ds.attrs["exec_stream"]), dtype=np.int64),
-        "correlation": pd.Series(_as_list(ds.attrs["exec_correlation"]), dtype=np.int64),
-    })
-    table["start"] = table["start_ns"] - t0
-    table["end"] = table["end_ns"] - t0
+    table = _table_frame(ds, EXEC_TABLE, "exec_")
     table["duration_ns"] = table["end_ns"] - table["start_ns"]
     table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
     table.index.name = "execution"
-    return table[["kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]]
+    first = ["kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]
+    return table[first + [c for c in table.columns if c not in first]]
 
 
 SAMPLE_RANGE_ATTRS = {"description": "innermost user range open at the sample's midpoint, '' where none"}
 
 
-SAMPLE_SPAN_ATTRS = {"description": "index of that range execution in the attrs span_*, -1 where none"}
+SAMPLE_SPAN_ATTRS = {"description": "position along the span dim (span_path, span_start_ns, ...) of the innermost "
+                                    "user range open at the sample's midpoint, -1 where none"}
 
 
 def spans(ds):
     """The user ranges recorded during a PM sampling session, one row per execution of a range.
 
+    The table is the Dataset's span table: the coordinates ``span_path``, ``span_thread``, ``span_start_ns`` and
+    ``span_end_ns`` along its ``span`` dim.
+
     Parameters
     ----------
     ds : xarray.Dataset
-        A PM sampling Dataset (from :func:`gpuscope.sample` or :func:`gpuscope.open_dataset`).
+        A PM sampling Dataset (from :func:`gpuscope.sample` or :func:`gpuscope.open_dataset`; also the phases
+        Dataset computed from one, or several combined by :func:`gpuscope.merge_ranks` or
+        :func:`gpuscope.combine_devices`).
 
     Returns
     -------
     pandas.DataFrame
-        Index ``span`` (the number the samples' ``span`` coordinate refers to); columns ``path``, ``thread``,
-        ``start_ns``, ``end_ns`` (CUPTI timestamps) and ``start``/``end`` (ns from the session start, on the
-        scale of the ``time`` coordinate).
+        Index ``span`` (the position that the samples' ``span_index`` coordinate refers to); columns ``path``,
+        ``thread``, ``start_ns``, ``end_ns`` (CUPTI timestamps) and ``start``/``end`` (ns from the session start,
+        on the scale of the ``time`` coordinate). Of Datasets merged across ranks, also ``rank`` (times from
+        ``attrs["time_origin_ns"]``).
 
     Raises
     ------
@@ -137,24 +184,39 @@ def spans(ds):
     >>> ts = gpuscope.open_dataset("series.nc")                 # doctest: +SKIP
     >>> gpuscope.spans(ts).groupby("path").size()              # doctest: +SKIP
     """
-    import pandas as pd
-
     if not hasattr(ds, "attrs") or ds.attrs.get("kind") != "pm_sampling":
         raise ValueError("spans() reads the user ranges of a PM sampling Dataset (from gpuscope.sample); "
                          "this is not one.")
-    if "span" in ds.dims:  # a Dataset of schema version 1 that was not read through gpuscope.open_dataset
-        ds = upgrade(ds)
-    t0 = int(ds.attrs["session_start_ns"])
-    table = pd.DataFrame({
-        "path": pd.Series(_as_list(ds.attrs.get("span_path", [])), dtype=str),
-        "thread": pd.Series(_as_list(ds.attrs.get("span_thread", [])), dtype=np.int64),
-        "start_ns": pd.Series(_as_list(ds.attrs.get("span_start_ns", [])), dtype=np.int64),
-        "end_ns": pd.Series(_as_list(ds.attrs.get("span_end_ns", [])), dtype=np.int64),
-    })
-    table["start"] = table["start_ns"] - t0
-    table["end"] = table["end_ns"] - t0
+    table = _table_frame(_current(ds), SPAN_TABLE, "span_")
     table.index.name = "span"
     return table
+
+
+def _current(ds):
+    """*ds* in the current schema: a Dataset of an older one that was not read through gpuscope.open_dataset is
+    converted (:func:`upgrade`)."""
+    return ds if ds.attrs.get("gpuscope_schema") == SCHEMA_VERSION else upgrade(ds)
+
+
+def _table_frame(ds, table: dict, prefix: str):
+    """The table *table* of *ds* as a DataFrame: its columns without *prefix*, ``start``/``end`` (ns from the
+    origin of ``time``), then any other coordinate along the table's dim (``span_rank`` -> ``rank``). A table
+    the Dataset does not hold is empty."""
+    import pandas as pd
+
+    dim = "span" if table is SPAN_TABLE else "execution"
+    frame = pd.DataFrame({
+        name[len(prefix):]: pd.Series(ds[name].values if name in ds.variables else [],
+                                      dtype=str if dtype is object else dtype)
+        for name, (dtype, _) in table.items()
+    })
+    t0 = int(ds.attrs["time_origin_ns"] if "time_origin_ns" in ds.attrs else ds.attrs["session_start_ns"])
+    frame["start"] = frame["start_ns"] - t0
+    frame["end"] = frame["end_ns"] - t0
+    for name in ds.coords:
+        if name not in table and str(name).startswith(prefix) and ds[name].dims == (dim,):
+            frame[str(name)[len(prefix):]] = ds[name].values
+    return frame
 
 
 def _as_list(value) -> list:
@@ -209,41 +271,57 @@ _RANGE_INDEX_ATTRS = {"description": "range path (the name coordinate) as an ind
 
 
 def upgrade(ds):
-    """Convert a Dataset of an older gpuscope schema to the current one; a current one is returned as is.
+    """Convert a Dataset of an older gpuscope schema to the current one (:data:`SCHEMA_VERSION`); a current one
+    is returned as it is. The Dataset given is left as it was.
 
     Version 1 (gpuscope 0.1 files, e.g. the shipped ``gpuscope/data/*.nc``) held ``grid``/``block`` as
-    (range, xyz) coords and the user ranges as variables along a ``span`` dim, so ``to_dataframe()`` crossed
-    every row with every ``xyz`` or span. The conversion is exact: the values move, none is recomputed except
-    each sample's ``span`` index, which is derived as :func:`sampling_dataset` derives it. Metric units written by
-    an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected with
-    :func:`gpuscope._gpu.catalog.units_of`.
+    (range, xyz) coords and the user ranges as data variables along a ``span`` dim. Version 2 held the span table
+    and the execution table (``kernels=True``) of PM samples as list attrs (``span_path``, ..., ``exec_kernel``,
+    ...) and each sample's span index as the coordinate ``span``. Version 3 holds the tables as coordinates along
+    the dims ``span`` and ``execution`` (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as
+    the coordinate ``span_index``. The conversion is exact: the values move, none is recomputed except the
+    per-sample span index of version 1, which is derived as :func:`gpuscope._results.build.sampling_dataset`
+    derives it. Metric units written by an older gpuscope (``byte/second/second``,
+    ``instruction/gpc_cycle/cycle``) are corrected with :func:`gpuscope._gpu.catalog.units_of`.
     """
+    ds = ds.copy()  # shallow: no values are copied, and the caller's attrs stay as they were
     if "xyz" in ds.dims:
         ds = ds.assign_coords({
             f"{what}_{axis}": ("range", ds[what].sel(xyz=axis).values.astype(np.int64), SHAPE_COORDS[f"{what}_{axis}"][2])
             for what in ("grid", "block") if what in ds.variables
             for axis in "xyz"
         }).drop_vars([v for v in ("grid", "block", "xyz") if v in ds.variables])
-    if "span" in ds.dims:
-        table = {name: ds[name].values.tolist() for name in SPAN_ATTRS if name in ds.variables}
-        ds = ds.drop_vars([v for v in ds.variables if ds[v].dims == ("span",)])
-        ds.attrs.update({name: table.get(name, []) for name in SPAN_ATTRS})
-        if "time" in ds.dims and "start_ns" in ds.coords:
-            mid = (ds["start_ns"].values.astype(np.int64) + ds["end_ns"].values.astype(np.int64)) // 2
-            span = innermost_span(mid, ds.attrs["span_start_ns"], ds.attrs["span_end_ns"])
-            ds = ds.assign_coords(span=("time", span, SAMPLE_SPAN_ATTRS))
     if ds.attrs.get("kind") == "pm_sampling":
-        for name in SPAN_ATTRS:
-            ds.attrs[name] = _as_list(ds.attrs.get(name, []))
+        ds = _upgrade_tables(ds)
     for name, variable in ds.data_vars.items():  # written before units_of was fixed: byte/second/second
         units = variable.attrs.get("units")
         if ("metric_type" in variable.attrs and isinstance(units, str) and "/" in units
                 and units != units_of(split_name(str(name))[1], units)):
             variable.attrs["units"] = units_of(split_name(str(name))[1], units)
-    if ds.attrs.get("kind") in ("range", "pm_sampling") and "gpuscope_schema" not in ds.attrs:
+    if ds.attrs.get("kind") in ("range", "pm_sampling") and ds.attrs.get("gpuscope_schema") != SCHEMA_VERSION:
         ds.attrs = {"kind": ds.attrs["kind"], "gpuscope_schema": SCHEMA_VERSION,
-                    **{k: v for k, v in ds.attrs.items() if k != "kind"}}
+                    **{k: v for k, v in ds.attrs.items() if k not in ("kind", "gpuscope_schema")}}
     return index(ds)
+
+
+def _upgrade_tables(ds):
+    """The span and execution tables of PM samples of schema version 1 or 2 as version 3 holds them."""
+    if "span" in ds.variables and ds["span"].dims != ("span",):  # version 2: each sample's span index
+        ds = ds.rename_vars({"span": SPAN_INDEX})
+        ds[SPAN_INDEX].attrs = dict(SAMPLE_SPAN_ATTRS)
+    if any(name in ds.data_vars for name in SPAN_VARS):  # version 1: the span table as data variables
+        columns = {name: ds[name].values if name in ds.variables else [] for name in SPAN_VARS}
+        ds = ds.drop_vars([v for v in ds.variables if ds[v].dims == ("span",)])
+        ds = ds.assign_coords(table_coords(SPAN_TABLE, "span", columns))
+        if SPAN_INDEX not in ds.variables and "time" in ds.dims and "start_ns" in ds.coords:
+            mid = (ds["start_ns"].values.astype(np.int64) + ds["end_ns"].values.astype(np.int64)) // 2
+            where = innermost_span(mid, columns["span_start_ns"], columns["span_end_ns"])
+            ds = ds.assign_coords({SPAN_INDEX: ("time", where, dict(SAMPLE_SPAN_ATTRS))})
+    for table, dim in ((SPAN_TABLE, "span"), (EXEC_TABLE, "execution")):
+        if any(name in ds.attrs for name in table):  # version 2: the table as list attrs
+            columns = {name: _as_list(ds.attrs.pop(name, [])) for name in table}
+            ds = ds.assign_coords(table_coords(table, dim, columns))
+    return ds
 
 
 def to_dataframe(ds, metrics=None):
@@ -251,6 +329,12 @@ def to_dataframe(ds, metrics=None):
 
     ``ds.to_dataframe()`` gives the wide format (one row per range or sample, one column per metric); this
     gives the tidy one that seaborn and ``groupby`` like.
+
+    The span and execution tables of PM samples (coordinates along the dims ``span`` and ``execution``) are not
+    in it: each sample's ``span_index`` and ``range`` are, and :func:`spans` and :func:`kernel_executions` give
+    the tables (or ``ds[["span_path", "span_start_ns", ...]].to_dataframe()``). xarray's own
+    ``ds.to_dataframe()`` of PM samples crosses every sample with every span and execution: use
+    ``ds.drop_dims(["span", "execution"], errors="ignore").to_dataframe()`` for one row per sample.
 
     Parameters
     ----------
@@ -290,7 +374,9 @@ def to_dataframe(ds, metrics=None):
         names = [metrics] if isinstance(metrics, str) else list(metrics)
         unknown = [m for m in names if m not in numeric]
         if unknown:
-            raise ValueError(f"not numeric data variables of this Dataset: {unknown}; it has {numeric}")
+            tables = ("; the span and execution tables are gpuscope.spans(ds) and gpuscope.kernel_executions(ds)"
+                      if any(m in SPAN_TABLE or m in EXEC_TABLE for m in unknown) else "")
+            raise ValueError(f"not numeric data variables of this Dataset: {unknown}; it has {numeric}{tables}")
     blocks = {}
     for name in names:
         blocks.setdefault(ds[name].dims, []).append(name)

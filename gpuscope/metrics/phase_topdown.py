@@ -51,9 +51,9 @@ def by_phase(td: xr.Dataset, phases: xr.Dataset, by: str = "auto", dim: str = "r
     if dim not in td.dims:
         raise ValueError(f"td has no dimension {dim!r} (dims: {list(td.dims)})")
     if by == "auto":
-        by = "kernels" if "exec_start_ns" in phases.attrs else "ranges"
+        by = "kernels" if _dataset.has_executions(phases) else "ranges"
     if by == "kernels":
-        if "exec_start_ns" not in phases.attrs:
+        if not _dataset.has_executions(phases):
             raise ValueError("by='kernels' needs the kernel executions of the PM run: record it with "
                              "gpuscope.sample(..., kernels=True), or use by='ranges'")
         groups, share = _kernel_time(phases)

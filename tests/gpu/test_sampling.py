@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpuscope
-from gpuscope._results import io as _io
+from gpuscope._results import trace as _trace
 from gpuscope._pm_sampling.api import sample as gs_sample
 from gpuscope.errors import GpuscopeWarning, NotSinglePassError, SamplerBusyError
 
@@ -73,7 +73,7 @@ def test_short_workload_with_ranges(workload, tmp_path):
 
     back = gpuscope.open_dataset(path)
     xr.testing.assert_identical(back, ds)
-    trace = _io.to_chrome_trace(back, tmp_path / "pm.json")
+    trace = _trace.to_chrome_trace(back, tmp_path / "pm.json")
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert [e["args"]["path"] for e in slices] == ["stream", "fma", "fma/inner"]
     assert json.loads((tmp_path / "pm.json").read_text())["traceEvents"]

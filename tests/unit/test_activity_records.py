@@ -159,8 +159,9 @@ def test_executions_become_a_table_on_the_samples_clock(monkeypatch):
         ("fma", t0 + 1000, t0 + 1500, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, 10),
         ("fma", t0 + 6000, 0, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, 12),  # flushed while running: no end
     ]
-    attrs = _results._execution_attrs({"records": records, "dropped": 2, "errors": [], "other_devices": 4})
-    table = gs.kernel_executions(ts.assign_attrs(attrs))
+    with_exec = _results.with_executions(ts, {"records": records, "dropped": 2, "errors": [], "other_devices": 4})
+    attrs = with_exec.attrs
+    table = gs.kernel_executions(with_exec)
     assert table["kernel"].tolist() == ["fma", "__main__.stream"]
     assert table["start"].tolist() == [1000, 2000] and table["duration_ns"].tolist() == [500, 3000]
     assert table["correlation"].tolist() == [10, 11]
@@ -180,7 +181,7 @@ def test_the_execution_table_survives_a_netcdf_round_trip(tmp_path):
     t0 = int(ts.attrs["session_start_ns"])
     one = [("fma", t0 + 1000, t0 + 1500, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, 10)]
     for records in (one, one * 3):
-        with_exec = ts.assign_attrs(_results._execution_attrs({"records": records, "dropped": 0, "errors": []}))
+        with_exec = _results.with_executions(ts, {"records": records, "dropped": 0, "errors": []})
         gs.save_dataset(with_exec, tmp_path / "x.nc")
         back = gs.open_dataset(tmp_path / "x.nc")
         assert gs.kernel_executions(back).equals(gs.kernel_executions(with_exec))

@@ -1,4 +1,4 @@
-"""netCDF round trips (gs.save_dataset / gs.open_dataset) and conversion of schema-1 files, on the H100 recordings."""
+"""netCDF round trips (gs.save_dataset / gs.open_dataset) and conversion of schema-1 and -2 files, on the H100 recordings."""
 
 from pathlib import Path
 
@@ -20,7 +20,7 @@ def test_schema1_launches_convert_exactly():
     old = raw("demo_launches.nc")
     assert old.sizes == {"range": 15, "xyz": 3}  # the shipped file is schema 1
     ds = gs.open_dataset(DATA / "demo_launches.nc")
-    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 2
+    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 3
     for what in ("grid", "block"):
         for i, axis in enumerate("xyz"):
             np.testing.assert_array_equal(ds[f"{what}_{axis}"].values, old[what].values[:, i])
@@ -35,19 +35,21 @@ def test_schema1_series_convert_exactly():
     old = raw("demo_timeseries.nc")
     assert old.sizes == {"time": 18019, "span": 3}
     ds = gs.open_dataset(DATA / "demo_timeseries.nc")
-    assert ds.sizes == {"time": 18019}
-    assert len(ds.to_dataframe()) == 18019  # 54,057 in schema 1
+    assert ds.sizes == {"time": 18019, "span": 3} and ds.attrs["gpuscope_schema"] == 3
+    assert list(ds.data_vars) == list(old.data_vars)[:8] and not any(ds[v].dims == ("span",) for v in ds.data_vars)
+    assert len(ds.drop_dims("span").to_dataframe()) == 18019  # the samples alone: one row each
+    assert ds["span_path"].values.tolist() == old["span_path"].values.tolist()
     table = gs.spans(ds)
     assert table["path"].tolist() == ["stream", "fma", "divergent"]
     np.testing.assert_array_equal(table["start_ns"].values, old["span_start_ns"].values)
     np.testing.assert_array_equal(table["end_ns"].values, old["span_end_ns"].values)
     # the derived per-sample span index agrees with the range path the recording stored per sample
-    paths = np.array(table["path"].tolist() + [""])[ds["span"].values]
+    paths = np.array(table["path"].tolist() + [""])[ds["span_index"].values]
     np.testing.assert_array_equal(paths, ds["range"].values)
-    assert np.bincount(ds["span"].values + 1).tolist() == [11, 6006, 6010, 5992]
+    assert np.bincount(ds["span_index"].values + 1).tolist() == [11, 6006, 6010, 5992]
     # per execution of a range: the streaming range reads DRAM far more than the FMA range
-    dram = ds["dram__read_throughput.avg.pct_of_peak_sustained_elapsed"].groupby("span").mean()
-    assert dram.sel(span=0) > 10 * dram.sel(span=1)
+    dram = ds["dram__read_throughput.avg.pct_of_peak_sustained_elapsed"].groupby("span_index").mean()
+    assert dram.sel(span_index=0) > 10 * dram.sel(span_index=1)
 
 
 @pytest.mark.parametrize("name", ["demo_launches.nc", "demo_timeseries.nc"])
@@ -82,7 +84,7 @@ def test_attrs_of_every_type_roundtrip(tmp_path):
 def test_one_metric_series_exports_after_a_round_trip(tmp_path):
     ds = gs.open_dataset(DATA / "demo_timeseries.nc")
     metric = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed"
-    one = ds[[metric]]
+    one = ds.drop_vars([m for m in ds.data_vars if m != metric])  # ds[[metric]] would leave out the span table
     one.attrs["metrics"] = [metric]
     gs.save_dataset(one, tmp_path / "one.nc")
     back = gs.open_dataset(tmp_path / "one.nc")
@@ -91,7 +93,7 @@ def test_one_metric_series_exports_after_a_round_trip(tmp_path):
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(counters) == 18019 and [e["name"] for e in slices] == ["stream", "fma", "divergent"]
-    assert slices[1]["dur"] == pytest.approx((ds.attrs["span_end_ns"][1] - ds.attrs["span_start_ns"][1]) / 1e3)
+    assert slices[1]["dur"] == pytest.approx(int(ds["span_end_ns"][1] - ds["span_start_ns"][1]) / 1e3)
     # a file written by plain xarray (one metric comes back as a str) exports too
     one.to_netcdf(tmp_path / "plain.nc", engine="h5netcdf")
     assert gs.open_dataset(tmp_path / "plain.nc").attrs["metrics"] == [metric]
@@ -128,7 +130,7 @@ def test_long_format_on_recordings():
     long = gs.to_dataframe(series, ["pcie__read_bytes.sum.per_second"])
     unit = series["pcie__read_bytes.sum.per_second"].attrs["units"]  # CUPTI's own spelling
     assert len(long) == 18019 and set(long["unit"]) == {unit} and unit.startswith("byte/second")
-    assert {"time", "start_ns", "end_ns", "range", "span"} <= set(long.columns)
+    assert {"time", "start_ns", "end_ns", "range", "span_index"} <= set(long.columns)
 
 
 def test_a_failed_save_leaves_the_file_that_was_there(tmp_path):

@@ -63,7 +63,7 @@ def _with_executions(ts, names=None):
     names = names or {}
     records = [(names.get(p, p), int(s), int(e), 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, i)
                for i, (p, s, e) in enumerate(zip(table["path"], table["start_ns"], table["end_ns"], strict=True))]
-    return ts.assign_attrs(_results._execution_attrs({"records": records, "dropped": 0, "errors": []}))
+    return _results.with_executions(ts, {"records": records, "dropped": 0, "errors": []})
 
 
 def test_by_kernels_agrees_with_by_ranges_when_kernels_fill_their_ranges(recorded):

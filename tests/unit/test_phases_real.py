@@ -48,8 +48,8 @@ def test_idle_is_one_phase(scores):
 def _core_labels(ds, ph, span):
     """Phase labels of the samples of ``span``, without 2 ms at its edges (the GPU starts late)."""
     t = np.asarray(ds["time"], dtype=float)
-    inside = (np.asarray(ds["span"]) == span) & (t >= t[np.asarray(ds["span"]) == span][0] + 2e6)
-    inside &= t <= t[np.asarray(ds["span"]) == span][-1] - 2e6
+    inside = (np.asarray(ds["span_index"]) == span) & (t >= t[np.asarray(ds["span_index"]) == span][0] + 2e6)
+    inside &= t <= t[np.asarray(ds["span_index"]) == span][-1] - 2e6
     return set(np.asarray(ph.phase)[inside].tolist())
 
 
@@ -75,7 +75,7 @@ def test_excursion_keeps_short_real_phases():
 def test_slow_drift_is_one_segment_not_a_staircase():
     ds = rec.load("slow_drift")
     ph = phases(ds, topdown=False)
-    drift = np.asarray(ds["span"]) == 1
+    drift = np.asarray(ds["span_index"]) == 1
     first = np.asarray(ph.segment_first)
     inside = first[(first > np.flatnonzero(drift)[0] + 10) & (first < np.flatnonzero(drift)[-1] - 10)]
     assert inside.size == 0

@@ -234,6 +234,47 @@ def test_merge_pm_samples_on_one_clock():
     # per-rank scalars that differ become rank coords; the workload's plan (a list) cannot and is named
     assert m["workload"].values.tolist() == names
     assert "workload_plan" in m.attrs["per_rank_attrs_dropped"]
+    assert not any(k.startswith("span_") for k in m.attrs["per_rank_attrs_dropped"])
+    # the span tables follow one another along span, each row with its rank, on the wall clock
+    counts = [ds.sizes["span"] for ds in series]
+    assert m.sizes["span"] == sum(counts) and m["span_rank"].values.tolist() == [r for r, k in enumerate(counts)
+                                                                               for _ in range(k)]
+    table = gs.spans(m)
+    assert table.columns.tolist() == ["path", "thread", "start_ns", "end_ns", "start", "end", "rank"]
+    first = 0
+    for r, (ds, off, n) in enumerate(zip(series, offsets, sizes)):
+        own = gs.spans(ds)
+        mine = table.iloc[first:first + len(own)]
+        assert mine["path"].tolist() == own["path"].tolist() and (mine["rank"] == r).all()
+        np.testing.assert_array_equal(mine["start_ns"].values, own["start_ns"].values + off)
+        np.testing.assert_array_equal(mine["start"].values, own["start_ns"].values + off - origin)
+        # each sample's span_index points at its own span in the merged table
+        index = m["span_index"].sel(rank=r).values
+        np.testing.assert_array_equal(index[:n], np.where(ds["span_index"].values >= 0,
+                                                          ds["span_index"].values + first, -1))
+        assert (index[n:] == -1).all()
+        first += len(own)
+    assert m["span_start_ns"].attrs["clock"] == m["start_ns"].attrs["clock"]
+
+
+def test_merge_pm_execution_tables(tmp_path):
+    from gpuscope._results import build as _results
+
+    ts = gs.open_dataset(PHASES / "cupy_gemm.nc").isel(time=slice(0, 100))
+    t0 = int(ts.attrs["session_start_ns"])
+    parts = []
+    for r in range(2):
+        records = [("gemm", t0 + 100 * i, t0 + 100 * i + 50, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, i)
+                   for i in range(r + 2)]
+        one = _results.with_executions(ts, {"records": records, "dropped": 0, "errors": []})
+        parts.append(_rank_copy(one, r, session=t0, wall=t0 + 1000 * r))
+    m = gs.merge_ranks(parts)
+    assert m.sizes["execution"] == 5 and m["exec_rank"].values.tolist() == [0, 0, 1, 1, 1]
+    np.testing.assert_array_equal(m["exec_start_ns"].values[2:], parts[1]["exec_start_ns"].values + 1000)
+    table = gs.kernel_executions(m)
+    assert table.columns[-1] == "rank" and table.groupby("rank").size().to_dict() == {0: 2, 1: 3}
+    gs.save_dataset(m, tmp_path / "m.nc")
+    xr.testing.assert_identical(gs.open_dataset(tmp_path / "m.nc"), m)
 
 
 # ---------------------------------------------------------------------------------------------------------

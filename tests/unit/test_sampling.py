@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from gpuscope._results import io as _io
+from gpuscope._results import trace as _trace
 from gpuscope._results import build as _results
 from gpuscope._pm_sampling import sampler as _sampling
 from gpuscope._pm_sampling.api import sample as gs_sample
@@ -182,8 +182,11 @@ def _synthetic():
 
 def test_dataset_schema():
     ds = _synthetic()
-    assert ds.sizes == {"time": 5}  # the user ranges are attrs, so to_dataframe() has one row per sample
-    assert ds.attrs["span_path"] == ["step", "step/fwd"] and ds["span"].values.tolist() == [-1, 0, 1, 0, -1]
+    assert ds.sizes == {"time": 5, "span": 2}  # the user ranges are a table along a dim of their own
+    assert ds["span_path"].values.tolist() == ["step", "step/fwd"] and ds["span_thread"].values.tolist() == [7, 7]
+    assert ds["span_index"].values.tolist() == [-1, 0, 1, 0, -1] and ds["span_index"].dims == ("time",)
+    assert all(ds[v].dims == ("time",) for v in ds.data_vars) and ds.attrs["gpuscope_schema"] == 3
+    assert len(ds.drop_dims("span").to_dataframe()) == 5  # one row per sample
     assert ds["time"].values.tolist() == [800, 1800, 2800, 3800, 4800]
     assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
     assert ds["range"].values.tolist() == ["", "step", "step/fwd", "step", ""]
@@ -202,7 +205,7 @@ def test_netcdf_round_trip(tmp_path):
 
 def test_chrome_trace(tmp_path):
     ds = _synthetic()
-    trace = _io.to_chrome_trace(ds, tmp_path / "t.json")
+    trace = _trace.to_chrome_trace(ds, tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text()) == trace
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert len(counters) == 10
@@ -215,9 +218,9 @@ def test_chrome_trace(tmp_path):
         ("step", 1.3, 2.5, "step"),
         ("fwd", 1.8, 1.0, "step/fwd"),
     ]
-    only = _io.to_chrome_trace(ds, metrics=["pcie__read_bytes.sum.per_second"])
+    only = _trace.to_chrome_trace(ds, metrics=["pcie__read_bytes.sum.per_second"])
     assert len([e for e in only["traceEvents"] if e["ph"] == "C"]) == 5
     with pytest.raises(ValueError, match="Not in this dataset"):
-        _io.to_chrome_trace(ds, metrics=["nope"])
+        _trace.to_chrome_trace(ds, metrics=["nope"])
     with pytest.raises(ValueError, match="PM sampling"):
-        _io.to_chrome_trace(xr.Dataset())
+        _trace.to_chrome_trace(xr.Dataset())

@@ -112,7 +112,7 @@ def test_run_trace_from_demo_recordings(tmp_path, launches, series, phased):
     user = _by(trace, "X", _tid(trace, "ranges (thread 139833069375808)"))
     assert [e["name"] for e in user] == ["stream", "fma", "divergent"]
     origin = trace["otherData"]["origin_ns"]
-    assert user[0]["ts"] == pytest.approx((series.attrs["span_start_ns"][0] - origin) / 1e3)
+    assert user[0]["ts"] == pytest.approx((int(series["span_start_ns"][0]) - origin) / 1e3)
     assert user[0]["ts"] > kernels[-1]["ts"]  # sampling ran after range profiling
 
     segments = _by(trace, "X", _tid(trace, "phases"))
@@ -237,7 +237,7 @@ def test_gpu_kernel_executions_get_a_track_per_stream_and_pc_hot_lines(series):
     t0 = int(series.attrs["session_start_ns"])
     records = [(name, t0 + 1000 * i, t0 + 1000 * i + 800, 0, 1, 7 + (i % 2), (1, 1, 1), (1, 1, 1), 16, i)
                for i, name in enumerate(["_ZN10benchmarks17bench_pc_sampling6streamB2v1E", "other"] * 3)]
-    ts = series.assign_attrs(_results._execution_attrs({"records": records, "dropped": 0, "errors": []}))
+    ts = _results.with_executions(series, {"records": records, "dropped": 0, "errors": []})
     pc = _pc_recording()
     trace = gs.to_perfetto(None, ts, pc)
     events = trace["traceEvents"]
