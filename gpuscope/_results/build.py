@@ -1,4 +1,4 @@
-"""Build xarray Datasets from decoded CUPTI data: the only module that knows the Dataset schema.
+"""Build xarray Datasets from decoded CUPTI data, in the layout that :mod:`gpuscope._schema.dataset` defines.
 
 Attrs hold only str, int, float and lists of them, so ``Dataset.to_netcdf`` round-trips them losslessly.
 """
