@@ -249,8 +249,7 @@ def main():
 
     import gpuscope
     from gpuscope._gpu import device as _device
-    from gpuscope._pm_sampling import sampler as _sampling
-
+    from gpuscope._pm_sampling import plan as _plan
     info = _device.device_info(0)
     launches, for_seconds, stream_only, bytes_per_launch = make_workload()
     results = {"device": info.name, "driver_cuda": "%d.%d" % _device.driver_version(), "args": vars(args)}
@@ -270,7 +269,7 @@ def main():
         results["long"].append(one_run(for_seconds, config, args.long_seconds, plain=i == 0))
         print(json.dumps(results["long"][-1], indent=1), flush=True)
         save(args.out, results)
-    _sampling.MIN_INTERVAL_NS = 1  # the sweep may probe below gpuscope's floor on purpose
+    _plan.MIN_INTERVAL_NS = 1  # the sweep may probe below gpuscope's floor on purpose
     results["sweep"] = []
     for config in args.sweep:
         try:

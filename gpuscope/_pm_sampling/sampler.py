@@ -27,43 +27,21 @@ from gpuscope._util import validate as _validate
 from gpuscope._pm_sampling.pipeline import Pipeline as _Pipeline
 from gpuscope._pm_sampling.plan import (
     MIN_INTERVAL_NS,
-    POOL_MEMORY,
     Trigger,
     check_single_pass,
     choose_trigger,
     default_image_pool,
     default_samples_per_image,
     parse_interval,
-    single_pass_groups,
-    suggest_interval_us,
 )
 from gpuscope._pm_sampling.results import SamplerResults
-from gpuscope._pm_sampling.series import Series, evaluate_images, metric_properties
 from gpuscope._pm_sampling.timeline import RangeRecorder as _RangeRecorder
-from gpuscope._pm_sampling.timeline import Span, count_lost, innermost_ranges
 from gpuscope._util.shield import run_shielded
 from gpuscope.errors import GpuscopeWarning, SamplerBusyError
 
 __all__ = [
     "Sampler",
     "run_shielded",
-    # re-exported from the modules above, where they used to live
-    "Trigger",
-    "parse_interval",
-    "choose_trigger",
-    "suggest_interval_us",
-    "default_image_pool",
-    "default_samples_per_image",
-    "single_pass_groups",
-    "check_single_pass",
-    "innermost_ranges",
-    "count_lost",
-    "Span",
-    "Series",
-    "metric_properties",
-    "evaluate_images",
-    "MIN_INTERVAL_NS",
-    "POOL_MEMORY",
 ]
 
 

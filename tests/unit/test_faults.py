@@ -14,6 +14,7 @@ import pytest
 
 from gpuscope._pm_sampling import workers as _pm_workers
 from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._util import shield as _shield
 from gpuscope._pm_sampling import shm as _shm
 
 from .test_pm_workers import AVAILABILITY, FakePipeline, assert_no_images_left, batch
@@ -219,7 +220,7 @@ def test_run_shielded_finishes_the_teardown_despite_two_ctrl_c():
         return "torn down"
 
     with pytest.raises(KeyboardInterrupt):
-        _sampling.run_shielded(teardown)
+        _shield.run_shielded(teardown)
     assert done.is_set()
 
 
@@ -284,7 +285,7 @@ def test_ctrl_c_before_the_shielded_teardown_does_not_skip_it(monkeypatch):
         def series(self):
             return np.empty((0, 1)), np.empty((0, 2), dtype=np.int64)
 
-    real = _sampling.run_shielded
+    real = _shield.run_shielded
     calls = []
 
     def interrupted_first(fn, *args):  # Ctrl-C arrives just before the first teardown starts

@@ -12,8 +12,10 @@ import xarray as xr
 from gpuscope._results import trace as _trace
 from gpuscope._results import build as _results
 from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._pm_sampling import timeline as _timeline
+from gpuscope._pm_sampling import plan as _plan
 from gpuscope._pm_sampling.api import sample as gs_sample
-from gpuscope._pm_sampling.sampler import Span
+from gpuscope._pm_sampling.timeline import Span
 from gpuscope.errors import NotSinglePassError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -34,18 +36,18 @@ AVAILABILITY = np.load(FIXTURES / "gh100_counter_availability_pm.npy")
     ],
 )
 def test_parse_interval(text, expected):
-    assert _sampling.parse_interval(text) == expected
+    assert _plan.parse_interval(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["20", "20 parsecs", "-5us", "0us", "", float("nan")])
 def test_parse_interval_rejects(bad):
     with pytest.raises(ValueError):
-        _sampling.parse_interval(bad)
+        _plan.parse_interval(bad)
 
 
 def test_parse_interval_type():
     with pytest.raises(TypeError):
-        _sampling.parse_interval([20])
+        _plan.parse_interval([20])
 
 
 @pytest.mark.parametrize("interval, says", [
@@ -57,19 +59,19 @@ def test_parse_interval_type():
 def test_a_fraction_of_a_ns_is_refused_not_rounded(interval, says):
     """CUPTI takes the interval in whole ns: interval=1.5 became 2 ns without a word."""
     with pytest.raises(ValueError, match="whole number of nanoseconds") as info:
-        _sampling.parse_interval(interval)
+        _plan.parse_interval(interval)
     assert says in str(info.value)
 
 
 def test_a_fraction_of_a_cycle_is_refused_not_rounded():
     with pytest.raises(ValueError, match="whole number of cycles"):
-        _sampling.parse_interval("2.5cycles")
-    assert _sampling.parse_interval("2e4cycles") == (20_000, "cycles")
+        _plan.parse_interval("2.5cycles")
+    assert _plan.parse_interval("2e4cycles") == (20_000, "cycles")
 
 
 @pytest.mark.parametrize("text, ns", [("1e-4s", 100_000), ("0.3us", 300), ("0.1ms", 100_000), (2e4, 20_000)])
 def test_decimal_intervals_are_whole_ns_despite_float_error(text, ns):
-    assert _sampling.parse_interval(text) == (ns, "ns")  # 0.3 * 1000 is 300.00000000000006 in floats
+    assert _plan.parse_interval(text) == (ns, "ns")  # 0.3 * 1000 is 300.00000000000006 in floats
 
 
 @pytest.mark.parametrize("interval", [900, "500ns", "0.5us"])
@@ -89,10 +91,10 @@ def test_a_decode_period_that_would_spin_is_refused():
 
 
 def test_trigger_per_chip():
-    assert _sampling.choose_trigger("GH100") is _sampling.Trigger.TIME
-    assert _sampling.choose_trigger("GA102") is _sampling.Trigger.TIME
-    assert _sampling.choose_trigger("GA100") is _sampling.Trigger.SYSCLK
-    assert _sampling.choose_trigger("TU102") is _sampling.Trigger.SYSCLK
+    assert _plan.choose_trigger("GH100") is _plan.Trigger.TIME
+    assert _plan.choose_trigger("GA102") is _plan.Trigger.TIME
+    assert _plan.choose_trigger("GA100") is _plan.Trigger.SYSCLK
+    assert _plan.choose_trigger("TU102") is _plan.Trigger.SYSCLK
 
 
 def test_sampler_rejects_bad_arguments_before_touching_the_gpu():
@@ -110,7 +112,7 @@ def test_pm_default_is_single_pass_on_gh100():
     from gpuscope._gpu import metric_lists as _lists
 
     metrics = _lists.resolve("pm-default", "GH100", "sampling")
-    _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)  # does not raise
+    _plan.check_single_pass(metrics, "GH100", AVAILABILITY)  # does not raise
     assert _lists.count_passes(metrics, "GH100", "sampling", AVAILABILITY) == 1
 
 
@@ -121,7 +123,7 @@ def test_multi_pass_message_says_what_to_drop_and_how_to_split():
         "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     ]
     with pytest.raises(NotSinglePassError) as info:
-        _sampling.check_single_pass(metrics, "GH100", AVAILABILITY)
+        _plan.check_single_pass(metrics, "GH100", AVAILABILITY)
     err = info.value
     assert isinstance(err, ValueError)
     assert err.passes > 1
@@ -133,8 +135,8 @@ def test_multi_pass_message_says_what_to_drop_and_how_to_split():
 def test_innermost_range_nested_and_threads():
     spans = [Span("a", 1, 10, 100), Span("a/b", 1, 20, 50), Span("c", 2, 40, 60)]
     times = np.array([5, 15, 25, 45, 55, 70, 200, 50])
-    assert _sampling.innermost_ranges(times, spans).tolist() == ["", "a", "a/b", "c", "c", "a", "", "c"]
-    assert _sampling.innermost_ranges(times, []).tolist() == [""] * len(times)
+    assert _timeline.innermost_ranges(times, spans).tolist() == ["", "a", "a/b", "c", "c", "a", "", "c"]
+    assert _timeline.innermost_ranges(times, []).tolist() == [""] * len(times)
 
 
 def test_range_recorder_pairs_per_thread_and_closes_open_ranges():
@@ -151,9 +153,9 @@ def test_range_recorder_pairs_per_thread_and_closes_open_ranges():
 def test_count_lost_from_gaps():
     start = np.array([0, 10, 20, 60, 70])
     end = np.array([10, 20, 30, 70, 80])
-    assert _sampling.count_lost(start, end, 10) == 3  # 30..60 is missing
-    assert _sampling.count_lost(start[:3], end[:3], 10) == 0
-    assert _sampling.count_lost(start[:3], end[:3], 10, session_end_ns=80) == 4  # 30..70 never came, 70..80 was in flight
+    assert _timeline.count_lost(start, end, 10) == 3  # 30..60 is missing
+    assert _timeline.count_lost(start[:3], end[:3], 10) == 0
+    assert _timeline.count_lost(start[:3], end[:3], 10, session_end_ns=80) == 4  # 30..70 never came, 70..80 was in flight
 
 
 def _synthetic():
@@ -161,7 +163,7 @@ def _synthetic():
     start = np.arange(5, dtype=np.int64) * 1000 + 10_000
     end = start + 1000
     spans = [Span("step", 7, 11_500, 14_000), Span("step/fwd", 7, 12_000, 13_000)]
-    ranges = _sampling.innermost_ranges((start + end) // 2, spans)
+    ranges = _timeline.innermost_ranges((start + end) // 2, spans)
     props = {
         metrics[0]: {"units": "percent", "description": "# of cycles with at least one warp in flight"},
         metrics[1]: {"units": "byte/second", "description": "# of bytes of PCIe read data"},

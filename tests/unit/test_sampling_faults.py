@@ -19,7 +19,8 @@ from gpuscope._pm_sampling import pipeline as _pm_pipeline
 from gpuscope._pm_sampling import workers as _pm_workers
 from gpuscope._results import build as _results
 from gpuscope._pm_sampling import sampler as _sampling
-from gpuscope._pm_sampling.sampler import Span
+from gpuscope._pm_sampling import timeline as _timeline
+from gpuscope._pm_sampling.timeline import Span
 from gpuscope.cupti import host
 from gpuscope.cupti import pm_sampling as pm
 
@@ -34,7 +35,7 @@ def long_named_samples(n=20_000, name_length=1_000, device=None):
     name = "r" * name_length
     start = np.arange(n, dtype=np.int64) * 1000 + 10_000
     spans = [Span(name, 1, 10_600, 10_000 + 1000 * 14_999), Span(f"{name}/inner", 1, 20_000, 30_000)]
-    ranges = _sampling.innermost_ranges(start + 500, spans)
+    ranges = _timeline.innermost_ranges(start + 500, spans)
     device_attrs = {} if device is None else {"device_index": device}
     ds = _results.sampling_dataset(
         values=np.ones((1, n)), metrics=["m"], properties={"m": {"units": "percent"}}, start_ns=start,

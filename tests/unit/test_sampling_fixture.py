@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from gpuscope._results import build as _results
-from gpuscope._pm_sampling import sampler as _sampling
+from gpuscope._pm_sampling import series as _series
+from gpuscope._pm_sampling import timeline as _timeline
 from gpuscope.cupti import pm_sampling as pm
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures"
@@ -23,7 +24,7 @@ def test_counter_data_info_offline(pm_recording):
 def test_evaluation_matches_the_device(pm_recording):
     meta, image, stamps = pm_recording
     availability = np.load(HERE / "gh100_counter_availability_pm.npy")
-    series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps], availability)
+    series = _series.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps], availability)
     assert series.values.shape == (8, 261)
     for i, name in enumerate(meta["metrics"]):
         np.testing.assert_allclose(series.values[i], meta["values_device"][name], rtol=1e-9, atol=1e-9)
@@ -39,15 +40,15 @@ def test_evaluation_matches_the_device(pm_recording):
 
 def test_dataset_from_the_recording(pm_recording):
     meta, image, stamps = pm_recording
-    series = _sampling.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps])
-    spans = [_sampling.Span(p, 1, s, e) for p, s, e in meta["spans"]]
+    series = _series.evaluate_images(meta["chip"], meta["metrics"], [image], [stamps])
+    spans = [_timeline.Span(p, 1, s, e) for p, s, e in meta["spans"]]
     ds = _results.sampling_dataset(
         values=series.values,
         metrics=meta["metrics"],
         properties=series.properties,
         start_ns=series.start_ns,
         end_ns=series.end_ns,
-        ranges=_sampling.innermost_ranges((series.start_ns + series.end_ns) // 2, spans),
+        ranges=_timeline.innermost_ranges((series.start_ns + series.end_ns) // 2, spans),
         spans=spans,
         session_start_ns=meta["session_start_ns"],
         chip=meta["chip"],

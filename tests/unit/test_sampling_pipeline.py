@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 
 from gpuscope._pm_sampling import sampler as _sampling
+
+
+from gpuscope._pm_sampling import timeline as _timeline
+from gpuscope._pm_sampling import plan as _plan
 from gpuscope.cupti import host
 from gpuscope.cupti import pm_sampling as pm
 
@@ -133,7 +137,7 @@ def test_every_sample_is_evaluated_once_in_order(monkeypatch):
     assert (values[:, 1] == -1).all()
     np.testing.assert_array_equal(stamps[:, 0], 20 * np.arange(fake.made))
     assert pipe.handed_off > pipe.pool_size  # images were recycled
-    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == 0
+    assert _timeline.count_lost(stamps[:, 0], stamps[:, 1], 20) == 0
     assert pipe.decoded_samples == fake.made and pipe.decode_seconds > 0
 
 
@@ -147,7 +151,7 @@ def test_without_the_backlog_estimate_full_images_lose_samples_and_the_loss_is_c
     # the gaps between kept samples are what count_lost sees: all drops but those before the first kept sample and
     # those after the last one (a decode that filled its image just before Stop loses the tail)
     lost_before, lost_after = kept[0], fake.made - 1 - kept[-1]
-    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == fake.dropped - lost_before - lost_after
+    assert _timeline.count_lost(stamps[:, 0], stamps[:, 1], 20) == fake.dropped - lost_before - lost_after
 
 
 def test_backlog_larger_than_an_image_is_lost_and_counted(monkeypatch):
@@ -156,7 +160,7 @@ def test_backlog_larger_than_an_image_is_lost_and_counted(monkeypatch):
     assert pipe.full_stops > 0 and fake.dropped > 0 and pipe.errors == []
     kept = values[:, 0].astype(np.int64)
     assert kept.size + fake.dropped + pipe.discarded == fake.made
-    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
+    assert _timeline.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
 
 
 def test_stop_gets_the_lock_from_a_decode_thread_that_cannot_keep_up(monkeypatch):
@@ -194,7 +198,7 @@ def test_slow_evaluation_discards_and_counts(monkeypatch):
     kept = values[:, 0].astype(np.int64)
     assert (np.diff(kept) > 0).all()  # in order, no duplicates
     assert kept.size + pipe.discarded + fake.dropped == fake.made
-    assert _sampling.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
+    assert _timeline.count_lost(stamps[:, 0], stamps[:, 1], 20) == kept[-1] + 1 - kept[0] - kept.size  # gaps between kept
 
 
 def test_finish_twice_and_series_before_any_sample(monkeypatch):
@@ -205,12 +209,12 @@ def test_finish_twice_and_series_before_any_sample(monkeypatch):
 
 @pytest.mark.parametrize("decode_us, expected", [(0.3, 1), (8.0, 20), (12.6, 20), (16.9, 50), (45.0, 100), (140.0, 500)])
 def test_suggested_interval_leaves_decoding_a_third_of_the_time_free(decode_us, expected):
-    assert _sampling.suggest_interval_us(decode_us) == expected
+    assert _plan.suggest_interval_us(decode_us) == expected
 
 
 @pytest.mark.parametrize("interval_ns, expected", [(20_000, 5_000), (100_000, 1_000), (1_000, 8_192), (1_000_000, 256)])
 def test_default_samples_per_image(interval_ns, expected):
-    assert _sampling.default_samples_per_image(interval_ns) == expected
+    assert _plan.default_samples_per_image(interval_ns) == expected
 
 
 @pytest.mark.parametrize(
@@ -225,4 +229,4 @@ def test_default_samples_per_image(interval_ns, expected):
     ],
 )
 def test_default_image_pool(samples_per_image, interval_ns, image_bytes, expected):
-    assert _sampling.default_image_pool(samples_per_image, interval_ns, image_bytes) == expected
+    assert _plan.default_image_pool(samples_per_image, interval_ns, image_bytes) == expected
