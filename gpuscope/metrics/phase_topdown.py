@@ -1,4 +1,4 @@
-"""Top-Down over time: each phase of a PM-sampled run gets the Top-Down of the work that ran in it.
+"""The dynamic analysis (``gs.dynamic``): a kernel's Top-Down launch by launch, or the Top-Down of each phase of a run.
 
 The paper's dynamic analysis follows the Top-Down of a kernel from launch to launch. Over a whole run, PM sampling
 says *when* the GPU changed behaviour (phases, :func:`gpuscope.metrics.phases.phases`) and range profiling says
