@@ -26,10 +26,20 @@ import sys
 from gpuscope import __version__
 from gpuscope._commands.check import _check
 from gpuscope._commands.compare import _compare
+
 # the exit statuses, readable as cli.EXIT_* as before
-from gpuscope._commands.exits import (EXIT_BROKEN_PIPE, EXIT_FILE, EXIT_INTERRUPTED, EXIT_NO_COUNTERS,  # noqa: F401
-                                      EXIT_NO_CUPTI, EXIT_NO_GPU, EXIT_NOTHING_PROFILED, EXIT_OK, EXIT_USAGE,
-                                      exit_status)
+from gpuscope._commands.exits import (  # noqa: F401
+    EXIT_BROKEN_PIPE,
+    EXIT_FILE,
+    EXIT_INTERRUPTED,
+    EXIT_NO_COUNTERS,
+    EXIT_NO_CUPTI,
+    EXIT_NO_GPU,
+    EXIT_NOTHING_PROFILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    exit_status,
+)
 from gpuscope._commands.metrics import _metrics
 from gpuscope._commands.show import _show
 from gpuscope.errors import GpuscopeError
@@ -42,8 +52,8 @@ def _demo(args) -> int:
 
 
 def _run(args) -> int:
-    from gpuscope._gpu import metric_lists as _lists
     from gpuscope._commands import run as _run
+    from gpuscope._gpu import metric_lists as _lists
 
     metrics = None
     if args.metrics:

@@ -14,9 +14,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from gpuscope._results import ranks as _ranks
-
 from gpuscope._results import job as _job
+from gpuscope._results import ranks as _ranks
 
 __all__ = ["workers", "gather", "profile"]
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from gpuscope._results import ranks as _ranks
-
 from gpuscope._results import job as _job
+from gpuscope._results import ranks as _ranks
 from gpuscope.errors import RankDetectionError
 
 __all__ = ["gather"]

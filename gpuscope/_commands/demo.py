@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuscope._schema.labels import string_labels
 from gpuscope._results.report_inputs import SHORT_NAMES
 from gpuscope._results.report_pm import _scaled
 from gpuscope._results.report_table import _PROSE, _width, _wrap
+from gpuscope._schema.labels import string_labels
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDED_LAUNCHES = DATA / "demo_launches.nc"
@@ -109,9 +109,9 @@ def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Wo
 
 def collect(launches_per_kernel: int = 5, phase_seconds: float = 0.6, interval: str = "100us", log=print):
     """Run the workload under the range profiler and then under PM sampling; return the two Datasets."""
-    import gpuscope as gs
     from numba import cuda
 
+    import gpuscope as gs
     from gpuscope.metrics import topdown as td
 
     log("compiling the workload ...")
@@ -160,7 +160,6 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
     import matplotlib.pyplot as plt
 
     import gpuscope as gs
-
     from gpuscope._results.report import report
     from gpuscope.metrics import topdown as td
 
@@ -255,7 +254,6 @@ def _segments(series, ph, n_phases: int):
 def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_recorded: bool = False) -> int:
     """Entry point of ``gpuscope demo``."""
     import gpuscope as gs
-
     from gpuscope._gpu import device as _device
 
     outdir = Path(outdir)

@@ -7,8 +7,14 @@
 
 from __future__ import annotations
 
-from gpuscope.errors import (CuptiNotFoundError, CuptiNotSupportedError, CuptiPermissionError, NoGpuError,
-                             NotGpuscopeDataError, ProfilerBusyError)
+from gpuscope.errors import (
+    CuptiNotFoundError,
+    CuptiNotSupportedError,
+    CuptiPermissionError,
+    NoGpuError,
+    NotGpuscopeDataError,
+    ProfilerBusyError,
+)
 
 EXIT_OK, EXIT_NO_GPU, EXIT_NO_CUPTI, EXIT_NO_COUNTERS, EXIT_USAGE = 0, 1, 2, 3, 4
 EXIT_FILE, EXIT_NOTHING_PROFILED, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 5, 6, 130, 141

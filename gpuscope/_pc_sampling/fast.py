@@ -39,9 +39,7 @@ def stall_percentages(pc, counter_names: bool = True):
     """
     import xarray as xr
 
-    from gpuscope.metrics.topdown import stall_metric
-
-    from gpuscope.metrics.topdown import STALL_PARENT
+    from gpuscope.metrics.topdown import STALL_PARENT, stall_metric
 
     counts = pc["kernel_samples"].astype(float)
     pct = 100.0 * counts / counts.sum("stall_reason").where(lambda t: t > 0)

@@ -88,8 +88,8 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
     xarray.Dataset
         See :func:`gpuscope._results.build.pc_sampling_dataset`.
     """
-    from gpuscope._results import build as _results
     from gpuscope._pc_sampling.source import pretty_function
+    from gpuscope._results import build as _results
 
     base, column = _reason_table(list(reason_names))
     by_index = {int(i): column[n] for i, n in zip(reason_indices, reason_names) if n in column}

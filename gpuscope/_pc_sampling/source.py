@@ -29,7 +29,9 @@ import re
 import sys
 from collections.abc import Iterable
 
-from gpuscope._schema.names import demangle as pretty_function  # the function as written: module.function, ns::kernel<float>
+from gpuscope._schema.names import (
+    demangle as pretty_function,  # the function as written: module.function, ns::kernel<float>
+)
 from gpuscope._schema.names import demangled_text as demangle  # as c++filt prints it
 from gpuscope._schema.names import numba_path as _numba_path
 from gpuscope.errors import CuptiError

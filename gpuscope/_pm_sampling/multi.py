@@ -26,8 +26,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from gpuscope._util import validate as _validate
 from gpuscope._pm_sampling.sampler import MAX_DEVICE, Sampler
+from gpuscope._util import validate as _validate
 
 __all__ = ["MultiSampler", "combine_devices", "select_device", "each_device", "requested_devices", "DeviceChoiceError",
            "LOSS_COUNTS"]
@@ -345,7 +345,6 @@ def select_device(ds, device: int):
     import xarray as xr
 
     from gpuscope._results import build as _results
-
     from gpuscope._schema import dataset as _dataset
 
     ds = _validate.dataset(ds, "ds")

@@ -23,7 +23,6 @@ import threading
 import time
 import warnings
 
-from gpuscope._util import validate as _validate
 from gpuscope._pm_sampling.pipeline import Pipeline as _Pipeline
 from gpuscope._pm_sampling.plan import (
     MIN_INTERVAL_NS,
@@ -36,6 +35,7 @@ from gpuscope._pm_sampling.plan import (
 )
 from gpuscope._pm_sampling.results import SamplerResults
 from gpuscope._pm_sampling.timeline import RangeRecorder as _RangeRecorder
+from gpuscope._util import validate as _validate
 from gpuscope._util.shield import run_shielded
 from gpuscope.errors import GpuscopeWarning, SamplerBusyError
 

@@ -94,8 +94,8 @@ def _worker_main(conn) -> None:
     """A worker process: receive the set-up and the images' descriptors, map them, then evaluate tasks
     ``(seq, index, n, batches)`` until ``None``."""
     import mmap
-    from multiprocessing.reduction import recvfds
     import socket
+    from multiprocessing.reduction import recvfds
 
     chip, metrics, availability, sizes = conn.recv()
     fds = []

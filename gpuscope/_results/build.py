@@ -9,9 +9,19 @@ import datetime
 
 import numpy as np
 
-from gpuscope._schema.dataset import (EXEC_TABLE, RANGE_COORDS, SAMPLE_RANGE_ATTRS, SAMPLE_SPAN_ATTRS,
-                                      SCHEMA_VERSION, SHAPE_COORDS, SPAN_INDEX, SPAN_TABLE, index, innermost_span,
-                                      table_coords)
+from gpuscope._schema.dataset import (
+    EXEC_TABLE,
+    RANGE_COORDS,
+    SAMPLE_RANGE_ATTRS,
+    SAMPLE_SPAN_ATTRS,
+    SCHEMA_VERSION,
+    SHAPE_COORDS,
+    SPAN_INDEX,
+    SPAN_TABLE,
+    index,
+    innermost_span,
+    table_coords,
+)
 from gpuscope._schema.labels import string_labels
 
 # ---------------------------------------------------------------------------------------------------------

@@ -167,7 +167,6 @@ def _range_layout(datasets):
 def _merge_range(datasets, offsets):
     import xarray as xr
 
-
     from gpuscope._schema import dataset as _dataset
 
     keys, positions = _range_layout(datasets)

@@ -16,7 +16,6 @@ from gpuscope._results.io import _dataset_arg
 from gpuscope._schema import dataset as _dataset
 from gpuscope._util import validate as _validate
 
-
 #: Top-Down level-1 nodes put in the args of a kernel or range slice when its Dataset allows Top-Down.
 _TRACE_TOPDOWN = ("retire", "divergence", "frontend", "backend")
 #: The metric whose value is a launch slice's duration when the range results have it (the kernel's GPU time).

@@ -10,7 +10,6 @@ import numpy as np
 
 from gpuscope._schema.units import split_name, units_of
 
-
 #: Version of the Dataset layout, stored in ``attrs["gpuscope_schema"]``; :func:`upgrade` converts older ones.
 #: Version 1 (files without the attr) held grid/block along an ``xyz`` dim and the user ranges as data variables
 #: along ``span``; version 2 held the span and execution tables as list attrs and each sample's span index as the

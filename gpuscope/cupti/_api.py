@@ -21,9 +21,9 @@ import threading
 import time
 from ctypes import POINTER, c_char_p, c_int
 
-from gpuscope.errors import CuptiNotFoundError, cupti_error
 from gpuscope.cupti import _lib
 from gpuscope.cupti._types import Version
+from gpuscope.errors import CuptiNotFoundError, cupti_error
 
 __all__ = ["Functions", "params", "version", "library", "error_message", "observe", "attached", "detach", "on_detach",
            "CUPTI_SUCCESS"]

@@ -26,8 +26,8 @@ import subprocess
 import sys
 import threading
 
-from gpuscope.errors import CuptiNotFoundError
 from gpuscope.cupti._types import MIN_VERSION, Version
+from gpuscope.errors import CuptiNotFoundError
 
 __all__ = ["CuptiLibrary", "load", "version_from_api", "driver_available"]
 

@@ -14,9 +14,9 @@ import threading
 import warnings
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uint32, c_uint64, c_void_p
 
-from gpuscope.errors import GpuscopeWarning
 from gpuscope.cupti import _api
 from gpuscope.cupti._api import Functions
+from gpuscope.errors import GpuscopeWarning
 
 __all__ = ["Launch", "LaunchRecorder", "ModuleWatcher"]
 

@@ -10,10 +10,10 @@ import warnings
 import weakref
 from ctypes import POINTER
 
-from gpuscope.errors import GpuscopeWarning
 from gpuscope.cupti import _types as T
 from gpuscope.cupti._api import Functions, params
 from gpuscope.cupti._types import CheckpointOptimizations
+from gpuscope.errors import GpuscopeWarning
 
 __all__ = ["Checkpoint"]
 

@@ -14,10 +14,10 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
-from gpuscope.errors import GpuscopeWarning
 from gpuscope.cupti import _types as T
 from gpuscope.cupti._api import Functions, params
 from gpuscope.cupti._types import MetricCollectionScope, MetricType, ProfilerType
+from gpuscope.errors import GpuscopeWarning
 
 __all__ = [
     "ProfilerHost",

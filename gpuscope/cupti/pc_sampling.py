@@ -29,10 +29,10 @@ from ctypes import POINTER, c_char_p, c_size_t, c_void_p
 
 import numpy as np
 
-from gpuscope.errors import CuptiError  # noqa: F401  (re-exported for callers)
 from gpuscope.cupti import _types as T
 from gpuscope.cupti._api import Functions, params
 from gpuscope.cupti._types import PCSamplingAttribute, PCSamplingCollectionMode, PCSamplingOutputDataFormat
+from gpuscope.errors import CuptiError  # noqa: F401  (re-exported for callers)
 
 __all__ = [
     "STALL_REASON_STRING_SIZE",

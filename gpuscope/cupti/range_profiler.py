@@ -18,11 +18,11 @@ from ctypes import POINTER, c_char_p
 
 import numpy as np
 
-from gpuscope.errors import GpuscopeWarning
 from gpuscope.cupti import _images
 from gpuscope.cupti import _types as T
 from gpuscope.cupti._api import Functions, params
 from gpuscope.cupti._types import ProfilerRange, ReplayMode
+from gpuscope.errors import GpuscopeWarning
 
 __all__ = ["RangeProfiler", "StopResult", "num_ranges", "range_name"]
 

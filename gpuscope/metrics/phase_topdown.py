@@ -23,9 +23,9 @@ import numpy as np
 import xarray as xr
 
 from gpuscope._schema import dataset as _dataset
-from gpuscope._util import validate as _validate
 from gpuscope._schema.labels import string_labels
 from gpuscope._schema.names import match_kernel
+from gpuscope._util import validate as _validate
 
 __all__ = ["by_phase", "dynamic"]
 

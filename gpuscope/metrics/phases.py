@@ -41,9 +41,17 @@ import xarray as xr
 
 from gpuscope._util import validate as _validate
 from gpuscope.errors import GpuscopeWarning, MissingMetricsError
+
 # change_points is looked up here when phases() runs: benchmarks/bench_phases.py swaps in ruptures' searches
-from gpuscope.metrics.changepoints import (_check_detection, _place_within_blocks, _prune_small_changes, _spread,
-                                           change_points, default_penalty, standardize)
+from gpuscope.metrics.changepoints import (
+    _check_detection,
+    _place_within_blocks,
+    _prune_small_changes,
+    _spread,
+    change_points,
+    default_penalty,
+    standardize,
+)
 from gpuscope.metrics.phase_labels import _absorb_excursions, label_segments
 from gpuscope.metrics.phase_summary import _clip_reach_back, _extent, _means, _phase_topdown, _segment_sums
 

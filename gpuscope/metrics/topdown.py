@@ -52,8 +52,18 @@ from collections.abc import Sequence
 import xarray as xr
 
 from gpuscope.errors import MissingMetricsError
-from gpuscope.metrics.architectures import (ARCHITECTURES, IPC_EXECUTED, IPC_ISSUED, NOT_STALLS, STALL_PARENT, SUB_REASONS,
-                            THREADS_PER_INST, Architecture, architecture, stall_metric)
+from gpuscope.metrics.architectures import (
+    ARCHITECTURES,
+    IPC_EXECUTED,
+    IPC_ISSUED,
+    NOT_STALLS,
+    STALL_PARENT,
+    SUB_REASONS,
+    THREADS_PER_INST,
+    Architecture,
+    architecture,
+    stall_metric,
+)
 from gpuscope.metrics.topdown_aggregate import WEIGHT_METRICS, aggregate
 from gpuscope.metrics.topdown_checks import COVERAGE_TOLERANCE, LEVEL_TOLERANCE, _check_coverage, check_levels
 from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, NODES, UNITS, Node, level_cut
