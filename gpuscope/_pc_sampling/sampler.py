@@ -240,6 +240,7 @@ class PCSampler:
             from gpuscope.cupti import pc_sampling as C
 
             C.return_buffer(self._buffer)  # kept for the next block: CUPTI may still write into it
+            self._buffer = None  # the next block of its shape owns it now
         if self._recorder is not None:
             _quietly(self._recorder.close)
             self._recorder = None
