@@ -33,6 +33,7 @@ def forget_hosts() -> None:
     """Drop the cached host objects (CUPTI is being detached: they belong to the CUPTI that goes away)."""
     _chip_metrics.cache_clear()
     _set_on_chip.cache_clear()
+    consistent_plan.cache_clear()
 
 
 def metric_sets(kind: str | None = None):
@@ -195,6 +196,44 @@ def config_image(metrics: Sequence[str], chip: str, kind: str = "range", counter
     kind = _kind(kind)
     ptype = ProfilerType.RANGE_PROFILER if kind is MetricKind.RANGE else ProfilerType.PM_SAMPLING
     return host.config_image(chip, ptype, list(metrics), counter_availability)
+
+
+@functools.lru_cache(maxsize=64)
+def consistent_plan(metrics: tuple[str, ...], chip: str):
+    """The :class:`gpuscope._gpu.pass_plan.PassPlan` of resolved *metrics* on *chip* (None: CUPTI schedules them).
+    Made once per list and chip (about 0.2 s of host-API pass counts for the ``topdown`` set)."""
+    from gpuscope._gpu import pass_plan
+    from gpuscope.cupti import host
+
+    cm = _chip_metrics(_check_chip(chip), MetricKind.RANGE)
+
+    def one_pass(names) -> bool:
+        return host.num_passes(config_image(list(names), cm.chip, "range")) == 1
+
+    return pass_plan.plan(metrics, cm.has, one_pass)
+
+
+def checked_groups(groups, metrics: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """*groups* (sequences of metric names) checked against the session's *metrics*, as a hashable tuple; metrics
+    in no group form one more group at the end. None or empty gives ``()`` (CUPTI schedules all metrics)."""
+    if not groups:
+        return ()
+    if isinstance(groups, str) or not all(isinstance(g, (list, tuple)) for g in groups):
+        raise TypeError("pass_groups must be a list of lists of metric names.")
+    known = set(metrics)
+    out, seen = [], set()
+    for group in groups:
+        unknown = [m for m in group if m not in known]
+        if unknown:
+            raise ValueError(f"pass_groups names metrics the session does not collect: {unknown[:5]}; add them to "
+                             "metrics= too.")
+        if group:
+            out.append(tuple(group))
+            seen.update(group)
+    rest = tuple(m for m in metrics if m not in seen)
+    if rest:
+        out.append(rest)
+    return tuple(out)
 
 
 def count_passes(metrics, chip: str | None = None, kind: str | None = None, counter_availability=None) -> int:

@@ -20,6 +20,16 @@ from gpuscope.errors import GpuscopeWarning, MultiPassRangeError, SessionConflic
 
 __all__ = ["Mode", "PerLaunchModes"]
 
+
+def evaluate_range(owner, image, index: int):
+    """The values of ``owner.metrics`` for range *index* of a decoded counter-data image, through the session's
+    pass plan where it has one (:mod:`gpuscope._gpu.pass_plan`)."""
+    plan = getattr(owner, "_plan", None)
+    if plan is None:
+        return owner._host.evaluate(image, index, owner.metrics)
+    return plan.values(owner._host.evaluate(image, index, plan.collected))
+
+
 class Mode(str, enum.Enum):
     """How a :class:`Profiler` collects: ``"user"``, ``"kernel"``, ``"iteration"`` or ``"auto"`` (module docstring)."""
 
@@ -285,7 +295,7 @@ class PerLaunchModes:
         for index in range(keep):
             launch = reference[index]
             if launch.wanted:
-                self._rows.append(self._launch_row(launch, index, self._host.evaluate(image, index, self.metrics),
+                self._rows.append(self._launch_row(launch, index, evaluate_range(self, image, index),
                                                    group.index, group.first_iteration, self.passes, "iteration"))
         self._rp.initialize_counter_data(image)
         self._group_index += 1
@@ -337,7 +347,7 @@ class PerLaunchModes:
                   "be told apart, so rows are named by CUPTI's range names without kernel names.")
             launches = None
         for index in range(count):
-            values = self._host.evaluate(image, index, self.metrics)
+            values = evaluate_range(self, image, index)
             if launches is None:
                 name = range_profiler.range_name(image, index, "/")
                 self._rows.append({"name": name, "depth": 1, "parent": "", "launch": -1, "values": values,

@@ -121,6 +121,13 @@ class Profiler(UserRanges, PerLaunchModes):
     report : bool
         Print :meth:`report` (one row per kernel or range: time, Top-Down verdict, advice) when the session
         closes.
+    pass_groups : None, "cupti" or list of lists of str
+        How metrics are split into passes. None (default): where the list holds warp-stall shares (the
+        ``topdown`` set), gpuscope's consistent plan (:mod:`gpuscope._gpu.pass_plan`): each share's counters in
+        one pass, and no share in the first pass, which under kernel replay is the only one not replayed; the
+        shares of kernels of a few microseconds then add up to 100% of warp-active cycles and agree with ncu
+        (``docs/topdown.md``). ``"cupti"``: CUPTI schedules the list as it likes. A list of lists: each list is a
+        pass group CUPTI schedules on its own (metrics in no list form one more group).
 
     Attributes
     ----------
@@ -153,7 +160,7 @@ class Profiler(UserRanges, PerLaunchModes):
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
-                 report: bool = False):
+                 report: bool = False, pass_groups=None):
         from gpuscope._gpu import device as _device
         from gpuscope._gpu import keep as _keep
         from gpuscope._gpu import metric_lists as _lists
@@ -200,15 +207,29 @@ class Profiler(UserRanges, PerLaunchModes):
             # GH100 (tests/unit/test_host.py).
             self._availability = profiler.pm_counter_availability(self.device)
 
+            self._plan, self._groups = None, ()
+            if pass_groups is None:
+                self._plan = _lists.consistent_plan(tuple(self.metrics), self.chip)
+                self._groups = self._plan.groups if self._plan is not None else ()
+            elif pass_groups != "cupti":
+                self._groups = _lists.checked_groups(pass_groups, self.metrics)
+            if self._plan is not None:
+                self.metrics = list(self._plan.requested)  # with the per-pass clocks, so that the Dataset has them
+            self._collected = list(self._plan.collected) if self._plan is not None else self.metrics
+
             def make():
                 h = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
-                h.add_metrics(self.metrics)
+                if self._groups:
+                    for group in self._groups:
+                        h.add_pass_group(group)
+                else:
+                    h.add_metrics(self.metrics)
                 config = h.config_image()
                 config.flags.writeable = False
                 return _keep.HostSetup(h, config, host.num_passes(config),
                                        {m: _properties(h, m) for m in self.metrics})
 
-            setup = _keep.host_for(self.device, self.chip, tuple(self.metrics), make)
+            setup = _keep.host_for(self.device, self.chip, (tuple(self.metrics), self._groups), make)
             self._host, self._config, self.passes = setup.host, setup.config, setup.passes
             self.properties = {m: dict(p) for m, p in setup.properties.items()}
         except BaseException:
@@ -303,7 +324,7 @@ class Profiler(UserRanges, PerLaunchModes):
         from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import range_profiler
 
-        key = (self._context.handle, tuple(self.metrics), int(range_mode), int(replay_mode), int(ranges), int(depth))
+        key = (self._context.handle, tuple(self.metrics), self._groups, int(range_mode), int(replay_mode), int(ranges), int(depth))
         if key == self._key:
             return
         if self._rp is not None:
@@ -315,7 +336,7 @@ class Profiler(UserRanges, PerLaunchModes):
             self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
         else:
             self._rp = range_profiler.RangeProfiler(self._context.handle)
-            self._image = self._rp.counter_data_image(self.metrics, ranges)
+            self._image = self._rp.counter_data_image(self._collected, ranges)
             self._rp.set_config(self._config, self._image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
         self._key, self.max_ranges = key, int(ranges)
         if self._collector is not None:
@@ -489,10 +510,20 @@ class Profiler(UserRanges, PerLaunchModes):
                      "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
                      "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._set_attrs,
                      **self._notes}
-            self._dataset = _results.range_dataset(self._rows, self.metrics, self.properties, self.device_info,
-                                                   self.chip, attrs)
+            if self._plan is not None:
+                attrs.update(self._plan.attrs())
+            elif self._groups:
+                attrs.update(pass_plan="given", pass_groups=[", ".join(g) for g in self._groups])
+            else:
+                attrs["pass_plan"] = "cupti"
+            ds = _results.range_dataset(self._rows, self.metrics, self.properties, self.device_info, self.chip,
+                                        attrs)
+            if self._plan is not None:
+                for name, formula in self._plan.formulas().items():
+                    if name in ds:
+                        ds[name].attrs["formula"] = formula
+            self._dataset = ds
         return self._dataset
-
 
     def report(self, **options):
         """The readable per-kernel (and per-range) summary of :attr:`dataset` (see :func:`gpuscope.report`)."""

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from gpuscope._range_profiling import ranges as _ranges
-from gpuscope._range_profiling.modes import Mode, _warn
+from gpuscope._range_profiling.modes import Mode, _warn, evaluate_range
 from gpuscope.errors import SessionConflictError
 
 __all__ = ["UserRanges"]
@@ -198,7 +198,7 @@ class UserRanges:
             image = self._image
             for index in range(range_profiler.num_ranges(image)):
                 name = range_profiler.range_name(image, index, "/")
-                self._rows.append(self._record(name, self._host.evaluate(image, index, self.metrics), group))
+                self._rows.append(self._record(name, evaluate_range(self, image, index), group))
         self._rp.initialize_counter_data(self._image)
         self._new_group()
         if self._grow:

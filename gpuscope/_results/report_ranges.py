@@ -90,6 +90,10 @@ def _range_report(ds, *, by: str | None = None) -> Report:
         nodes, ipc_max = result
         # a launch whose Top-Down is not a number (NaN or inf inputs) is left out, not averaged in as 0
         valid = np.logical_and.reduce([np.isfinite(nodes[n].values) for n in td.level_cut(1)])
+        inconsistent = np.zeros_like(valid)
+        if "consistent" in nodes:  # passes that disagree give no verdict (docs/topdown.md)
+            inconsistent = valid & ~nodes["consistent"].values.astype(bool)
+            valid &= ~inconsistent
         rows = {}
         if valid.any():
             kept = nodes.isel(range=np.flatnonzero(valid)).assign_coords(_group=("range", key[valid]))
@@ -97,6 +101,17 @@ def _range_report(ds, *, by: str | None = None) -> Report:
             rows = {str(k): {v: float(weighted[v].sel(_group=k)) for v in weighted.data_vars}
                     for k in weighted["_group"].values}
         fractions += _topdown_columns(frame, rows, ipc_max)
+        if inconsistent.any():
+            bad = sorted(set(key[inconsistent].tolist()) - set(rows))
+            for k in bad:
+                if k in frame.index:
+                    frame.loc[k, "bound_by"] = "inconsistent"
+            cover = nodes["warp_state_coverage"].values[inconsistent]
+            notes.append(
+                f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: their warp states cover "
+                f"{np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active cycles, not 100 +/- 5%, so the passes "
+                "that collected them disagree and no verdict is given (column consistent of gpuscope.topdown"
+                + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + ").")
         notes.append(
             "Top-Down level 1 as fractions of the SM's peak issue rate (IPC_MAX "
             f"{ipc_max:g}), weighted by kernel length in cycles; bound_by is the level-2 node that loses the most "

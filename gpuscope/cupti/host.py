@@ -288,6 +288,24 @@ class ProfilerHost:
         _f.cuptiProfilerHostConfigAddMetrics(p)
         self._added.update(new)
 
+    def add_pass_group(self, metrics) -> None:
+        """Add *metrics* as a pass group of their own (one ``cuptiProfilerHostConfigAddMetrics`` call).
+
+        CUPTI schedules each call's metrics into passes on their own and appends those passes to the config: a
+        group that fits in one pass is collected in one pass, whatever the other groups hold, and a counter in two
+        groups is collected twice (measured with CUPTI 13.0-13.1 on GH100: two groups of the same three stall
+        reasons need 4 passes, the three together 2). Unlike :meth:`add_metrics`, names already added are added
+        again.
+        """
+        metrics = list(metrics)
+        if not metrics:
+            return
+        names = (c_char_p * len(metrics))(*[m.encode() for m in metrics])
+        p = params(T.CUpti_Profiler_Host_ConfigAddMetrics_Params, pHostObject=self._h(), ppMetricNames=names,
+                   numMetrics=len(metrics))
+        _f.cuptiProfilerHostConfigAddMetrics(p)
+        self._added.update(metrics)
+
     def config_image(self) -> np.ndarray:
         """The config image of the metrics added so far (uint8 array)."""
         p = params(T.CUpti_Profiler_Host_GetConfigImageSize_Params, pHostObject=self._h())

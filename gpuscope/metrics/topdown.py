@@ -204,6 +204,32 @@ def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.Variable | float
     return v
 
 
+def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variable]:
+    """Per range: how far the collected warp states miss 100% of warp-active cycles (``warp_state_coverage``), the
+    lost IPC that the stall nodes cannot place because of it (``topdown_uncertainty``), and ``consistent``.
+
+    Every active warp-cycle is in exactly one warp state, so the states of one execution add up to 100%. Shares
+    whose counters come from passes that ran differently do not (docs/topdown.md): the stall nodes divide
+    ``IPC_MAX - issued IPC`` by shares that are off by about as much as the sum is."""
+    reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
+    if not all(stall_metric(r) in ds for r in NOT_STALLS):
+        return {}
+    covered = sum(ds[m].variable.astype(float) for r in reasons if (m := stall_metric(r)) in ds)
+    stall = (arch.ipc_max - v["ipc_issued"]).clip(min=0)
+    miss = abs(covered - 100.0)
+    coverage = covered.copy()
+    coverage.attrs = {"units": "%", "description": "collected warp states as a share of warp-active cycles "
+                      "(100% when every stall share comes from executions that agree)"}
+    uncertainty = stall * miss / 100.0
+    uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "lost IPC the stall nodes cannot "
+                         "place: (IPC_MAX - issued IPC) * |warp_state_coverage - 100%|; "
+                         "frontend/backend nodes and their children are uncertain by up to this much"}
+    consistent = (abs(covered - 100.0) <= COVERAGE_TOLERANCE)
+    consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%: the stall "
+                        "breakdown can be trusted; where False, no verdict is given"}
+    return {"warp_state_coverage": coverage, "topdown_uncertainty": uncertainty, "consistent": consistent}
+
+
 def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn") -> xr.Dataset:
     """Top-Down hierarchy of every range (or sample) of a metrics Dataset.
 
@@ -226,7 +252,9 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
     xarray.Dataset
         One variable per node (``retire``, ``divergence``, ``divergence_branch``, ... ``backend_memory_long_scoreboard``),
         in warp instructions per active cycle per SM, with attrs ``level``, ``parent``, ``formula``, ``units``,
-        ``ipc_max``, ``description``. The input's dims and coordinates are kept; weight metrics
+        ``ipc_max``, ``description``. Where ``ds`` has the ``selected`` and ``not_selected`` states, three coordinates
+        per range: ``warp_state_coverage`` (%), ``topdown_uncertainty`` (IPC) and ``consistent`` (bool), see
+        ``docs/topdown.md``. The input's dims and coordinates are kept; weight metrics
         (:data:`WEIGHT_METRICS`) present in ``ds`` become coordinates so that :func:`aggregate` finds them. Dataset
         attrs: the input's, plus ``topdown_ipc_max``, ``topdown_units``, ``topdown_architecture``.
 
@@ -259,6 +287,7 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         }
         out[node.name] = da
     coords = {name: ds[name] for name in WEIGHT_METRICS if name in ds.data_vars}
+    coords.update(_quality(ds, table, v))  # coordinates: data_vars stay the nodes
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {
         **ds.attrs,
@@ -269,4 +298,4 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
     if check != "ignore":
         _check_coverage(ds, table, COVERAGE_TOLERANCE)
         check_levels(result, on_error=check)
-    return result.drop_vars([n for n in out if _BY_NAME[n].level not in wanted])
+    return result.drop_vars([n for n in out if n in _BY_NAME and _BY_NAME[n].level not in wanted])

@@ -42,7 +42,10 @@ def test_verdicts_are_the_topdown_hierarchy(launches):
     r = report(launches)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        per_kernel = td.aggregate(td.topdown(launches), by="kernel")
+        nodes = td.topdown(launches)
+        # launches whose warp states miss 100 +/- 5% give no verdict and are left out of the columns
+        per_kernel = td.aggregate(nodes.isel(range=nodes["consistent"].values.astype(bool)), by="kernel")
+    assert "left out of the Top-Down columns" in " ".join(r.notes) or nodes["consistent"].values.all()
     for k in r.index:
         row = per_kernel.sel(kernel=k)
         level2 = {n: float(row[n]) for n in td.level_cut(2) if n != "retire"}

@@ -1,0 +1,161 @@
+"""Pass plans for stall breakdowns: each ratio's counters in one pass, and none in the first pass of a replay.
+
+CUPTI schedules a metric list into passes as it likes: for the ``topdown`` set on GH100 it puts
+``smsp__warps_active`` (the denominator of every ``*_per_warp_active.pct`` stall share) in one pass and the 18
+stall counters in the others, so 17 of the 18 shares divide counts of different executions. On kernels of a few
+microseconds the executions differ: under CUPTI kernel replay the first pass is the launch as the program made
+it, the later passes run after CUPTI restored device memory, and a 7 us CuPy elementwise kernel then has 1.9 times
+the active warps of the first pass (``benchmarks/probe_pass_consistency.py``, ``docs/measurements.md``). Shares
+summed to 40-80% of warp-active cycles instead of 100%.
+
+A :class:`PassPlan` collects instead, for the same requested metrics:
+
+* a **lead group** (the first pass): the requested metrics that are not stall shares (IPC, warp efficiency,
+  durations, cycle counts), as CUPTI defines them;
+* **stall groups**, one pass each: a few ``smsp__warps_issue_stalled_<reason>.sum`` counters with the anchor
+  ``sm__warps_active.sum``.
+
+Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own
+(:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass. The
+requested metrics are then computed from the collected counters (:meth:`PassPlan.values`):
+``smsp__warp_issue_stalled_<r>_per_warp_active.pct = 100 * smsp__warps_issue_stalled_<r>.sum /
+sm__warps_active.sum``, CUPTI's definition with the SM-level count of active warps (``sm__warps_active`` counts
+the same warp-cycles as ``smsp__warps_active``; on the probe's kernels within 1-3%, which the Top-Down's
+normalisation over stall reasons cancels).
+
+CUPTI evaluates a counter collected in several groups to one value (that of a later pass, not of the first), so
+the anchor is one pass's: the shares are consistent because all stall groups are replays under the same
+conditions, not because each has its own denominator. The check that they are is in the data:
+``warp_state_coverage`` (the collected warp states as a share of warp-active cycles) must be 100 +/- 5%, and
+rows where it is not are flagged (:mod:`gpuscope.metrics.topdown_checks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["ANCHOR", "PassPlan", "plan"]
+
+#: The denominator collected with every stall group: active warp-cycles, counted per SM (it fits beside three stall
+#: counters on GH100 where ``smsp__warps_active`` fits beside two, so the plan needs no more passes than CUPTI's).
+ANCHOR = "sm__warps_active.sum"
+_STALL = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
+_DURATION = "gpu__time_duration.sum"
+
+
+@dataclasses.dataclass(frozen=True)
+class PassPlan:
+    """What a session collects for a requested metric list, in which pass groups, and how it gets back.
+
+    Attributes
+    ----------
+    requested : tuple of str
+        The metrics the Dataset holds, in order.
+    collected : tuple of str
+        The metrics CUPTI evaluates from the counter data (raw counts, the anchor, the other requested metrics).
+    groups : tuple of tuple of str
+        The pass groups, lead group first; each is one pass.
+    derived : tuple of (str, str, str, float)
+        ``(requested, numerator, denominator, scale)``: ``requested = scale * numerator / denominator``.
+    """
+
+    requested: tuple[str, ...]
+    collected: tuple[str, ...]
+    groups: tuple[tuple[str, ...], ...]
+    derived: tuple[tuple[str, str, str, float], ...]
+
+    def __post_init__(self):
+        where = {m: i for i, m in enumerate(self.collected)}
+        formulas = {d[0]: d for d in self.derived}
+        index = []
+        for m in self.requested:
+            if m in formulas:
+                _, num, den, scale = formulas[m]
+                index.append((where[num], where[den], scale))
+            else:
+                index.append((where[m], -1, 1.0))
+        object.__setattr__(self, "_index", tuple(index))
+
+    @property
+    def passes(self) -> int:
+        return len(self.groups)
+
+    def values(self, raw: np.ndarray) -> np.ndarray:
+        """The requested metrics' values (float64, in :attr:`requested` order) from *raw*, the values of
+        :attr:`collected` of one range. A ratio whose denominator is 0 is NaN (no active warps or cycles)."""
+        raw = np.asarray(raw, dtype=np.float64)
+        out = np.empty(len(self.requested))
+        for k, (num, den, scale) in enumerate(self._index):
+            if den < 0:
+                out[k] = raw[num]
+            else:
+                d = raw[den]
+                out[k] = scale * raw[num] / d if d > 0 else np.nan
+        return out
+
+    def formulas(self) -> dict[str, str]:
+        """Requested metric -> how it was computed (for the Dataset's attrs)."""
+        return {m: (f"{scale:g} * {num} / {den}" if scale != 1 else f"{num} / {den}")
+                for m, num, den, scale in self.derived}
+
+    def attrs(self) -> dict:
+        """Dataset attrs that record the plan: the groups, one string per pass, lead first."""
+        return {"pass_plan": "consistent", "pass_groups": [", ".join(g) for g in self.groups]}
+
+
+def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[[Sequence[str]], bool]
+         ) -> PassPlan | None:
+    """The consistent plan for *metrics*, or None where CUPTI's own schedule is as good (no stall shares asked
+    for, or the chip lacks the counters).
+
+    Parameters
+    ----------
+    metrics : sequence of str
+        Resolved metric names, as the session collects them.
+    has : callable
+        ``has(name)``: whether the chip knows a full metric name.
+    one_pass : callable
+        ``one_pass(names)``: whether *names* fit in one pass on their own (the host API's pass count of a config
+        with that one group).
+    """
+    metrics = list(dict.fromkeys(metrics))
+    stalls = {m: _STALL.match(m).group(1) for m in metrics if _STALL.match(m)}
+    if not stalls or not has(ANCHOR):
+        return None
+    derived: list[tuple[str, str, str, float]] = []
+    lead: list[str] = []
+    rest: list[str] = []  # the requested metrics that are not stall shares
+    items: list[str] = []
+    for m in metrics:
+        if m in stalls:
+            raw = f"smsp__warps_issue_stalled_{stalls[m]}.sum"
+            if not has(raw):
+                return None
+            derived.append((m, raw, ANCHOR, 100.0))
+            items.append(raw)
+        else:
+            rest.append(m)
+    for m in rest:  # the other requested metrics: in the first pass where they fit, else in groups after it
+        if one_pass(lead + [m]):
+            lead.append(m)
+        else:
+            items.append(m)
+    if not lead and has(_DURATION):
+        lead = [_DURATION]  # the first pass holds no stall counter, even when only shares are asked for
+    groups: list[list[str]] = []
+    for item in dict.fromkeys(items):
+        for g in groups:
+            if one_pass([ANCHOR, *g, item]):
+                g.append(item)
+                break
+        else:
+            if not one_pass([ANCHOR, item]):
+                return None  # a metric that needs several passes on its own: CUPTI schedules the list
+            groups.append([item])
+    all_groups = (tuple(lead), *(tuple([ANCHOR, *g]) for g in groups))
+    collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
+    return PassPlan(tuple(metrics), collected, all_groups, tuple(derived))
