@@ -1,33 +1,35 @@
-"""Pass plans for stall breakdowns: each ratio's counters in one pass, and none in the first pass of a replay.
+"""Pass plans for stall breakdowns: each ratio's counters in one pass, none in the first two passes of a replay.
 
 CUPTI schedules a metric list into passes as it likes: for the ``topdown`` set on GH100 it puts
 ``smsp__warps_active`` (the denominator of every ``*_per_warp_active.pct`` stall share) in one pass and the 18
 stall counters in the others, so 17 of the 18 shares divide counts of different executions. On kernels of a few
-microseconds the executions differ: under CUPTI kernel replay the first pass is the launch as the program made
-it, the later passes run after CUPTI restored device memory, and a 7 us CuPy elementwise kernel then has 1.9 times
-the active warps of the first pass (``benchmarks/probe_pass_consistency.py``, ``docs/measurements.md``). Shares
-summed to 40-80% of warp-active cycles instead of 100%.
+microseconds the executions differ. Under CUPTI kernel replay, the active warps of kernels under 10 us, pass by
+pass against ncu's (``benchmarks/probe_pass_position.py``, H200): 1.59 times in the first pass (the launch as the
+program made it), 1.20 in the second, then 1.00, 0.99, 0.96 and 0.91-0.92; on longer kernels 1.24, 1.09, then 1.00.
+The shares summed to 40-80% of warp-active cycles instead of 100%.
 
 A :class:`PassPlan` collects instead, for the same requested metrics:
 
-* a **lead group** (the first pass): the requested metrics that are not stall shares (IPC, warp efficiency,
-  durations, cycle counts), as CUPTI defines them;
+* a **first lead group**: the requested metrics that are neither stall shares nor per-cycle rates (durations,
+  cycle counts): the launch as the program made it;
+* a **second lead group**: instruction counts (``smsp__inst_executed.sum``, ``smsp__inst_issued.sum``,
+  ``smsp__thread_inst_executed.sum``), which do not depend on how an execution went;
 * **stall groups**, one pass each: a few ``smsp__warps_issue_stalled_<reason>.sum`` counters with the anchor
-  ``sm__warps_active.sum``.
+  ``sm__warps_active.sum``, and ``smsp__cycles_active.sum`` in one of them.
 
-Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own
+Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
 (:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass. The
-requested metrics are then computed from the collected counters (:meth:`PassPlan.values`):
-``smsp__warp_issue_stalled_<r>_per_warp_active.pct = 100 * smsp__warps_issue_stalled_<r>.sum /
-sm__warps_active.sum``, CUPTI's definition with the SM-level count of active warps (``sm__warps_active`` counts
-the same warp-cycles as ``smsp__warps_active``; on the probe's kernels within 1-3%, which the Top-Down's
-normalisation over stall reasons cancels).
+requested metrics are computed from the collected counters (:meth:`PassPlan.values`), with CUPTI's definitions:
+``smsp__warp_issue_stalled_<r>_per_warp_active.pct = 100 * smsp__warps_issue_stalled_<r>.sum / warps active``
+(counted per SM: ``sm__warps_active`` counts the same warp-cycles as ``smsp__warps_active``, within 1-3% on the
+probe's kernels, which the Top-Down's normalisation over stall reasons cancels),
+``smsp__<x>.avg.per_cycle_active = smsp__<x>.sum / smsp__cycles_active.sum`` and
+``smsp__thread_inst_executed_per_inst_executed.ratio = smsp__thread_inst_executed.sum / smsp__inst_executed.sum``.
 
-CUPTI evaluates a counter collected in several groups to one value (that of a later pass, not of the first), so
-the anchor is one pass's: the shares are consistent because all stall groups are replays under the same
-conditions, not because each has its own denominator. The check that they are is in the data:
-``warp_state_coverage`` (the collected warp states as a share of warp-active cycles) must be 100 +/- 5%, and
-rows where it is not are flagged (:mod:`gpuscope.metrics.topdown_checks`).
+CUPTI evaluates a counter collected in several groups to one value, so the anchor is one pass's: the shares agree
+because the stall passes ran alike, not because each has its own denominator (CUPTI gives no per-pass value of a
+counter). The check is in the data: ``warp_state_coverage`` (the collected warp states as a share of warp-active
+cycles) must be 100 +/- 5%, and rows where it is not are flagged (:func:`gpuscope.metrics.topdown.topdown`).
 """
 
 from __future__ import annotations
@@ -38,12 +40,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["ANCHOR", "PassPlan", "plan"]
+__all__ = ["ANCHOR", "CYCLES", "PassPlan", "plan"]
 
 #: The denominator collected with every stall group: active warp-cycles, counted per SM (it fits beside three stall
 #: counters on GH100 where ``smsp__warps_active`` fits beside two, so the plan needs no more passes than CUPTI's).
 ANCHOR = "sm__warps_active.sum"
+#: The denominator of the per-cycle-active rates (IPC): cycles in which an SMSP had a warp active.
+CYCLES = "smsp__cycles_active.sum"
+#: Collected in the second lead group when no instruction count is asked for: a pass that holds no ratio.
+FILLER = "smsp__inst_executed.sum"
 _STALL = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
+_PER_CYCLE = re.compile(r"^(smsp__\w+)\.avg\.per_cycle_active$")
+_THREAD_RATIO = ("smsp__thread_inst_executed_per_inst_executed.ratio", "smsp__thread_inst_executed.sum",
+                 "smsp__inst_executed.sum")
 _DURATION = "gpu__time_duration.sum"
 
 
@@ -127,9 +136,10 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     if not stalls or not has(ANCHOR):
         return None
     derived: list[tuple[str, str, str, float]] = []
-    lead: list[str] = []
-    rest: list[str] = []  # the requested metrics that are not stall shares
-    items: list[str] = []
+    first: list[str] = []  # the launch as the program made it
+    counts: list[str] = []  # the second pass: instruction counts, the same in every execution
+    rest: list[str] = []  # the requested metrics that are neither stall shares nor rates of counts
+    items: list[str] = []  # what the stall passes collect beside the anchor
     for m in metrics:
         if m in stalls:
             raw = f"smsp__warps_issue_stalled_{stalls[m]}.sum"
@@ -137,15 +147,25 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
                 return None
             derived.append((m, raw, ANCHOR, 100.0))
             items.append(raw)
+        elif (pc := _PER_CYCLE.match(m)) and has(f"{pc.group(1)}.sum") and has(CYCLES):
+            derived.append((m, f"{pc.group(1)}.sum", CYCLES, 1.0))
+            counts.append(f"{pc.group(1)}.sum")
+            items.insert(0, CYCLES)
+        elif m == _THREAD_RATIO[0] and has(_THREAD_RATIO[1]) and has(_THREAD_RATIO[2]):
+            derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
+            counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]
         else:
             rest.append(m)
-    for m in rest:  # the other requested metrics: in the first pass where they fit, else in groups after it
-        if one_pass(lead + [m]):
-            lead.append(m)
+    for m in rest:  # in the first pass where they fit, else in the stall passes
+        if one_pass([*first, m]):
+            first.append(m)
         else:
             items.append(m)
-    if not lead and has(_DURATION):
-        lead = [_DURATION]  # the first pass holds no stall counter, even when only shares are asked for
+    if not first and has(_DURATION):
+        first = [_DURATION]
+    counts = list(dict.fromkeys(counts)) or ([FILLER] if has(FILLER) else [])
+    if not first or not counts or not one_pass(counts):
+        return None
     groups: list[list[str]] = []
     for item in dict.fromkeys(items):
         for g in groups:
@@ -156,6 +176,6 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             if not one_pass([ANCHOR, item]):
                 return None  # a metric that needs several passes on its own: CUPTI schedules the list
             groups.append([item])
-    all_groups = (tuple(lead), *(tuple([ANCHOR, *g]) for g in groups))
+    all_groups = (tuple(first), tuple(counts), *(tuple([ANCHOR, *g]) for g in groups))
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
     return PassPlan(tuple(metrics), collected, all_groups, tuple(derived))

@@ -40,7 +40,7 @@ def test_stall_shares_of_short_kernels_add_up(work, mode):
             if mode == "iteration":
                 prof.step()
     ds = prof.dataset
-    assert ds.attrs["pass_plan"] == "consistent" and prof.passes == 7
+    assert ds.attrs["pass_plan"] == "consistent" and prof.passes == len(ds.attrs["pass_groups"])
     total = _shares(ds).sum(axis=1)
     short = ds["gpu__time_duration.sum"].values < 10e3
     assert short.sum() >= 10  # the workload is mostly kernels under 10 us

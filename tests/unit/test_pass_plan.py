@@ -28,13 +28,16 @@ def test_each_add_metrics_call_is_a_pass_group_of_its_own():
     assert _passes([three, three]) == 4  # the same metrics twice: collected twice
 
 
-def test_topdown_plan_keeps_every_share_out_of_the_first_pass_at_the_same_pass_count():
+def test_topdown_plan_keeps_every_rate_out_of_the_first_two_passes_with_one_pass_more():
     plan = lists.consistent_plan(TOPDOWN, "GH100")
-    assert plan.passes == _passes(plan.groups) == 7 == lists.count_passes("topdown", "GH100")
+    assert plan.passes == _passes(plan.groups) == 8 == lists.count_passes("topdown", "GH100") + 1
     assert all(_passes([g]) == 1 for g in plan.groups)
-    assert not any("stalled" in m for m in plan.groups[0])
-    for group in plan.groups[1:]:
-        assert group[0] == pass_plan.ANCHOR and all("stalled" in m for m in group[1:])
+    first, counts = plan.groups[:2]
+    assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max"}
+    assert all(m.endswith(".sum") and "inst" in m for m in counts)  # counts, the same in every execution
+    for group in plan.groups[2:]:
+        assert group[0] == pass_plan.ANCHOR
+        assert all("stalled" in m or m == pass_plan.CYCLES for m in group[1:])
     assert plan.requested == TOPDOWN
 
 
