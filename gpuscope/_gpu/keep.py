@@ -36,6 +36,7 @@ import sys
 import threading
 import warnings
 
+from gpuscope._util import launchers as _launchers
 from gpuscope.errors import GpuscopeWarning
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
@@ -44,39 +45,40 @@ __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_device
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
 #: The default: the counters are the GPU's, not the process's, so a kept profiler also stops *other processes*
-#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another.
+#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another. Where a
+#: launcher says several processes run on this host (torchrun, MPI, Slurm), nothing is kept unless GPUSCOPE_KEEP
+#: says.
 DEFAULT_SECONDS = 10.0
-#: Process counts set by launchers of several processes that may share a GPU (MPI, Slurm): there, nothing is kept
-#: unless GPUSCOPE_KEEP says.
-_MULTI_PROCESS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
 
 _lock = threading.Lock()
 _kept: dict[int, Kept] = {}
 _hosts: dict[tuple, HostSetup] = {}
-
-
-def _count(text) -> int:
-    try:
-        return int(text or 1)
-    except ValueError:
-        return 1
+_warned: set[str] = set()  # GPUSCOPE_KEEP values already warned about: once each, not at every session
 
 
 def seconds() -> float:
-    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``: until exit or
-    :func:`release`), else 10 s, or 0 (never) when a launcher of several processes (MPI, Slurm) started this one."""
+    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``, or more than a
+    timer can wait: until exit or :func:`release`), else 10 s, or 0 (never) when a launcher says several processes
+    run on this host (:func:`gpuscope._util.launchers.processes_on_this_host`). A value that is not one of those
+    (``nan``, negative, text) is warned about once and the default used."""
     text = os.environ.get(ENV, "").strip().lower()
     if not text:
-        return 0.0 if any(_count(os.environ.get(v)) > 1 for v in _MULTI_PROCESS) else DEFAULT_SECONDS
+        return 0.0 if _launchers.processes_on_this_host() > 1 else DEFAULT_SECONDS
     if text in ("false", "no", "off"):
         return 0.0
     try:
         value = float(text)
     except ValueError:
-        warnings.warn(f"{ENV}={text!r} is not a number of seconds; keeping for {DEFAULT_SECONDS:g} s.",
-                      GpuscopeWarning, stacklevel=3)
+        value = float("nan")
+    if not value >= 0:  # nan, negative or not a number
+        with _lock:
+            first = text not in _warned
+            _warned.add(text)
+        if first:  # attributed to this line: the caller may be a timer or teardown thread, with no user frame
+            warnings.warn(f"{ENV}={text!r} is not a number of seconds: use a number from 0, inf (keep until exit) "
+                          f"or off (never keep). Keeping for {DEFAULT_SECONDS:g} s.", GpuscopeWarning, stacklevel=1)
         return DEFAULT_SECONDS
-    return max(value, 0.0)
+    return float("inf") if value >= threading.TIMEOUT_MAX else value  # a longer Timer dies of OverflowError
 
 
 def enabled() -> bool:
@@ -181,9 +183,10 @@ def release(device: int | None = None) -> int:
     with the same metrics and mode starts in milliseconds instead of 0.2-1.5 s. While it is kept, the counters are
     held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
     them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
-    until exit; under MPI or Slurm nothing is kept unless it is set), before PM and PC sampling, when a
-    session needs another configuration, and at process exit. The counters are the GPU's: while they are kept,
-    other processes cannot profile this GPU either. Call this before handing the GPU to another tool.
+    until exit; where torchrun, MPI or Slurm started several processes on this host nothing is kept unless it is
+    set), before PM and PC sampling, when a session needs another configuration, and at process exit. The
+    counters are the GPU's: while they are kept, other processes cannot profile this GPU either. Call this before
+    handing the GPU to another tool.
 
     Parameters
     ----------
