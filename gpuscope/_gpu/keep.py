@@ -25,6 +25,8 @@ PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cu
 ``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
 outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
 kept here first.
+
+Sessions also start importing xarray on a thread (:func:`import_xarray_soon`); ``os.fork`` waits for that import.
 """
 
 from __future__ import annotations
@@ -299,16 +301,25 @@ def _quietly_close(obj) -> None:
 
 
 _importer: threading.Thread | None = None
+_import_lock = threading.Lock()
+#: How long a fork waits for the background import of xarray (it takes 0.45-0.8 s); past that it forks, warned.
+FORK_WAIT_S = 30.0
+_fork = os.fork  # the os.fork that :func:`_fork_after_import` stands in front of while xarray is imported
 
 
 def import_xarray_soon() -> None:
     """Import xarray on a background thread while a session runs (once per process): the first Dataset of a process
-    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps."""
-    global _importer
-    with _lock:
+    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps.
+
+    Until the import is done, ``os.fork`` waits for it (:func:`_fork_after_import`): a child forked meanwhile would
+    inherit the module locks that the importing thread holds, which no thread of the child ever releases, and hang at
+    its first ``import xarray`` (a DataLoader worker, a ``multiprocessing`` child started with fork)."""
+    global _importer, _fork
+    with _import_lock:
         if _importer is not None or "xarray" in sys.modules:
             return
         _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
+        _fork, os.fork = os.fork, _fork_after_import
         _importer.start()
 
 
@@ -317,6 +328,29 @@ def _import_xarray() -> None:
         import xarray  # noqa: F401
     except Exception:  # the Dataset's own import raises it where the user sees it
         pass
+    finally:
+        _put_fork_back()
+
+
+def _put_fork_back() -> None:
+    with _import_lock:
+        if os.fork is _fork_after_import:  # unless someone has wrapped it since: then ours only calls on
+            os.fork = _fork
+
+
+def _fork_after_import() -> int:
+    """``os.fork`` while gpuscope imports xarray in the background: the import is let finish first (at most
+    :data:`FORK_WAIT_S`), then the process forks. Not an at-fork handler: modules imported during the wait register
+    handlers whose after-fork half then runs without their before half, and handlers registered after gpuscope's
+    run before it (logging's holds the lock that the import's ``logging.getLogger`` calls need)."""
+    importer = _importer
+    if importer is not None and importer is not threading.current_thread():
+        importer.join(FORK_WAIT_S)
+        if importer.is_alive():  # e.g. this thread is itself importing a module that the import waits for
+            warnings.warn(f"gpuscope: os.fork() while xarray was still being imported in the background (waited "
+                          f"{FORK_WAIT_S:g} s); the child may hang at its first import of xarray.", GpuscopeWarning,
+                          stacklevel=2)
+    return _fork()
 
 
 def imports_done() -> None:
@@ -327,9 +361,12 @@ def imports_done() -> None:
 
 
 def _forget_in_child() -> None:
-    """After ``os.fork``: the parent's profiler is not the child's to disable."""
-    global _lock
-    _lock = threading.Lock()
+    """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread the child's."""
+    global _lock, _import_lock, _importer
+    _lock, _import_lock = threading.Lock(), threading.Lock()
+    _importer = None  # a fork that did not wait for it: its thread is not the child's
+    if os.fork is _fork_after_import:
+        os.fork = _fork
     for kept in _kept.values():
         _detach(kept)
         kept.timer = None  # the timer thread is the parent's

@@ -327,6 +327,53 @@ def test_xarray_is_imported_in_the_background_and_the_thread_ends():
     assert out.stdout.strip() == "True []", out.stderr
 
 
+FORK_DURING_IMPORT = """
+import os, sys, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork while a thread runs
+from gpuscope._gpu import keep as _keep
+
+def child():
+    import xarray
+    xarray.Dataset({"x": ("t", [1.0])})
+    os._exit(0)
+
+_keep.import_xarray_soon()  # what every session start calls
+while "xarray" not in sys.modules:  # the import thread has begun xarray itself: its module lock is held
+    time.sleep(0.0005)
+during = _keep._importer.is_alive()
+if sys.argv[1] == "os.fork":
+    pid = os.fork()
+    if pid == 0:
+        child()
+else:  # how a DataLoader worker starts
+    import multiprocessing
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    pid = proc.pid
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        status = "hung"
+        break
+    time.sleep(0.02)
+print(during, status)
+"""
+
+
+@pytest.mark.parametrize("how", ["os.fork", "multiprocessing"])
+def test_a_child_forked_during_the_background_import_can_import_xarray(how):
+    """The child of a fork 0-0.8 s after a session starts used to hang for ever at its first ``import xarray``: the
+    import thread held xarray's module lock at the fork (Python 3.11-3.13)."""
+    out = subprocess.run([sys.executable, "-c", FORK_DURING_IMPORT, how], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "0"], out.stdout + out.stderr  # forked mid-import; the child exited 0
+    assert out.stderr == ""
+
+
 class FakeGroupCollector:
     """An iteration collector holding an incomplete pass group (found iterations, filters that matched nothing)."""
 
