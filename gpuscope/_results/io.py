@@ -89,15 +89,40 @@ def _encode_strings(ds):
     return ds
 
 
-def _decode_strings(ds):
-    """Undo :func:`_encode_strings`: each coded variable as an object array holding one str per distinct value."""
+def _decode_strings(ds, path):
+    """Undo :func:`_encode_strings`: each coded variable as an object array holding one str per distinct value.
+    Codes and tables that :func:`_encode_strings` does not write raise :class:`NotGpuscopeDataError`: a negative
+    code would index from the end of the table and relabel samples without a word."""
     for name, var in list(ds.variables.items()):
-        if STRING_TABLE in var.attrs:
-            table = np.array(json.loads(var.attrs[STRING_TABLE]), dtype=object)
-            var = var.copy(data=table[var.values])
-            del var.attrs[STRING_TABLE]
-            ds = ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
+        if STRING_TABLE not in var.attrs:
+            continue
+        text = var.attrs[STRING_TABLE]
+        try:
+            table = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            table = None
+        codes = var.values
+        if not (isinstance(table, list) and all(isinstance(v, str) for v in table)):
+            raise _damaged(path, f"the {STRING_TABLE} attribute of {name!r} ({str(text)[:80]!r}) is not a JSON list "
+                                 "of strings")
+        if codes.dtype.kind not in "iu":
+            raise _damaged(path, f"{name!r} holds {codes.dtype} values, not integer codes into its {STRING_TABLE}")
+        outside = codes[(codes < 0) | (codes >= len(table))]
+        if outside.size:
+            raise _damaged(path, f"{name!r} holds the code {outside.flat[0]}, and its {STRING_TABLE} has "
+                                 f"{len(table)} strings (codes 0 to {len(table) - 1})")
+        var = var.copy(data=np.array(table, dtype=object)[codes])
+        del var.attrs[STRING_TABLE]
+        ds = ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
     return ds
+
+
+def _damaged(path, what: str):
+    """The error for a file whose content is not what :func:`save_dataset` writes."""
+    from gpuscope.errors import NotGpuscopeDataError
+
+    return NotGpuscopeDataError(f"{os.fspath(path)}: {what}: the file was edited or damaged. Save the Dataset again "
+                                "with gpuscope.save_dataset.")
 
 
 #: The type tags :func:`_encode_attr` writes.
@@ -124,15 +149,27 @@ def _attr_types(ds, path) -> dict:
     return tags
 
 
+def _shown(value) -> str:
+    """*value* as an error message shows it (numpy scalars and arrays as plain Python)."""
+    return repr(value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value)
+
+
 def _decode_attr(value, tag: str):
+    """*value* as :func:`_encode_attr` encoded it with *tag*; ValueError if it cannot be (the file was edited)."""
     if tag == "none":
+        if not (isinstance(value, str) and value == ""):
+            raise ValueError(f"it holds {_shown(value)}, where None is stored as ''")
         return None
-    if tag == "bool":
-        return bool(value)
     if tag == "json":
+        if not isinstance(value, str):
+            raise ValueError(f"it holds {_shown(value)}, not JSON text")
         return json.loads(value)
-    items = _dataset._as_list(value)
-    return [bool(v) for v in items] if tag == "bool_list" else items
+    items = [value] if tag == "bool" else _dataset._as_list(value)
+    if tag in ("bool", "bool_list"):
+        if not all(isinstance(v, (int, np.integer)) and v in (0, 1) for v in items):
+            raise ValueError(f"it holds {_shown(value)}, where bools are stored as 0 and 1")
+        return bool(value) if tag == "bool" else [bool(v) for v in items]
+    return items
 
 
 def save_dataset(ds, path: str | os.PathLike) -> None:
@@ -237,7 +274,10 @@ def open_dataset(path: str | os.PathLike):
         No file at *path*.
     gpuscope.errors.NotGpuscopeDataError
         The file's ``gpuscope_attr_types`` record is malformed (not the JSON table :func:`save_dataset` writes),
-        or an attr cannot be decoded as it says.
+        an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool`` tag on text), a string
+        variable's codes or ``gpuscope_strings`` table are not what :func:`save_dataset` writes (a code below 0 or
+        past the table, a table that is not a JSON list of strings), or the tables of an older schema do not fit
+        together. The message names the file and what is wrong.
     ValueError
         *path* is None.
     TypeError
@@ -260,14 +300,15 @@ def open_dataset(path: str | os.PathLike):
                 try:
                     attrs[key] = _decode_attr(value, tag)
                 except ValueError as exc:
-                    from gpuscope.errors import NotGpuscopeDataError
-
-                    raise NotGpuscopeDataError(
-                        f"{os.fspath(path)}: attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
-                        f"({exc}): the file was edited or damaged. Save the Dataset again with "
-                        "gpuscope.save_dataset.") from None
+                    raise _damaged(path, f"attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
+                                         f"({exc})") from None
             elif isinstance(value, np.ndarray):
                 attrs[key] = value.tolist()
     if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str
         ds.attrs["metrics"] = _dataset._as_list(ds.attrs["metrics"])
-    return _dataset.upgrade(_decode_strings(ds))
+    ds = _decode_strings(ds, path)
+    try:
+        return _dataset.upgrade(ds)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:  # tables of an older schema that do not fit
+        raise _damaged(path, f"it cannot be converted from gpuscope schema {ds.attrs.get('gpuscope_schema', 1)} "
+                             f"({type(exc).__name__}: {exc})") from None
