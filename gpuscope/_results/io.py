@@ -6,11 +6,14 @@ import errno
 import json
 import os
 import secrets
+import stat
+import warnings
 
 import numpy as np
 
 from gpuscope._schema import dataset as _dataset
 from gpuscope._util import validate as _validate
+from gpuscope.errors import GpuscopeWarning, NotGpuscopeDataError
 
 
 def _dataset_arg(ds, what: str) -> None:
@@ -119,8 +122,6 @@ def _decode_strings(ds, path):
 
 def _damaged(path, what: str):
     """The error for a file whose content is not what :func:`save_dataset` writes."""
-    from gpuscope.errors import NotGpuscopeDataError
-
     return NotGpuscopeDataError(f"{os.fspath(path)}: {what}: the file was edited or damaged. Save the Dataset again "
                                 "with gpuscope.save_dataset.")
 
@@ -131,8 +132,6 @@ _TAGS = ("none", "bool", "json", "list", "bool_list")
 
 def _attr_types(ds, path) -> dict:
     """The ``{owner: {attr: tag}}`` table of a file, taken out of its attrs; a clear error if it is not one."""
-    from gpuscope.errors import NotGpuscopeDataError
-
     text = ds.attrs.pop(ATTR_TYPES, "{}")
     try:
         tags = json.loads(text)
@@ -189,8 +188,11 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
         Any Dataset; gpuscope's own are the usual case.
     path : str or PathLike
         File to write. An existing file is replaced only once the new one is complete: the Dataset is written to a
-        temporary file in the same folder, which is then renamed to *path*, so a save that fails (or is
-        interrupted) leaves the file that was there as it was, and no temporary file.
+        temporary file in the same folder, flushed to disk, then renamed to *path*, so a save that fails (or is
+        interrupted, or the power goes) leaves the file that was there as it was, and no temporary file. The new
+        file keeps the replaced one's mode (and owner and group, as far as this process may give them). A file
+        with other hard links is replaced under *path* only: the other names keep the old contents, and a
+        :class:`~gpuscope.errors.GpuscopeWarning` says so.
 
     Raises
     ------
@@ -227,18 +229,32 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
 def _replace_with(path, write) -> None:
     """Call ``write(tmp)`` on a new file beside *path*, then rename it to *path* (``os.replace``, atomic on one
     file system): a write that fails or is interrupted (Ctrl-C included) leaves the file that was at *path* as it
-    was, and no temporary file. A symlink at *path* keeps pointing at the file, which is replaced."""
+    was, and no temporary file. The new file is flushed to disk before the rename and the folder after it
+    (``fsync``), so a power loss leaves the old file or the new one, never an empty one.
+
+    A file already at *path* is replaced by one with its mode (readable by no one else while it is written) and, as
+    far as this process may give them, its owner and group; a new file gets 0o666 less the umask, as a plain open
+    gives. A symlink at *path* keeps pointing at the file, which is replaced. A file with other hard links is
+    replaced under this name only, with a warning: the other names keep the old contents (writing into the file
+    in place would give up the atomic replace)."""
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
     folder, name = os.path.split(target)
     tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
-    try:  # O_EXCL: never someone else's file; mode 0o666 less the umask, as a plain open gives (tempfile's is 0o600)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:  # O_EXCL: never someone else's file
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if old is None else 0o600))
     except OSError as exc:  # the folder is missing or not writable: say so of the path asked for
         raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         write(tmp)
+        if old is not None:
+            _take_owner_and_mode(tmp, old)
+        _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -246,6 +262,36 @@ def _replace_with(path, write) -> None:
         except OSError:
             pass
         raise
+    try:
+        _fsync(folder)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot flush a folder
+            raise
+    if old is not None and old.st_nlink > 1:
+        warnings.warn(f"{os.fspath(path)} had {old.st_nlink - 1} other hard link(s): they keep the old contents, "
+                      "since gpuscope.save_dataset writes a new file and renames it over this name (so that a failed "
+                      "save never leaves a damaged file).", GpuscopeWarning, stacklevel=3)
+
+
+def _take_owner_and_mode(tmp: str, old: os.stat_result) -> None:
+    """Give *tmp* the owner, group and mode of the file it replaces: the owner only as root, the group where it is
+    one of this process's, the mode always."""
+    try:
+        os.chown(tmp, old.st_uid, old.st_gid)
+    except PermissionError:  # not root: the owner stays this process's user
+        try:
+            os.chown(tmp, -1, old.st_gid)
+        except PermissionError:  # not one of this process's groups
+            pass
+    os.chmod(tmp, stat.S_IMODE(old.st_mode))  # after chown, which may clear set-id bits
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_dataset(path: str | os.PathLike):
