@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -369,7 +370,8 @@ print(during, status)
 def test_a_child_forked_during_the_background_import_can_import_xarray(how):
     """The child of a fork 0-0.8 s after a session starts used to hang for ever at its first ``import xarray``: the
     import thread held xarray's module lock at the fork (Python 3.11-3.13)."""
-    out = subprocess.run([sys.executable, "-c", FORK_DURING_IMPORT, how], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", FORK_DURING_IMPORT, how], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["True", "0"], out.stdout + out.stderr  # forked mid-import; the child exited 0
     assert out.stderr == ""
 
