@@ -25,6 +25,8 @@ PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cu
 ``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
 outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
 kept here first.
+
+Sessions also start importing xarray on a thread (:func:`import_xarray_soon`); ``os.fork`` waits for that import.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import sys
 import threading
 import warnings
 
+from gpuscope._util import launchers as _launchers
 from gpuscope.errors import GpuscopeWarning
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
@@ -44,39 +47,40 @@ __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_device
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
 #: The default: the counters are the GPU's, not the process's, so a kept profiler also stops *other processes*
-#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another.
+#: from profiling this GPU (HARDWARE_BUSY); kept briefly, it serves sessions that follow one another. Where a
+#: launcher says several processes run on this host (torchrun, MPI, Slurm), nothing is kept unless GPUSCOPE_KEEP
+#: says.
 DEFAULT_SECONDS = 10.0
-#: Process counts set by launchers of several processes that may share a GPU (MPI, Slurm): there, nothing is kept
-#: unless GPUSCOPE_KEEP says.
-_MULTI_PROCESS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
 
 _lock = threading.Lock()
 _kept: dict[int, Kept] = {}
 _hosts: dict[tuple, HostSetup] = {}
-
-
-def _count(text) -> int:
-    try:
-        return int(text or 1)
-    except ValueError:
-        return 1
+_warned: set[str] = set()  # GPUSCOPE_KEEP values already warned about: once each, not at every session
 
 
 def seconds() -> float:
-    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``: until exit or
-    :func:`release`), else 10 s, or 0 (never) when a launcher of several processes (MPI, Slurm) started this one."""
+    """How long a range profiler is kept after its session: ``GPUSCOPE_KEEP`` seconds (``inf``, or more than a
+    timer can wait: until exit or :func:`release`), else 10 s, or 0 (never) when a launcher says several processes
+    run on this host (:func:`gpuscope._util.launchers.processes_on_this_host`). A value that is not one of those
+    (``nan``, negative, text) is warned about once and the default used."""
     text = os.environ.get(ENV, "").strip().lower()
     if not text:
-        return 0.0 if any(_count(os.environ.get(v)) > 1 for v in _MULTI_PROCESS) else DEFAULT_SECONDS
+        return 0.0 if _launchers.processes_on_this_host() > 1 else DEFAULT_SECONDS
     if text in ("false", "no", "off"):
         return 0.0
     try:
         value = float(text)
     except ValueError:
-        warnings.warn(f"{ENV}={text!r} is not a number of seconds; keeping for {DEFAULT_SECONDS:g} s.",
-                      GpuscopeWarning, stacklevel=3)
+        value = float("nan")
+    if not value >= 0:  # nan, negative or not a number
+        with _lock:
+            first = text not in _warned
+            _warned.add(text)
+        if first:  # attributed to this line: the caller may be a timer or teardown thread, with no user frame
+            warnings.warn(f"{ENV}={text!r} is not a number of seconds: use a number from 0, inf (keep until exit) "
+                          f"or off (never keep). Keeping for {DEFAULT_SECONDS:g} s.", GpuscopeWarning, stacklevel=1)
         return DEFAULT_SECONDS
-    return max(value, 0.0)
+    return float("inf") if value >= threading.TIMEOUT_MAX else value  # a longer Timer dies of OverflowError
 
 
 def enabled() -> bool:
@@ -181,9 +185,10 @@ def release(device: int | None = None) -> int:
     with the same metrics and mode starts in milliseconds instead of 0.2-1.5 s. While it is kept, the counters are
     held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
     them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
-    until exit; under MPI or Slurm nothing is kept unless it is set), before PM and PC sampling, when a
-    session needs another configuration, and at process exit. The counters are the GPU's: while they are kept,
-    other processes cannot profile this GPU either. Call this before handing the GPU to another tool.
+    until exit; where torchrun, MPI or Slurm started several processes on this host nothing is kept unless it is
+    set), before PM and PC sampling, when a session needs another configuration, and at process exit. The
+    counters are the GPU's: while they are kept, other processes cannot profile this GPU either. Call this before
+    handing the GPU to another tool.
 
     Parameters
     ----------
@@ -296,16 +301,25 @@ def _quietly_close(obj) -> None:
 
 
 _importer: threading.Thread | None = None
+_import_lock = threading.Lock()
+#: How long a fork waits for the background import of xarray (it takes 0.45-0.8 s); past that it forks, warned.
+FORK_WAIT_S = 30.0
+_fork = os.fork  # the os.fork that :func:`_fork_after_import` stands in front of while xarray is imported
 
 
 def import_xarray_soon() -> None:
     """Import xarray on a background thread while a session runs (once per process): the first Dataset of a process
-    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps."""
-    global _importer
-    with _lock:
+    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps.
+
+    Until the import is done, ``os.fork`` waits for it (:func:`_fork_after_import`): a child forked meanwhile would
+    inherit the module locks that the importing thread holds, which no thread of the child ever releases, and hang at
+    its first ``import xarray`` (a DataLoader worker, a ``multiprocessing`` child started with fork)."""
+    global _importer, _fork
+    with _import_lock:
         if _importer is not None or "xarray" in sys.modules:
             return
         _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
+        _fork, os.fork = os.fork, _fork_after_import
         _importer.start()
 
 
@@ -314,6 +328,29 @@ def _import_xarray() -> None:
         import xarray  # noqa: F401
     except Exception:  # the Dataset's own import raises it where the user sees it
         pass
+    finally:
+        _put_fork_back()
+
+
+def _put_fork_back() -> None:
+    with _import_lock:
+        if os.fork is _fork_after_import:  # unless someone has wrapped it since: then ours only calls on
+            os.fork = _fork
+
+
+def _fork_after_import() -> int:
+    """``os.fork`` while gpuscope imports xarray in the background: the import is let finish first (at most
+    :data:`FORK_WAIT_S`), then the process forks. Not an at-fork handler: modules imported during the wait register
+    handlers whose after-fork half then runs without their before half, and handlers registered after gpuscope's
+    run before it (logging's holds the lock that the import's ``logging.getLogger`` calls need)."""
+    importer = _importer
+    if importer is not None and importer is not threading.current_thread():
+        importer.join(FORK_WAIT_S)
+        if importer.is_alive():  # e.g. this thread is itself importing a module that the import waits for
+            warnings.warn(f"gpuscope: os.fork() while xarray was still being imported in the background (waited "
+                          f"{FORK_WAIT_S:g} s); the child may hang at its first import of xarray.", GpuscopeWarning,
+                          stacklevel=2)
+    return _fork()
 
 
 def imports_done() -> None:
@@ -324,9 +361,12 @@ def imports_done() -> None:
 
 
 def _forget_in_child() -> None:
-    """After ``os.fork``: the parent's profiler is not the child's to disable."""
-    global _lock
-    _lock = threading.Lock()
+    """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread the child's."""
+    global _lock, _import_lock, _importer
+    _lock, _import_lock = threading.Lock(), threading.Lock()
+    _importer = None  # a fork that did not wait for it: its thread is not the child's
+    if os.fork is _fork_after_import:
+        os.fork = _fork
     for kept in _kept.values():
         _detach(kept)
         kept.timer = None  # the timer thread is the parent's

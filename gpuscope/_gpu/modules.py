@@ -25,10 +25,16 @@ import threading
 __all__ = ["relocatable_evidence", "kernel_names", "watch", "Seen", "seen"]
 
 _ELF = b"\x7fELF"
+#: Section names are read inside the string table, and all of them together at most this many times its size: a
+#: real cubin's names take less than the table (under 0.7 of it in the fixtures; a name shared by tail merging
+#: counts again), while a crafted table without NULs, named at a different offset by each of 11,000 section
+#: headers, took 7.6 GB and 14 s inside CUPTI's callback. Past that, the cubin is not read.
+_NAME_BYTES_PER_TABLE_BYTE = 4
 
 
-def _sections(cubin: bytes) -> list[tuple[str, bytes]]:
-    """(name, contents) of each section of a 64-bit little-endian ELF; [] for anything else."""
+def _sections(cubin: bytes) -> list[tuple[str, memoryview]]:
+    """(name, contents) of each section of a 64-bit little-endian ELF; [] for anything else. The contents are views
+    of *cubin*, never copies (a crafted file's sections may all span the whole file)."""
     if len(cubin) < 64 or cubin[:4] != _ELF or cubin[4] != 2 or cubin[5] != 1:
         return []
     shoff = struct.unpack_from("<Q", cubin, 40)[0]
@@ -36,12 +42,21 @@ def _sections(cubin: bytes) -> list[tuple[str, bytes]]:
     if entsize < 64 or shoff + count * entsize > len(cubin) or names_index >= count:
         return []
     headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * entsize) for i in range(count)]
-    names_at = headers[names_index][4]
+    names_at, names_size = headers[names_index][4:]
+    names_end = names_at + names_size
+    if names_end > len(cubin):
+        return []
+    budget = _NAME_BYTES_PER_TABLE_BYTE * names_size
+    view = memoryview(cubin)
     out = []
     for name, kind, _flags, _addr, offset, size in headers:
-        end = cubin.find(b"\0", names_at + name)
-        label = cubin[names_at + name:end].decode(errors="replace") if end >= 0 else ""
-        body = cubin[offset:offset + size] if kind != 8 and offset + size <= len(cubin) else b""  # 8: NOBITS
+        start = min(names_at + name, names_end)
+        end = cubin.find(b"\0", start, names_end)
+        budget -= (names_end if end < 0 else end) - start
+        if budget < 0:
+            return []
+        label = cubin[start:end].decode(errors="replace") if end >= 0 else ""
+        body = view[offset:offset + size] if kind != 8 and offset + size <= len(cubin) else view[:0]  # 8: NOBITS
         out.append((label, body))
     return out
 
@@ -50,7 +65,7 @@ def relocatable_evidence(cubin: bytes) -> list[str]:
     """What in *cubin* shows relocatable device code (empty: none; also for bytes that are not an ELF cubin)."""
     sections = _sections(bytes(cubin))
     evidence = []
-    notes = b"".join(body for name, body in sections if name == ".note.nv.tkinfo")
+    notes = next((bytes(body) for name, body in sections if name == ".note.nv.tkinfo"), b"")  # a linker makes one
     options = [s.decode(errors="replace") for s in notes.split(b"\0") if s.startswith(b"-")]
     if b"nvJIT" in notes and any("-c" in opt.split() for opt in options):
         evidence.append("linked by the JIT linker from objects compiled with ptxas -c (relocatable)")

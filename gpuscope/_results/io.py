@@ -6,11 +6,14 @@ import errno
 import json
 import os
 import secrets
+import stat
+import warnings
 
 import numpy as np
 
 from gpuscope._schema import dataset as _dataset
 from gpuscope._util import validate as _validate
+from gpuscope.errors import GpuscopeWarning, NotGpuscopeDataError
 
 
 def _dataset_arg(ds, what: str) -> None:
@@ -89,15 +92,38 @@ def _encode_strings(ds):
     return ds
 
 
-def _decode_strings(ds):
-    """Undo :func:`_encode_strings`: each coded variable as an object array holding one str per distinct value."""
+def _decode_strings(ds, path):
+    """Undo :func:`_encode_strings`: each coded variable as an object array holding one str per distinct value.
+    Codes and tables that :func:`_encode_strings` does not write raise :class:`NotGpuscopeDataError`: a negative
+    code would index from the end of the table and relabel samples without a word."""
     for name, var in list(ds.variables.items()):
-        if STRING_TABLE in var.attrs:
-            table = np.array(json.loads(var.attrs[STRING_TABLE]), dtype=object)
-            var = var.copy(data=table[var.values])
-            del var.attrs[STRING_TABLE]
-            ds = ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
+        if STRING_TABLE not in var.attrs:
+            continue
+        text = var.attrs[STRING_TABLE]
+        try:
+            table = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            table = None
+        codes = var.values
+        if not (isinstance(table, list) and all(isinstance(v, str) for v in table)):
+            raise _damaged(path, f"the {STRING_TABLE} attribute of {name!r} ({str(text)[:80]!r}) is not a JSON list "
+                                 "of strings")
+        if codes.dtype.kind not in "iu":
+            raise _damaged(path, f"{name!r} holds {codes.dtype} values, not integer codes into its {STRING_TABLE}")
+        outside = codes[(codes < 0) | (codes >= len(table))]
+        if outside.size:
+            raise _damaged(path, f"{name!r} holds the code {outside.flat[0]}, and its {STRING_TABLE} has "
+                                 f"{len(table)} strings (codes 0 to {len(table) - 1})")
+        var = var.copy(data=np.array(table, dtype=object)[codes])
+        del var.attrs[STRING_TABLE]
+        ds = ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
     return ds
+
+
+def _damaged(path, what: str):
+    """The error for a file whose content is not what :func:`save_dataset` writes."""
+    return NotGpuscopeDataError(f"{os.fspath(path)}: {what}: the file was edited or damaged. Save the Dataset again "
+                                "with gpuscope.save_dataset.")
 
 
 #: The type tags :func:`_encode_attr` writes.
@@ -106,8 +132,6 @@ _TAGS = ("none", "bool", "json", "list", "bool_list")
 
 def _attr_types(ds, path) -> dict:
     """The ``{owner: {attr: tag}}`` table of a file, taken out of its attrs; a clear error if it is not one."""
-    from gpuscope.errors import NotGpuscopeDataError
-
     text = ds.attrs.pop(ATTR_TYPES, "{}")
     try:
         tags = json.loads(text)
@@ -124,15 +148,27 @@ def _attr_types(ds, path) -> dict:
     return tags
 
 
+def _shown(value) -> str:
+    """*value* as an error message shows it (numpy scalars and arrays as plain Python)."""
+    return repr(value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value)
+
+
 def _decode_attr(value, tag: str):
+    """*value* as :func:`_encode_attr` encoded it with *tag*; ValueError if it cannot be (the file was edited)."""
     if tag == "none":
+        if not (isinstance(value, str) and value == ""):
+            raise ValueError(f"it holds {_shown(value)}, where None is stored as ''")
         return None
-    if tag == "bool":
-        return bool(value)
     if tag == "json":
+        if not isinstance(value, str):
+            raise ValueError(f"it holds {_shown(value)}, not JSON text")
         return json.loads(value)
-    items = _dataset._as_list(value)
-    return [bool(v) for v in items] if tag == "bool_list" else items
+    items = [value] if tag == "bool" else _dataset._as_list(value)
+    if tag in ("bool", "bool_list"):
+        if not all(isinstance(v, (int, np.integer)) and v in (0, 1) for v in items):
+            raise ValueError(f"it holds {_shown(value)}, where bools are stored as 0 and 1")
+        return bool(value) if tag == "bool" else [bool(v) for v in items]
+    return items
 
 
 def save_dataset(ds, path: str | os.PathLike) -> None:
@@ -152,8 +188,11 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
         Any Dataset; gpuscope's own are the usual case.
     path : str or PathLike
         File to write. An existing file is replaced only once the new one is complete: the Dataset is written to a
-        temporary file in the same folder, which is then renamed to *path*, so a save that fails (or is
-        interrupted) leaves the file that was there as it was, and no temporary file.
+        temporary file in the same folder, flushed to disk, then renamed to *path*, so a save that fails (or is
+        interrupted, or the power goes) leaves the file that was there as it was, and no temporary file. The new
+        file keeps the replaced one's mode (and owner and group, as far as this process may give them). A file
+        with other hard links is replaced under *path* only: the other names keep the old contents, and a
+        :class:`~gpuscope.errors.GpuscopeWarning` says so.
 
     Raises
     ------
@@ -190,18 +229,32 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
 def _replace_with(path, write) -> None:
     """Call ``write(tmp)`` on a new file beside *path*, then rename it to *path* (``os.replace``, atomic on one
     file system): a write that fails or is interrupted (Ctrl-C included) leaves the file that was at *path* as it
-    was, and no temporary file. A symlink at *path* keeps pointing at the file, which is replaced."""
+    was, and no temporary file. The new file is flushed to disk before the rename and the folder after it
+    (``fsync``), so a power loss leaves the old file or the new one, never an empty one.
+
+    A file already at *path* is replaced by one with its mode (readable by no one else while it is written) and, as
+    far as this process may give them, its owner and group; a new file gets 0o666 less the umask, as a plain open
+    gives. A symlink at *path* keeps pointing at the file, which is replaced. A file with other hard links is
+    replaced under this name only, with a warning: the other names keep the old contents (writing into the file
+    in place would give up the atomic replace)."""
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
     folder, name = os.path.split(target)
     tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
-    try:  # O_EXCL: never someone else's file; mode 0o666 less the umask, as a plain open gives (tempfile's is 0o600)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:  # O_EXCL: never someone else's file
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if old is None else 0o600))
     except OSError as exc:  # the folder is missing or not writable: say so of the path asked for
         raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         write(tmp)
+        if old is not None:
+            _take_owner_and_mode(tmp, old)
+        _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -209,6 +262,36 @@ def _replace_with(path, write) -> None:
         except OSError:
             pass
         raise
+    try:
+        _fsync(folder)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot flush a folder
+            raise
+    if old is not None and old.st_nlink > 1:
+        warnings.warn(f"{os.fspath(path)} had {old.st_nlink - 1} other hard link(s): they keep the old contents, "
+                      "since gpuscope.save_dataset writes a new file and renames it over this name (so that a failed "
+                      "save never leaves a damaged file).", GpuscopeWarning, stacklevel=3)
+
+
+def _take_owner_and_mode(tmp: str, old: os.stat_result) -> None:
+    """Give *tmp* the owner, group and mode of the file it replaces: the owner only as root, the group where it is
+    one of this process's, the mode always."""
+    try:
+        os.chown(tmp, old.st_uid, old.st_gid)
+    except PermissionError:  # not root: the owner stays this process's user
+        try:
+            os.chown(tmp, -1, old.st_gid)
+        except PermissionError:  # not one of this process's groups
+            pass
+    os.chmod(tmp, stat.S_IMODE(old.st_mode))  # after chown, which may clear set-id bits
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_dataset(path: str | os.PathLike):
@@ -237,7 +320,10 @@ def open_dataset(path: str | os.PathLike):
         No file at *path*.
     gpuscope.errors.NotGpuscopeDataError
         The file's ``gpuscope_attr_types`` record is malformed (not the JSON table :func:`save_dataset` writes),
-        or an attr cannot be decoded as it says.
+        an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool`` tag on text), a string
+        variable's codes or ``gpuscope_strings`` table are not what :func:`save_dataset` writes (a code below 0 or
+        past the table, a table that is not a JSON list of strings), or the tables of an older schema do not fit
+        together. The message names the file and what is wrong.
     ValueError
         *path* is None.
     TypeError
@@ -260,14 +346,15 @@ def open_dataset(path: str | os.PathLike):
                 try:
                     attrs[key] = _decode_attr(value, tag)
                 except ValueError as exc:
-                    from gpuscope.errors import NotGpuscopeDataError
-
-                    raise NotGpuscopeDataError(
-                        f"{os.fspath(path)}: attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
-                        f"({exc}): the file was edited or damaged. Save the Dataset again with "
-                        "gpuscope.save_dataset.") from None
+                    raise _damaged(path, f"attr {key!r} of {owner or 'the Dataset'} cannot be read as {tag} "
+                                         f"({exc})") from None
             elif isinstance(value, np.ndarray):
                 attrs[key] = value.tolist()
     if "metrics" in ds.attrs:  # files from before gpuscope_attr_types: one metric came back as a str
         ds.attrs["metrics"] = _dataset._as_list(ds.attrs["metrics"])
-    return _dataset.upgrade(_decode_strings(ds))
+    ds = _decode_strings(ds, path)
+    try:
+        return _dataset.upgrade(ds)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:  # tables of an older schema that do not fit
+        raise _damaged(path, f"it cannot be converted from gpuscope schema {ds.attrs.get('gpuscope_schema', 1)} "
+                             f"({type(exc).__name__}: {exc})") from None

@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from gpuscope._util.launchers import LAUNCHERS
+from gpuscope._util.launchers import read as _read
 from gpuscope.errors import RankDetectionError
 
 __all__ = ["RankInfo", "rank_info", "rank_path"]
@@ -67,16 +69,6 @@ class RankInfo:
                 "launcher": self.launcher}
 
 
-#: Launchers in precedence order (the first whose variables are set wins) -> (rank, local rank, world size,
-#: local world size) variable names; a tuple lists alternatives, the first set one is read. None: not provided.
-LAUNCHERS = {
-    "torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
-                "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    "mpich": ("PMI_RANK", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), "PMI_SIZE", ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
-    "slurm": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", None),
-}
-
 # Set by engines (gpuscope.dask) around the work of one task, where the environment cannot say the rank.
 _assigned: contextvars.ContextVar[RankInfo | None] = contextvars.ContextVar("gpuscope_rank", default=None)
 
@@ -89,14 +81,6 @@ def assigned(info: RankInfo):
         yield info
     finally:
         _assigned.reset(token)
-
-
-def _read(env, name) -> tuple[str | None, str | None]:
-    """(variable name, value) of the first set variable among *name* (a name, a tuple of names, or None)."""
-    for n in (name,) if isinstance(name, str) or name is None else name:
-        if n is not None and env.get(n, "").strip() != "":
-            return n, env[n].strip()
-    return None, None
 
 
 def _int(var: str, text: str, launcher: str) -> int:

@@ -1,5 +1,6 @@
 """netCDF round trips (gs.save_dataset / gs.open_dataset) and conversion of schema-1 and -2 files, on the H100 recordings."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,8 +168,6 @@ def test_an_interrupted_save_leaves_the_file_that_was_there(tmp_path, monkeypatc
 
 
 def test_a_save_keeps_symlinks_and_the_usual_file_mode(tmp_path):
-    import os
-
     ds = gs.open_dataset(DATA / "demo_launches.nc")
     (tmp_path / "runs").mkdir()
     link = tmp_path / "latest.nc"
@@ -183,3 +182,81 @@ def test_a_save_keeps_symlinks_and_the_usual_file_mode(tmp_path):
     with pytest.raises(FileNotFoundError) as missing:
         gs.save_dataset(ds, tmp_path / "nope" / "x.nc")
     assert missing.value.filename == str(tmp_path / "nope" / "x.nc")  # the path asked for, not a temporary one
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o444], ids=oct)
+def test_a_save_over_a_file_keeps_its_mode(tmp_path, umask_022, mode):
+    """With umask 022, a save over a 0600 file used to leave it 0644: results readable by every user. While the new
+    file is written it is readable by its owner only."""
+    from gpuscope._results import io as _io
+
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path = tmp_path / "private.nc"
+    gs.save_dataset(ds, path)
+    path.chmod(mode)
+    modes = []
+
+    def write(tmp):
+        modes.append(os.stat(tmp).st_mode & 0o777)
+        ds.to_netcdf(tmp, engine="h5netcdf")
+
+    _io._replace_with(path, write)
+    assert modes == [0o600] and path.stat().st_mode & 0o777 == mode
+    gs.save_dataset(ds, path)
+    assert path.stat().st_mode & 0o777 == mode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_save_over_a_file_keeps_its_owner_and_group(tmp_path):
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path = tmp_path / "theirs.nc"
+    gs.save_dataset(ds, path)
+    os.chown(path, 65534, 65534)  # nobody's
+    gs.save_dataset(ds, path)
+    assert (path.stat().st_uid, path.stat().st_gid) == (65534, 65534)
+
+
+def test_a_save_flushes_the_file_then_renames_then_flushes_the_folder(tmp_path, monkeypatch):
+    """Without fsync before the rename, a power loss could leave an empty file where the old one was."""
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path = tmp_path / "launches.nc"
+    gs.save_dataset(ds, path)
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def recorded_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def recorded_replace(src, dst):
+        events.append(("replace", os.fspath(src), os.fspath(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    gs.save_dataset(ds, path)
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    tmp = events[1][1]
+    assert events[0][1] == tmp and events[1][2] == str(path) and events[2][1] == str(tmp_path)
+
+
+def test_a_save_over_a_hard_linked_file_says_the_other_names_keep_the_old_contents(tmp_path):
+    """Decided: the atomic replace is kept (writing in place would leave a damaged file when a save fails), so the
+    other names of a hard-linked file keep the old contents, and the save says so instead of breaking the link
+    silently."""
+    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    path, other = tmp_path / "run.nc", tmp_path / "backup.nc"
+    gs.save_dataset(ds, path)
+    os.link(path, other)
+    changed = ds.assign_attrs(note="second run")
+    with pytest.warns(gs.GpuscopeWarning, match=rf"{path} had 1 other hard link\(s\): they keep the old contents"):
+        gs.save_dataset(changed, path)
+    xr.testing.assert_identical(gs.open_dataset(path), changed)
+    xr.testing.assert_identical(gs.open_dataset(other), ds)

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,10 @@ from gpuscope._gpu import keep as _keep
 from gpuscope._range_profiling import session as _session
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._range_profiling.launches import KernelReplay
+from gpuscope._results.job import rank_info
+from gpuscope._util.launchers import LAUNCHERS
 from gpuscope.cupti.callbacks import Launch
+from gpuscope.errors import GpuscopeWarning
 
 CTX = 0x1234
 
@@ -229,22 +234,76 @@ def test_threads_share_the_keeper_safely(kept_state):
     assert not errors
 
 
+def without_launchers(monkeypatch):
+    for names in LAUNCHERS.values():
+        for name in names:
+            for one in [name] if isinstance(name, str) else name or []:
+                monkeypatch.delenv(one, raising=False)
+    monkeypatch.delenv("GPUSCOPE_KEEP", raising=False)
+
+
 @pytest.mark.parametrize("env, expected", [({}, 10.0), ({"GPUSCOPE_KEEP": "0"}, 0.0), ({"GPUSCOPE_KEEP": "2.5"}, 2.5),
                                            ({"GPUSCOPE_KEEP": "inf"}, float("inf")), ({"GPUSCOPE_KEEP": "off"}, 0.0),
                                            ({"OMPI_COMM_WORLD_SIZE": "4"}, 0.0), ({"SLURM_NTASKS": "1"}, 10.0),
                                            ({"SLURM_NTASKS": "8", "GPUSCOPE_KEEP": "30"}, 30.0)])
 def test_how_long_a_profiler_is_kept(monkeypatch, env, expected):
-    for name in ("GPUSCOPE_KEEP", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    without_launchers(monkeypatch)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert _keep.seconds() == expected
 
 
-def test_a_bad_keep_value_warns_and_uses_the_default(monkeypatch):
-    monkeypatch.setenv("GPUSCOPE_KEEP", "ten")
-    with pytest.warns(Warning, match="GPUSCOPE_KEEP='ten' is not a number of seconds"):
-        assert _keep.seconds() == 10.0
+@pytest.mark.parametrize("text", ["ten", "nan", "-1"])
+def test_a_bad_keep_value_is_warned_about_once_and_the_default_used(monkeypatch, text):
+    """``nan`` used to turn keeping off without a word, ``-1`` too, and text warned at every session, attributed to
+    ``sys:1`` when a teardown thread asked."""
+    monkeypatch.setattr(_keep, "_warned", set())
+    monkeypatch.setenv("GPUSCOPE_KEEP", text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [_keep.seconds() for _ in range(3)] == [10.0] * 3 and _keep.enabled()
+    assert [str(w.message) for w in caught] == [
+        f"GPUSCOPE_KEEP={text!r} is not a number of seconds: use a number from 0, inf (keep until exit) or off "
+        "(never keep). Keeping for 10 s."]
+    assert caught[0].category is GpuscopeWarning and caught[0].filename == _keep.__file__
+
+
+def test_a_keep_time_longer_than_a_timer_can_wait_keeps_until_exit(kept_state, monkeypatch):
+    """``GPUSCOPE_KEEP=1e10`` killed the timer thread (OverflowError): its profiler was neither released when idle
+    nor said to be kept for good."""
+    monkeypatch.setenv("GPUSCOPE_KEEP", "1e10")
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    assert _keep.seconds() == float("inf")
+    k = kept()
+    _keep.keep(0, k)
+    if k.timer is not None:
+        k.timer.join(5)
+    assert died == [] and _keep.kept_devices() == [0]
+    assert _keep.release() == 1 and k.profiler.closed == 1
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_nothing_is_kept_where_a_launcher_says_processes_share_this_host(monkeypatch, launcher):
+    """One rule for every launcher: its local world size where it gives one, else its world size. Under torchrun
+    (``WORLD_SIZE=2 LOCAL_WORLD_SIZE=2``) the profiler used to be kept for 10 s, so the sibling rank on the GPU got
+    HARDWARE_BUSY, while Open MPI's ``OMPI_COMM_WORLD_SIZE=2`` kept nothing."""
+    rank, local, size, local_size = (name if name is None or isinstance(name, str) else name[0]
+                                     for name in LAUNCHERS[launcher])
+    without_launchers(monkeypatch)
+    for name, value in ((rank, "1"), (local, "1"), (size, "2")):
+        monkeypatch.setenv(name, value)
+    if local_size is not None:
+        monkeypatch.setenv(local_size, "2")
+    info = rank_info()
+    assert (info.launcher, info.world_size, info.local_world_size) == (launcher, 2, -1 if local_size is None else 2)
+    assert _keep.seconds() == 0.0
+    if local_size is not None:  # two hosts, one rank each: no sibling on this GPU
+        monkeypatch.setenv(local_size, "1")
+        monkeypatch.setenv(local, "0")
+        assert rank_info().local_world_size == 1 and _keep.seconds() == 10.0
+    monkeypatch.setenv("GPUSCOPE_KEEP", "30")
+    assert _keep.seconds() == 30.0
 
 
 def test_an_idle_profiler_is_released_by_its_timer(kept_state, monkeypatch):
@@ -267,6 +326,54 @@ def test_xarray_is_imported_in_the_background_and_the_thread_ends():
             "print('xarray' in sys.modules, [t.name for t in threading.enumerate() if t.name.startswith('gpuscope-')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True []", out.stderr
+
+
+FORK_DURING_IMPORT = """
+import os, sys, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork while a thread runs
+from gpuscope._gpu import keep as _keep
+
+def child():
+    import xarray
+    xarray.Dataset({"x": ("t", [1.0])})
+    os._exit(0)
+
+_keep.import_xarray_soon()  # what every session start calls
+while "xarray" not in sys.modules:  # the import thread has begun xarray itself: its module lock is held
+    time.sleep(0.0005)
+during = _keep._importer.is_alive()
+if sys.argv[1] == "os.fork":
+    pid = os.fork()
+    if pid == 0:
+        child()
+else:  # how a DataLoader worker starts
+    import multiprocessing
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    pid = proc.pid
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        status = "hung"
+        break
+    time.sleep(0.02)
+print(during, status)
+"""
+
+
+@pytest.mark.parametrize("how", ["os.fork", "multiprocessing"])
+def test_a_child_forked_during_the_background_import_can_import_xarray(how):
+    """The child of a fork 0-0.8 s after a session starts used to hang for ever at its first ``import xarray``: the
+    import thread held xarray's module lock at the fork (Python 3.11-3.13)."""
+    out = subprocess.run([sys.executable, "-c", FORK_DURING_IMPORT, how], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["True", "0"], out.stdout + out.stderr  # forked mid-import; the child exited 0
+    assert out.stderr == ""
 
 
 class FakeGroupCollector:

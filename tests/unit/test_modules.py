@@ -2,6 +2,9 @@
 what was observed (no GPU)."""
 
 import gzip
+import struct
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -41,6 +44,52 @@ def test_a_cooperative_groups_object_before_linking_keeps_relocations():
 @pytest.mark.parametrize("data", [b"", b"not an elf", b"\x7fELF" + b"\0" * 60, cubin("cupy_plain_sm90")[:200]])
 def test_anything_else_is_not_relocatable_and_does_not_raise(data):
     assert _modules.relocatable_evidence(data) == [] and _modules.kernel_names(data) == []
+
+
+def crafted_cubin(shared_name: bool, size: int = 1_440_000, count: int = 11_000) -> bytes:
+    """An ELF header, *count* section headers that each span nearly the whole file, and a string table that ends
+    it. *shared_name*: every section is a toolkit note (each one's contents were copied, then joined); else each
+    names a different offset of a table with no NUL but its last byte, and holds no contents (NOBITS): each name
+    was read to the end of the file."""
+    table_at = 64 + count * 64
+    table = b".note.nv.tkinfo\0".ljust(size - table_at, b"A") if shared_name else b"A" * (size - table_at - 1) + b"\0"
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"  # 64-bit, little-endian
+    struct.pack_into("<Q", header, 40, 64)  # section headers right after this header
+    struct.pack_into("<HHH", header, 58, 64, count, 0)  # their size and count; section 0 holds the names
+    section = struct.Struct("<IIQQQQIIQQ").pack  # name, type, flags, address, offset, size, link, info, align, entry
+    sections = [section(0, 3, 0, 0, table_at, len(table), 0, 0, 1, 0)]
+    sections += [section(0, 1, 0, 0, 1, size - 1, 0, 0, 1, 0) if shared_name  # contents: every note
+                 else section(i, 8, 0, 0, 1, size - 1, 0, 0, 1, 0) for i in range(1, count)]  # no contents: the names
+    return bytes(header) + b"".join(sections) + table
+
+
+READ_UNDER_A_MEMORY_LIMIT = """
+import resource, sys, time
+from gpuscope._gpu import modules
+data = open(sys.argv[1], "rb").read()
+with open("/proc/self/status") as status:
+    kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, ((kib << 10) + (512 << 20),) * 2)  # 512 MiB more than now
+start = time.monotonic()
+found = modules.relocatable_evidence(data), modules.kernel_names(data)
+print(found, round(time.monotonic() - start, 2))
+"""
+
+
+@pytest.mark.parametrize("shared_name", [False, True], ids=["names-to-the-end", "notes-spanning-the-file"])
+def test_a_crafted_cubin_costs_little_memory_and_time(tmp_path, shared_name):
+    """A 1.44 MB cubin took 7.6 GB and 14 s inside CUPTI's module-load callback: each of its 11,000 section names was
+    read to the end of the file, and each section's contents copied. Under 512 MiB more than at the start, it is
+    now read in well under a second, and shows no evidence and no kernel."""
+    path = tmp_path / "crafted.cubin"
+    path.write_bytes(crafted_cubin(shared_name))
+    assert path.stat().st_size == 1_440_000
+    out = subprocess.run([sys.executable, "-c", READ_UNDER_A_MEMORY_LIMIT, str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    found, seconds = out.stdout.rsplit(" ", 1)
+    assert found == "([], [])" and float(seconds) < 1.0
 
 
 def test_loads_heard_are_counted(monkeypatch):
