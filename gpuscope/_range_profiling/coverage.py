@@ -45,7 +45,8 @@ class Coverage:
                 if launch.wanted:
                     counts[launch.symbol] += 1
 
-    def summary(self, rows, name_of, seen: int | None = None, no_loop: bool = False) -> tuple[dict, str | None]:
+    def summary(self, rows, name_of, seen: int | None = None, no_loop: bool = False,
+                wanted=None) -> tuple[dict, str | None]:
         """The Dataset attrs and, when it is worth saying, a warning's text: some kernel was never profiled, more
         than a tenth of the launches were not, or (*no_loop*) no loop was found.
 
@@ -60,15 +61,21 @@ class Coverage:
             Launches the session saw, when it saw them all (the tracker followed the whole session).
         no_loop : bool
             No loop was found in *seen* launches: kernel replay profiled one launch per kernel, grid and block.
+        wanted : callable, optional
+            symbol -> whether the name filters keep its launches; those they leave out are not counted here.
         """
         profiled_by_symbol = Counter()
         for row in rows:
             if row.get("launch", -1) >= 0:
                 profiled_by_symbol[row["symbol"]] += int(row["iterations"])
-        by_reason = {reason: sum(c.values()) for reason, c in self.counts.items() if c}
-        by_symbol = Counter()
-        for counts in self.counts.values():
-            by_symbol.update(counts)
+        symbols = {s for counts in self.counts.values() for s in counts}
+        kept = symbols if wanted is None else {s for s in symbols if wanted(s)}
+        by_reason, by_symbol = {}, Counter()
+        for reason, counts in self.counts.items():
+            counts = {s: n for s, n in counts.items() if s in kept}
+            if counts:
+                by_reason[reason] = sum(counts.values())
+                by_symbol.update(counts)
         unprofiled = sum(by_symbol.values())
         by_kernel = {name_of(s): n for s, n in by_symbol.most_common()}
         never = [name_of(s) for s, _ in by_symbol.most_common() if not profiled_by_symbol[s]]

@@ -135,11 +135,11 @@ class PerLaunchModes:
                       "kernel replay goes on.")
                 return self._on_enter(launch)
         c = self._collector
-        if kind is Step.BEGIN and tracker.repetition.period != self._found_period:
-            self._follow_new_loop()
         if kind in (Step.BEGIN, Step.RESTART):
             if c.in_iteration:
                 self._end_found_iteration()
+            if tracker.repetition.period != self._found_period:
+                self._follow_new_loop()
             c.begin(self._group_index)
         elif kind in (Step.LOST, Step.RELOCK):
             if c.in_iteration:

@@ -411,10 +411,16 @@ class Profiler(UserRanges, PerLaunchModes):
             self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts,
                                repetition_relocks=tracker.relocks, repetition_losses=tracker.losses)
         if self._coverage is not None:  # auto mode followed the launch stream: what it left unprofiled, and why
+            from gpuscope._schema.names import short_name
+
+            def wanted(symbol):  # launches the name filters leave out are theirs, not auto mode's
+                return self.filter.name_matches(short_name(_readable(symbol)), symbol, _readable(symbol))
+
             no_loop = (tracker is not None and not tracker.locked and self.mode_used is Mode.KERNEL
                        and tracker.launches >= 30)
             attrs, message = self._coverage.summary(self._rows, lambda s: self._kernel_names().name(_readable(s)),
-                                                    tracker.launches if tracker is not None else None, no_loop)
+                                                    tracker.launches if tracker is not None else None, no_loop,
+                                                    wanted if self.filter.active else None)
             self._notes.update(attrs)
             if message:
                 _warn(message)

@@ -259,3 +259,19 @@ def test_code_without_a_loop_replays_each_kernel_once_and_says_so(auto):
     assert "mul (19), add (19)" in said or "add (19), mul (19)" in said
     assert rows(p, "kernel") == [("mul", 0), ("add", 1)] and p.mode_used is _session.Mode.KERNEL
     assert p._notes["launches_unprofiled_by_reason"] == {"searching": 38}
+
+
+def test_launches_the_name_filters_leave_out_are_not_counted_as_auto_modes(auto):
+    p = auto(passes=2)
+    p.filter = KernelFilter.build(exclude="noise")
+    stream, due, gap = [], 4, 6
+    for step in range(60):
+        stream += ["a", "b", "c"]
+        if step == due:
+            stream += ["noise", "checkpoint"]  # between iterations: one left out by the filter, one by auto mode
+            due, gap = due + gap, gap + 1
+    feed(p, stream)
+    close(p)
+    by_kernel = p._notes["launches_unprofiled_by_kernel"]
+    assert set(by_kernel) == {"a", "b", "c", "checkpoint"} and by_kernel["checkpoint"] == 7  # no noise
+    assert p._notes["kernels_never_profiled"] == ["checkpoint"]
