@@ -7,7 +7,9 @@ on the launching thread, at the launch call's entry and exit.
     CUPTI auto ranges + kernel replay: CUPTI replays each profiled launch once per pass inside the launch call,
     saving and restoring device memory around each pass. A launch the filters leave out runs with the range
     profiler stopped (``cuptiRangeProfilerStop`` at its entry, ``Start`` at its exit; about 10 us), so CUPTI
-    neither replays nor counts it, and the i-th CUPTI range is the i-th selected launch.
+    neither replays nor counts it, and the i-th CUPTI range is the i-th selected launch. While auto mode searches
+    the launch stream for a loop, each (symbol, grid, block) is replayed once and its later launches run stopped
+    the same way (``KernelReplay.once``): the loop is found on its signatures, not on replays.
 ``"iteration"`` (:class:`IterationReplay`)
     CUPTI auto ranges + user replay across repeated iterations: pass k of the metric set runs on the k-th
     iteration of a pass group (an execution of the repeated top-level range, or what lies between two
@@ -28,6 +30,7 @@ they are recorded.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuscope._range_profiling.filters import KernelFilter
@@ -125,9 +128,19 @@ class KernelReplay(_Base):
         self.running = False  # whether the session has started the range profiler (set by the session)
         self.paused = False  # stopped for left-out launches, to start again before the next selected one
         self.errors: list[str] = []
+        # With a set: the signatures replayed so far, each replayed once; later launches of one run stopped and
+        # are counted by symbol in `repeats` (both set by the session).
+        self.once: set | None = None
+        self.repeats: Counter = Counter()
 
     def on_enter(self, launch):
         chosen = self._choose(launch)
+        if chosen is not None and self.once is not None:
+            if chosen.signature in self.once:
+                self.repeats[chosen.symbol] += 1
+                chosen = None
+            else:
+                self.once.add(chosen.signature)
         if chosen is None:
             if launch.context == self.context and self.running and not self.paused:
                 try:  # run left-out launches unprofiled: stopped, CUPTI neither replays nor counts them

@@ -47,6 +47,8 @@ class PerLaunchModes:
     """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
 
     _names_table = None  # gpuscope._schema.names.KernelNames of the session, made at its first per-launch collector
+    _coverage = None  # auto mode following the launch stream: what it left unprofiled (coverage.Coverage)
+    _found_period = None  # the period of the loop the pass group under way was begun on
 
     def _use_kernel(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -101,9 +103,13 @@ class PerLaunchModes:
             self._use_kernel()
             if (self.mode is Mode.AUTO and not (self.filter.launch_skip or self.filter.launch_count)
                     and "repetition_error" not in self._notes):
+                from gpuscope._range_profiling.coverage import Coverage
                 from gpuscope._range_profiling.repetition import Tracker
 
                 self._tracker = Tracker()  # ... until the launch stream shows a loop, or a top-level range comes
+                self._coverage = Coverage()
+                # the loop is found on signatures: meanwhile each is replayed once, not each launch
+                self._collector.once, self._collector.repeats = set(), self._coverage.counts["searching"]
             collector = self._collector
         if self._tracker is not None and launch.context == self._context.handle:
             return self._follow(launch)
@@ -117,12 +123,14 @@ class PerLaunchModes:
 
     # -- auto mode without annotations: iterations found in the launch stream ---------------------------
     def _follow(self, launch):
-        """Auto mode, no top-level range yet: kernel replay while the tracker searches the launch stream for a
-        repeated sequence of (kernel, grid, block); from the first iteration after it is found, iteration replay
-        with the iterations it marks. A launch is profiled in a pass only at a position whose signature it has."""
+        """Auto mode, no top-level range yet: kernel replay of one launch per (kernel, grid, block) while the tracker
+        searches the launch stream for a repeated sequence of them; from the first iteration after it is found,
+        iteration replay with the iterations it marks, a pass group begun anew when it follows another (longer)
+        loop. A launch is profiled in a pass only at a position whose signature it has; the others are counted."""
         from gpuscope._range_profiling.repetition import Step
 
-        event = self._tracker.feed((launch.symbol, launch.grid, launch.block))
+        tracker = self._tracker
+        event = tracker.feed((launch.symbol, launch.grid, launch.block))
         kind = event.kind
         if self.mode_used is Mode.KERNEL:
             if kind is not Step.BEGIN:
@@ -140,18 +148,44 @@ class PerLaunchModes:
         if kind in (Step.BEGIN, Step.RESTART):
             if c.in_iteration:
                 self._end_found_iteration()
+            if tracker.repetition.period != self._found_period:
+                self._follow_new_loop()
             c.begin(self._group_index)
-        elif kind is Step.LOST:
+        elif kind in (Step.LOST, Step.RELOCK):
             if c.in_iteration:
                 self._end_found_iteration()
-            self._notes["repetition_losses"] = self._tracker.losses
+            self._notes.update(repetition_losses=tracker.losses, repetition_relocks=tracker.relocks)
         if kind in (Step.BEGIN, Step.RESTART, Step.INSIDE) or (kind is Step.EXTRA and c.in_iteration):
             token = c.on_enter(launch)
+            if token is not None:
+                token.launch_id = tracker.launches - 1  # the session's launch ID, as kernel replay's rows have
             if event.last:
                 self._end_after = token
             return token
         self._notes["launches_between_iterations"] = self._notes.get("launches_between_iterations", 0) + 1
+        self._coverage.add("searching" if kind is Step.SEARCHING else "between_iterations", launch.symbol)
         return None
+
+    def _follow_new_loop(self) -> None:
+        """The tracker follows another loop than the pass group under way was begun on (a longer one, or another
+        after a loss): that group is dropped and the range profiler made anew (CUPTI counts a replay's passes from
+        its configuration, which cannot change once used); the image is sized for the new period."""
+        from gpuscope.cupti._types import ProfilerRange, ReplayMode
+
+        if self._collector.group is not None:
+            self._take_found_group("loop_changed")
+            self._key = None  # the dropped group's passes were submitted to this profiler
+        rep = self._tracker.repetition
+        self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
+        self._found_period = rep.period
+        self._notes.update(repetition_period=len(rep.period), repetition_offset=rep.offset,
+                           repetition_found_at=rep.found_at)
+
+    def _take_found_group(self, reason: str) -> None:
+        """Drop the pass group under way; in auto mode its launches are counted as unprofiled for *reason*."""
+        group = self._collector.take_group()
+        if self._coverage is not None and group is not None:
+            self._coverage.add_passes(reason, group.passes)
 
     def _use_found_iterations(self) -> None:
         """The tracker found the loop: collect the launches kernel replay profiled so far, and go on in iteration
@@ -165,9 +199,11 @@ class PerLaunchModes:
         self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
         self._collector = self._iteration_replay()
         self.mode_used, self.cycles = Mode.ITERATION, self.passes
+        self._found_period = rep.period
         self._notes.update(iterations_found_by="repetition", repetition_period=len(rep.period),
                            repetition_offset=rep.offset, repetition_found_at=rep.found_at,
-                           launches_before_repetition=len(kernel_phase.selected),
+                           launches_before_repetition=kernel_phase.heard,
+                           launches_replayed_before_repetition=len(kernel_phase.selected),
                            launches_left_out_before_repetition=kernel_phase.left_out)
 
     def _end_found_iteration(self) -> None:
@@ -204,7 +240,7 @@ class PerLaunchModes:
             "iterations. For code that does not repeat use mode='kernel' (CUPTI kernel replay) or a one-pass "
             "metric set."
         )
-        self._collector.take_group()
+        self._take_found_group("incomplete_group")
         if self._rows:
             if ran:
                 _warn(message + " The last, incomplete group was dropped.")
@@ -292,15 +328,21 @@ class PerLaunchModes:
         count = range_profiler.num_ranges(image)
         reference = group.passes[0]
         keep = min(_launches.matched_prefix(group.passes), count)
+        first_row = len(self._rows)
         for index in range(keep):
             launch = reference[index]
             if launch.wanted:
                 self._rows.append(self._launch_row(launch, index, evaluate_range(self, image, index),
                                                    group.index, group.first_iteration, self.passes, "iteration"))
+        if self._tracker is not None:  # found iterations: a row's launch is its ID in the session, not its position
+            for row in self._rows[first_row:]:
+                row["launch"] = reference[row["launch"]].launch_id
         self._rp.initialize_counter_data(image)
         self._group_index += 1
         lost = [s.kernel for s in reference[keep:] if s.wanted]
         unmatched = sum(max(len(p) - keep, 0) for p in group.passes[1:])
+        if self._coverage is not None:
+            self._coverage.add_passes("unmatched", group.passes, keep)
         self._notes["launches_incomplete"] = self._notes.get("launches_incomplete", 0) + len(lost)
         self._notes["launches_unmatched"] = self._notes.get("launches_unmatched", 0) + unmatched
         longest = max(len(p) for p in group.passes)

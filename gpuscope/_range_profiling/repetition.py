@@ -1,20 +1,29 @@
 """Find the loop in a stream of kernel launches: the period and offset of a repeating sequence of signatures.
 
 A signature is any hashable value; gpuscope uses ``(symbol, grid, block)``. A *repetition* is a stretch of the
-stream made of ``min_repeats`` back-to-back copies of one sequence of at most ``max_period`` signatures. The one
-found is the one confirmed first when the stream is read from the left (the shortest period if several are
-confirmed by the same launch). It starts where its periodic stretch starts, which fixes the rotation: after setup
-launches that end like the loop body, or a warm-up step that differs only in its first launches, the period starts
-inside the body (loop ``A B F`` after a setup ending in ``F`` is found as ``F A B``). Nested loops: the inner loop
-is found first when it repeats ``min_repeats`` times; the outer one only when no inner loop does.
+stream made of ``min_repeats`` back-to-back copies of one sequence of at most ``max_period`` signatures. :func:`find`
+gives the one confirmed first when the stream is read from the left (the shortest period if several are confirmed
+by the same launch). It starts where its periodic stretch starts, which fixes the rotation: after setup launches
+that end like the loop body, or a warm-up step that differs only in its first launches, the period starts inside
+the body (loop ``A B F`` after a setup ending in ``F`` is found as ``F A B``).
+
+A :class:`Tracker` locks on that first repetition, then prefers the one that covers the most launches: launches
+its loop does not have (the matmul of ``scale scale scale matmul reduce``, the optimizer step after four
+micro-batches, a kernel that the loop gains after warm-up) recur in every iteration of a longer loop, and once that
+loop is confirmed the tracker relocks on it. A launch the followed loop does not have is a *strike*: a longer
+repetition whose periodic stretch holds a strike replaces the followed one. A shorter one does not (the three
+``fill`` launches inside a training step); too many strikes in a row without a completed iteration drop the lock
+(another loop took over) and the search's answer is taken instead. Nested loops: the inner loop is found first,
+then the outer one once it has repeated ``min_repeats`` times, if its body has at most ``max_period`` launches.
 
 Algorithm: ``run[p]`` counts the launches ``k``, up to the current one, with ``s[k] == s[k - p]``; the stream is
 p-periodic over its last ``run[p] + p`` launches, and ``min_repeats`` copies are confirmed when ``run[p]`` reaches
 ``(min_repeats - 1) * p``. At launch ``i`` only the periods ``i - j``, for the earlier launches ``j`` of the same
 signature, can extend their run; the other runs are left stale and read as 0. Searching thus costs, per launch, the
-number of earlier occurrences of its signature among the last ``max_period`` launches (1 or 2 in a loop whose
-kernels differ), and holds at most ``max_period`` launches. A :class:`Tracker` that has locked on a repetition
-costs O(1) per launch and holds at most ``min_repeats * max_period`` launches (for the search after a loss).
+number of earlier occurrences of its signature among the last ``max_period`` launches, and holds at most
+``max_period`` launches. The tracker searches on while it is locked, as long as a strike came in the last
+``min_repeats * max_period`` launches; after that many launches without one it stops (O(1) per launch), keeping
+the launches since the lock (at most ``min_repeats * max_period``) so that the next strike can search them again.
 
 The tracker never guesses: it gives a launch a position only if its signature is the period's signature at that
 position.
@@ -64,8 +73,8 @@ class Repetition:
 class Step(str, Enum):
     """What a launch is to a :class:`Tracker`."""
 
-    #: In no reported iteration: no repetition known, or the launch ends an iteration begun before the lock. The
-    #: launch that confirms a repetition is SEARCHING too, and sets :attr:`Tracker.locked`.
+    #: No repetition followed. The launch that confirms one is SEARCHING too, and sets :attr:`Tracker.locked`: it
+    #: ends an iteration of it, so the next launch that fits is the BEGIN of iteration 0.
     SEARCHING = "searching"
     #: Position 0 of a new iteration; the first BEGIN after a lock is the first iteration begun after it.
     BEGIN = "begin"
@@ -77,10 +86,13 @@ class Step(str, Enum):
     #: Fits no expected position. Inside an open iteration the same position stays expected, so one extra launch
     #: does not shift the sequence.
     EXTRA = "extra"
-    #: One EXTRA or RESTART more than ``max_extras`` without an iteration completing: the repetition is dropped and
-    #: the launches since the last completed iteration, this one included, are searched again, so the tracker may
-    #: have locked on another loop already (an iteration of it under way is not reported: SEARCHING up to its end).
+    #: One EXTRA or RESTART more than ``max_extras`` without an iteration completing: the repetition is dropped, and
+    #: the repetition the search confirms at this launch, if any, is followed from the next launch.
     LOST = "lost"
+    #: The launch confirms a longer repetition whose stretch holds launches the followed one did not have: the open
+    #: iteration, if any, is abandoned (this launch is in none), and the longer repetition is followed from the next
+    #: launch, the BEGIN of its iteration 0 if it fits.
+    RELOCK = "relock"
 
     def __str__(self) -> str:
         return self.value
@@ -113,6 +125,8 @@ class Event:
 
 _SEARCHING = Event(Step.SEARCHING)
 _LOST = Event(Step.LOST)
+_RELOCK = Event(Step.RELOCK)
+_BETWEEN = Event(Step.EXTRA, between=True)
 
 
 def _check(min_repeats, max_period) -> None:
@@ -132,15 +146,19 @@ class _Search:
         self.run = [0] * (max_period + 1)
         self.updated = [-2] * (max_period + 1)  # run[p] holds only if updated at the previous index
 
-    def push(self, index: int, signature) -> Repetition | None:
-        found = run_found = 0
+    def push(self, index: int, signature) -> list | None:
+        """Take launch *index*; the ``(period, run)`` of every repetition confirmed at it, longest first, or None."""
+        confirmed = None
         need = self.min_repeats - 1
+        runs, updated = self.run, self.updated
         for j in self.seen.get(signature, ()):
             p = index - j
-            run = self.run[p] + 1 if self.updated[p] == index - 1 else 1
-            self.run[p], self.updated[p] = run, index
-            if run >= need * p and (not found or p < found):
-                found, run_found = p, run
+            run = runs[p] + 1 if updated[p] == index - 1 else 1
+            runs[p], updated[p] = run, index
+            if run >= need * p:
+                if confirmed is None:
+                    confirmed = []
+                confirmed.append((p, run))
         if len(self.window) == self.window.maxlen:  # the oldest launch leaves: forget it (bounded memory)
             oldest = self.window[0]
             self.seen[oldest].popleft()
@@ -151,15 +169,17 @@ class _Search:
             self.seen[signature] = occurrences = deque()
         occurrences.append(index)
         self.window.append(signature)
-        if not found:
-            return None
-        # The stream is p-periodic from index - run - p + 1 on, so the last p launches are the period in order.
-        period = tuple(self.window)[-found:]
-        return Repetition(index - run_found - found + 1, period, index, run_found // found + 1)
+        return confirmed
+
+    def repetition(self, index: int, p: int, run: int) -> Repetition:
+        """The repetition of period *p* confirmed at *index* (the launch just pushed) with *run*, its iterations
+        ending at *index*: the last p launches are the period, the next launch begins an iteration."""
+        offset = index - run - p + 1 + run % p  # the stream is p-periodic from index - run - p + 1 on
+        return Repetition(offset, tuple(self.window)[-p:], index, (index + 1 - offset) // p)
 
 
 def find(signatures: Iterable[Hashable], *, min_repeats: int = 3, max_period: int = 256) -> Repetition | None:
-    """The first repetition in a recorded stream of launch signatures, as :class:`Tracker` finds it online.
+    """The first repetition in a recorded stream of launch signatures, as :class:`Tracker` first locks on it.
 
     Parameters
     ----------
@@ -183,9 +203,9 @@ def find(signatures: Iterable[Hashable], *, min_repeats: int = 3, max_period: in
     _check(min_repeats, max_period)
     search = _Search(min_repeats, max_period)
     for index, signature in enumerate(signatures):
-        found = search.push(index, signature)
-        if found is not None:
-            return found
+        confirmed = search.push(index, signature)
+        if confirmed:
+            return search.repetition(index, *confirmed[-1])
     return None
 
 
@@ -195,7 +215,7 @@ class Tracker:
     Parameters
     ----------
     min_repeats, max_period : int
-        As for :func:`find`; the first lock is on ``find``'s repetition.
+        As for :func:`find`; the first lock is on ``find``'s repetition, a relock on a longer one (module docstring).
     max_extras : int or None
         Launches that break the period (EXTRA, RESTART) tolerated without an iteration completing; one more is a
         loss. None: ``max(len(period), 8)``, so that a few checkpoint launches or a broken iteration are not a
@@ -219,18 +239,19 @@ class Tracker:
         self._index = 0
         self._search = _Search(self.min_repeats, self.max_period)
         self._repetition = None
-        # Launches since the last completed iteration: what is searched again after a loss.
+        # Launches since the lock: searched again at a strike after the search stopped.
         self._history = deque(maxlen=self.min_repeats * self.max_period)
-        self._replay = deque()
-        self._position = self._strikes = self._limit = self._searching = 0
+        self._position = self._strikes = self._limit = self._searching = self._locked_at = 0
+        self._last_strike = -1  # index of the last EXTRA or RESTART since the lock
         self._iteration, self._open = -1, False
-        self._extras_between = self._extras_inside = self._restarts = self._losses = 0
+        self._extras_between = self._extras_inside = self._restarts = self._losses = self._relocks = 0
 
     def feed(self, signature: Hashable) -> Event:
         """Take the next launch and say what it is (:class:`Step` lists the kinds).
 
-        O(1) once locked; while searching, O(earlier launches of the same signature among the last ``max_period``).
-        A loss searches the launches since the last completed iteration again, at most ``min_repeats * max_period``.
+        While searching, and while locked with a strike among the last ``min_repeats * max_period`` launches:
+        O(earlier launches of the same signature among the last ``max_period``). Otherwise O(1); the first strike
+        after that searches the launches since the lock again (at most ``min_repeats * max_period``).
 
         Parameters
         ----------
@@ -241,28 +262,81 @@ class Tracker:
         -------
         Event
         """
-        event = self._step(self._index, signature, report=True)
+        index = self._index
         self._index += 1
-        while self._replay:
-            self._step(*self._replay.popleft(), report=False)
+        if self._repetition is None:
+            self._searching += 1
+            confirmed = self._search.push(index, signature)
+            if confirmed:
+                self._lock(index, confirmed[-1])
+            return _SEARCHING
+        self._history.append(signature)
+        event = self._follow(index, signature)
+        if self._search is not None:
+            confirmed = self._search.push(index, signature)
+            if index - max(self._last_strike, self._locked_at) >= self._history.maxlen:
+                self._search = None  # every launch followed for that long: stop searching until the next strike
+        elif self._last_strike == index:
+            confirmed = self._search_again(index)
+        else:
+            return self._count(event)
+        if event.kind is Step.LOST:
+            self._losses += 1
+            self._repetition, self._open = None, False
+            self._history.clear()
+            if confirmed:
+                self._lock(index, confirmed[-1])
+            return event
+        longer = self._longer(index, confirmed) if confirmed else None
+        if longer is None:
+            return self._count(event)
+        self._relocks += 1
+        self._lock(index, longer)
+        return _RELOCK
+
+    def _count(self, event: Event) -> Event:
+        kind = event.kind
+        if kind is Step.EXTRA:
+            if event.between:
+                self._extras_between += 1
+            else:
+                self._extras_inside += 1
+        elif kind is Step.RESTART:
+            self._restarts += 1
         return event
 
-    def _step(self, index: int, signature, report: bool) -> Event:
-        if self._search is None:
-            return self._follow(index, signature, report)
-        self._searching += report
-        found = self._search.push(index, signature)
-        if found is not None:  # confirmed at the last launch of an iteration: position 0 comes next
-            self._repetition, self._search = found, None
-            self._history.clear()
-            self._position = self._strikes = self._searching = 0
-            self._iteration, self._open = -1, False
-            self._limit = max(len(found.period), 8) if self.max_extras is None else self.max_extras
-        return _SEARCHING
+    def _search_again(self, index: int):
+        """A new search over the launches since the lock (the last one is *index*); what it confirms at *index*."""
+        search = self._search = _Search(self.min_repeats, self.max_period)
+        first = index - len(self._history) + 1
+        confirmed = None
+        for k, signature in enumerate(self._history):
+            confirmed = search.push(first + k, signature)
+        return confirmed
 
-    def _follow(self, index: int, signature, report: bool) -> Event:
+    def _longer(self, index: int, confirmed: list):
+        """The longest repetition confirmed at *index* that is longer than the followed one and whose periodic
+        stretch holds a strike one period or more from its start: a launch the followed one did not have, which
+        recurs in the longer one (a strike where the stretch starts may only have set the followed one right)."""
+        followed = len(self._repetition.period)
+        for p, run in confirmed:  # longest first
+            if p <= followed:
+                return None
+            if index - run + 1 <= self._last_strike:
+                return p, run
+        return None
+
+    def _lock(self, index: int, confirmed: tuple) -> None:
+        p, run = confirmed
+        self._repetition = self._search.repetition(index, p, run)
+        self._history.clear()
+        self._position = self._strikes = self._searching = 0
+        self._last_strike, self._locked_at = -1, index
+        self._iteration, self._open = -1, False
+        self._limit = max(p, 8) if self.max_extras is None else self.max_extras
+
+    def _follow(self, index: int, signature) -> Event:
         period = self._repetition.period
-        self._history.append((index, signature))
         position = self._position
         if signature == period[position]:
             kind = Step.BEGIN if position == 0 else Step.INSIDE
@@ -272,38 +346,22 @@ class Tracker:
             kind = Step.EXTRA
         if kind is Step.EXTRA or kind is Step.RESTART:
             self._strikes += 1
+            self._last_strike = index
             if self._strikes > self._limit:
-                return self._lose(report)
+                return _LOST
         if kind is Step.EXTRA:
-            if not self._open:
-                self._extras_between += report
-                return Event(Step.EXTRA, between=True)
-            self._extras_inside += report
-            return Event(Step.EXTRA, self._iteration, position)
+            return Event(Step.EXTRA, self._iteration, position) if self._open else _BETWEEN
         if position == 0:
             if kind is Step.RESTART and not self._open:
                 kind = Step.BEGIN  # nothing reported to abandon
-            # Replayed launches are not reported, so the caller opens no iteration for them.
-            if report:
-                self._restarts += kind is Step.RESTART
-                self._iteration += 1
-                self._open = True
+            self._iteration += 1
+            self._open = True
         last = position == len(period) - 1
         self._position = 0 if last else position + 1
-        event = Event(kind, self._iteration, position, last) if self._open else _SEARCHING
+        event = Event(kind, self._iteration, position, last)
         if last:
             self._open, self._strikes = False, 0
-            self._history.clear()
         return event
-
-    def _lose(self, report: bool) -> Event:
-        self._losses += report
-        # Searched again before the next launch; a loss among them puts its own history back in front.
-        self._replay.extendleft(reversed(self._history))
-        self._history.clear()
-        self._repetition, self._open, self._searching = None, False, 0
-        self._search = _Search(self.min_repeats, self.max_period)
-        return _LOST
 
     @property
     def repetition(self) -> Repetition | None:
@@ -314,6 +372,11 @@ class Tracker:
     def locked(self) -> bool:
         """Whether a repetition is followed."""
         return self._repetition is not None
+
+    @property
+    def launches(self) -> int:
+        """Launches fed since the last :meth:`reset`: the index the next launch will have."""
+        return self._index
 
     @property
     def searching_launches(self) -> int:
@@ -341,6 +404,11 @@ class Tracker:
         return self._losses
 
     @property
+    def relocks(self) -> int:
+        """RELOCK launches reported."""
+        return self._relocks
+
+    @property
     def held(self) -> int:
-        """Launches remembered: at most ``max_period`` while searching, ``min_repeats * max_period`` once locked."""
+        """Launches remembered: at most ``max_period`` searched and ``min_repeats * max_period`` since the lock."""
         return len(self._history) + (len(self._search.window) if self._search is not None else 0)

@@ -379,7 +379,7 @@ class Profiler(UserRanges, PerLaunchModes):
                     if not clean and self._rows:
                         self._incomplete_iterations()  # warns
                     elif not clean:
-                        self._collector.take_group()
+                        self._take_found_group("incomplete_group")
                 elif self._collector.group is not None or not self._rows:
                     error = self._incomplete_iterations()
             elif self.continuous and self._running:
@@ -429,12 +429,22 @@ class Profiler(UserRanges, PerLaunchModes):
         tracker = self._tracker
         if tracker is not None:
             self._notes.setdefault("iterations_found_by", "none")
-            self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts)
-            if not tracker.locked and self.mode_used is Mode.KERNEL and len(self._collector.selected) >= 30:
-                _warn(f"No repeated sequence of launches was found in {len(self._collector.selected)} launches, so "
-                      "every one was profiled by kernel replay. If the code loops, mark the loop body with "
-                      "gpuscope.range('step') (or call prof.step() at each iteration) for iteration mode, which saves "
-                      "and restores nothing.")
+            self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts,
+                               repetition_relocks=tracker.relocks, repetition_losses=tracker.losses)
+        if self._coverage is not None:  # auto mode followed the launch stream: what it left unprofiled, and why
+            from gpuscope._schema.names import short_name
+
+            def wanted(symbol):  # launches the name filters leave out are theirs, not auto mode's
+                return self.filter.name_matches(short_name(_readable(symbol)), symbol, _readable(symbol))
+
+            no_loop = (tracker is not None and not tracker.locked and self.mode_used is Mode.KERNEL
+                       and tracker.launches >= 30)
+            attrs, message = self._coverage.summary(self._rows, lambda s: self._kernel_names().name(_readable(s)),
+                                                    tracker.launches if tracker is not None else None, no_loop,
+                                                    wanted if self.filter.active else None)
+            self._notes.update(attrs)
+            if message:
+                _warn(message)
         c = self._collector
         if c is None:
             return

@@ -238,8 +238,9 @@ RANGE_COORDS = {
     "symbol": (str, "", {"description": "the kernel's symbol as the driver reports it (kernel and iteration modes)"}),
     "launch": (np.int64, -1, {"description": "the launch's ID: kernel replay, which launch of the session on its "
                                              "device it was, from 0, counting launches the filters left out; "
-                                             "iteration replay, its position in the iteration; user mode, the "
-                                             "decorated launch's index; -1 for user ranges or where unknown"}),
+                                             "iteration replay, the same ID of its first pass's launch where auto "
+                                             "mode found the loop, else its position in the iteration; user mode, "
+                                             "the decorated launch's index; -1 for user ranges or where unknown"}),
     "start_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "end_ns": (np.int64, -1, {"units": "ns", "clock": "cuptiGetTimestamp"}),
     "pass_group": (np.int64, 0, {"description": "which group of passes (replays or loop iterations) gave the values"}),

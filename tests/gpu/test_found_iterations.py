@@ -70,8 +70,12 @@ def test_an_unannotated_loop_is_found_and_matches_kernel_mode(arrays):
     assert ds.attrs["repetition_period"] == 2
     replay = ds.replay.values.tolist()
     kernel_rows = replay.count("kernel")
-    assert kernel_rows == ds.attrs["launches_before_repetition"] >= 2 + 6  # setup + the three repeats found
+    assert ds.attrs["launches_before_repetition"] == 2 + 6  # setup + the three repeats found
+    # while searching, kernel replay profiles one launch per kernel, grid and block: the two fills and one step
+    assert kernel_rows == ds.attrs["launches_replayed_before_repetition"] == 4
     assert replay[:kernel_rows] == ["kernel"] * kernel_rows and set(replay[kernel_rows:]) == {"iteration"}
+    launches = ds.launch.values.tolist()
+    assert launches[:kernel_rows] == [0, 1, 2, 3] and launches[kernel_rows] >= 8  # the session's launch IDs
     iteration_rows = ds.isel(range=ds.replay.values == "iteration")
     # every complete group of 7 iterations gives one row per launch of the iteration, named by its kernel
     assert iteration_rows.sizes["range"] >= 2 * 2
@@ -112,11 +116,17 @@ def test_a_loop_with_a_checkpoint_kernel_every_few_steps(arrays):
             for i in range(40):
                 step(arrays)
                 if i % 10 == 9:
-                    fill_f[64, 256](arrays.c, 0.0)  # a checkpoint kernel, between iterations
+                    fill_f[64, 256](arrays.c, 0.0)  # a checkpoint kernel, after every 10th step
     ds = prof.dataset
     assert ds.attrs["iterations_found_by"] == "repetition"
-    it = ds.isel(range=ds.replay.values == "iteration")
-    assert not any(k.endswith("fill_f") for k in it.kernel.values)  # never labelled as a loop launch
+    # The first two checkpoints fall between iterations of the 2-launch step; at the third, ten steps and a
+    # checkpoint have repeated three times, and auto mode follows that 21-launch loop instead (the checkpoint is
+    # in its iterations from then on).
     assert ds.attrs["launches_between_iterations"] >= 3
-    ctas = dict(zip([k.rsplit(".", 1)[-1] for k in it.kernel.values], it["sm__ctas_launched.sum"].values))
-    assert ctas["stream_f"] == N // 256 and ctas["fma_f"] == N // 16 // 256
+    assert (ds.attrs["repetition_period"], ds.attrs["repetition_relocks"]) == (21, 1)
+    it = ds.isel(range=ds.replay.values == "iteration")
+    ctas = {}
+    for kernel, value in zip([k.rsplit(".", 1)[-1] for k in it.kernel.values], it["sm__ctas_launched.sum"].values):
+        ctas.setdefault(kernel, set()).add(int(value))
+    assert ctas["stream_f"] == {N // 256} and ctas["fma_f"] == {N // 16 // 256}
+    assert ctas.get("fill_f", {64}) == {64}  # a row of the checkpoint, if its group completed, is the checkpoint's

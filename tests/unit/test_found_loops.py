@@ -1,0 +1,277 @@
+"""Auto mode without annotations in a session: the loop it profiles, the launch IDs its rows carry, the launches it
+replays while searching, and what it leaves unprofiled and says (a Profiler over a stand-in range profiler: no GPU).
+"""
+
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuscope._range_profiling import launches as _launches
+from gpuscope._range_profiling import session as _session
+from gpuscope._range_profiling.filters import KernelFilter
+from gpuscope.cupti import range_profiler
+from gpuscope.cupti._types import ProfilerRange, ReplayMode
+from gpuscope.cupti.callbacks import Launch
+from gpuscope.errors import GpuscopeWarning
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_repetition import pytorch_like_stream  # noqa: E402
+
+CTX = 0x5150
+
+
+class StandInProfiler:
+    """CUPTI's range profiler as auto mode drives it. Kernel replay: each launch while started is a range. User
+    replay: a pass runs from start to stop, its launches are its ranges, and the stop that ends the configuration's
+    last pass says so (CUPTI counts passes per profiler, whatever gpuscope does with the launches)."""
+
+    def __init__(self, passes: int, replay: int):
+        self.passes, self.user = passes, replay == int(ReplayMode.USER)
+        self.started = self.closed = False
+        self.ranges = self.in_pass = self.pass_index = self.replayed = 0
+
+    def start(self):
+        assert not self.closed and not self.started
+        self.started, self.in_pass = True, 0
+
+    def stop(self):
+        assert not self.closed and self.started
+        self.started = False
+        if not self.user:
+            return SimpleNamespace(all_passes_submitted=True)
+        self.ranges = max(self.ranges, self.in_pass)
+        self.pass_index = (self.pass_index + 1) % self.passes
+        return SimpleNamespace(all_passes_submitted=self.pass_index == 0)
+
+    def launch(self):
+        if not self.started:
+            return
+        if self.user:
+            self.in_pass += 1
+        else:
+            self.ranges += 1
+            self.replayed += 1
+
+    def decode(self):
+        return 0
+
+    def initialize_counter_data(self, image):
+        self.ranges = 0
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    """make(passes) -> an open auto-mode Profiler as start() leaves it, over stand-in profilers (p.profilers lists
+    those it was given; p.groups the passes of each group it read values from)."""
+    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: image.profiler.ranges)
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
+    monkeypatch.setattr("gpuscope._gpu.keep.enabled", lambda: False)
+    collected = []  # the passes of every group whose values were read
+    collect = _session.Profiler._collect_iterations
+
+    def record(self):
+        group = self._collector.group
+        collected.append(group.passes_run)
+        collect(self)
+
+    monkeypatch.setattr(_session.Profiler, "_collect_iterations", record)
+
+    def make(passes: int = 2):
+        p = _session.Profiler.__new__(_session.Profiler)
+        p.mode = p.mode_used = _session.Mode.AUTO
+        p.metric_set, p.metrics, p.device, p.passes, p.cycles = "test", ["m"], 0, passes, passes
+        p.max_depth, p.sample_every, p.filter = 1, 1, KernelFilter.build()
+        p.max_ranges, p._fixed_ranges, p._size_from_first = 64, False, True
+        p._seen, p._notes, p._rows, p._set_attrs = {}, {}, [], {}
+        p._thread, p._pid, p._stack, p._open_rows, p._launch = threading.get_ident(), os.getpid(), [], [], 0
+        p._pending, p._other_threads, p._iter_path, p._steps = threading.local(), set(), None, False
+        p._new_group()
+        p._group_index, p._iteration = 0, {}
+        p._context = SimpleNamespace(handle=CTX, close=lambda: None)
+        p._recorder = p._rp = p._collector = None
+        p._host = SimpleNamespace(evaluate=lambda image, index, metrics: [float(index)])
+        p.properties = {"m": {"units": "", "description": "", "metric_type": "counter"}}
+        p.device_info, p.chip, p.print_report, p._state, p._dataset = None, "GH100", False, "open", None
+        p.profilers, p.groups = [], collected
+        p._warn_replay_cost = lambda *args, **kwargs: None  # reads the device's memory
+
+        def configure(range_mode, replay_mode, ranges, depth=1):  # Profiler._configure without CUPTI
+            key = (int(range_mode), int(replay_mode), int(ranges))
+            if key == p._key:
+                return
+            if p._rp is not None:
+                p._rp.close()
+            p._rp = StandInProfiler(passes, int(replay_mode))
+            p.profilers.append(p._rp)
+            p._image = SimpleNamespace(profiler=p._rp)
+            p._key, p.max_ranges = key, int(ranges)
+            if p._collector is not None:
+                p._collector.rp = p._rp
+
+        p._configure = configure
+        configure(ProfilerRange.AUTO, ReplayMode.KERNEL, 64)  # as start() does in auto mode
+        return p
+
+    return make
+
+
+def feed(p, stream) -> None:
+    """The launch callbacks' calls for each launch, the stand-in profiler hearing it in between."""
+    for signature in stream:
+        symbol, grid, block = signature if isinstance(signature, tuple) else (signature, (1, 1, 1), (32, 1, 1))
+        token = p._on_enter(Launch(symbol, grid, block, CTX))
+        p._rp.launch()
+        if token is not None:
+            p._on_exit(token)
+
+
+def rows(p, replay: str) -> list:
+    return [(r["kernel"], r["launch"]) for r in p._rows if r.get("replay") == replay]
+
+
+def close(p) -> list[str]:
+    """Close the session; the texts of the warnings about what auto mode left unprofiled."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.close()
+    texts = [str(w.message) for w in caught if issubclass(w.category, GpuscopeWarning)]
+    return [t for t in texts if t.startswith(("Auto mode profiled", "No repeated sequence"))]
+
+
+def test_rows_carry_the_sessions_launch_ids_and_the_search_replays_each_kernel_once(auto):
+    p = auto(passes=2)
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13)
+    p.close()
+    # Launches 0-7 are searched: each (kernel, grid, block) is replayed once, its later launches run unprofiled.
+    assert rows(p, "kernel") == [("fill_a", 0), ("fill_b", 1), ("gemm", 2), ("relu", 3)]
+    assert p.profilers[0].replayed == 4
+    # From launch 8, iterations of (gemm, relu): each group of two gives rows named by its first pass's launches.
+    assert rows(p, "iteration") == [("gemm", 8), ("relu", 9), ("gemm", 12), ("relu", 13), ("gemm", 16), ("relu", 17),
+                                    ("gemm", 20), ("relu", 21), ("gemm", 24), ("relu", 25)]
+    a = p._notes
+    assert (a["launches_before_repetition"], a["launches_replayed_before_repetition"]) == (8, 4)
+    assert a["launches_unprofiled_by_reason"] == {"searching": 4}
+    assert (a["launches_seen"], a["launches_profiled"], a["launches_unprofiled"]) == (28, 4 + 20, 4)
+    assert a["kernels_never_profiled"] == []
+
+
+@pytest.mark.parametrize(("stream", "period"), [
+    ((["scale"] * 3 + ["matmul", "reduce"]) * 100, 5),
+    ((["fwd", "bwd"] * 4 + ["adam"]) * 60, 9),
+    (["fill"] * 3 + ["fill", "gemm", "relu", "gemm", "softmax"] * 60, 5),
+    (["a", "b", "c"] * 5 + ["a", "b", "c", "log"] * 80, 4),
+])
+def test_the_loop_the_script_runs_is_profiled(auto, stream, period):
+    p = auto(passes=2)
+    feed(p, stream)
+    assert close(p) == []  # every kernel profiled, the few launches left out not worth a warning
+    a = p._notes
+    assert a["repetition_period"] == period and a["repetition_relocks"] == 1
+    assert {k for k, _ in rows(p, "iteration")} == set(stream)  # matmul, adam, softmax, log: all profiled
+    assert a["kernels_never_profiled"] == []
+    assert a["launches_seen"] == len(stream) == a["launches_profiled"] + a["launches_unprofiled"]
+    assert a["launches_unprofiled"] <= 6 * period  # the search and the switch: a few periods, not a share
+    assert all(n == 2 for n in p.groups if n is not None)  # no group mixes passes across the change of loop
+    assert [r.closed for r in p.profilers] == [True] * len(p.profilers)
+
+
+def test_a_group_cut_by_a_longer_loop_is_dropped_on_a_fresh_profiler(auto):
+    # (a, b, c) x 5, then (a, b, c, log): the relock (launch 26, a log) comes with a group half run (launches 21-23,
+    # pass 0). Its launches are counted, and the next group starts on a profiler made anew though the image's size is
+    # the same: CUPTI counts a replay's passes itself, so the old one would end the next group after one pass.
+    p = auto(passes=2)
+    feed(p, ["a", "b", "c"] * 5 + ["a", "b", "c", "log"] * 12)
+    close(p)
+    assert p._notes["repetition_found_at"] == 26
+    assert p._notes["launches_unprofiled_by_reason"]["loop_changed"] == 3
+    assert [(r.user, r.closed) for r in p.profilers] == [(False, True), (True, True), (True, True)]
+    assert p._key == (int(ProfilerRange.AUTO), int(ReplayMode.USER), 16)  # the size the period of 3 had
+    assert all(n == 2 for n in p.groups)
+    after = [r for r in rows(p, "iteration") if r[1] > 26]
+    assert after[:4] == [("a", 27), ("b", 28), ("c", 29), ("log", 30)]
+
+
+def test_what_the_loop_leaves_out_is_counted_per_kernel_and_said(auto):
+    # A checkpoint after steps 4, 10, 17, 25, ...: no loop holds it, so it is never profiled, though (a, b, c) is
+    # locked on from launch 8: the session says so, with the count per kernel.
+    stream, due, gap = [], 4, 6
+    for step in range(100):
+        stream += ["a", "b", "c"]
+        if step == due:
+            stream.append(("checkpoint", (1, 1, 1), (32, 1, 1)))
+            due, gap = due + gap, gap + 1
+    p = auto(passes=2)
+    feed(p, stream)
+    (said,) = close(p)
+    assert "Never profiled: checkpoint." in said and "checkpoint (10)" in said
+    a = p._notes
+    assert a["kernels_never_profiled"] == ["checkpoint"]
+    assert a["launches_unprofiled_by_kernel"]["checkpoint"] == 10
+    assert a["launches_unprofiled_by_reason"]["between_iterations"] == 10
+    assert a["launches_seen"] == len(stream)
+
+
+def test_launches_past_what_a_groups_iterations_share_are_counted(auto):
+    # One iteration launches x inside (a, x, b, c): its group keeps only a; b and c of the other pass, and x, b, c of
+    # this one, are counted, and x is named as never profiled.
+    p = auto(passes=2)
+    stream = ["a", "b", "c"] * 6 + ["a", "x", "b", "c"] + ["a", "b", "c"] * 5
+    feed(p, stream)
+    (said,) = close(p)
+    a = p._notes
+    assert a["launches_unprofiled_by_reason"]["unmatched"] == 5 and a["kernels_never_profiled"] == ["x"]
+    assert "5 were in iterations that launched other kernels" in said and "Never profiled: x." in said
+    assert a["launches_seen"] == len(stream) == a["launches_profiled"] + a["launches_unprofiled"]
+
+
+def test_a_pytorch_like_script_is_profiled_step_by_step(auto):
+    stream, step = pytorch_like_stream()
+    init = len(stream) - 23 * 76
+    p = auto(passes=2)
+    feed(p, stream)
+    p.close()
+    a = p._notes
+    assert a["repetition_period"] == 76
+    it = rows(p, "iteration")
+    assert len(it) == 76 * 10 and min(i for _, i in it) >= init + 3 * 76  # the 20 measured steps: 10 groups of two
+    first = [i for _, i in it[:76]]
+    assert first == list(range(first[0], first[0] + 76))  # the process's launch IDs, not positions 0-75
+    # The search replays each kernel, grid and block once, not the 254 launches before the loop was found.
+    before = a["launches_before_repetition"]
+    assert p.profilers[0].replayed == len(set(stream[:before])) < before / 2
+    assert a["launches_unprofiled_by_reason"].keys() <= {"searching", "between_iterations"}
+
+
+def test_code_without_a_loop_replays_each_kernel_once_and_says_so(auto):
+    stream = ["add" if i.bit_count() % 2 else "mul" for i in range(40)]  # Thue-Morse: no three copies of anything
+    p = auto(passes=2)
+    feed(p, stream)
+    (said,) = close(p)
+    assert said.startswith("No repeated sequence of launches was found in 40 launches")
+    assert "mul (19), add (19)" in said or "add (19), mul (19)" in said
+    assert rows(p, "kernel") == [("mul", 0), ("add", 1)] and p.mode_used is _session.Mode.KERNEL
+    assert p._notes["launches_unprofiled_by_reason"] == {"searching": 38}
+
+
+def test_launches_the_name_filters_leave_out_are_not_counted_as_auto_modes(auto):
+    p = auto(passes=2)
+    p.filter = KernelFilter.build(exclude="noise")
+    stream, due, gap = [], 4, 6
+    for step in range(60):
+        stream += ["a", "b", "c"]
+        if step == due:
+            stream += ["noise", "checkpoint"]  # between iterations: one left out by the filter, one by auto mode
+            due, gap = due + gap, gap + 1
+    feed(p, stream)
+    close(p)
+    by_kernel = p._notes["launches_unprofiled_by_kernel"]
+    assert set(by_kernel) == {"a", "b", "c", "checkpoint"} and by_kernel["checkpoint"] == 7  # no noise
+    assert p._notes["kernels_never_profiled"] == ["checkpoint"]
