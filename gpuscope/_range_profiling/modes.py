@@ -381,7 +381,16 @@ class PerLaunchModes:
         launches = collector.selected[first:]
         collector.image_first = len(collector.selected)
         count = range_profiler.num_ranges(image)
-        if dropped:
+        if not dropped and count == self.max_ranges < len(launches):
+            # a full image of the size the user fixed: CUPTI kept the first ranges and dropped the later launches
+            # without counting them
+            dropped = len(launches) - count
+            launches = launches[:count]
+            self._notes["launches_dropped"] = self._notes.get("launches_dropped", 0) + dropped
+            _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
+                  f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+            dropped = 0
+        elif dropped:
             _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
                   f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
         if count != len(launches) - dropped:

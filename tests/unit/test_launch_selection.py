@@ -273,6 +273,22 @@ def test_launch_is_the_launchs_id_in_the_session_counting_left_out_launches(monk
     assert session._notes.get("image_flushes", 0) == (1 if capacity else 0)
 
 
+def test_a_full_image_of_fixed_size_keeps_the_names_of_the_launches_it_holds(monkeypatch):
+    """max_ranges fixed by the user: CUPTI keeps the first ranges and reports no drop; the rows it holds keep their
+    kernel names and launch IDs, and the dropped launches are counted and said (seen on an H200: 8 ranges for 11
+    launches, and every row lost its name)."""
+    from gpuscope.cupti import range_profiler
+
+    session = KernelRows(KernelFilter.build())
+    session.max_ranges = 3
+    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: 3)
+    _run(session._collector, [_launch(s) for s in ["a", "b", "c", "d", "e"]])
+    with pytest.warns(gs.GpuscopeWarning, match="2 launch.*dropped"):
+        session._collect_kernels()
+    assert [(r["kernel"], r["launch"]) for r in session._rows] == [("a", 0), ("b", 1), ("c", 2)]
+    assert session._notes["launches_dropped"] == 2
+
+
 def test_iteration_rows_keep_their_position_counting_left_out_launches():
     it = IterationReplay(FakeRangeProfiler(), CTX, KernelFilter.build(kernels="b"), str, lambda: ("", None),
                          lambda: 0)
