@@ -101,6 +101,11 @@ def _range_report(ds, *, by: str | None = None) -> Report:
             rows = {str(k): {v: float(weighted[v].sel(_group=k)) for v in weighted.data_vars}
                     for k in weighted["_group"].values}
         fractions += _topdown_columns(frame, rows, ipc_max)
+        notes.append(
+            "Top-Down level 1 as fractions of the SM's peak issue rate (IPC_MAX "
+            f"{ipc_max:g}), weighted by kernel length in cycles; bound_by is the level-2 node that loses the most "
+            "issue slots, culprit the stall reason under it (gpuscope.topdown for all nodes)."
+        )
         if inconsistent.any():
             bad = sorted(set(key[inconsistent].tolist()) - set(rows))
             for k in bad:
@@ -112,11 +117,6 @@ def _range_report(ds, *, by: str | None = None) -> Report:
                 f"{np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active cycles, not 100 +/- 5%, so the passes "
                 "that collected them disagree and no verdict is given (column consistent of gpuscope.topdown"
                 + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + ").")
-        notes.append(
-            "Top-Down level 1 as fractions of the SM's peak issue rate (IPC_MAX "
-            f"{ipc_max:g}), weighted by kernel length in cycles; bound_by is the level-2 node that loses the most "
-            "issue slots, culprit the stall reason under it (gpuscope.topdown for all nodes)."
-        )
     throughput = [m for m in ds.data_vars if ds[m].dims == ("range",) and ".pct_of_peak" in m]
     for m in throughput:
         frame[SHORT_NAMES.get(m, m)] = per_group(ds[m].values, "mean")
