@@ -290,12 +290,12 @@ class ProcessEvaluation:
         """Spawn the workers and the dispatcher. A worker that cannot be spawned is reported in the pipeline's
         errors; with none, images are evaluated in this process."""
         env = dict(os.environ, GPUSCOPE_PM_WORKER_KEY=self._key.hex())
-        from gpuscope.cupti import _images
+        from gpuscope.cupti import _python
 
-        path = json.dumps(_images.child_sys_path())
+        path = json.dumps(_python.sys_path())
         for _ in range(self._workers_wanted):
-            try:
-                proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, self._address, path], env=env,
+            try:  # never the frozen or embedding application itself: _python.interpreter refuses those
+                proc = subprocess.Popen([_python.interpreter(), "-I", "-c", BOOT, self._address, path], env=env,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 self._pipe.errors.append(f"an evaluation worker could not be spawned ({exc}); evaluating in-process")

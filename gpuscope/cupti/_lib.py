@@ -23,9 +23,9 @@ import dataclasses
 import glob
 import os
 import subprocess
-import sys
 import threading
 
+from gpuscope.cupti import _python
 from gpuscope.cupti._types import MIN_VERSION, Version
 from gpuscope.errors import CuptiNotFoundError
 
@@ -125,7 +125,7 @@ def _loader_path(name: str) -> str:
     """The file the dynamic loader opens for the bare library name *name* (searched in a child process, which
     executes nothing from the current folder: loading a library runs its initialisers)."""
     try:
-        out = subprocess.run([sys.executable, "-I", "-c", _WHERE_LOADER_FINDS, name], capture_output=True,
+        out = subprocess.run([_python.interpreter(), "-I", "-c", _WHERE_LOADER_FINDS, name], capture_output=True,
                              text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise _override_error(name, f"could not ask the dynamic loader where it is ({exc})") from None
@@ -231,7 +231,8 @@ def _probe_version_in_child(path: str, found_via: str = "") -> int:
     Only a CUPTI library whose first call fails or crashes is reported as needing the driver; a file that does
     not load or is not CUPTI says so."""
     try:
-        out = subprocess.run([sys.executable, "-I", "-c", _PROBE, path], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([_python.interpreter(), "-I", "-c", _PROBE, path], capture_output=True, text=True,
+                             timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CuptiNotFoundError(f"Could not probe CUPTI at {path}: {exc}") from None
     lines = out.stdout.splitlines()

@@ -398,9 +398,9 @@ class Evaluator:
             kind, counted = _images.Kind.PM_SAMPLING, pm_sampling._completed
         else:
             kind, counted = _images.Kind.RANGE_PROFILER, range_profiler._num_ranges_raw
-        info = _images.check(counter_data, kind, count=counted, chip=self._host.chip, metrics=self.metrics)
+        image, info = _images.check(counter_data, kind, count=counted, chip=self._host.chip, metrics=self.metrics)
         _images.check_indices(info, int(first), int(count))
-        self._evaluate_raw(counter_data, first, count, out)
+        self._evaluate_raw(image, first, count, out)
 
     def _evaluate_raw(self, counter_data: np.ndarray, first: int, count: int, out: np.ndarray) -> None:
         """:meth:`evaluate_into` without any check (for images known to be sound)."""
@@ -426,9 +426,9 @@ def range_name(counter_data, range_index: int, delimiter: str = "/") -> str:
     """
     from gpuscope.cupti import _images, range_profiler
 
-    info = _images.check(counter_data, _images.Kind.RANGE_PROFILER, count=range_profiler._num_ranges_raw)
+    image, info = _images.check(counter_data, _images.Kind.RANGE_PROFILER, count=range_profiler._num_ranges_raw)
     _images.check_indices(info, int(range_index), 1)
-    return _range_name_raw(counter_data, range_index, delimiter)
+    return _range_name_raw(image, range_index, delimiter)
 
 
 def _range_name_raw(counter_data, range_index: int, delimiter: str = "/") -> str:

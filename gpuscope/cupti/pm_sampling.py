@@ -201,11 +201,13 @@ def decode(handle: int, image: np.ndarray) -> Decoded:
     return Decoded(stop_reason=reason, overflow=bool(p.overflow))
 
 
-def _check_populated(image: np.ndarray, first: int, count: int) -> None:
-    """Raise unless samples ``first .. first+count-1`` are populated in a sound *image*."""
-    _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
+def _check_populated(image: np.ndarray, first: int, count: int) -> np.ndarray:
+    """What CUPTI may read of a sound *image* (see ``_images.check``); raise unless samples
+    ``first .. first+count-1`` are populated in it."""
+    image, _ = _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
     populated = _info(image).populated
     _images.check_indices(_images.ImageInfo(_images.Kind.PM_SAMPLING, populated), int(first), int(count))
+    return image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +227,7 @@ def counter_data_info(image: np.ndarray) -> CounterDataInfo:
     CounterDataImageError
         Not a PM sampling counter-data image that CUPTI can read (checked first: see :mod:`._images`).
     """
-    _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
+    image, _ = _images.check(image, _images.Kind.PM_SAMPLING, count=_completed, what="image")
     return _info(image)
 
 
@@ -251,7 +253,7 @@ def sample_info(handle: int | None, image: np.ndarray, index: int) -> tuple[int,
     CounterDataImageError
         *image* is not a sound PM sampling image or does not hold sample *index* (populated samples).
     """
-    _check_populated(image, index, 1)
+    image = _check_populated(image, index, 1)
     p = params(
         T.CUpti_PmSampling_CounterData_GetSampleInfo_Params,
         pPmSamplingObject=handle,
@@ -276,7 +278,7 @@ def sample_times_into(handle: int, image: np.ndarray, first: int, count: int, ou
         raise ValueError("out must be a C-contiguous int64 numpy array.")
     if out.ndim != 2 or out.shape[1] != 2 or out.shape[0] < count:
         raise ValueError(f"out must have shape (>= {count}, 2); got {out.shape}.")
-    _check_populated(image, first, count)
+    image = _check_populated(image, first, count)
     p = params(
         T.CUpti_PmSampling_CounterData_GetSampleInfo_Params,
         pPmSamplingObject=handle,

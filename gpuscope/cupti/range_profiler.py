@@ -210,8 +210,7 @@ class RangeProfiler:
 def num_ranges(counter_data: np.ndarray) -> int:
     """``cuptiRangeProfilerGetCounterDataInfo``: ranges held in a counter-data image."""
     image = np.ascontiguousarray(counter_data, dtype=np.uint8)
-    _images.check(image, _images.Kind.RANGE_PROFILER, count=_num_ranges_raw)
-    return _num_ranges_raw(image)
+    return _images.check(image, _images.Kind.RANGE_PROFILER, count=_num_ranges_raw)[1].count
 
 
 def _num_ranges_raw(image: np.ndarray) -> int:
@@ -225,7 +224,8 @@ def _num_ranges_raw(image: np.ndarray) -> int:
 def range_name(counter_data: np.ndarray, index: int, delimiter: str = "/") -> str:
     """``cuptiRangeProfilerCounterDataGetRangeInfo``: the name of range *index*, levels joined by *delimiter*."""
     image = np.ascontiguousarray(counter_data, dtype=np.uint8)
-    _images.check_indices(_images.check(image, _images.Kind.RANGE_PROFILER, count=_num_ranges_raw), int(index), 1)
+    image, info = _images.check(image, _images.Kind.RANGE_PROFILER, count=_num_ranges_raw)
+    _images.check_indices(info, int(index), 1)
     p = params(
         T.CUpti_RangeProfiler_CounterData_GetRangeInfo_Params,
         pCounterDataImage=_addr(image),

@@ -33,6 +33,20 @@ CASE = textwrap.dedent(r"""
     def range_eval(image, index=0):
         with host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER) as h:
             return h.evaluate(image, index, RM)
+    def pm_series(image):  # offline evaluation of a saved image, every sample
+        from gpuscope._pm_sampling.series import evaluate_images
+        stamps = np.load(fx + "/pm/gh100_pm_default_timestamps.npy")
+        return evaluate_images("GH100", meta["metrics"], [image], [stamps]).values.shape
+    def first_then(look, use, image):  # a look that reads only the counts first, on the same array, then a use
+        from gpuscope.cupti import _images
+        _images.CHECK_TIMEOUT_S = 20.0  # a hang costs 20 s, not 60; a sound image takes about a second
+        look(image)
+        return use(image)
+    def reused(use, sound, damaged):  # one buffer: the sound image used, the damaged one copied in, used again
+        buffer = sound.copy()
+        use(buffer)
+        np.copyto(buffer, damaged)
+        return use(buffer)
     import gpuscope as gs
     AV = {k: np.load(f"{fx}/gh100_counter_availability_{k}.npy") for k in ("range", "pm")}
     CFG = np.load(fx + "/pm/gh100_pm_default_config.npy")
@@ -67,6 +81,12 @@ CASE = textwrap.dedent(r"""
         "pm_eval_truncated": lambda n: pm_eval(PM[: int(n)].copy()),
         "pm_eval_index": lambda i: pm_eval(PM, int(i)),
         "pm_flipped": lambda seed: (pm.counter_data_info(flipped(PM, int(seed))), pm_eval(flipped(PM, int(seed)))),
+        "pm_info_then_series": lambda seed: first_then(pm.counter_data_info, pm_series, flipped(PM, int(seed))),
+        "pm_series_reused": lambda seed: reused(pm_series, PM, flipped(PM, int(seed))),
+        "range_count_then_eval": lambda seed: first_then(range_profiler.num_ranges, range_eval, flipped(RI, int(seed))),
+        "range_name_then_eval": lambda seed: first_then(
+            lambda image: host.range_name(image, 0), range_eval, flipped(RI, int(seed))),
+        "range_eval_reused": lambda seed: reused(range_eval, RI, flipped(RI, int(seed))),
         "range_name_of_pm_image": lambda i: host.range_name(PM, int(i)),
         "range_eval_truncated": lambda n: range_eval(RI[: int(n)].copy()),
         "range_eval_index": lambda i: range_eval(RI, int(i)),
@@ -90,6 +110,12 @@ CASES = [
     ("range_name_of_pm_image", 0),
     ("range_eval_truncated", 4096), ("range_eval_index", 1000),
     ("range_image_as_pm", 0),
+    # Flips whose counts CUPTI reads without harm but whose evaluation crashes it (PM 20, range 2) or spins for ever
+    # (PM 37): first the counts (or a range name), then an evaluation of the same array; and a sound
+    # image evaluated, then a damaged one copied into the same buffer. Each used to kill the process or hang it.
+    ("pm_info_then_series", 20), ("pm_info_then_series", 37),
+    ("pm_series_reused", 20),
+    ("range_count_then_eval", 2), ("range_name_then_eval", 2), ("range_eval_reused", 2),
     ("not_an_image", 16), ("not_an_image", 4096),
 ]
 

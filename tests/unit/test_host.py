@@ -145,22 +145,6 @@ def test_counter_availability_is_queried_once_per_device(monkeypatch):
     assert calls[-2:] == [1, 1] and again.tobytes() == image.tobytes()
 
 
-@pytest.fixture
-def child_checks(monkeypatch):
-    """The images the child-process check is asked to read (answered here as a sound image would be)."""
-    from gpuscope.cupti import _images
-
-    asked = []
-
-    def check(image, kind, chip, metrics, what, profiler_type=None):
-        asked.append((kind.value, chip, profiler_type, image.size))
-        return _images.ImageInfo(kind, 1)
-
-    monkeypatch.setattr(_images, "_check_in_child", check)
-    monkeypatch.setattr(_images, "_checked", {})
-    return asked
-
-
 @pytest.mark.parametrize("image,why", [
     (b"", "(0 bytes) is not a CUPTI counter-availability image: it is too short to hold one"),
     (bytes(range(64)), "its root table offset (50462976) does not point inside it"),
@@ -191,9 +175,9 @@ def test_a_foreign_availability_image_is_read_in_a_child_once(child_checks):
     assert host.max_metrics_per_pass("GH100", ProfilerType.RANGE_PROFILER, image) == 76
     assert host.max_metrics_per_pass("GH100", ProfilerType.RANGE_PROFILER, image.tobytes()) == 76  # same content
     host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER, image).close()
-    assert child_checks == [("counter_availability", "GH100", 0, 9184)]
+    assert child_checks == [("counter_availability", "GH100", ("sm__cycles_elapsed.max",), 0, 9184)]
     host.ProfilerHost("GH100", ProfilerType.PM_SAMPLING, image).close()  # tried with each host type
-    assert child_checks[1:] == [("counter_availability", "GH100", 1, 9184)]
+    assert child_checks[1:] == [("counter_availability", "GH100", ("sm__cycles_elapsed.max",), 1, 9184)]
 
 
 def test_config_images_cupti_made_are_trusted_others_checked(child_checks):
@@ -201,7 +185,7 @@ def test_config_images_cupti_made_are_trusted_others_checked(child_checks):
 
     config = host.config_image("GH100", ProfilerType.RANGE_PROFILER, ["sm__cycles_elapsed.max"])
     assert host.num_passes(config) == 1 and child_checks == []
-    assert host.num_passes(config.copy()) == 1 and child_checks == [("config", "GH100", None, config.size)]
+    assert host.num_passes(config.copy()) == 1 and child_checks == [("config", "GH100", (), None, config.size)]
     with pytest.raises(ImageError, match="config .0 bytes. is not a CUPTI config image: it is too short"):
         host.num_passes(np.zeros(0, np.uint8))
     with pytest.raises(ImageError, match="does not carry CUPTI's identifier LOPC at byte 4"):

@@ -271,3 +271,14 @@ def test_missing_symbol_names_the_version(monkeypatch):
         table.cuptiDoesNotExist(1)
     with pytest.raises(AttributeError, match="not declared"):
         table.cuptiOther
+
+
+def test_the_version_probe_never_starts_a_frozen_app(monkeypatch):
+    started = []
+    monkeypatch.setattr(sys, "frozen", True, raising=False)  # PyInstaller: sys.executable is the application
+    monkeypatch.delenv("GPUSCOPE_PYTHON", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kw: started.append(args))
+    with pytest.raises(errors.CuptiNotFoundError, match=r"Could not probe CUPTI at /x/libcupti.so.13: this is a "
+                                                        r"frozen application: sys.executable \(.*\) is the application"):
+        _lib._probe_version_in_child("/x/libcupti.so.13")
+    assert started == []

@@ -5,6 +5,7 @@ import gc
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -142,21 +143,41 @@ def test_workers_evaluate_the_h100_recording(pm_recording, workers):
     assert_no_images_left(backend)
 
 
-def test_no_worker_means_evaluation_in_this_process(pm_recording, monkeypatch):
+def evaluated_without_workers(pm_recording, monkeypatch, workers: int, patches):
+    """The recording evaluated by a backend whose workers are started with *patches* ``(object, name, value)`` in
+    place, none of which comes up; returns the pipeline's errors once every sample matched the device's values."""
     meta, image, stamps = pm_recording
     n = meta["completed"]
     pipe = FakePipeline(stamps)
     backend = _pm_workers.ProcessEvaluation(pipe, meta["chip"], meta["metrics"], np.load(AVAILABILITY),
-                                            image_bytes=image.size, pool_size=1, workers=1)
+                                            image_bytes=image.size, pool_size=1, workers=workers)
     backend.images[0][:] = image
     with monkeypatch.context() as patch:
-        patch.setattr(sys, "executable", shutil.which("false"))
-        backend.start()  # the worker exits at once
+        for target, name, value in patches:
+            patch.setattr(target, name, value, raising=False)
+        backend.start()
+    assert backend.wait_ready() == 0
     backend.submit(0, backend.images[0], n, [batch(stamps, 0, n - 1)])
     backend.close()
     assert backend.ready_workers == 0
-    assert any("did not start" in e for e in pipe.errors)
     values, rebuilt = pipe._results[0]
     np.testing.assert_array_equal(rebuilt, stamps)
     np.testing.assert_allclose(values[:, 0], meta["values_device"][meta["metrics"][0]], rtol=1e-9, atol=1e-9)
     assert_no_images_left(backend)
+    return pipe.errors
+
+
+def test_no_worker_means_evaluation_in_this_process(pm_recording, monkeypatch):
+    errors = evaluated_without_workers(pm_recording, monkeypatch, 1,
+                                       [(_pm_workers, "BOOT", "raise SystemExit(3)")])  # each worker exits at once
+    assert any("did not start" in e and "status 3" in e for e in errors), errors
+
+
+def test_a_frozen_app_never_starts_copies_of_itself_as_workers(pm_recording, monkeypatch):
+    started = []
+    monkeypatch.delenv("GPUSCOPE_PYTHON", raising=False)
+    errors = evaluated_without_workers(pm_recording, monkeypatch, 2, [
+        (sys, "frozen", True), (subprocess, "Popen", lambda *args, **kw: started.append(args))])
+    assert started == []
+    assert len(errors) == 2 and all("could not be spawned (this is a frozen application: sys.executable" in e
+                                    for e in errors), errors
