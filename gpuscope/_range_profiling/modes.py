@@ -307,16 +307,36 @@ class PerLaunchModes:
         self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(launches))
 
     def _end_iteration(self) -> None:
+        graphs = self._recorder.graph_launches if self._recorder is not None else 0
         if self._collector.counting:  # the first iteration sized the image; the next one is pass 0
             self._recorder.pause()
-            self._size_image(self._collector.end_count())
+            launches = self._collector.end_count()
+            if not launches and graphs:
+                raise self._graph_error(graphs)
+            self._size_image(launches)
             self._size_from_first = False
             self._notes["sizing_iterations"] = 1
             return
-        result = self._collector.end()
+        from gpuscope.errors import CuptiError
+
+        try:
+            result = self._collector.end()
+        except CuptiError as exc:  # seen: CUPTI_ERROR_UNKNOWN from Stop after graph launches in the pass
+            if graphs:
+                raise self._graph_error(graphs) from exc
+            raise
         self._recorder.pause()
         if result.all_passes_submitted:
             self._collect_iterations()
+
+    def _graph_error(self, graphs: int):
+        from gpuscope.errors import GpuscopeError
+
+        return GpuscopeError(
+            f"The iterations launched {graphs} CUDA graph(s) (cuGraphLaunch: torch.cuda.CUDAGraph.replay, "
+            "torch.compile mode='reduce-overhead', CuPy graphs): iteration mode cannot profile kernels inside a "
+            "graph (CUPTI's auto ranges do not see them). Use mode='user' with a gpuscope.range around each graph "
+            "launch: each becomes one row (docs/range-profiling.md, 'CUDA graphs').")
 
     def _collect_iterations(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -450,8 +470,8 @@ class PerLaunchModes:
                           f"{seen.relocatable[0][1][0]}); with one loaded, CUPTI restores much more per pass "
                           "(measured on an H100: 48-90 ms per launch instead of 40)")
         if dear and not seen.relocatable:
-            heard = (f"none of the {seen.loaded} module(s) loaded since gpuscope's first session in this process "
-                     "was built with relocatable device code (modules loaded before it were not inspected)"
+            heard = (f"none of the {seen.loaded} module(s) loaded while gpuscope sessions were open in this process "
+                     "was built with relocatable device code (modules loaded outside sessions were not inspected)"
                      if seen.watching else f"the loaded modules could not be inspected ({seen.error})")
             causes.append(f"the cause is unknown: {whose} {held:.1f} GiB in use (about {expected:.0f} ms expected "
                           f"with it on an H100) and {heard}")

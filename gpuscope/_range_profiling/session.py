@@ -287,7 +287,7 @@ class Profiler(UserRanges, PerLaunchModes):
             from gpuscope._gpu import keep as _keep
             from gpuscope._gpu import modules as _modules
 
-            _modules.watch()  # modules loaded from here on are read (the kernel-replay cost warning)
+            _modules.watch()  # modules loaded while a session is open are read (the kernel-replay cost warning)
             _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
             # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
             self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
@@ -365,6 +365,7 @@ class Profiler(UserRanges, PerLaunchModes):
                 _warn(f"gpuscope.Profiler closed inside open ranges ({_ranges.current_path()!r}); they are dropped.")
             if self._recorder is not None:
                 self._recorder.close()  # no launch callback from here on
+                self._note_graph_launches(self._recorder.graph_launches)
             if self.mode_used is Mode.KERNEL:
                 self._stop_kernel_pass()
                 self._finish_kernels()
@@ -488,6 +489,24 @@ class Profiler(UserRanges, PerLaunchModes):
         with _active_lock:
             if _active.get(self.device) is self:
                 del _active[self.device]
+            last = not _active
+        if last:  # CUPTI's one callback subscriber goes back: torch.profiler may have it between sessions
+            from gpuscope._gpu import modules as _modules
+
+            _modules.pause()
+
+    def _note_graph_launches(self, count: int) -> None:
+        """Count the CUDA graph launches of the session, and say what became of their kernels: CUPTI's launch
+        callbacks and kernel replay do not see a graph's kernel nodes; a user range around the graph launch does."""
+        if not count:
+            return
+        self._notes["graph_launches"] = self._notes.get("graph_launches", 0) + int(count)
+        if self.mode_used is not Mode.USER:
+            _warn(f"{count} CUDA graph launch(es) (cuGraphLaunch: torch.cuda.CUDAGraph.replay, torch.compile "
+                  f"mode='reduce-overhead', CuPy graphs) ran in this {self.mode_used.value}-mode session and were not "
+                  "profiled: CUPTI's kernel replay and launch callbacks do not see the kernels inside a graph. Put a "
+                  "gpuscope.range around each graph launch in mode='user' to profile it as one row "
+                  "(docs/range-profiling.md, 'CUDA graphs').")
 
     def __enter__(self):
         return self.start()

@@ -33,7 +33,10 @@ CBID_cuLaunchKernelEx_ptsz = 653
 _CLASSIC = (CBID_cuLaunchKernel, CBID_cuLaunchKernel_ptsz, CBID_cuLaunchCooperativeKernel,
             CBID_cuLaunchCooperativeKernel_ptsz)
 _EX = (CBID_cuLaunchKernelEx, CBID_cuLaunchKernelEx_ptsz)
-LAUNCH_CBIDS = _CLASSIC + _EX
+CBID_cuGraphLaunch = 514
+CBID_cuGraphLaunch_ptsz = 515
+GRAPH_CBIDS = (CBID_cuGraphLaunch, CBID_cuGraphLaunch_ptsz)
+LAUNCH_CBIDS = _CLASSIC + _EX + GRAPH_CBIDS
 
 
 class CUpti_CallbackData(Structure):
@@ -76,7 +79,27 @@ _f = Functions(
         # CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
         #                                 CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
         "cuptiEnableCallback": [c_uint32, c_void_p, c_int, c_uint32],
+        # CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
+        #                               void* userdata, CUpti_SubscriberParams* pParams)
+        "cuptiSubscribe_v2": [POINTER(c_void_p), _CALLBACK, c_void_p, c_void_p],
     },
+    since={"cuptiSubscribe_v2": (13, 0)},
+    allowed={"cuptiSubscribe_v2": (39,), "cuptiSubscribe": (39,)},
+)
+
+
+class _SubscriberParams(Structure):  # CUpti_SubscriberParams (cupti_callbacks.h, 13.0+), up to oldSubscriberSize
+    _fields_ = [("structSize", ctypes.c_size_t), ("subscriberName", c_char_p), ("oldSubscriberName", c_void_p),
+                ("oldSubscriberSize", ctypes.c_size_t)]
+
+
+#: What to say when another CUPTI client holds the one callback subscriber this process may have.
+OTHER_CLIENT_HELP = (
+    "Another CUPTI client in this process holds CUPTI's callback subscriber{who}: torch.profiler (PyTorch's "
+    "Kineto keeps it from its first profile until the process ends), Nsight Systems, or a library loaded through "
+    "CUDA_INJECTION64_PATH. gpuscope's kernel, iteration and auto modes and PC sampling need it to hear kernel "
+    "launches; user mode (gpuscope.range, decorated kernels) and PM sampling do not. Profile in a process where that "
+    "client has not run (or run it after gpuscope), or use mode='user'."
 )
 
 
@@ -110,12 +133,47 @@ def _dispatch(userdata, domain, cbid, address):
 
 
 def _subscribe() -> None:
-    """``cuptiSubscribe`` once per process (with _lock held): CUPTI allows one subscriber."""
-    if not _subscription:
-        callback = _CALLBACK(_dispatch)
-        handle = c_void_p()
-        _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
-        _subscription[:] = [handle.value, callback]
+    """``cuptiSubscribe`` while gpuscope listens (with _lock held): CUPTI allows one subscriber per process, so
+    gpuscope holds it only while a recorder or watcher is open (:func:`_release_if_idle`).
+
+    Raises
+    ------
+    ProfilerBusyError
+        Another CUPTI client holds the subscriber; named where CUPTI says who (``cuptiSubscribe_v2``).
+    """
+    if _subscription:
+        return
+    from gpuscope.errors import cupti_error
+
+    callback = _CALLBACK(_dispatch)
+    handle = c_void_p()
+    who = ""
+    if _f.has("cuptiSubscribe_v2"):
+        old = ctypes.create_string_buffer(256)
+        p = _SubscriberParams(ctypes.sizeof(_SubscriberParams), b"gpuscope", ctypes.addressof(old), len(old))
+        status = _f.cuptiSubscribe_v2(ctypes.byref(handle), callback, None, ctypes.byref(p))
+        who = old.value.decode(errors="replace").strip()
+        if "not provided" in who:  # CUPTI's placeholder for a client that gave no name (Kineto)
+            who = ""
+    else:
+        status = _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
+    if status:
+        raise cupti_error(status, "cuptiSubscribe", _api.error_message(status),
+                          OTHER_CLIENT_HELP.format(who=f" ({who})" if who else ""))
+    _subscription[:] = [handle.value, callback]
+
+
+def _release_if_idle() -> None:
+    """Give CUPTI's subscriber back when nothing of gpuscope listens (with _lock held), so that another CUPTI client
+    of the process (torch.profiler) can subscribe between gpuscope's sessions."""
+    if _subscription and not _listening and not _open and not _module_watchers:
+        handle, callback = _subscription
+        _subscription.clear()
+        _retired.append(callback)  # a C callback CUPTI once held is never freed
+        try:
+            _f.cuptiUnsubscribe(handle)
+        except Exception as exc:
+            warnings.warn(f"cuptiUnsubscribe failed: {exc}", GpuscopeWarning, stacklevel=3)
 
 
 def _listen(recorder, on: bool) -> None:
@@ -173,8 +231,11 @@ class LaunchRecorder:
     is handed to ``on_exit(token)`` when the same call returns (on the same thread). The driver waits for both,
     so they must be quick, and they must not raise (an exception becomes a warning).
 
-    gpuscope subscribes to CUPTI's callbacks once per process (``cuptiSubscribe``) and keeps the subscription,
-    enabling the launch callbacks while any recorder is open and not paused. Several recorders may be open (a
+    gpuscope subscribes to CUPTI's callbacks (``cuptiSubscribe``) while any recorder or module watcher is open, and
+    gives the subscription back when the last closes, so that another CUPTI client of the process (torch.profiler)
+    can have it between gpuscope's sessions; the launch callbacks are enabled while any recorder is open and not
+    paused. ``cuGraphLaunch`` calls are counted in :attr:`graph_launches`: the kernels of a CUDA graph reach no
+    launch callback. Several recorders may be open (a
     ``Profiler`` session and a ``pc_sample`` block); each hears every launch.
 
     Parameters
@@ -193,6 +254,7 @@ class LaunchRecorder:
     def __init__(self, on_enter, on_exit=None):
         self._on_enter, self._on_exit = on_enter, on_exit
         self._pending = threading.local()
+        self.graph_launches = 0  # cuGraphLaunch calls heard (a graph's kernels are not launches of their own)
         with _lock:
             _subscribe()
             _listen(self, True)
@@ -206,6 +268,9 @@ class LaunchRecorder:
                 token, self._pending.token = getattr(self._pending, "token", None), None
                 if token is not None:
                     self._on_exit(token)
+                return
+            if cbid in GRAPH_CBIDS:
+                self.graph_launches += 1  # its kernel nodes reach no launch callback
                 return
             if cbid in _EX:
                 g = ctypes.cast(d.functionParams, POINTER(_LaunchExParams)).contents.config.contents
@@ -248,6 +313,7 @@ class LaunchRecorder:
                 _listen(self, False)
             except Exception as exc:
                 warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
+            _release_if_idle()
 
     def __enter__(self):
         return self
@@ -312,3 +378,4 @@ class ModuleWatcher:
                                            CUPTI_CBID_RESOURCE_MODULE_LOADED)
                 except Exception as exc:
                     warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
+            _release_if_idle()

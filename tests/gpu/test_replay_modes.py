@@ -203,8 +203,6 @@ CUPY_SCRIPT = textwrap.dedent(r'''
     import gpuscope as gs
     sys.path.insert(0, sys.argv[1])
     import test_replay_modes as t
-    with gs.Profiler(["smsp__inst_executed.sum"]):  # an earlier session: modules loaded from here on are read
-        pass
     src = r"""
     #include <cooperative_groups.h>
     namespace cg = cooperative_groups;
@@ -214,10 +212,11 @@ CUPY_SCRIPT = textwrap.dedent(r'''
         if (i < n) { x[i] += 1.0f; atomicAdd(counter, 1); }
         g.sync();
     }"""
-    m = cp.RawModule(code=src, options=("-std=c++17",), enable_cooperative_groups=True)
-    x = cp.zeros(4096, cp.float32); c = cp.zeros(1, cp.int32)
-    m.get_function("cgk")((16,), (256,), (x, c, cp.int32(4096)))
-    cp.cuda.Device().synchronize()
+    with gs.Profiler(["smsp__inst_executed.sum"]):  # an earlier session: modules loaded while one is open are read
+        m = cp.RawModule(code=src, options=("-std=c++17",), enable_cooperative_groups=True)
+        x = cp.zeros(4096, cp.float32); c = cp.zeros(1, cp.int32)
+        m.get_function("cgk")((16,), (256,), (x, c, cp.int32(4096)))
+        cp.cuda.Device().synchronize()
     arrays = t.make_arrays()
     t.body(arrays)
     with warnings.catch_warnings(record=True) as caught:

@@ -152,7 +152,7 @@ def test_no_cause_seen_says_unknown_with_the_numbers(monkeypatch):
     assert len(texts) == 1 and "the device has 16.5 GiB of device memory in use" in texts[0]
     texts, notes = warned(monkeypatch, 150.0, 1.0, 0.8, watching())
     assert "the cause is unknown: this process holds 0.8 GiB in use (about 38 ms expected" in texts[0]
-    assert "none of the 5 module(s) loaded since gpuscope's first session" in texts[0]
+    assert "none of the 5 module(s) loaded while gpuscope sessions were open" in texts[0]
     assert notes["replay_memory_scope"] == "process"
     unwatched = _modules.Seen()
     unwatched.error = "ProfilerBusyError: another subscriber"

@@ -89,7 +89,7 @@ def test_a_refused_push_keeps_the_stacks_whole(monkeypatch):
 
 def test_launch_callbacks_cover_every_launch_entry_point():
     # cuLaunchCooperativeKernel_ptsz (478) was missing: its launches went unrecorded and shifted every later row
-    assert set(callbacks.LAUNCH_CBIDS) == {307, 442, 477, 478, 652, 653}
+    assert set(callbacks.LAUNCH_CBIDS) == {307, 442, 477, 478, 652, 653, 514, 515}  # 514/515: cuGraphLaunch
 
 
 def test_bad_session_options_say_what_to_pass():

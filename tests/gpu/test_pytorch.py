@@ -1,0 +1,112 @@
+"""PyTorch in the same process: CUDA graphs are counted and said (or profiled as user ranges), and torch.profiler
+(Kineto, another CUPTI client) works after a gpuscope session; in the other order gpuscope says who holds CUPTI."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import gpuscope as gs
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    a = torch.randn(256, 256, device="cuda")
+    b = torch.randn(256, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            torch.relu(a @ b).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.relu(a @ b).sum()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def test_graph_launches_in_kernel_mode_are_counted_and_said(graph):
+    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launch"):
+        with gs.Profiler("launch", mode="kernel") as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+    assert prof.dataset.attrs["graph_launches"] == 10
+
+
+def test_graph_launches_in_iteration_mode_are_a_clear_error(graph):
+    with pytest.raises(gs.GpuscopeError, match="CUDA graph"):
+        with gs.Profiler("launch", mode="iteration") as prof:
+            for _ in range(4):
+                graph.replay()
+                torch.cuda.synchronize()
+                prof.step()
+
+
+def test_a_user_range_around_a_graph_launch_is_a_row(graph):
+    with gs.Profiler("launch", mode="user") as prof:
+        for _ in range(3):
+            with gs.range("graph"):
+                graph.replay()
+    ds = prof.dataset
+    assert ds.sizes["range"] == 1 and str(ds["name"].values[0]) == "graph"
+    assert float(ds["sm__cycles_elapsed.max"].values[0]) > 0
+
+
+def _run(*parts: str) -> subprocess.CompletedProcess:
+    code = "\n".join(textwrap.dedent(p) for p in parts)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+PROFILE = """
+    def gpu_events():
+        from torch.profiler import profile, ProfilerActivity
+        x = torch.randn(512, 512, device="cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(5):
+                x @ x
+            torch.cuda.synchronize()
+        return sum(1 for e in p.events() if str(e.device_type).endswith("CUDA"))
+"""
+
+
+def test_torch_profiler_records_gpu_events_after_a_session():
+    proc = _run("""
+        import torch, gpuscope as gs
+        """, PROFILE, """
+        x = torch.randn(512, 512, device="cuda")
+        with gs.Profiler("launch", mode="kernel") as prof:
+            x @ x
+            torch.cuda.synchronize()
+        assert prof.dataset.sizes["range"] >= 1
+        print("events", gpu_events())
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split("events")[1]) >= 5, proc.stdout
+
+
+def test_after_torch_profiler_gpuscope_names_it_and_user_mode_works():
+    proc = _run("""
+        import torch, gpuscope as gs
+        """, PROFILE, """
+        assert gpu_events() >= 5
+        x = torch.randn(512, 512, device="cuda")
+        try:
+            with gs.Profiler("launch", mode="kernel"):
+                x @ x
+        except gs.ProfilerBusyError as exc:
+            print("refused:", exc)
+        with gs.Profiler("launch", mode="user") as prof:
+            with gs.range("mm"):
+                x @ x
+        print("user rows", prof.dataset.sizes["range"])
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout and "torch.profiler" in proc.stdout and "user rows 1" in proc.stdout, proc.stdout
