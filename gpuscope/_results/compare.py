@@ -2,8 +2,8 @@
 
 Each kernel's launches (or each user range's executions) are the samples: for every quantity (GPU time per
 launch, Top-Down nodes as fractions of peak, throughput metrics) the two runs' per-launch values are compared with
-Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) and its confidence interval of the difference of
-means. A difference is *significant* when the test rejects "same mean" at ``alpha`` **and** the change is larger
+Welch's t-test (:func:`gpuscope._util.stats.welch`, as ``scipy.stats.ttest_ind(equal_var=False)``) and its
+confidence interval of the difference of means. A difference is *significant* when the test rejects "same mean" at ``alpha`` **and** the change is larger
 than ``min_change`` (relative, for times and metrics; absolute fraction of peak, for Top-Down nodes), so that a
 statistically real but negligible shift over thousands of launches is not flagged.
 """
@@ -17,6 +17,7 @@ from gpuscope._results.report_inputs import SHORT_NAMES, _finite, _kind
 from gpuscope._results.report_ranges import GPU_TIME, group_key
 from gpuscope._results.report_table import Report, _count, _new
 from gpuscope._results.report_topdown import topdown_per_launch
+from gpuscope._util.stats import welch
 
 __all__ = ["compare"]
 
@@ -44,17 +45,13 @@ def _quantities(ds) -> tuple[dict[str, np.ndarray], set[str]]:
 
 def _welch(a: np.ndarray, b: np.ndarray, confidence: float):
     """(p value, ci low, ci high) for mean(b) - mean(a), NaN where the data cannot tell."""
-    from scipy import stats
-
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if a.size < 2 or b.size < 2:
         return np.nan, np.nan, np.nan
     if np.ptp(a) == 0 and np.ptp(b) == 0:  # no spread at all: identical is certain, a change is exact
         same = a[0] == b[0]
         return (1.0 if same else 0.0), b[0] - a[0], b[0] - a[0]
-    res = stats.ttest_ind(b, a, equal_var=False)
-    ci = res.confidence_interval(confidence)
-    return float(res.pvalue), float(ci.low), float(ci.high)
+    return welch(a, b, confidence)
 
 
 def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Report:
