@@ -280,8 +280,8 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
         except gs.NoGpuError as exc:
             print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.")  # its first clause
     if live and not _numba_cuda():
-        print("A GPU is here, but Numba is not installed, and the demo's workload is Numba kernels. Install gpuscope's "
-              f"extra for your driver, cu13 (CUDA 13) or cu12 (CUDA 12): {install_hint('cu13')}.")
+        print("A GPU is here, but Numba is not installed, and the demo's workload is Numba kernels. Install "
+              f"gpuscope's extra for your driver, cu13 (CUDA 13) or cu12 (CUDA 12): {install_hint('cu13')}.")
         live = False
     if live:
         launches, series = collect()

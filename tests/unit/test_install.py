@@ -19,8 +19,8 @@ requirements = pytest.importorskip("packaging.requirements")
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # What collection and Numba bring; the analysis must not need any of them.
-COLLECTION = {"numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "cuda-python", "cuda-pathfinder", "nvtx",
-              "tqdm", "scipy"}
+COLLECTION = {"numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "cuda-python", "cuda-pathfinder",
+              "nvtx", "tqdm", "scipy"}
 
 
 def _requires(extra: str | None) -> dict[str, "requirements.Requirement"]:
