@@ -77,10 +77,10 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         the row's ``unit``, ``relative`` (change / base, in percent), ``ci_low``/``ci_high`` (confidence interval
         of the change), ``p_value``, ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities:
         ``gpu_time_us`` per launch (us), Top-Down level 1 and 2 nodes in percent of peak, throughput metrics in
-        percent of peak. Kernels found in one run only
-        get one row with the other side empty. NaN and inf values are no data: left out of the means and tests
-        (``n_base``/``n_new`` count the values used) and counted in a note. ``print()`` shows the time rows and
-        every significant row, fitted to the terminal.
+        percent of peak. Kernels found in one run only get one row with the other side empty. NaN and inf values
+        are no data: left out of the means and tests (``n_base``/``n_new`` count the values used) and counted in a
+        note. ``print()`` shows the time rows and every significant row, fitted to the terminal; ``to_csv``
+        writes every row.
 
     Raises
     ------
