@@ -116,7 +116,15 @@ def run(*argv):
 
 runs = {"demo": run("demo", "--out", str(out / "demo")), "show": run("show", str(data / "demo_launches.nc")),
         "check": run("check", "--json")}
-print(json.dumps({"runs": runs, "bound_by": dict(zip(report.index, report["bound_by"])),
+collect = {}  # what collection says without its stack
+for name, start in (("Profiler", lambda: gs.Profiler(metrics="topdown")), ("sample", lambda: gs.sample()),
+                    ("pc_sample", gs.pc_sample)):
+    try:
+        with start():
+            pass
+    except (gs.NoGpuError, gs.CuptiNotFoundError) as exc:
+        collect[name] = str(exc)
+print(json.dumps({"runs": runs, "collect": collect, "bound_by": dict(zip(report.index, report["bound_by"])),
                   "significant": int(diff["significant"].sum()), "phases": int(ph["phase"].max()) + 1,
                   "hidden": sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite", "scipy"))}))
 """
@@ -136,6 +144,9 @@ def test_analysis_and_the_demo_work_without_the_collection_stack(tmp_path):
     assert (tmp_path / "demo" / "topdown.png").stat().st_size > 0 and (tmp_path / "topdown.png").exists()
     assert "No GPU: cuda-bindings is not installed, so gpuscope cannot reach the NVIDIA driver." in runs["demo"][1]
     assert "Top-Down per kernel" in runs["demo"][1] and "backend_memory" in runs["show"][1]
+    # collection fails at once, naming the extra that brings what is missing
+    assert set(result["collect"]) == {"Profiler", "sample", "pc_sample"}
+    assert all("pip install '.[" in text for text in result["collect"].values()), result["collect"]
     # gpuscope check names what is missing and the extra that brings it (after CUPTI, which must load for that)
     code, text = runs["check"]
     if code == 2:
