@@ -5,6 +5,7 @@ The extras themselves are checked in fresh virtual environments by ``tools/relea
 the declarations, run the analysis with the collection stack hidden, and compile the demo's kernels to PTX.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -12,20 +13,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging import requirements  # a dependency of matplotlib
 
 ROOT = Path(__file__).resolve().parents[2]
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-requirements = pytest.importorskip("packaging.requirements")
-
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # What collection and Numba bring; the analysis must not need any of them.
 COLLECTION = {"numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "cuda-python", "cuda-pathfinder",
               "nvtx", "tqdm", "scipy"}
 
 
-def _requires(extra: str | None) -> dict[str, "requirements.Requirement"]:
+@functools.cache
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _requires(extra: str | None) -> dict[str, requirements.Requirement]:
     """The requirements of the core (None) or of an extra, with gpuscope's own extras that it names expanded."""
-    lines = PROJECT["project"]["dependencies"] if extra is None else PROJECT["project"]["optional-dependencies"][extra]
+    project = _pyproject()["project"]
+    lines = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
     out = {}
     for line in lines:
         req = requirements.Requirement(line)
@@ -64,8 +69,8 @@ def test_offline_and_test_extras():
 
 
 def test_the_license_is_an_spdx_expression():
-    assert PROJECT["project"]["license"] == "Apache-2.0"
-    setuptools = next(requirements.Requirement(r) for r in PROJECT["build-system"]["requires"]
+    assert _pyproject()["project"]["license"] == "Apache-2.0"
+    setuptools = next(requirements.Requirement(r) for r in _pyproject()["build-system"]["requires"]
                       if r.startswith("setuptools"))
     assert not setuptools.specifier.contains("76.9")  # PEP 639 license expressions: setuptools 77
 
