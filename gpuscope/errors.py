@@ -53,6 +53,13 @@ BUSY_HELP = (
 )
 
 
+def install_hint(extra: str) -> str:
+    """How to install gpuscope with *extra* (``cu13``, ``offline``, ...): gpuscope is not on PyPI, so from a
+    checkout or from a wheel built from one (docs/quickstart.md#install)."""
+    return (f"pip install '.[{extra}]' in a gpuscope checkout, or pip install 'gpuscope-<version>-py3-none-any.whl"
+            f"[{extra}]' with a wheel built from one (gpuscope is not on PyPI)")
+
+
 class GpuscopeError(Exception):
     """Base class of every error gpuscope raises."""
 

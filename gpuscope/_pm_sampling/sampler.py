@@ -285,9 +285,9 @@ class Sampler(SamplerResults):
         self._decoder.start(self.start_ns)
 
     def _context_device(self) -> int:
-        from cuda.bindings import driver
+        from gpuscope._gpu import device as _device
 
-        err, dev = driver.cuDeviceGet(self.device)
+        err, dev = _device.bindings().cuDeviceGet(self.device)
         return int(dev)
 
     def _check_interval(self, info) -> None:
@@ -415,7 +415,7 @@ class Sampler(SamplerResults):
             from gpuscope._gpu import device as _device
 
             self._context.make_current()
-            _device._check(_device._driver().cuCtxSynchronize(), "cuCtxSynchronize")
+            _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
         self._kernel_records.close()
 
     # -- state --------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
     """Length-weighted mean over ranges, per group: the paper's per-kernel (or whole-run) Top-Down.
 
     Aggregate the Top-Down Dataset, not the raw metrics: node values are linear in the weights, so the
-    weighted means still sum to ``IPC_MAX``; products like ``R * W`` of averaged metrics would not be the
+    weighted means still sum to 100; products like ``R * W`` of averaged metrics would not be the
     averages of the products.
 
     Parameters
