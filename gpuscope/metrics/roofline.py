@@ -232,7 +232,7 @@ def roofline(ds: xr.Dataset, by: str | None = None, dim: str = "range") -> xr.Da
         "intensity": intensity, "ridge": ridge, "attainable": attainable, "bound": bound.astype(str),
         "achieved_fraction": achieved_fraction.where(did_work), "dominant_precision": dominant_precision.astype(str),
     })
-    out = out.assign_coords({n: c for n, c in ds.coords.items() if c.dims == (row,)})
+    out = out.assign_coords({n: c for n, c in ds.coords.items() if c.dims == (row,)}).transpose(row, ...)
     for name, (units, description) in _ATTRS.items():
         out[name].attrs = {"units": units, "description": description} if units else {"description": description}
     out.attrs = dict(ds.attrs)
