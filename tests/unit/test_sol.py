@@ -295,3 +295,29 @@ def test_device_info_records_the_sm_limits(monkeypatch):
     assert [info.sm_limits[k] for k in _device._SM_LIMIT_ENUMS] == list(range(1, len(SM_LIMIT_ATTRS) + 1))
     ds = recorded([STREAM], ["stream"], sets=("roofline",))
     assert {k: ds.attrs[k] for k in SM_LIMIT_ATTRS} == H100.sm_limits
+
+
+def test_the_peaks_are_the_chips_own_and_cost_no_pass():
+    """Every .peak_sustained the analyses read evaluates from an H100 counter-data image that was configured for
+    other metrics (a peak is a constant of the chip's configuration, not a counter), to the values the synthetic
+    Datasets here use; and leaving the peaks out of a set saves no pass."""
+    from pathlib import Path
+
+    from gpuscope.cupti import host
+    from gpuscope.cupti._types import ProfilerType
+
+    from .sol_data import GH100_PEAKS
+
+    image = np.load(Path(__file__).parents[1] / "fixtures" / "range" / "auto_3kernels_gh100.npz")["counter_data"]
+    evaluated = {}
+    for name in GH100_PEAKS:
+        with host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER) as h:  # one host each: a bad name spoils it
+            evaluated[name] = float(h.evaluate(image, 0, [name])[0])
+    assert evaluated == GH100_PEAKS
+    availability = np.load(Path(__file__).parents[1] / "fixtures" / "gh100_counter_availability_range.npy")
+    for name in ("roofline", "memory", "occupancy", "instructions"):
+        metrics = list(gs.metric_set(name).metrics)
+        peaks = [m for m in metrics if m.endswith(".peak_sustained")]
+        assert peaks and set(peaks) <= set(GH100_PEAKS)
+        assert gs.count_passes(metrics, chip="GH100", counter_availability=availability) == gs.count_passes(
+            [m for m in metrics if m not in peaks], chip="GH100", counter_availability=availability)
