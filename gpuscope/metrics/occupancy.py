@@ -42,6 +42,7 @@ import numpy as np
 import xarray as xr
 
 from gpuscope._schema.dataset import SM_LIMIT_ATTRS
+from gpuscope._util import validate as _validate
 from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import architectures as _arch
 
@@ -141,6 +142,8 @@ def sm_limits(ds: xr.Dataset, limits=None) -> SMLimits:
 
     Raises
     ------
+    ValueError
+        *limits* names a field :class:`SMLimits` does not have.
     MissingMetricsError
         A limit is neither in the Dataset nor in *limits*; the message names the attrs and fields to give.
     """
@@ -237,10 +240,9 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     xarray.Dataset
         Along *dim*: ``threads_per_block``, ``grid_blocks``, ``registers``, ``shared_memory``, ``block_limit``
         (and along ``limit``: :data:`LIMITERS`), ``blocks_per_sm``, ``limited_by``, ``theoretical_warps``,
-        ``theoretical_occupancy``,
-        ``achieved_warps`` and ``achieved_occupancy`` (NaN without the ``occupancy`` set), ``sm_active`` (percent
-        of elapsed SM cycles that were active), ``waves_per_sm``, ``tail_blocks``, ``tail_share``,
-        ``tail_utilization``. NaN (and ``limited_by`` ``""``) where a row has no block shape (a user range) or no
+        ``theoretical_occupancy``, ``achieved_warps`` and ``achieved_occupancy`` (NaN without the ``occupancy``
+        set), ``sm_active`` (percent of elapsed SM cycles that were active), ``waves_per_sm``, ``tail_blocks``,
+        ``tail_share``, ``tail_utilization``. NaN (and ``limited_by`` ``""``) where a row has no block shape (a user range) or no
         registers. Row coordinates and Dataset attrs kept.
 
     Raises
@@ -252,8 +254,6 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     gpuscope.errors.MissingMetricsError
         *registers* is not given, or the SM limits are not known (see :func:`sm_limits`).
     """
-    from gpuscope._util import validate as _validate
-
     ds = _validate.dataset(ds, "ds")
     if dim not in ds.dims:
         raise ValueError(f"the Dataset has no dimension {dim!r} (dims: {list(ds.dims)})")
