@@ -93,6 +93,8 @@ class DeviceInfo:
     sm_clock_khz: int
     memory_clock_khz: int
     pci_bus_id: str
+    #: The SM's resource limits by their Dataset attr names (:data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`).
+    sm_limits: dict = dataclasses.field(default_factory=dict)
 
     @property
     def compute_capability_str(self) -> str:
@@ -107,7 +109,7 @@ def _device(index: int):
 
 
 def device_info(index: int = 0) -> DeviceInfo:
-    """Name, compute capability, SM count, memory and clocks of GPU *index*."""
+    """Name, compute capability, SM count, memory, clocks and SM resource limits of GPU *index*."""
     driver = bindings()
     dev = _device(index)
     attr = driver.CUdevice_attribute
@@ -131,7 +133,19 @@ def device_info(index: int = 0) -> DeviceInfo:
         sm_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
         memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
         pci_bus_id=bus,
+        sm_limits={name: get(getattr(attr, enum)) for name, enum in _SM_LIMIT_ENUMS.items()},
     )
+
+
+#: The device attribute behind each of :data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`.
+_SM_LIMIT_ENUMS = {
+    "sm_max_threads": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR",
+    "sm_max_blocks": "CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "sm_registers": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "block_max_registers": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK",
+    "sm_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "block_reserved_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK",
+}
 
 
 def memory_used_gib(index: int = 0) -> float:

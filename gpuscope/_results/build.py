@@ -54,6 +54,7 @@ def _pm_device_attrs(device_info, chip: str) -> dict:
             memory_clock_khz=int(device_info.memory_clock_khz),
             memory_bytes=int(device_info.memory_bytes),
         )
+        attrs.update({k: int(v) for k, v in getattr(device_info, "sm_limits", {}).items()})
     return attrs
 
 

@@ -229,6 +229,19 @@ def _as_list(value) -> list:
     return [value.item() if isinstance(value, np.generic) else value]
 
 
+#: Dataset attrs that record the SM's resource limits (the CUDA device attributes an occupancy calculation needs),
+#: written with the device's other attrs; :func:`gpuscope.metrics.occupancy.occupancy` reads them.
+SM_LIMIT_ATTRS = {
+    "sm_max_threads": "threads resident per SM at most (CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)",
+    "sm_max_blocks": "blocks resident per SM at most (CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)",
+    "sm_registers": "32-bit registers per SM (CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)",
+    "block_max_registers": "32-bit registers one block may use (CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK)",
+    "sm_shared_memory_bytes": "shared memory per SM, bytes (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)",
+    "block_reserved_shared_memory_bytes": "shared memory the system reserves per block, bytes "
+                                          "(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)",
+}
+
+
 #: Coordinates of a range dataset: name -> (dtype, fill value for "unknown", attrs).
 RANGE_COORDS = {
     "name": (str, "", {"description": "range path, levels joined by '/'"}),

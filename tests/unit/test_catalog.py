@@ -137,6 +137,9 @@ def test_no_chip_without_gpu_says_pass_chip():
         (".avg.pct_of_peak_sustained_elapsed", "cycle", "percent"),
         (".ratio", "", "ratio"),
         (".sum", "byte", "byte"),
+        (".sum.peak_sustained", "byte", "byte/cycle"),  # the most per cycle, as ncu writes it
+        (".sum.peak_sustained", "byte/cycle", "byte/cycle"),
+        (".sum.peak_sustained_elapsed", "byte", "byte"),  # the most over the range's elapsed cycles: a count
     ],
 )
 def test_units_of(suffix, cupti_units, expected):

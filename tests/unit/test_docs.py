@@ -93,7 +93,13 @@ def _multi_gpu(ns):
     assert len(ns["fig"].axes) == 2
 
 
-CHECKS = {("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+def _sol(ns):
+    assert (ns["fma"]["blocks"], ns["fma"]["limiter"], ns["fma"]["occupancy"]) == (6, "registers", 75.0)
+    assert (ns["tiled"]["blocks"], ns["tiled"]["limiter"], ns["tiled"]["occupancy"]) == (4, "shared_memory", 25.0)
+    assert ns["passes"] == {"roofline": 5, "memory": 6, "occupancy": 1, "instructions": 6}  # the page's table
+
+
+CHECKS = {("sol.md", 1): _sol, ("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
           ("report.md", 1): _report, ("report.md", 2): _compare}
 
 
