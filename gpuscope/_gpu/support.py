@@ -170,7 +170,8 @@ def support_markdown() -> str:
         out.append(f"| `{reason}` | {node} | " + " | ".join(mark(a) for a in tables) + " |")
     names = list(_lists.metric_sets())
     out += ["", "### Built-in sets on each chip", "",
-            "Passes as CUPTI's host API counts them without a device (every counter assumed free). **complete**: "
+            "Passes a session needs (for `topdown`, gpuscope's consistent pass plan: docs/topdown.md), as CUPTI's "
+            "host API counts them without a device (every counter assumed free). **complete**: "
             "the set as named; otherwise what the chip collects instead (`a -> b`) or leaves out (`-a`), by base "
             "name.", "", "| chip | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for chip in chips:
