@@ -308,10 +308,10 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
     ``ds.to_dataframe()`` has one row per range; one variable per metric (exact CUPTI name, float64) with attrs
     ``units``, ``description``, ``metric_type``, ``hw_unit``; one scalar coord per range for each of
     :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``) and any other scalar key the
-    records carry. The ``range`` dimension coordinate repeats ``name`` as an index: ``ds.sel(range="step/fwd")``
-    returns every row of that path (several for a kernel launched several times), and ``ds.to_dataframe()`` is
-    indexed by path like a pandas table (the other coords, ``name`` and ``kernel`` included, are columns). Attrs: device and versions, ``kind="range"``, ``metrics``, plus
-    *attrs* (metric set, mode, passes, ...).
+    records carry. The ``range`` dimension coordinate is the row number (0, 1, ..., unique; :func:`index`), so
+    Datasets computed from these (:func:`gpuscope.topdown`) align and merge with them; select by path or kernel
+    through the coordinates (``ds.isel(range=ds.kernel.isin(["fma", "stream"]))``). Attrs: device and versions,
+    ``kind="range"``, ``metrics``, plus *attrs* (metric set, mode, passes, ...).
 
     Parameters
     ----------

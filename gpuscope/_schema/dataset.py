@@ -14,8 +14,9 @@ from gpuscope._schema.units import split_name, units_of
 #: Version 1 (files without the attr) held grid/block along an ``xyz`` dim and the user ranges as data variables
 #: along ``span``; version 2 held the span and execution tables as list attrs and each sample's span index as the
 #: coordinate ``span``; version 3 holds the tables as coordinates along ``span`` and ``execution``
-#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``.
-SCHEMA_VERSION = 3
+#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``; version 4 indexes
+#: range results by row number (``range`` = 0, 1, ..., unique), where version 3 and older repeated the path.
+SCHEMA_VERSION = 4
 
 _CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
 
@@ -258,16 +259,19 @@ SHAPE_COORDS = {
 
 
 def index(ds):
-    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate (the
-    ``name`` of each row; non-unique). Other datasets, and range results that have it, are returned as they are.
+    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate, the row
+    number of each range (0, 1, ..., unique, kept by ``isel``, so that Datasets derived from one another align).
+    Other datasets, and range results that have it, are returned as they are.
     """
-    if "range" in ds.dims and "range" not in ds.coords and "name" in ds.coords and ds["name"].dims == ("range",):
-        ds = ds.assign_coords(range=("range", ds["name"].values, _RANGE_INDEX_ATTRS))
+    if "range" in ds.dims and "range" not in ds.coords:
+        ds = ds.assign_coords(range=("range", np.arange(ds.sizes["range"], dtype=np.int64), dict(RANGE_INDEX_ATTRS)))
     return ds
 
 
-_RANGE_INDEX_ATTRS = {"description": "range path (the name coordinate) as an index: sel(range=path) gives every "
-                                     "row of that path"}
+#: Attrs of the ``range`` index of range results.
+RANGE_INDEX_ATTRS = {"description": "row number of the range (a user range or kernel launch) in the results: unique, "
+                                    "so Datasets derived from these (gpuscope.topdown) align and merge with them; "
+                                    "select by path or kernel with ds.isel(range=ds.kernel.isin([...]))"}
 
 
 def upgrade(ds):
@@ -279,9 +283,10 @@ def upgrade(ds):
     and the execution table (``kernels=True``) of PM samples as list attrs (``span_path``, ..., ``exec_kernel``,
     ...) and each sample's span index as the coordinate ``span``. Version 3 holds the tables as coordinates along
     the dims ``span`` and ``execution`` (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as
-    the coordinate ``span_index``. The conversion is exact: the values move, none is recomputed except the
-    per-sample span index of version 1, which is derived as :func:`gpuscope._results.build.sampling_dataset`
-    derives it. Metric units written by an older gpuscope (``byte/second/second``,
+    the coordinate ``span_index``. Versions 1 to 3 indexed range results by path (``range`` repeated ``name``,
+    not unique); version 4 indexes them by row number (:func:`index`). The conversion is exact: the values move,
+    none is recomputed except the per-sample span index of version 1, which is derived as
+    :func:`gpuscope._results.build.sampling_dataset` derives it, and the row numbers of range results. Metric units written by an older gpuscope (``byte/second/second``,
     ``instruction/gpc_cycle/cycle``) are corrected with :func:`gpuscope._gpu.catalog.units_of`.
     """
     ds = ds.copy()  # shallow: no values are copied, and the caller's attrs stay as they were
@@ -293,6 +298,8 @@ def upgrade(ds):
         }).drop_vars([v for v in ("grid", "block", "xyz") if v in ds.variables])
     if ds.attrs.get("kind") == "pm_sampling":
         ds = _upgrade_tables(ds)
+    if "range" in ds.dims and "range" in ds.coords and ds["range"].dtype.kind not in "iu":  # versions 1-3: paths
+        ds = ds.drop_vars("range")  # index() below numbers the rows
     for name, variable in ds.data_vars.items():  # written before units_of was fixed: byte/second/second
         units = variable.attrs.get("units")
         if ("metric_type" in variable.attrs and isinstance(units, str) and "/" in units

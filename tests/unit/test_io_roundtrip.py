@@ -8,6 +8,7 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
+from gpuscope._schema import dataset as gs_dataset
 
 DATA = Path(gs.__file__).parent / "data"
 
@@ -21,7 +22,7 @@ def test_schema1_launches_convert_exactly():
     old = raw("demo_launches.nc")
     assert old.sizes == {"range": 15, "xyz": 3}  # the shipped file is schema 1
     ds = gs.open_dataset(DATA / "demo_launches.nc")
-    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 3
+    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == gs_dataset.SCHEMA_VERSION
     for what in ("grid", "block"):
         for i, axis in enumerate("xyz"):
             np.testing.assert_array_equal(ds[f"{what}_{axis}"].values, old[what].values[:, i])
@@ -29,14 +30,15 @@ def test_schema1_launches_convert_exactly():
     for name in old.data_vars:
         np.testing.assert_array_equal(ds[name].values, old[name].values)
     assert len(ds.to_dataframe()) == 15  # one row per launch (45 in schema 1)
-    assert ds.sel(range="fma").sizes["range"] == 5 and set(ds.sel(range="fma").kernel.values) == {"fma"}
+    assert ds["range"].values.tolist() == list(range(15))  # row numbers, unique (schema 4)
+    assert set(ds.isel(range=ds.kernel == "fma")["range"].values) == {1, 4, 7, 10, 13}
 
 
 def test_schema1_series_convert_exactly():
     old = raw("demo_timeseries.nc")
     assert old.sizes == {"time": 18019, "span": 3}
     ds = gs.open_dataset(DATA / "demo_timeseries.nc")
-    assert ds.sizes == {"time": 18019, "span": 3} and ds.attrs["gpuscope_schema"] == 3
+    assert ds.sizes == {"time": 18019, "span": 3} and ds.attrs["gpuscope_schema"] == gs_dataset.SCHEMA_VERSION
     assert list(ds.data_vars) == list(old.data_vars)[:8] and not any(ds[v].dims == ("span",) for v in ds.data_vars)
     assert len(ds.drop_dims("span").to_dataframe()) == 18019  # the samples alone: one row each
     assert ds["span_path"].values.tolist() == old["span_path"].values.tolist()

@@ -128,7 +128,7 @@ def range_ranks(launches):
     r1[TIME] = r1[TIME] * 1.5
     r2 = _rank_copy(launches.isel(range=slice(0, 4)), 2)
     extra = _rank_copy(launches.isel(range=[2]), 2)
-    extra = extra.assign_coords(name=("range", ["halo"]), kernel=("range", ["halo"]), range=("range", ["halo"]))
+    extra = extra.assign_coords(name=("range", ["halo"]), kernel=("range", ["halo"]), range=("range", [4]))
     r2 = xr.concat([r2, extra], "range", combine_attrs="override")
     return [r2, r0, r1]  # out of order on purpose
 
@@ -149,7 +149,8 @@ def test_merge_range_results(range_ranks, launches):
     assert m[TIME].sel(rank=2).values[15] == t[2]
     assert m["name"].values[15] == "halo" and m["occurrence"].values.tolist()[:6] == [0, 0, 0, 1, 1, 1]
     assert m["launch"].sel(rank=2).values.tolist() == [0, 1, 2, 3] + [-1] * 11 + [2]
-    assert m.sel(range="fma").sizes["range"] == 5  # the index repeats the path, as in one rank's results
+    assert m["range"].values.tolist() == list(range(16))  # row numbers, as in one rank's results
+    assert m.isel(range=m["name"] == "fma").sizes["range"] == 5
     # one clock: rank 1's CUPTI times move by wall - session = 5 s
     start = launches["start_ns"].values
     np.testing.assert_array_equal(m["start_ns"].sel(rank=0).values[:15], start)

@@ -57,7 +57,7 @@ def as_schema2(ds):
 
 def test_the_tables_are_coordinates_along_their_own_dims(series):
     ts = _with_executions(series)
-    assert ts.sizes == {"time": 18019, "span": 3, "execution": 5} and ts.attrs["gpuscope_schema"] == 3
+    assert ts.sizes == {"time": 18019, "span": 3, "execution": 5} and ts.attrs["gpuscope_schema"] == _dataset.SCHEMA_VERSION
     assert set(_dataset.SPAN_VARS) | set(_dataset.EXEC_VARS) | {"span_index"} <= set(ts.coords)
     assert all(ts[v].dims == ("time",) for v in ts.data_vars)  # the data variables are the metrics alone
     assert all(ts[v].dims == ("span",) for v in _dataset.SPAN_VARS)
@@ -123,7 +123,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
     assert raw.attrs["gpuscope_schema"] == 2 and raw["span"].dims == ("time",)  # the fixture is schema 2
     paths = np.atleast_1d(raw.attrs["span_path"]).tolist()
     ds = gs.open_dataset(PHASES / f"{name}.nc")
-    assert ds.attrs["gpuscope_schema"] == 3 and ds.sizes == {"time": raw.sizes["time"], "span": len(paths)}
+    assert ds.attrs["gpuscope_schema"] == _dataset.SCHEMA_VERSION and ds.sizes == {"time": raw.sizes["time"], "span": len(paths)}
     assert ds["span_path"].values.tolist() == paths
     for name_ in ("span_thread", "span_start_ns", "span_end_ns"):
         assert ds[name_].dtype == np.int64
