@@ -31,9 +31,10 @@ def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
 
 
 def _bar_labels(td: xr.Dataset, dim: str) -> list[str]:
-    """Bar labels: the dim's coordinate (range path, kernel), else name/kernel; repeated labels get ``#launch``."""
+    """Bar labels: the dim's coordinate (kernel, phase), else name/kernel (range results, whose index is a row
+    number); repeated labels get ``#launch``."""
     values = None
-    for coord in (dim, *_LABEL_COORDS):
+    for coord in _LABEL_COORDS if dim == "range" else (dim, *_LABEL_COORDS):
         if coord in td.coords and td[coord].dims == (dim,):
             values = [str(v) for v in np.asarray(td[coord])]
             break

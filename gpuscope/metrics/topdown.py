@@ -235,6 +235,19 @@ def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variab
     return {"warp_state_coverage": coverage, "topdown_uncertainty": uncertainty, "consistent": consistent}
 
 
+def _weight(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """The ``weight`` coordinate for :func:`aggregate`: the first of :data:`WEIGHT_METRICS` in *ds* (kernel length
+    in SM cycles), under a name of its own so that the Top-Down merges with its input (a variable of one cannot be
+    a coordinate of the other). None when *ds* has none, or already carries a weight (groups from aggregate)."""
+    name = next((n for n in WEIGHT_METRICS if n in ds.data_vars), None)
+    if name is None or "weight" in ds.coords:
+        return {}
+    weight = ds[name].copy()
+    weight.attrs = {"units": ds[name].attrs.get("units", "cycle"), "metric": name,
+                    "description": f"the range's length ({name}), by which gpuscope.aggregate weights it"}
+    return {"weight": weight}
+
+
 def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn") -> xr.Dataset:
     """Top-Down hierarchy of every range (or sample) of a metrics Dataset.
 
@@ -260,9 +273,10 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         ``formula`` (the IPC it is a percentage of), ``units``, ``ipc_max``, ``description``. Where ``ds`` has the
         ``selected`` and ``not_selected`` states, three coordinates per range: ``warp_state_coverage`` (%),
         ``topdown_uncertainty`` (percent of peak, as the nodes) and ``consistent`` (bool), see ``docs/topdown.md``.
-        The input's dims and coordinates are kept; weight metrics (:data:`WEIGHT_METRICS`) present in ``ds`` become
-        coordinates so that :func:`aggregate` finds them. Dataset attrs: the input's, plus ``topdown_ipc_max``,
-        ``topdown_units``, ``topdown_architecture``.
+        The input's dims and coordinates are kept (so the result aligns with ``ds`` and ``xr.merge([ds, result])``
+        holds both); the first weight metric (:data:`WEIGHT_METRICS`) in ``ds`` becomes the coordinate ``weight``
+        (attr ``metric`` names it), which :func:`aggregate` weights by. Dataset attrs: the input's, plus
+        ``topdown_ipc_max``, ``topdown_units``, ``topdown_architecture``.
 
     Raises
     ------
@@ -293,8 +307,8 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
             "description": node.description,
         }
         out[node.name] = da
-    coords = {name: ds[name] for name in WEIGHT_METRICS if name in ds.data_vars}
-    coords.update(_quality(ds, table, v))  # coordinates: data_vars stay the nodes
+    coords = _quality(ds, table, v)  # coordinates: data_vars stay the nodes
+    coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {
         **ds.attrs,

@@ -404,7 +404,7 @@ def test_show_raw_page_lists_every_value_with_its_unit(capsys, monkeypatch, tmp_
     blocks = out.split("\n\n")[1:]
     assert len(blocks) == launches.sizes["range"]
     first = blocks[0].splitlines()
-    assert first[0].startswith("range stream, name stream") and "launch 0" in first[0]
+    assert first[0].startswith("range 0, name stream") and "launch 0" in first[0]
     t = int(launches["gpu__time_duration.sum"].values[0])
     assert any(line.split() == ["gpu__time_duration.sum", f"{t:,}", "nanosecond"] for line in first)
     assert sum(line.startswith("  smsp__") for line in blocks[0].splitlines()) == 22

@@ -214,7 +214,8 @@ def test_aggregate_weights_by_cycles():
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(0, 0, 1),
                        cycles=(1000.0, 5000.0, 3000.0))
     out = td.topdown(ds)
-    assert "sm__cycles_elapsed.max" in out.coords
+    assert out["weight"].values.tolist() == [1000.0, 5000.0, 3000.0] and "sm__cycles_elapsed.max" not in out
+    assert out["weight"].attrs["metric"] == "sm__cycles_elapsed.max"
     agg = td.aggregate(out, by="kernel")
     assert list(agg.kernel.values) == ["fma", "stream"]
     assert float(agg.retire.sel(kernel="fma")) == pytest.approx((1.5 * 1000 + 1.2 * 3000) / 4000 * PERCENT)

@@ -112,7 +112,7 @@ def test_run_trace_from_demo_recordings(tmp_path, launches, series, phased):
     user = _by(trace, "X", _tid(trace, "ranges (thread 139833069375808)"))
     assert [e["name"] for e in user] == ["stream", "fma", "divergent"]
     origin = trace["otherData"]["origin_ns"]
-    assert user[0]["ts"] == pytest.approx((int(series["span_start_ns"][0]) - origin) / 1e3)
+    assert user[0]["ts"] == pytest.approx((int(series.attrs["span_start_ns"][0]) - origin) / 1e3)
     assert user[0]["ts"] > kernels[-1]["ts"]  # sampling ran after range profiling
 
     segments = _by(trace, "X", _tid(trace, "phases"))
