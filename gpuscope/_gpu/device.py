@@ -10,8 +10,8 @@ import functools
 
 from gpuscope.errors import GpuscopeError, NoGpuError
 
-__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "process_memory_gib",
-           "PrimaryContext"]
+__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "bus_id", "memory_used_gib",
+           "process_memory_gib", "PrimaryContext"]
 
 
 def _driver():
@@ -107,8 +107,6 @@ def device_info(index: int = 0) -> DeviceInfo:
 
     name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
     name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
-    bus = _check(driver.cuDeviceGetPCIBusId(32, dev), "cuDeviceGetPCIBusId")
-    bus = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
     return DeviceInfo(
         index=index,
         name=name,
@@ -120,8 +118,17 @@ def device_info(index: int = 0) -> DeviceInfo:
         memory_bytes=int(_check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
         sm_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
         memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
-        pci_bus_id=bus,
+        pci_bus_id=bus_id(index),
     )
+
+
+@functools.cache
+def bus_id(index: int = 0) -> str:
+    """The PCI bus id of GPU *index* (``cuDeviceGetPCIBusId``, e.g. ``"0000:41:00.0"``): the same GPU has the same
+    id in every process of the machine, whatever ``CUDA_VISIBLE_DEVICES`` numbers it (cached: a process's indices
+    never change)."""
+    bus = _check(_driver().cuDeviceGetPCIBusId(32, _device(index)), "cuDeviceGetPCIBusId")
+    return bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
 
 
 def memory_used_gib(index: int = 0) -> float:
