@@ -48,8 +48,8 @@ COUNTER_PERMISSION_HELP = (
 BUSY_HELP = (
     "Another profiler holds the GPU's counters: Nsight Compute or Nsight Systems attached to this process, "
     "another CUPTI client, a second gpuscope session on the same device, or another process's gpuscope, which "
-    "keeps its range profiler for GPUSCOPE_KEEP seconds (default 10) after its last session (gpuscope.release() "
-    "there gives it back at once). Close it and try again."
+    "keeps its range profiler for GPUSCOPE_KEEP seconds (default 10) after its last session (gpuscope sessions of "
+    "the same user ask for it back; gpuscope.release() there gives it back at once). Close it and try again."
 )
 
 

@@ -207,9 +207,10 @@ def release(device: int | None = None) -> int:
     held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
     them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
     until exit; where torchrun, MPI or Slurm started several processes on this host nothing is kept unless it is
-    set), before PM and PC sampling, when a session needs another configuration, and at process exit. The
-    counters are the GPU's: while they are kept, other processes cannot profile this GPU either. Call this before
-    handing the GPU to another tool.
+    set), before PM and PC sampling, when a session needs another configuration, at process exit, and when a
+    gpuscope process of the same user asks for them (:mod:`gpuscope._gpu.rendezvous`). The counters are the GPU's:
+    while they are kept, other tools (Nsight Compute, DCGM) and other users' processes cannot profile this GPU.
+    Call this before handing the GPU to another tool.
 
     Parameters
     ----------
