@@ -110,16 +110,16 @@ class Listener:
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._wake_read, self._wake = socket.socketpair()  # close() wakes the thread through it
+        self._thread = threading.Thread(target=self._serve, name="gpuscope-rendezvous", daemon=True)
         try:
             self._sock.bind("\0" + self.name)
             self._sock.listen(8)
             self._sock.setblocking(False)
-            self._wake_read, self._wake = socket.socketpair()
+            self._thread.start()
         except BaseException:
-            self._sock.close()
+            self.forget()
             raise
-        self._thread = threading.Thread(target=self._serve, name="gpuscope-rendezvous", daemon=True)
-        self._thread.start()
 
     def close(self) -> None:
         """Stop listening (safe twice; from the listener's own thread too, in its ``answer``): the thread ends once
@@ -136,14 +136,10 @@ class Listener:
             self._thread.join(JOIN_TIMEOUT_S)
 
     def forget(self) -> None:
-        """In a forked child: close the descriptors inherited from the parent (whose thread is not the child's), so
-        that the parent's socket ends with the parent."""
+        """Close the descriptors without the thread: in a forked child, those inherited from the parent (whose
+        thread is not the child's), so that the parent's socket ends with the parent."""
         for sock in (self._sock, self._wake_read, self._wake):
             sock.close()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
 
     def _serve(self) -> None:
         try:
