@@ -10,7 +10,7 @@ import functools
 
 from gpuscope.errors import GpuscopeError, NoGpuError, install_hint
 
-__all__ = ["DeviceInfo", "bindings", "driver_version", "device_count", "device_info", "memory_used_gib",
+__all__ = ["DeviceInfo", "bindings", "driver_version", "device_count", "device_info", "bus_id", "memory_used_gib",
            "process_memory_gib", "PrimaryContext"]
 
 
@@ -119,8 +119,6 @@ def device_info(index: int = 0) -> DeviceInfo:
 
     name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
     name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
-    bus = _check(driver.cuDeviceGetPCIBusId(32, dev), "cuDeviceGetPCIBusId")
-    bus = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
     return DeviceInfo(
         index=index,
         name=name,
@@ -132,7 +130,7 @@ def device_info(index: int = 0) -> DeviceInfo:
         memory_bytes=int(_check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
         sm_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
         memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
-        pci_bus_id=bus,
+        pci_bus_id=bus_id(index),
         sm_limits={name: get(getattr(attr, enum)) for name, enum in _SM_LIMIT_ENUMS.items()},
     )
 
@@ -146,6 +144,15 @@ _SM_LIMIT_ENUMS = {
     "sm_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
     "block_reserved_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK",
 }
+
+
+@functools.cache
+def bus_id(index: int = 0) -> str:
+    """The PCI bus id of GPU *index* (``cuDeviceGetPCIBusId``, e.g. ``"0000:41:00.0"``): the same GPU has the same
+    id in every process of the machine, whatever ``CUDA_VISIBLE_DEVICES`` numbers it (cached: a process's indices
+    never change)."""
+    bus = _check(bindings().cuDeviceGetPCIBusId(32, _device(index)), "cuDeviceGetPCIBusId")
+    return bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
 
 
 def memory_used_gib(index: int = 0) -> float:
