@@ -115,7 +115,9 @@ class _Verdicts:
         return None
 
 
-_lock = threading.Lock()
+#: Re-entrant: a weakref finalizer (``_forget`` of another image) can run inside any allocation made while it is held,
+#: on the same thread: a garbage collection during ``image.ctypes`` deadlocked a GPU test with a plain Lock.
+_lock = threading.RLock()
 #: CUPTI's own images: (address, size) -> (kind, SHA-256 of a FlatBuffer image or None), while the array lives.
 _trusted: dict[tuple[int, int], tuple[Kind, bytes | None]] = {}
 #: (SHA-256, kind) -> what the checks found.
@@ -151,8 +153,9 @@ def trust(image: np.ndarray, kind: Kind) -> None:
     is freed (an availability or config image: while its bytes are the ones CUPTI made)."""
     kind = Kind(kind)
     key = _key(image)
+    digest = _digest(image) if kind in _FLAT else None
     with _lock:
-        _trusted[key] = (kind, _digest(image) if kind in _FLAT else None)
+        _trusted[key] = (kind, digest)
     weakref.finalize(image, _forget, key)
 
 
@@ -164,8 +167,9 @@ def _forget(key) -> None:
 def is_trusted(image: np.ndarray, kind: Kind) -> bool:
     """Whether CUPTI made *image* for *kind* in this process (see :func:`trust`)."""
     kind = Kind(kind)
+    key = _key(image)
     with _lock:
-        found = _trusted.get(_key(image))
+        found = _trusted.get(key)
     return found is not None and found[0] is kind and (found[1] is None or found[1] == _digest(image))
 
 

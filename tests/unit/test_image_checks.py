@@ -191,3 +191,20 @@ def test_an_address_space_too_small_for_the_check_is_said_and_not_kept():
                                       "address-space limit (ulimit -v: 634 MiB) leaves "), answer
     assert answer["error"].endswith("; raise the limit. The pm_sampling counter-data image was not judged (it may well "
                                     "be sound), and CUPTI has not read it."), answer
+
+
+def test_a_finalizer_that_runs_while_the_trust_lock_is_held_does_not_deadlock():
+    """A garbage collection inside ``is_trusted`` (at ``image.ctypes``) ran another image's ``_forget`` on the same
+    thread while the lock was held: with a plain Lock the GPU suite hung there (test_found_iterations, H200)."""
+    import threading
+
+    from gpuscope.cupti import _images
+
+    def body():
+        with _images._lock:
+            _images._forget((0, 0))  # as a weakref finalizer run by a collection on this thread would
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive()
