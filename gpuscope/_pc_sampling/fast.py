@@ -123,7 +123,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     -------
     xarray.Dataset
         Dim ``kernel`` (the kernels both halves saw), every Top-Down node with the names, units and attrs of
-        :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
+        :func:`gpuscope.topdown`, kernels named as every Dataset of the process names them; coords
+        ``kernel_qualname`` (the qualified name), ``launches`` (launches per kernel in the range pass),
         ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
         ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
         ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel),
@@ -189,7 +190,10 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     launches = [int(per_kernel["count"].sel(kernel=k)) for k in both]
     per_kernel_samples = pc["kernel_samples"].sum("stall_reason")
     samples = [int(per_kernel_samples.sel(kernel=n)) for n in both.values()]
+    qualnames = dict(zip(pc["kernel"].values.tolist(), pc["kernel_qualname"].values.tolist())) \
+        if "kernel_qualname" in pc.coords else {}
     result = result.assign_coords(
+        kernel_qualname=("kernel", [str(qualnames.get(n, n)) for n in both.values()]),
         launches=("kernel", launches),
         pc_samples=("kernel", samples),
         samples_per_launch=("kernel", [s / n if n else float("nan") for s, n in zip(samples, launches)]),

@@ -14,8 +14,10 @@ from gpuscope._schema.units import split_name, units_of
 #: Version 1 (files without the attr) held grid/block along an ``xyz`` dim and the user ranges as data variables
 #: along ``span``; version 2 held the span and execution tables as list attrs and each sample's span index as the
 #: coordinate ``span``; version 3 holds the tables as coordinates along ``span`` and ``execution``
-#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``.
-SCHEMA_VERSION = 3
+#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``; version 4 names each
+#: execution's kernel as every Dataset of the process names it (``exec_kernel``, short) and keeps its qualified name
+#: in ``exec_kernel_qualname`` (version 3's ``exec_kernel``).
+SCHEMA_VERSION = 4
 
 _CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
 
@@ -32,7 +34,10 @@ SPAN_TABLE = {
 #: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one coordinate per column along
 #: the ``execution`` dim, one entry per kernel execution on the GPU. name -> (dtype, attrs).
 EXEC_TABLE = {
-    "exec_kernel": (object, {"description": "readable kernel name, as the kernel coordinate of range results"}),
+    "exec_kernel": (object, {"description": "the kernel's name, as the kernel coordinate of range results and PC "
+                                            "samples of the same process names it"}),
+    "exec_kernel_qualname": (object, {"description": "the kernel's qualified name (module.function, "
+                                                     "ns::kernel<float>)"}),
     "exec_symbol": (object, {"description": "the kernel's symbol as the driver has it"}),
     "exec_start_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's start on the GPU"}),
     "exec_end_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's end on the GPU"}),
@@ -102,7 +107,8 @@ def kernel_executions(ds):
     """The kernels that ran on the GPU during a PM sampling session (``gpuscope.sample(kernels=True)``), one row
     per execution, with GPU start and end times on the samples' clock.
 
-    The table is the Dataset's execution table: the coordinates ``exec_kernel``, ``exec_symbol``,
+    The table is the Dataset's execution table: the coordinates ``exec_kernel``, ``exec_kernel_qualname``,
+    ``exec_symbol``,
     ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation`` along its ``execution`` dim.
 
     Parameters
@@ -114,8 +120,8 @@ def kernel_executions(ds):
     Returns
     -------
     pandas.DataFrame
-        Index ``execution``; columns ``kernel`` (readable name, as the ``kernel`` coordinate of range results),
-        ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
+        Index ``execution``; columns ``kernel`` (its name, as the ``kernel`` coordinate of range results and PC
+        samples of the same process), ``kernel_qualname`` (``module.function``), ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
         from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
         ``correlation`` (CUPTI's id of the launch call). Sorted by start. Of a combined Dataset, also ``rank``
         or ``device`` (which one ran the kernel; times from ``attrs["time_origin_ns"]``).
@@ -141,7 +147,8 @@ def kernel_executions(ds):
     table["duration_ns"] = table["end_ns"] - table["start_ns"]
     table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
     table.index.name = "execution"
-    first = ["kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]
+    first = ["kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
+             "correlation"]
     return table[first + [c for c in table.columns if c not in first]]
 
 
@@ -279,9 +286,12 @@ def upgrade(ds):
     and the execution table (``kernels=True``) of PM samples as list attrs (``span_path``, ..., ``exec_kernel``,
     ...) and each sample's span index as the coordinate ``span``. Version 3 holds the tables as coordinates along
     the dims ``span`` and ``execution`` (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as
-    the coordinate ``span_index``. The conversion is exact: the values move, none is recomputed except the
-    per-sample span index of version 1, which is derived as :func:`gpuscope._results.build.sampling_dataset`
-    derives it. Metric units written by an older gpuscope (``byte/second/second``,
+    the coordinate ``span_index``. Version 4 names each execution's kernel as range results do (``fma``) in
+    ``exec_kernel`` and keeps the qualified name (``module.fma``, version 3's ``exec_kernel``) in
+    ``exec_kernel_qualname``. The conversion is exact: the values move, none is recomputed except the per-sample
+    span index of version 1, which is derived as :func:`gpuscope._results.build.sampling_dataset` derives it, and
+    the names of version 4, given within the file as a process gives them (:class:`~gpuscope._schema.names.KernelNames`:
+    short where that is unambiguous). Metric units written by an older gpuscope (``byte/second/second``,
     ``instruction/gpc_cycle/cycle``) are corrected with :func:`gpuscope._gpu.catalog.units_of`.
     """
     ds = ds.copy()  # shallow: no values are copied, and the caller's attrs stay as they were
@@ -318,9 +328,18 @@ def _upgrade_tables(ds):
             where = innermost_span(mid, columns["span_start_ns"], columns["span_end_ns"])
             ds = ds.assign_coords({SPAN_INDEX: ("time", where, dict(SAMPLE_SPAN_ATTRS))})
     for table, dim in ((SPAN_TABLE, "span"), (EXEC_TABLE, "execution")):
-        if any(name in ds.attrs for name in table):  # version 2: the table as list attrs
+        if any(name in ds.attrs for name in table):  # version 2: the table as list attrs (as version 3 held it)
+            table = {name: spec for name, spec in table.items() if name != "exec_kernel_qualname"}
             columns = {name: _as_list(ds.attrs.pop(name, [])) for name in table}
             ds = ds.assign_coords(table_coords(table, dim, columns))
+    if "exec_kernel" in ds.variables and "exec_kernel_qualname" not in ds.variables:  # version 3: qualified names
+        from gpuscope._schema.names import KernelNames
+
+        qualnames = ds["exec_kernel"].values
+        names = KernelNames()
+        ds = ds.assign_coords(table_coords(
+            {k: EXEC_TABLE[k] for k in ("exec_kernel", "exec_kernel_qualname")}, "execution",
+            {"exec_kernel": [names.name(str(q)) for q in qualnames], "exec_kernel_qualname": qualnames}))
     return ds
 
 

@@ -21,7 +21,7 @@ def test_schema1_launches_convert_exactly():
     old = raw("demo_launches.nc")
     assert old.sizes == {"range": 15, "xyz": 3}  # the shipped file is schema 1
     ds = gs.open_dataset(DATA / "demo_launches.nc")
-    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 3
+    assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == 4
     for what in ("grid", "block"):
         for i, axis in enumerate("xyz"):
             np.testing.assert_array_equal(ds[f"{what}_{axis}"].values, old[what].values[:, i])
@@ -36,7 +36,7 @@ def test_schema1_series_convert_exactly():
     old = raw("demo_timeseries.nc")
     assert old.sizes == {"time": 18019, "span": 3}
     ds = gs.open_dataset(DATA / "demo_timeseries.nc")
-    assert ds.sizes == {"time": 18019, "span": 3} and ds.attrs["gpuscope_schema"] == 3
+    assert ds.sizes == {"time": 18019, "span": 3} and ds.attrs["gpuscope_schema"] == 4
     assert list(ds.data_vars) == list(old.data_vars)[:8] and not any(ds[v].dims == ("span",) for v in ds.data_vars)
     assert len(ds.drop_dims("span").to_dataframe()) == 18019  # the samples alone: one row each
     assert ds["span_path"].values.tolist() == old["span_path"].values.tolist()

@@ -187,7 +187,7 @@ def test_dataset_schema():
     assert ds.sizes == {"time": 5, "span": 2}  # the user ranges are a table along a dim of their own
     assert ds["span_path"].values.tolist() == ["step", "step/fwd"] and ds["span_thread"].values.tolist() == [7, 7]
     assert ds["span_index"].values.tolist() == [-1, 0, 1, 0, -1] and ds["span_index"].dims == ("time",)
-    assert all(ds[v].dims == ("time",) for v in ds.data_vars) and ds.attrs["gpuscope_schema"] == 3
+    assert all(ds[v].dims == ("time",) for v in ds.data_vars) and ds.attrs["gpuscope_schema"] == 4
     assert len(ds.drop_dims("span").to_dataframe()) == 5  # one row per sample
     assert ds["time"].values.tolist() == [800, 1800, 2800, 3800, 4800]
     assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"

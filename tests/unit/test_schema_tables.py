@@ -1,7 +1,8 @@
-"""Schema 3: the span and execution tables of PM samples as coordinates along their own dims (``span``,
-``execution``), each sample's span as ``span_index``; files of schema 2 (tables in list attrs, the sample's span as
-the coordinate ``span``) converted exactly on load; the tables and the long format. Merges of the tables: test_ranks
-and test_multi_sampling."""
+"""Schemas 3 and 4: the span and execution tables of PM samples as coordinates along their own dims (``span``,
+``execution``), each sample's span as ``span_index``; schema 4 names each execution's kernel as range results and PC
+samples of the process do (``exec_kernel``), its qualified name beside it (``exec_kernel_qualname``). Files of schema
+2 (tables in list attrs, the sample's span as the coordinate ``span``) and 3 (``exec_kernel`` qualified) converted
+exactly on load; the tables and the long format. Merges of the tables: test_ranks and test_multi_sampling."""
 
 from pathlib import Path
 
@@ -37,9 +38,21 @@ def _with_executions(ts, n=5):
     return _results.with_executions(ts, {"records": _records(ts, n), "dropped": 1, "errors": [], "other_devices": 2})
 
 
+def as_schema3(ds):
+    """*ds* (schema 4) as gpuscope wrote schema 3: ``exec_kernel`` held the qualified name, and nothing beside it."""
+    old = ds.copy()
+    if "exec_kernel_qualname" in ds.variables:
+        old = old.assign_coords(exec_kernel=old["exec_kernel_qualname"].variable.copy()).drop_vars(
+            "exec_kernel_qualname")
+        old["exec_kernel"].attrs = {"description": "readable kernel name, as the kernel coordinate of range results"}
+    old.attrs = {**ds.attrs, "gpuscope_schema": 3}
+    return old
+
+
 def as_schema2(ds):
-    """*ds* (schema 3) laid out as gpuscope wrote schema 2: the tables as list attrs, the sample's span as the
-    coordinate ``span``."""
+    """*ds* (schema 4) laid out as gpuscope wrote schema 2: the tables as list attrs (``exec_kernel`` qualified),
+    the sample's span as the coordinate ``span``."""
+    ds = as_schema3(ds)
     attrs = {k: v for k, v in ds.attrs.items()}
     for name in _dataset.SPAN_VARS + _dataset.EXEC_VARS:
         if name in ds.variables:
@@ -57,13 +70,14 @@ def as_schema2(ds):
 
 def test_the_tables_are_coordinates_along_their_own_dims(series):
     ts = _with_executions(series)
-    assert ts.sizes == {"time": 18019, "span": 3, "execution": 5} and ts.attrs["gpuscope_schema"] == 3
+    assert ts.sizes == {"time": 18019, "span": 3, "execution": 5} and ts.attrs["gpuscope_schema"] == 4
     assert set(_dataset.SPAN_VARS) | set(_dataset.EXEC_VARS) | {"span_index"} <= set(ts.coords)
     assert all(ts[v].dims == ("time",) for v in ts.data_vars)  # the data variables are the metrics alone
     assert all(ts[v].dims == ("span",) for v in _dataset.SPAN_VARS)
     assert all(ts[v].dims == ("execution",) for v in _dataset.EXEC_VARS)
     assert ts["span_index"].dims == ("time",) and "span" not in ts.variables  # no coordinate named like a dim
-    assert ts["span_path"].dtype == object and ts["exec_kernel"].values.tolist()[:2] == ["fma", "__main__.stream"]
+    assert ts["span_path"].dtype == object and ts["exec_kernel"].values.tolist()[:2] == ["fma", "stream"]
+    assert ts["exec_kernel_qualname"].values.tolist()[:2] == ["fma", "__main__.stream"]
     assert ts["span_start_ns"].attrs["clock"] == ts["exec_end_ns"].attrs["clock"] == "cuptiGetTimestamp"
     assert not any(k.startswith(("span_", "exec_")) for k in ts.attrs)
     assert ts.attrs["kernel_records_incomplete"] == 1 and ts.attrs["kernel_records_other_devices"] == 2
@@ -86,7 +100,8 @@ def test_spans_and_executions_keep_their_frames(series):
     assert (table["start"] == table["start_ns"] - ts.attrs["session_start_ns"]).all()
     runs = gs.kernel_executions(ts)
     assert runs.index.name == "execution" and runs.columns.tolist() == [
-        "kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]
+        "kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
+        "correlation"]
     assert runs["start"].tolist() == [0, 1000, 2000, 3000, 4000] and (runs["duration_ns"] == 600).all()
     assert runs["stream"].tolist() == [7, 8, 7, 8, 7] and runs["correlation"].tolist() == [100, 101, 102, 103, 104]
     # the phases of the samples carry the tables: by="kernels" finds the executions
@@ -123,7 +138,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
     assert raw.attrs["gpuscope_schema"] == 2 and raw["span"].dims == ("time",)  # the fixture is schema 2
     paths = np.atleast_1d(raw.attrs["span_path"]).tolist()
     ds = gs.open_dataset(PHASES / f"{name}.nc")
-    assert ds.attrs["gpuscope_schema"] == 3 and ds.sizes == {"time": raw.sizes["time"], "span": len(paths)}
+    assert ds.attrs["gpuscope_schema"] == 4 and ds.sizes == {"time": raw.sizes["time"], "span": len(paths)}
     assert ds["span_path"].values.tolist() == paths
     for name_ in ("span_thread", "span_start_ns", "span_end_ns"):
         assert ds[name_].dtype == np.int64
@@ -133,7 +148,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
     assert not any(k.startswith("span_") for k in ds.attrs) and "span" not in ds.variables
     for v in raw.data_vars:
         np.testing.assert_array_equal(ds[v].values, raw[v].values)
-    # the stored span of each sample is the one schema 3 derives from the table
+    # the stored span of each sample is the one schemas 3 and 4 derive from the table
     table = {k: ds[k].values.tolist() for k in _dataset.SPAN_VARS}
     coords = _results.sample_coords(ds["start_ns"].values, ds["end_ns"].values, ds.attrs["session_start_ns"], table)
     np.testing.assert_array_equal(coords["span_index"].values, ds["span_index"].values)
@@ -143,7 +158,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
 
 
 @pytest.mark.parametrize("executions", [0, 1, 5])
-def test_a_schema2_file_with_executions_converts_to_what_schema3_writes(tmp_path, series, executions):
+def test_a_schema2_file_with_executions_converts_to_what_schema4_writes(tmp_path, series, executions):
     ts = _with_executions(series.isel(time=slice(0, 3000)), executions)
     old = as_schema2(ts)
     gs.save_dataset(old, tmp_path / "v2.nc")  # list attrs as schema 2 stored them (gpuscope_attr_types)
@@ -160,6 +175,20 @@ def test_a_schema2_file_with_executions_converts_to_what_schema3_writes(tmp_path
     assert again.sizes.get("execution", 0) == executions
     assert gs.kernel_executions(again).equals(gs.kernel_executions(ts))
     assert gs.spans(again).equals(gs.spans(ts))
+
+
+@pytest.mark.parametrize("executions", [0, 1, 5])
+def test_a_schema3_file_names_its_kernels_as_schema4_does(tmp_path, series, executions):
+    """Schema 3 held each execution's qualified name (``__main__.stream``) where range results said ``stream``: the
+    qualified name moves to ``exec_kernel_qualname``, and the kernels are named within the file as a process names
+    them."""
+    ts = _with_executions(series.isel(time=slice(0, 3000)), executions)
+    gs.save_dataset(as_schema3(ts), tmp_path / "v3.nc")
+    with xr.open_dataset(tmp_path / "v3.nc", engine="h5netcdf") as raw:
+        assert "exec_kernel_qualname" not in raw.variables and raw.attrs["gpuscope_schema"] == 3
+    back = gs.open_dataset(tmp_path / "v3.nc")
+    xr.testing.assert_identical(back, ts)
+    assert gs.kernel_executions(back)["kernel"].tolist() == ["fma", "stream", "fma", "stream", "fma"][:executions]
 
 
 def test_schema2_datasets_in_memory_are_read_and_left_as_they_were(series):
