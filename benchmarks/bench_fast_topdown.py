@@ -221,7 +221,7 @@ def cmd_validate(args):
             diffs = {}
             for node in nodes:
                 f, c = float(fast[node].sel(kernel=kernel)), ref[node]
-                diffs[node] = 100 * (f - c) / ipc_max
+                diffs[node] = f - c  # both in percent of IPC_MAX: points
                 rows.append((str(kernel), node, c, f, diffs[node]))
             node_max = max(diffs, key=lambda n: abs(diffs[n]))
             worst[str(kernel)] = {"node": node_max, "pp": diffs[node_max],
@@ -230,11 +230,11 @@ def cmd_validate(args):
         by_period[period] = {"worst": worst, "rows": rows, "fast_attrs": {a: str(fast.attrs.get(a)) for a in (
             "kernels_without_pc_samples", "kernels_without_ipc", "pc_total_samples", "pc_dropped_samples")}}
         print(f"## period {period}")
-        print("| kernel | node | counter (7 passes) | fast | diff (pp of IPC_MAX) |")
+        print("| kernel | node | counter (7 passes, %) | fast (%) | diff (pp of IPC_MAX) |")
         print("|---|---|---|---|---|")
         for kernel, node, c, f, d in rows:
-            if abs(c) > 1e-3 or abs(f) > 1e-3:
-                print(f"| {kernel} | {node} | {c:.3f} | {f:.3f} | {d:+.1f} |")
+            if abs(c) > 0.025 or abs(f) > 0.025:
+                print(f"| {kernel} | {node} | {c:.2f} | {f:.2f} | {d:+.1f} |")
         for kernel, w in worst.items():
             print("WORST", period, kernel, w)
         print("ATTRS", period, by_period[period]["fast_attrs"])

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import gpuscope as gs
+from gpuscope._schema.dataset import TABLE_ATTRS
 
 DATA = Path(gs.__file__).parent / "data" / "demo_timeseries.nc"
 
@@ -36,7 +37,8 @@ def rank_file(base, seconds: float, rank: int, rng):
     ds.attrs.update(rank=rank, world_size=0, host=f"node{rank // 8}", local_rank=rank % 8,
                     wall_clock_ns=int(base.attrs["session_start_ns"]) + rank * 1000)
     # the repeated samples no longer lie in the recording's user ranges: no span table, no span per sample
-    return ds.drop_dims(["span", "execution"], errors="ignore").drop_vars("span_index", errors="ignore")
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in TABLE_ATTRS}
+    return ds.drop_vars("span_index", errors="ignore")
 
 
 def main(argv=None):

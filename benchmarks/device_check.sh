@@ -19,11 +19,12 @@ if [ "$PART" = "tests" ] || [ "$PART" = "all" ]; then
 fi
 python3 - <<'PY'
 import re, pathlib
-text = pathlib.Path("docs/quickstart.md").read_text()
-for i, m in enumerate(re.finditer(r"<!-- gpu -->\n```python\n(.*?)```", text, re.S)):
-    pathlib.Path(f"/tmp/quickstart_{i}.py").write_text(m.group(1))
+for page in ("quickstart", "pytorch"):
+    text = pathlib.Path(f"docs/{page}.md").read_text()
+    for i, m in enumerate(re.finditer(r"<!-- gpu -->\n```python\n(.*?)```", text, re.S)):
+        pathlib.Path(f"/tmp/snippet_{page}_{i}.py").write_text(m.group(1))
 PY
-for f in /tmp/quickstart_*.py; do
+for f in /tmp/snippet_*.py; do
     name=$(basename "$f" .py)
     (cd /tmp && timeout 120 python3 "$f" > "$OUT/$name.log" 2>&1; rc=$?; echo "$name rc=$rc" >> "$OUT/summary.txt")
 done

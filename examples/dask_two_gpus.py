@@ -2,9 +2,9 @@
 
     python3 examples/dask_two_gpus.py [--gpus 0,1] [--out merged.nc]
 
-Needs ``pip install 'gpuscope[dask]'`` (distributed, dask-cuda) and two GPUs. Each worker runs ``work`` inside a
-gpuscope Profiler (kernel mode: one range per launch) on its own GPU; the client prints per-rank GPU time,
-instructions and the imbalance.
+Needs gpuscope's ``dask`` extra (``pip install '.[dask]'`` in a checkout: distributed, dask-cuda) and two GPUs.
+Each worker runs ``work`` inside a gpuscope Profiler (kernel mode: one range per launch) on its own GPU; the client
+prints per-rank GPU time, instructions and the imbalance.
 """
 
 import argparse

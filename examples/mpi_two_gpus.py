@@ -3,9 +3,10 @@ rank 0.
 
     mpiexec -n 2 python3 examples/mpi_two_gpus.py [--out merged.nc] [--files 'prof-{rank}.nc']
 
-Needs ``pip install 'gpuscope[mpi]'`` (mpi4py) and an MPI library (``pip install mpich`` where there is none).
-Each rank profiles on ``gs.rank_info().device`` (its local rank among the visible GPUs); with ``--files`` each rank
-also writes its own file, which ``gs.open_ranks`` merges later without MPI.
+Needs gpuscope's ``mpi`` extra (``pip install '.[mpi]'`` in a checkout: mpi4py) and an MPI library
+(``pip install mpich`` where there is none). Each rank profiles on ``gs.rank_info().device`` (its local rank among
+the visible GPUs); with ``--files`` each rank also writes its own file, which ``gs.open_ranks`` merges later
+without MPI.
 """
 
 import argparse

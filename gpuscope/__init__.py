@@ -73,6 +73,11 @@ _EXPORTS = {
     "dynamic": "gpuscope.metrics.phase_topdown",
     "required_metrics": "gpuscope.metrics.topdown",
     "phases": "gpuscope.metrics.phases",
+    "roofline": "gpuscope.metrics.roofline",
+    "memory_workload": "gpuscope.metrics.memory_workload",
+    "occupancy": "gpuscope.metrics.occupancy",
+    "instruction_mix": "gpuscope.metrics.instruction_mix",
+    "SMLimits": "gpuscope.metrics.occupancy",
     "MissingMetricsError": "gpuscope.errors",
     # user ranges
     "range": "gpuscope._range_profiling.ranges",

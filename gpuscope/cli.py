@@ -161,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--page", choices=("details", "raw"), default="details",
                    help="details (default): the report, fitted to the terminal; raw: every value of every row with "
                         "its unit")
-    s.add_argument("--csv", metavar="FILE", help="also write the whole table as CSV: every column of the report, or "
-                                                 "with --page raw every value (gpuscope.to_dataframe)")
+    s.add_argument("--csv", metavar="FILE", help="also write the whole table as CSV: every column of the report, its "
+                                                 "unit in the header, or with --page raw every value with its unit "
+                                                 "(gpuscope.to_dataframe)")
     s.set_defaults(func=_show)
 
     c = sub.add_parser("compare", help="per-kernel differences between two saved runs, with their significance",
@@ -172,10 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("new", metavar="NEW.nc")
     c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
     c.add_argument("--min-change", type=float, default=0.02,
-                   help="smallest change flagged: relative for times and metrics, fraction of peak for Top-Down "
-                        "nodes (default 0.02)")
+                   help="smallest change flagged, as a fraction: of the base for times and metrics, of peak for "
+                        "Top-Down nodes (default 0.02: 2%% of the base, 2 points of peak)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
-    c.add_argument("--csv", metavar="FILE", help="also write every row as CSV")
+    c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
     c.set_defaults(func=_compare)
 
     m = sub.add_parser(

@@ -2,7 +2,7 @@
 
 Made for dask-cuda's ``LocalCUDACluster`` (one worker per GPU, each worker's ``CUDA_VISIBLE_DEVICES`` listing its
 own GPU first, so device 0 in the worker is its GPU); any ``distributed`` cluster works. Needs ``distributed``
-(``pip install 'gpuscope[dask]'``); ``import gpuscope`` does not import this module.
+(gpuscope's ``dask`` extra: ``pip install '.[dask]'`` in a checkout); ``import gpuscope`` does not import this module.
 
 Ranks: workers are numbered by name when every name is an integer (LocalCluster and LocalCUDACluster name them
 0, 1, ...), else by address; local ranks count the workers of each host. Inside the task, :func:`gpuscope.rank_info`

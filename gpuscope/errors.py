@@ -48,9 +48,16 @@ COUNTER_PERMISSION_HELP = (
 BUSY_HELP = (
     "Another profiler holds the GPU's counters: Nsight Compute or Nsight Systems attached to this process, "
     "another CUPTI client, a second gpuscope session on the same device, or another process's gpuscope, which "
-    "keeps its range profiler for GPUSCOPE_KEEP seconds (default 10) after its last session (gpuscope.release() "
-    "there gives it back at once). Close it and try again."
+    "keeps its range profiler for GPUSCOPE_KEEP seconds (default 10) after its last session (gpuscope sessions of "
+    "the same user ask for it back; gpuscope.release() there gives it back at once). Close it and try again."
 )
+
+
+def install_hint(extra: str) -> str:
+    """How to install gpuscope with *extra* (``cu13``, ``offline``, ...): gpuscope is not on PyPI, so from a
+    checkout or from a wheel built from one (docs/quickstart.md#install)."""
+    return (f"pip install '.[{extra}]' in a gpuscope checkout, or pip install 'gpuscope-<version>-py3-none-any.whl"
+            f"[{extra}]' with a wheel built from one (gpuscope is not on PyPI)")
 
 
 class GpuscopeError(Exception):
@@ -126,7 +133,26 @@ class CuptiNotSupportedError(CuptiError, RuntimeError):
 
 
 class ProfilerBusyError(CuptiError, RuntimeError):
-    """The counters are in use by another profiler or session."""
+    """The counters are in use by another profiler or session.
+
+    Where CUPTI said ``HARDWARE_BUSY`` as a session started, gpuscope first asked the gpuscope processes of this
+    user that hold this GPU's counters to give them back and tried again once (docs/reliability.md); the message
+    then says who holds them.
+
+    Attributes
+    ----------
+    holders : tuple of (int, str)
+        Each gpuscope process that was asked: its process id and what it said (``"released"``, ``"busy"``: a
+        session is open there, ``"no answer"``, ...). Empty where none was asked: then no gpuscope process of this
+        user holds the counters.
+    """
+
+    def __init__(self, status: int, func: str, cupti_message: str, hint: str = "", holders=()):
+        super().__init__(status, func, cupti_message, hint)
+        self.holders = tuple((int(pid), str(state)) for pid, state in holders)
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.func, self.cupti_message, self.hint, self.holders))
 
 
 # CUptiResult values (cupti_result.h; values never change between versions).

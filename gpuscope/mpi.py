@@ -1,9 +1,9 @@
 """gpuscope with MPI (mpi4py): gather every rank's Dataset at one rank, merged along a ``rank`` dim.
 
-Needs ``mpi4py`` and an MPI library (``pip install 'gpuscope[mpi]'`` brings mpi4py and MPICH's wheel); ``import
-gpuscope`` does not import this module. Datasets travel as pickles (mpi4py's lowercase ``gather``): xarray
-Datasets of numpy arrays pickle exactly, attrs and all, with no temporary files. The root holds every rank's
-Dataset in memory at once: about the sum of the per-rank file sizes, uncompressed (docs/multi-gpu.md).
+Needs ``mpi4py`` and an MPI library (gpuscope's ``mpi`` extra, ``pip install '.[mpi]'`` in a checkout, brings
+mpi4py); ``import gpuscope`` does not import this module. Datasets travel as pickles (mpi4py's lowercase
+``gather``): xarray Datasets of numpy arrays pickle exactly, attrs and all, with no temporary files. The root holds
+every rank's Dataset in memory at once: about the sum of the per-rank file sizes, uncompressed (docs/multi-gpu.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def gather(ds, comm=None, root: int = 0):
     Raises
     ------
     ImportError
-        mpi4py is not installed (``pip install 'gpuscope[mpi]'``).
+        mpi4py is not installed (gpuscope's ``mpi`` extra: ``pip install '.[mpi]'`` in a checkout).
     TypeError
         *ds* is not an xarray Dataset (raised on the rank that passed it, before any communication).
     gpuscope.errors.RankMergeError

@@ -53,6 +53,13 @@ def _check(args) -> int:
 
     from gpuscope._gpu import device as _device
 
+    try:
+        _device.bindings()
+    except NoGpuError as exc:  # the analysis-only install: no cuda-bindings, so no driver can be reached
+        report["missing"].append({"what": "cuda-bindings", "why": str(exc)})
+        report["offline"] = list(_OFFLINE)
+        lines.append(("driver", f"out of reach: {exc}"))
+        return _finish(args, report, lines, EXIT_NO_GPU)
     cuda_version = _device.driver_version()
     driver = (_read("/sys/module/nvidia/version") or "").strip()
     if cuda_version is None:

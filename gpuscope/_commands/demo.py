@@ -25,6 +25,7 @@ from gpuscope._results.report_inputs import SHORT_NAMES
 from gpuscope._results.report_pm import _scaled
 from gpuscope._results.report_table import _PROSE, _width, _wrap
 from gpuscope._schema.labels import string_labels
+from gpuscope.errors import install_hint
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDED_LAUNCHES = DATA / "demo_launches.nc"
@@ -50,11 +51,9 @@ class Workload:
         self.kernels[name][self.grids[name], self.block](*self.args[name])
 
 
-def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Workload:
-    """Compile the demo kernels and allocate their data (about 200 MB of device memory).
-
-    *decorate*, if given, wraps each kernel (e.g. ``gpuscope.profile(...)``).
-    """
+def kernels(decorate=None) -> dict:
+    """The three kernels as Numba dispatchers, compiled on their first launch; *decorate*, if given, wraps each
+    (e.g. ``gpuscope.profile``)."""
     from numba import cuda
 
     @cuda.jit(lineinfo=True)
@@ -83,18 +82,34 @@ def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Wo
                     v = v * 1.000001 + 0.5
             x[i] = v
 
+    found = {"stream": stream, "fma": fma, "divergent": divergent}
+    return found if decorate is None else {k: decorate(v) for k, v in found.items()}
+
+
+def ptx(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
+    """The three kernels compiled to PTX for compute capability *cc*, without a GPU: what a machine with only the
+    driver needs NVRTC and NVVM from pip for (the cu13 and cu12 extras bring them)."""
+    from numba import cuda, float32, int64
+
+    array = float32[::1]
+    signatures = {"stream": (array, array, array), "fma": (array, int64), "divergent": (array, int64)}
+    return {name: cuda.compile_ptx(k.py_func, signatures[name], cc=cc, lineinfo=True)[0]
+            for name, k in kernels().items()}
+
+
+def build_workload(n: int = 1 << 24, fma_iters: int = 2000, decorate=None) -> Workload:
+    """Compile the demo kernels (:func:`kernels`) and allocate their data (about 200 MB of device memory)."""
+    from numba import cuda
+
     rng = np.random.default_rng(0)
     a = cuda.to_device(rng.random(n, dtype=np.float32))
     b = cuda.to_device(rng.random(n, dtype=np.float32))
     c = cuda.device_array(n, np.float32)
     x = cuda.to_device(rng.random(n // 16, dtype=np.float32))
     y = cuda.to_device(rng.random(n // 16, dtype=np.float32))
-    kernels = {"stream": stream, "fma": fma, "divergent": divergent}
-    if decorate is not None:
-        kernels = {k: decorate(v) for k, v in kernels.items()}
     block = 256
     return Workload(
-        kernels=kernels,
+        kernels=kernels(decorate),
         args={"stream": (a, b, c), "fma": (x, fma_iters), "divergent": (y, fma_iters)},
         grids={"stream": (n + block - 1) // block, "fma": (n // 16 + block - 1) // block,
                "divergent": (n // 16 + block - 1) // block},
@@ -178,7 +193,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
       f"(chip {attrs.get('chip', '?')}, CUPTI {attrs.get('cupti_version', '?')}, "
       f"recorded {attrs.get('created', '?')})")
     if recorded:
-        w("No GPU here: this is gpuscope's analysis of recordings shipped with the package "
+        w("Not measured on this machine: this is gpuscope's analysis of recordings shipped with the package "
           f"({RECORDED_LAUNCHES.name}, {RECORDED_SERIES.name}).", "  ", "  ")
 
     per_launch = td.topdown(launches)
@@ -264,6 +279,10 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
             live = _device.device_count() > 0
         except gs.NoGpuError as exc:
             print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.")  # its first clause
+    if live and not _numba_cuda():
+        print("A GPU is here, but Numba is not installed, and the demo's workload is Numba kernels. Install "
+              f"gpuscope's extra for your driver, cu13 (CUDA 13) or cu12 (CUDA 12): {install_hint('cu13')}.")
+        live = False
     if live:
         launches, series = collect()
         if record_to:
@@ -274,6 +293,15 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
         launches, series = gs.open_dataset(RECORDED_LAUNCHES), gs.open_dataset(RECORDED_SERIES)
     analyse(launches, series, outdir, recorded=not live)
     return 0
+
+
+def _numba_cuda() -> bool:
+    """Whether Numba's CUDA target can be imported (it comes with the cu13 and cu12 extras, not with the core)."""
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _thin(series, max_samples: int = 20000):

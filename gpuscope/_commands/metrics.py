@@ -56,9 +56,13 @@ def _metrics(args) -> int:
         version = "%d.%d" % _api.version()
         if args.json:
             print(json.dumps({"chip": chip, "kind": kind, "cupti": version, "passes": passes,
+                              "cupti_schedule_passes": _lists.count_passes(names, chip, kind, plan=False),
                               "metrics": names, "passes_per_metric": per}, indent=2))
             return EXIT_OK
-        print(f"{passes} pass{'es' if passes != 1 else ''} for {len(names)} metrics ({where(chip)}, CUPTI {version})")
+        own = _lists.count_passes(names, chip, kind, plan=False)
+        schedule = f"; gpuscope's pass plan, CUPTI's own schedule: {own}" if own != passes else ""
+        print(f"{passes} pass{'es' if passes != 1 else ''} for {len(names)} metrics ({where(chip)}, CUPTI {version}"
+              f"{schedule})")
         multi = {m: n for m, n in per.items() if n > 1}
         if multi:
             print("metrics that need several passes on their own:")

@@ -81,7 +81,7 @@ def _show(args) -> int:
             else:
                 table = report(part, **options)
                 print(table)
-                tables[(path, part.attrs.get("device_index", 0))] = pd.DataFrame(table).reset_index()
+                tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
     if args.csv and tables:  # one table: with several files or devices, each row says which
         frame = next(iter(tables.values())) if len(tables) == 1 else (
             pd.concat(tables, names=["file", "device"]).reset_index(level=[0, 1]))

@@ -8,17 +8,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from gpuscope.errors import GpuscopeError, NoGpuError
+from gpuscope.errors import GpuscopeError, NoGpuError, install_hint
 
-__all__ = ["DeviceInfo", "driver_version", "device_count", "device_info", "memory_used_gib", "process_memory_gib",
-           "PrimaryContext"]
+__all__ = ["DeviceInfo", "bindings", "driver_version", "device_count", "device_info", "bus_id", "memory_used_gib",
+           "process_memory_gib", "PrimaryContext"]
 
 
-def _driver():
+def bindings():
+    """``cuda.bindings.driver``, imported on first use.
+
+    Raises
+    ------
+    NoGpuError
+        cuda-bindings is not installed (it comes with the cu13 and cu12 extras); the message says how to install it.
+    """
     try:
         from cuda.bindings import driver
-    except ImportError as exc:  # pragma: no cover - a dependency of gpuscope
-        raise NoGpuError(f"cuda-bindings is not installed ({exc}); pip install cuda-bindings") from None
+    except ImportError as exc:  # collection is an extra: analysis alone needs no CUDA
+        raise NoGpuError(
+            f"cuda-bindings is not installed, so gpuscope cannot reach the NVIDIA driver ({exc}). Install gpuscope's "
+            f"extra for your driver, cu13 (CUDA 13) or cu12 (CUDA 12): {install_hint('cu13')}."
+        ) from None
     return driver
 
 
@@ -26,7 +36,7 @@ def _check(result, what: str):
     """Unpack a cuda.bindings ``(CUresult, *values)`` tuple, raising on error."""
     err, *values = result
     if int(err) != 0:
-        driver = _driver()
+        driver = bindings()
         _, name = driver.cuGetErrorName(err)
         name = name.decode() if isinstance(name, bytes) else str(err)
         if name == "CUDA_ERROR_NO_DEVICE":
@@ -37,7 +47,7 @@ def _check(result, what: str):
 
 @functools.cache
 def _init() -> None:
-    driver = _driver()
+    driver = bindings()
     try:
         result = driver.cuInit(0)
     except Exception as exc:  # cuda.pathfinder raises when libcuda.so.1 is missing
@@ -51,7 +61,7 @@ def _init() -> None:
 def driver_version() -> tuple[int, int] | None:
     """The CUDA version the driver supports, e.g. ``(13, 0)``, or None without a driver."""
     try:
-        err, v = _driver().cuDriverGetVersion()
+        err, v = bindings().cuDriverGetVersion()
     except Exception:
         return None
     if int(err) != 0:
@@ -68,7 +78,7 @@ def device_count() -> int:
         No driver, or no GPU visible.
     """
     _init()
-    return int(_check(_driver().cuDeviceGetCount(), "cuDeviceGetCount"))
+    return int(_check(bindings().cuDeviceGetCount(), "cuDeviceGetCount"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +93,8 @@ class DeviceInfo:
     sm_clock_khz: int
     memory_clock_khz: int
     pci_bus_id: str
+    #: The SM's resource limits by their Dataset attr names (:data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`).
+    sm_limits: dict = dataclasses.field(default_factory=dict)
 
     @property
     def compute_capability_str(self) -> str:
@@ -93,12 +105,12 @@ def _device(index: int):
     count = device_count()
     if not 0 <= index < count:
         raise ValueError(f"device={index} does not exist: this process sees {count} GPU(s) (0..{count - 1}).")
-    return _check(_driver().cuDeviceGet(index), "cuDeviceGet")
+    return _check(bindings().cuDeviceGet(index), "cuDeviceGet")
 
 
 def device_info(index: int = 0) -> DeviceInfo:
-    """Name, compute capability, SM count, memory and clocks of GPU *index*."""
-    driver = _driver()
+    """Name, compute capability, SM count, memory, clocks and SM resource limits of GPU *index*."""
+    driver = bindings()
     dev = _device(index)
     attr = driver.CUdevice_attribute
 
@@ -107,8 +119,6 @@ def device_info(index: int = 0) -> DeviceInfo:
 
     name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
     name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
-    bus = _check(driver.cuDeviceGetPCIBusId(32, dev), "cuDeviceGetPCIBusId")
-    bus = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
     return DeviceInfo(
         index=index,
         name=name,
@@ -120,15 +130,36 @@ def device_info(index: int = 0) -> DeviceInfo:
         memory_bytes=int(_check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
         sm_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
         memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
-        pci_bus_id=bus,
+        pci_bus_id=bus_id(index),
+        sm_limits={name: get(getattr(attr, enum)) for name, enum in _SM_LIMIT_ENUMS.items()},
     )
+
+
+#: The device attribute behind each of :data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`.
+_SM_LIMIT_ENUMS = {
+    "sm_max_threads": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR",
+    "sm_max_blocks": "CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "sm_registers": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "block_max_registers": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK",
+    "sm_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "block_reserved_shared_memory_bytes": "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK",
+}
+
+
+@functools.cache
+def bus_id(index: int = 0) -> str:
+    """The PCI bus id of GPU *index* (``cuDeviceGetPCIBusId``, e.g. ``"0000:41:00.0"``): the same GPU has the same
+    id in every process of the machine, whatever ``CUDA_VISIBLE_DEVICES`` numbers it (cached: a process's indices
+    never change)."""
+    bus = _check(bindings().cuDeviceGetPCIBusId(32, _device(index)), "cuDeviceGetPCIBusId")
+    return bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
 
 
 def memory_used_gib(index: int = 0) -> float:
     """Device memory in use on device *index* (every process's), in GiB (``cuMemGetInfo`` in its primary context)."""
     with PrimaryContext(index) as ctx:
         ctx.make_current()
-        free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        free, total = _check(bindings().cuMemGetInfo(), "cuMemGetInfo")
     return (int(total) - int(free)) / 2**30
 
 
@@ -171,18 +202,18 @@ class PrimaryContext:
     def __init__(self, index: int = 0):
         self.index = index
         self._dev = _device(index)
-        self._ctx = _check(_driver().cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self._ctx = _check(bindings().cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self.handle = int(self._ctx)
         self._open = True
 
     def make_current(self) -> None:
-        _check(_driver().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        _check(bindings().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
     def unique_id(self) -> int:
         """The context's unique id (``cuCtxGetId``): a context destroyed and made again at the same address gets
         another. The handle where the driver is older than CUDA 12.0."""
         try:
-            return int(_check(_driver().cuCtxGetId(self._ctx), "cuCtxGetId"))
+            return int(_check(bindings().cuCtxGetId(self._ctx), "cuCtxGetId"))
         except (AttributeError, GpuscopeError):
             return self.handle
 
@@ -190,7 +221,7 @@ class PrimaryContext:
         """Release the retained context (safe twice)."""
         if self._open:
             self._open = False
-            _check(_driver().cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+            _check(bindings().cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
 
     def __enter__(self):
         return self

@@ -13,14 +13,22 @@ Measured on an H100 with CUPTI 13.0 (``benchmarks/probe_session_keep.py``, docs/
 
 So a session that ends cleanly hands its profiler, config and counter-data image here (:func:`keep`); the next
 session on the same device and context with exactly the same configuration takes them back (:func:`take`), and
-anything else releases them first. A release may be under way on another thread (the idle timer's: a ``Disable``
-takes up to 0.5 s); :func:`take`, :func:`release` and :func:`detach_cupti` wait for it, so nothing enables a
-profiler, PC sampling or a detach beside one still being disabled. A release tries every step (disable,
-``cuptiProfilerDeInitialize``, the context) whatever fails before: a half-released profiler would block every later
-detach. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms with
-a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
-under 1 ms and 36 ms): its sampler, configuration and initialised image pool. PM and PC sampling call :func:`release` before they enable; so do process
-exit, a forked child (which forgets, never touches, its parent's), and :func:`gpuscope.release`.
+anything else releases them first. A release may be under way on another thread (the idle timer's or the
+rendezvous listener's: a ``Disable`` takes up to 0.5 s); :func:`take`, :func:`release` and :func:`detach_cupti`
+wait for it, so nothing enables a profiler, PC sampling or a detach beside one still being disabled. A release
+tries every step (disable, ``cuptiProfilerDeInitialize``, the context) whatever fails before: a half-released
+profiler would block every later detach. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms
+with a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
+under 1 ms and 36 ms): its sampler, configuration and initialised image pool. PM and PC sampling call
+:func:`release` before they enable; so do process exit, a forked child (which forgets, never touches, its
+parent's), and :func:`gpuscope.release`.
+
+What is kept never blocks another process: while this process holds a GPU's counters (a session open, from
+:func:`session_open` to :func:`session_closed`, or something kept) it listens on the GPU's rendezvous
+(:mod:`gpuscope._gpu.rendezvous`), and another gpuscope process of the same user that needs them asks; what is kept
+is given back from the listener's thread (:func:`answer`), never while a session is open. A session that finds the
+counters busy asks the holders and tries again once (:func:`retry_when_busy`). The listener ends when the process
+holds nothing of the GPU's any more (timer, :func:`release`, exit; a forked child closes its copy of the socket).
 
 Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
 too (:func:`host_for`): they depend only on the chip and the metrics.
@@ -43,11 +51,13 @@ import threading
 import time
 import warnings
 
+from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._util import launchers as _launchers
-from gpuscope.errors import GpuscopeWarning
+from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
-           "detach_cupti", "DETACH_ENV", "import_xarray_soon", "imports_done"]
+           "session_open", "session_closed", "answer", "retry_when_busy", "detach_cupti", "DETACH_ENV",
+           "import_xarray_soon", "imports_done"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
@@ -65,6 +75,13 @@ _under_way: list[tuple[int, int]] = []  # (device, thread) of each release taken
 RELEASE_WAIT_S = 60.0
 _hosts: dict[tuple, HostSetup] = {}
 _warned: set[str] = set()  # GPUSCOPE_KEEP values already warned about: once each, not at every session
+_sessions: dict[int, list[str]] = {}  # device -> what each session open on it is ("range profiling", "PM sampling")
+_listeners: dict[int, _rendezvous.Listener] = {}  # device -> the rendezvous listener while its counters are held
+_listen_lock = threading.Lock()  # taken before _lock, never after it
+#: CUPTI_ERROR_HARDWARE_BUSY: another profiler holds the GPU's counters.
+HARDWARE_BUSY = 26
+#: The kinds of session, as :func:`session_open` is told and other processes are answered.
+RANGE_SESSION, PM_SESSION = "range profiling", "PM sampling"
 
 
 def seconds() -> float:
@@ -148,6 +165,8 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
     if kept is not None and not same:
         _give_back(device, kept, alive=kept.context_id == context_id)
     _wait({device})
+    if kept is not None:
+        _listen(device)
     return kept if same else None
 
 
@@ -183,6 +202,7 @@ def keep(device: int, kept: Kept) -> None:
         kept.timer.start()
     if old is not None:
         _give_back(device, old)
+    _listen(device)
 
 
 def _expire(device: int, kept: Kept) -> None:
@@ -192,6 +212,7 @@ def _expire(device: int, kept: Kept) -> None:
         del _kept[device]
         _under_way.append((device, threading.get_ident()))
     _give_back(device, kept)
+    _listen(device)
 
 
 def release(device: int | None = None) -> int:
@@ -202,9 +223,10 @@ def release(device: int | None = None) -> int:
     held: another profiler in this process (a CUPTI client other than gpuscope) cannot take them. gpuscope releases
     them itself after ``GPUSCOPE_KEEP`` seconds without a session (default 10; 0 turns keeping off, ``inf`` keeps
     until exit; where torchrun, MPI or Slurm started several processes on this host nothing is kept unless it is
-    set), before PM and PC sampling, when a session needs another configuration, and at process exit. The
-    counters are the GPU's: while they are kept, other processes cannot profile this GPU either. Call this before
-    handing the GPU to another tool.
+    set), before PM and PC sampling, when a session needs another configuration, at process exit, and when a
+    gpuscope process of the same user asks for them (:mod:`gpuscope._gpu.rendezvous`). The counters are the GPU's:
+    while they are kept, other tools (Nsight Compute, DCGM) and other users' processes cannot profile this GPU.
+    Call this before handing the GPU to another tool.
 
     Parameters
     ----------
@@ -220,6 +242,7 @@ def release(device: int | None = None) -> int:
     gone = _pop(device)
     for d, kept in gone:
         _give_back(d, kept)
+        _listen(d)
     return len(gone) + _wait(None if device is None else {device})
 
 
@@ -303,6 +326,115 @@ def _detach(kept: Kept) -> None:
     finalizer = getattr(kept.profiler, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
+
+
+def session_open(device: int, what: str) -> None:
+    """A session (*what*: :data:`RANGE_SESSION`, :data:`PM_SESSION`) now holds *device*'s counters: this process
+    listens on the GPU's rendezvous, answers that a session is open and gives nothing back until
+    :func:`session_closed`."""
+    with _lock:
+        _sessions.setdefault(device, []).append(what)
+    _listen(device)
+
+
+def session_closed(device: int, what: str) -> None:
+    """The session of :func:`session_open` has closed (after it handed what it keeps to :func:`keep`)."""
+    with _lock:
+        open_ = _sessions.get(device, [])
+        if what in open_:
+            open_.remove(what)
+        if not open_:
+            _sessions.pop(device, None)
+    _listen(device)
+
+
+def answer(device: int) -> str:
+    """What this process answers another gpuscope process that asks for *device*'s counters (on the rendezvous
+    listener's thread): ``busy: ...`` while a session is open, else ``released (...)`` once what is kept is given
+    back, or ``nothing kept``."""
+    with _lock:
+        open_ = list(_sessions.get(device, ()))
+        kept = None if open_ else _kept.pop(device, None)
+        if kept is not None:
+            _under_way.append((device, threading.get_ident()))
+    if open_:
+        return f"{_rendezvous.BUSY}: a session is open ({', '.join(open_)})"
+    if kept is None:
+        return _rendezvous.NOTHING_KEPT
+    _give_back(device, kept)
+    _listen(device)
+    what = "PM sampler" if kept.key[:1] == ("pm",) else "range profiler"
+    return f"{_rendezvous.RELEASED} (the kept {what})"
+
+
+def _listen(device: int) -> None:
+    """Listen on *device*'s rendezvous while this process holds its counters (a session open or something kept);
+    stop when it holds nothing. Call it after every change of either, never holding :data:`_lock`."""
+    with _listen_lock:
+        with _lock:
+            wanted = bool(_sessions.get(device)) or device in _kept
+        listener = _listeners.get(device)
+        if wanted == (listener is not None):
+            return
+        if wanted:
+            listener = _start_listener(device)
+            if listener is not None:
+                _listeners[device] = listener
+            return
+        del _listeners[device]
+    listener.close()  # outside the lock: its thread may be giving back what was kept, and call here when done
+
+
+def _start_listener(device: int) -> _rendezvous.Listener | None:
+    """A listener for *device*, or None (warned about once): the session goes on, other processes only cannot ask."""
+    try:
+        return _rendezvous.Listener(_rendezvous.gpu_id(device), lambda: answer(device))
+    except Exception as exc:
+        text = f"rendezvous: {type(exc).__name__}: {exc}"
+        with _lock:
+            first = text not in _warned
+            _warned.add(text)
+        if first:
+            warnings.warn(f"gpuscope: other processes cannot ask this one to give device {device}'s counters back "
+                          f"({exc}); they get HARDWARE_BUSY while it keeps them ({ENV}=0 keeps nothing).",
+                          GpuscopeWarning, stacklevel=3)
+        return None
+
+
+def retry_when_busy(device: int, call, what: str = ""):
+    """``call()``, which starts using *device*'s counters; where CUPTI answers ``HARDWARE_BUSY``, ask this user's
+    gpuscope processes that hold them to give them back (:func:`gpuscope._gpu.rendezvous.ask`, at most
+    ``ASK_TIMEOUT_S``) and, where one did, call once more. *what* is the calling session's kind, left out of the
+    sessions this process has open on *device*.
+
+    Raises
+    ------
+    ProfilerBusyError
+        Still busy: the message names what holds the counters (a gpuscope process, and whether a session is open
+        there; this process's own session; or not gpuscope), ``holders`` what each process asked answered.
+    """
+    try:
+        return call()
+    except ProfilerBusyError as exc:
+        if exc.status != HARDWARE_BUSY:
+            raise
+        error = exc
+    gpu = _rendezvous.gpu_id(device)
+    answers = _rendezvous.ask(gpu)
+    if any(a.state == _rendezvous.RELEASED for a in answers):
+        try:
+            return call()
+        except ProfilerBusyError as exc:
+            if exc.status != HARDWARE_BUSY:
+                raise
+            error = exc
+    with _lock:
+        here = list(_sessions.get(device, ()))
+    if what in here:
+        here.remove(what)
+    hint = f"The counters of device {device} ({gpu}) are busy: {_rendezvous.describe(answers, here=', '.join(here))}"
+    raise ProfilerBusyError(error.status, error.func, error.cupti_message, hint,
+                            [(a.pid, a.state) for a in answers]) from None
 
 
 #: ``GPUSCOPE_PC_DETACH=0`` keeps CUPTI attached when PC sampling starts (the detach is on by default).
@@ -433,11 +565,16 @@ def imports_done() -> None:
 
 
 def _forget_in_child() -> None:
-    """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread the child's."""
-    global _lock, _given_back, _import_lock, _importer
-    _lock, _import_lock = threading.Lock(), threading.Lock()
+    """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread or rendezvous
+    listener the child's (its copy of the listener's socket is closed: the name ends with the parent)."""
+    global _lock, _given_back, _import_lock, _importer, _listen_lock
+    _lock, _import_lock, _listen_lock = threading.Lock(), threading.Lock(), threading.Lock()
     _given_back = threading.Condition(_lock)
     _under_way.clear()  # the parent's threads' releases
+    for listener in _listeners.values():
+        listener.forget()
+    _listeners.clear()
+    _sessions.clear()
     _importer = None  # a fork that did not wait for it: its thread is not the child's
     if os.fork is _fork_after_import:
         os.fork = _fork
@@ -448,9 +585,15 @@ def _forget_in_child() -> None:
 
 
 def _at_exit() -> None:
-    """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly."""
+    """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly.
+    The rendezvous listeners stop."""
     for device, kept in _pop(None):
         _give_back(device, kept, quiet=True)
+    with _listen_lock:
+        listeners = list(_listeners.values())
+        _listeners.clear()
+    for listener in listeners:
+        listener.close()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -206,11 +206,34 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     from gpuscope.cupti import host
 
     cm = _chip_metrics(_check_chip(chip), MetricKind.RANGE)
+    stored = _stored_plans().get(cm.chip, {}).get("|".join(metrics))
+    if stored is not None:
+        # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
+        # pass); one config of all groups then checks that each is still one pass under the loaded CUPTI
+        groups = [frozenset(g) for g in stored]
+        found = pass_plan.plan(metrics, cm.has, lambda names: any(set(names) <= g for g in groups))
+        if found is not None and [set(g) for g in found.groups] == [set(g) for g in stored] and \
+                host.num_passes(grouped_config_image(found.groups, cm.chip)) == len(found.groups):
+            return found
 
     def one_pass(names) -> bool:
         return host.num_passes(config_image(list(names), cm.chip, "range")) == 1
 
     return pass_plan.plan(metrics, cm.has, one_pass)
+
+
+@functools.cache
+def _stored_plans() -> dict:
+    """``{chip: {"|".join(metrics): groups}}``: the plans of the built-in sets, made offline with CUPTI's host API
+    (``python tests/unit/test_pass_plan.py --update``) so that a session need not count ~50 configs (0.3 s)."""
+    import json
+    from importlib import resources
+
+    try:
+        text = resources.files("gpuscope.metrics").joinpath("data/pass_plans.json").read_text()
+    except FileNotFoundError:
+        return {}
+    return json.loads(text)["plans"]
 
 
 def checked_groups(groups, metrics: Sequence[str]) -> tuple[tuple[str, ...], ...]:
@@ -236,8 +259,13 @@ def checked_groups(groups, metrics: Sequence[str]) -> tuple[tuple[str, ...], ...
     return tuple(out)
 
 
-def count_passes(metrics, chip: str | None = None, kind: str | None = None, counter_availability=None) -> int:
-    """How many passes (replays) CUPTI needs to collect *metrics* (a set name or a list).
+def count_passes(metrics, chip: str | None = None, kind: str | None = None, counter_availability=None, *,
+                 plan: bool = True) -> int:
+    """How many passes (replays) a session needs to collect *metrics* (a set name or a list).
+
+    Where the list holds warp-stall shares (the ``topdown`` set), sessions collect it with gpuscope's consistent
+    pass plan (:mod:`gpuscope._gpu.pass_plan`), which takes one or two passes more than CUPTI's own schedule;
+    ``plan=False`` gives CUPTI's own count.
 
     Parameters
     ----------
@@ -264,7 +292,22 @@ def count_passes(metrics, chip: str | None = None, kind: str | None = None, coun
     if kind is None:
         metrics, kind = expand(metrics)
     names = resolve(metrics, chip, kind)
+    if plan and _kind(kind) is MetricKind.RANGE:
+        found = consistent_plan(tuple(names), chip)
+        if found is not None:
+            return host.num_passes(grouped_config_image(found.groups, chip, counter_availability))
     return host.num_passes(config_image(names, chip, kind, counter_availability))
+
+
+def grouped_config_image(groups, chip: str, counter_availability=None):
+    """The range profiler's config image of *groups*, each a pass group of its own (one ConfigAddMetrics call)."""
+    from gpuscope.cupti import host
+    from gpuscope.cupti._types import ProfilerType
+
+    with host.ProfilerHost(chip, ProfilerType.RANGE_PROFILER, counter_availability) as h:
+        for group in groups:
+            h.add_pass_group(group)
+        return h.config_image()
 
 
 def max_metrics_per_pass(chip: str | None = None, kind: str = "range", counter_availability=None) -> int:

@@ -17,8 +17,8 @@ __all__ = ["HARDWARE_VERIFIED", "SetSupport", "ChipSupport", "chip_support", "fo
 
 #: Chips gpuscope was run on, and what was checked there. Every other chip was checked offline only (host API).
 HARDWARE_VERIFIED = {
-    "GH100": "H100 80GB HBM3 and H200 (CUPTI 13.0): GPU test suite, every set collected, Top-Down against "
-             "Nsight Compute",
+    "GH100": "H100 80GB HBM3 and H200 (CUPTI 13.0): GPU test suite, every set collected but roofline, memory, "
+             "occupancy and instructions (offline so far), Top-Down against Nsight Compute",
 }
 
 
@@ -170,7 +170,8 @@ def support_markdown() -> str:
         out.append(f"| `{reason}` | {node} | " + " | ".join(mark(a) for a in tables) + " |")
     names = list(_lists.metric_sets())
     out += ["", "### Built-in sets on each chip", "",
-            "Passes as CUPTI's host API counts them without a device (every counter assumed free). **complete**: "
+            "Passes a session needs (for `topdown`, gpuscope's consistent pass plan: docs/topdown.md), as CUPTI's "
+            "host API counts them without a device (every counter assumed free). **complete**: "
             "the set as named; otherwise what the chip collects instead (`a -> b`) or leaves out (`-a`), by base "
             "name.", "", "| chip | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for chip in chips:
@@ -183,6 +184,7 @@ def support_markdown() -> str:
             text = f"{st.passes}p complete" if st.status == "complete" else f"{st.passes}p reduced:"
             notes = [f"{_short(k)} -> {', '.join(_short(m) for m in v)}" for k, v in st.substituted.items()]
             notes += [f"-{_short(m)}" for m in st.left_out]
+            notes = list(dict.fromkeys(notes))  # by base name: a counter and its .peak_sustained read as one
             cells.append(" ".join([text, "; ".join(notes)]).strip())
         out.append(f"| {chip} | " + " | ".join(cells) + " |")
     return "\n".join(out)

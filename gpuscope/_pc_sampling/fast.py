@@ -108,7 +108,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     period : int
         PC sampling period in cycles per SM, a power of two from 32 to 2**31 (:func:`gpuscope.pc_sample`). The
         stall split depends on it for some kernels (on the H100 at 2**13, contended atomics moved 33 points of
-        IPC_MAX from ``lg_throttle`` to ``drain`` and ``long_scoreboard``); 2**10 is the validated default. At
+        peak (IPC_MAX) from ``lg_throttle`` to ``drain`` and ``long_scoreboard``); 2**10 is the validated default. At
         2**10 the GPU makes samples faster than CUPTI decodes them: keep *work* to a representative slice
         (up to about 50 ms of GPU time), or CUPTI's buffer fills and samples are lost (warned).
     device : int
@@ -116,7 +116,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     levels : sequence of int
         Top-Down levels to compute.
     check : {"warn", "raise", "ignore"}
-        What to do when a level does not sum to ``IPC_MAX`` (:func:`gpuscope.topdown`).
+        What to do when a level does not sum to 100% (:func:`gpuscope.topdown`).
     pc_sampler, profiler : callable, optional
         Factories used instead of :func:`gpuscope.pc_sample` and :class:`gpuscope.Profiler` (tests).
 

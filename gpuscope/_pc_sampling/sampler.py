@@ -74,7 +74,7 @@ def _synchronize(context) -> None:
     from gpuscope._gpu import device as _device
 
     context.make_current()
-    _device._check(_device._driver().cuCtxSynchronize(), "cuCtxSynchronize")
+    _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 class PCSampler:

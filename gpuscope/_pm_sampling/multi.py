@@ -241,15 +241,14 @@ def combine_devices(datasets):
       every device stay attrs; list attrs that differ are dropped and named in
       ``attrs["per_device_attrs_dropped"]``.
     * **The span table** (user ranges: the process's, which every device's session records alike) stays one table
-      along ``span``: each span once (by path, thread and start; a range still open when the sessions stopped
-      ends at the latest stop), ordered by start; ``span_index`` (device, sample) is each sample's position in
-      it (-1: none, or padding). Execution tables (``kernels=True``, one device's each) follow one another along
-      ``execution``, with ``exec_device`` saying whose each row is.
+      (attrs, as one device's): each span once (by path, thread and start; a range still open when the sessions
+      stopped ends at the latest stop), ordered by start; ``span_index`` (device, sample) is each sample's row in
+      it (-1: none, or padding). Execution tables (``kernels=True``, one device's each) follow one another in one
+      table, with the column ``exec_device`` saying whose each row is.
 
     For one device's samples as a Dataset of its own (dim ``time``: phases, reports, plots), use
-    :func:`select_device`; ``ds.drop_dims(["span", "execution"], errors="ignore").to_dataframe()`` gives one row
-    per (device, sample), padding included (drop it with ``df[df.time >= 0]``); without ``drop_dims`` xarray
-    crosses every row with every span.
+    :func:`select_device`; ``ds.to_dataframe()`` gives one row per (device, sample), padding included (drop it
+    with ``df[df.time >= 0]``).
 
     Parameters
     ----------
@@ -271,7 +270,7 @@ def combine_devices(datasets):
     import xarray as xr
 
     from gpuscope._results.ranks import _merge_pm, split_attrs
-    from gpuscope._schema.dataset import upgrade
+    from gpuscope._schema.dataset import TABLE_ATTRS, upgrade
 
     datasets = [upgrade(_validate.dataset(ds, f"datasets[{i}]")) for i, ds in enumerate(datasets)]
     if not datasets:
@@ -289,7 +288,7 @@ def combine_devices(datasets):
     losses = [k for k in LOSS_COUNTS + _LOSS_TEXTS if any(k in ds.attrs for ds in datasets)]
     always = {k: fill for k, fill in _DEVICE_ATTRS.items() if any(k in ds.attrs for ds in datasets)}
     always.update({k: "" if k in _LOSS_TEXTS else 0 for k in losses})
-    attrs, coords, dropped = split_attrs(datasets, "device", always, skip=_COMBINED_ATTRS)
+    attrs, coords, dropped = split_attrs(datasets, "device", always, skip=(*_COMBINED_ATTRS, *TABLE_ATTRS))
     coords["device"] = ("device", np.asarray(devices, dtype=np.int64),
                         {"description": "CUDA device ordinal (each Dataset's attr device_index)"})
     del coords["device_index"]
@@ -300,14 +299,14 @@ def combine_devices(datasets):
         else:
             attrs[key] = int(column.astype(np.int64).sum())
         coords[key] = ("device", column, {"description": f"per device; attrs['{key}'] holds them all"})
-    data_vars, sample_coords, origin = _merge_pm(datasets, None, "device", devices)
+    data_vars, sample_coords, origin, tables = _merge_pm(datasets, None, "device", devices)
     first = int(np.argmin([int(ds.attrs["session_start_ns"]) for ds in datasets]))
     attrs.update(session_start_ns=int(origin), time_origin_ns=int(origin), merged_devices=len(datasets))
     if "wall_clock_ns" in datasets[first].attrs:
         attrs["wall_clock_ns"] = int(datasets[first].attrs["wall_clock_ns"])
     if dropped:
         attrs["per_device_attrs_dropped"] = dropped
-    return xr.Dataset(data_vars, coords={**coords, **sample_coords}, attrs=attrs)
+    return xr.Dataset(data_vars, coords={**coords, **sample_coords}, attrs={**attrs, **tables})
 
 
 def select_device(ds, device: int):
@@ -357,15 +356,15 @@ def select_device(ds, device: int):
         raise ValueError(f"device={device} is not in this Dataset; it holds devices {held}.")
     one = ds.sel(device=device)
     one = one.isel(sample=slice(0, int(one["samples"])))
-    attrs = {k: v for k, v in ds.attrs.items() if k not in _COMBINED_ATTRS}
+    attrs = {k: v for k, v in ds.attrs.items() if k not in _COMBINED_ATTRS and k not in _dataset.TABLE_ATTRS}
     for name in [c for c in ds.coords if ds[c].dims == ("device",) and c not in ("device", "samples")]:
         attrs[name] = one[name].item()
     attrs["device_index"] = device
     for key, fill in _DEVICE_ATTRS.items():
         if key in attrs and attrs[key] == fill:
             del attrs[key]  # the device did not record it (another did): its own Dataset has none
-    held_spans = "span_path" in one.variables
-    table = {k: one[k].values.tolist() if held_spans else [] for k in _dataset.SPAN_VARS}
+    spans = _dataset.table_columns(ds, _dataset.SPAN_TABLE)
+    table = {k: spans[k].tolist() if spans is not None else [] for k in _dataset.SPAN_VARS}
     ranges = one["range"].values if "range" in one.coords else None
     coords = _results.sample_coords(one["start_ns"].values, one["end_ns"].values, int(attrs["session_start_ns"]),
                                     table, ranges)
@@ -373,11 +372,12 @@ def select_device(ds, device: int):
         coords["range"].attrs = dict(one["range"].attrs)  # as the device's Dataset had them
     if _dataset.SPAN_INDEX in one.coords:  # as combined, not derived again
         coords[_dataset.SPAN_INDEX].values = one[_dataset.SPAN_INDEX].values.astype(np.int64)
-    if held_spans:
-        coords.update({k: one[k].variable for k in _dataset.SPAN_VARS})
-    if _dataset.has_executions(one):
-        mine = one.isel(execution=one["exec_device"].values == device) if "exec_device" in one.coords else one
-        coords.update({k: mine[k].variable for k in _dataset.EXEC_VARS})
+    if spans is not None:
+        attrs.update(_dataset.table_attrs(_dataset.SPAN_TABLE, {k: spans[k] for k in _dataset.SPAN_VARS}))
+    runs = _dataset.table_columns(ds, _dataset.EXEC_TABLE)
+    if runs is not None:
+        mine = runs["exec_device"] == device if "exec_device" in runs else slice(None)
+        attrs.update(_dataset.table_attrs(_dataset.EXEC_TABLE, {k: runs[k][mine] for k in _dataset.EXEC_VARS}))
     data_vars = {name: xr.DataArray(one[name].values, dims="time", attrs=dict(one[name].attrs))
                  for name in one.data_vars}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)

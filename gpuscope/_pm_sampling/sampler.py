@@ -193,12 +193,16 @@ class Sampler(SamplerResults):
                     "One sampler per device: stop it first, or sample all the metrics in one sampler."
                 )
             _active[self.device] = self
+        from gpuscope._gpu import keep as _keep
+
+        _keep.session_open(self.device, _keep.PM_SESSION)  # other processes that ask are told it is open
         try:
             self._setup()
         except BaseException:
             try:
                 run_shielded(self._teardown)
             finally:
+                _keep.session_closed(self.device, _keep.PM_SESSION)
                 with _active_lock:
                     _active.pop(self.device, None)
                 self._state = "failed"
@@ -227,7 +231,8 @@ class Sampler(SamplerResults):
         profiler.initialize()
         self._initialized = True
         self.chip = profiler.chip_name(self.device)
-        self.availability = pm.counter_availability(self.device)
+        self.availability = _keep.retry_when_busy(self.device, lambda: pm.counter_availability(self.device),
+                                                  _keep.PM_SESSION)
         resolved = _lists.resolution(self._requested_metrics, self.chip, "sampling")
         self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
         check_single_pass(self.metrics, self.chip, self.availability)
@@ -249,8 +254,16 @@ class Sampler(SamplerResults):
             if images is not None:
                 self.image_pool = len(images[0])
         else:
-            self._handle = pm.enable(self.device)
-            pm.set_config(self._handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
+            def enable():  # all or nothing: tried again once other processes gave the counters back
+                handle = pm.enable(self.device)
+                try:
+                    pm.set_config(handle, self.config, self.hardware_buffer_size, self._hw_interval, trigger)
+                except BaseException:
+                    pm.disable(handle)
+                    raise
+                return handle
+
+            self._handle = _keep.retry_when_busy(self.device, enable, _keep.PM_SESSION)
         if self.image_pool is None:
             image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
             self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
@@ -285,9 +298,9 @@ class Sampler(SamplerResults):
         self._decoder.start(self.start_ns)
 
     def _context_device(self) -> int:
-        from cuda.bindings import driver
+        from gpuscope._gpu import device as _device
 
-        err, dev = driver.cuDeviceGet(self.device)
+        err, dev = _device.bindings().cuDeviceGet(self.device)
         return int(dev)
 
     def _check_interval(self, info) -> None:
@@ -350,6 +363,9 @@ class Sampler(SamplerResults):
             try:
                 self._teardown()
             finally:
+                from gpuscope._gpu import keep as _keep
+
+                _keep.session_closed(self.device, _keep.PM_SESSION)
                 with _active_lock:
                     _active.pop(self.device, None)
                 self._state = "stopped"
@@ -415,7 +431,7 @@ class Sampler(SamplerResults):
             from gpuscope._gpu import device as _device
 
             self._context.make_current()
-            _device._check(_device._driver().cuCtxSynchronize(), "cuCtxSynchronize")
+            _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
         self._kernel_records.close()
 
     # -- state --------------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpuscope._util.peers import peer
+
 __all__ = ["DURATION", "Batch", "ProcessEvaluation", "stamps_from_durations"]
 
 #: The metric whose value per sample is the sample's duration (end - start, ns).
@@ -179,12 +181,6 @@ class _Worker:
         self.lock = threading.Lock()  # guards alive, killed and pending against the reader's end-of-file handling
         self.reader: threading.Thread | None = None
         self.clean_exit = False
-
-
-def _peer(sock) -> tuple[int, int]:
-    """``(pid, uid)`` of the process at the other end of a Unix socket, as the kernel saw it connect."""
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid, uid
 
 
 def _io_timeouts(fd: int, receive_s: float, send_s: float) -> None:
@@ -355,7 +351,7 @@ class ProcessEvaluation:
 
         with sock:
             try:
-                pid, uid = _peer(sock)
+                pid, uid = peer(sock)
             except OSError:  # who it is cannot be known: not a worker
                 pid, uid = -1, -1
             worker = waiting.pop(pid, None) if uid == self._uid else None

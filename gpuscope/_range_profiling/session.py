@@ -204,8 +204,9 @@ class Profiler(UserRanges, PerLaunchModes):
             self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
-            # GH100 (tests/unit/test_host.py).
-            self._availability = profiler.pm_counter_availability(self.device)
+            # GH100 (tests/unit/test_host.py). Another process holding the counters makes it HARDWARE_BUSY.
+            self._availability = _keep.retry_when_busy(self.device, lambda: profiler.pm_counter_availability(
+                self.device), _keep.RANGE_SESSION)
 
             self._plan, self._groups = None, ()
             if pass_groups is None:
@@ -268,6 +269,10 @@ class Profiler(UserRanges, PerLaunchModes):
         with _active_lock:
             _check_free(self.device)
             _active[self.device] = self
+        from gpuscope._gpu import keep as _keep
+
+        _keep.session_open(self.device, _keep.RANGE_SESSION)  # until _teardown: other processes are told it is open
+        self._holding = True
         self._thread = threading.get_ident()
         self._pid = os.getpid()
         self._stack: list[bool] = []  # per open gpuscope range: was it pushed to CUPTI?
@@ -284,7 +289,6 @@ class Profiler(UserRanges, PerLaunchModes):
         try:
             self._context.make_current()
             self._context_id = self._context.unique_id()
-            from gpuscope._gpu import keep as _keep
             from gpuscope._gpu import modules as _modules
 
             _modules.watch()  # modules loaded while a session is open are read (the kernel-replay cost warning)
@@ -335,9 +339,17 @@ class Profiler(UserRanges, PerLaunchModes):
             self._rp, self._image = kept.profiler, kept.image
             self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
         else:
-            self._rp = range_profiler.RangeProfiler(self._context.handle)
-            self._image = self._rp.counter_data_image(self._collected, ranges)
-            self._rp.set_config(self._config, self._image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
+            def enable():  # all or nothing: tried again once other processes gave the counters back
+                rp = range_profiler.RangeProfiler(self._context.handle)
+                try:
+                    image = rp.counter_data_image(self._collected, ranges)
+                    rp.set_config(self._config, image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
+                except BaseException:
+                    rp.close()
+                    raise
+                return rp, image
+
+            self._rp, self._image = _keep.retry_when_busy(self.device, enable, _keep.RANGE_SESSION)
         self._key, self.max_ranges = key, int(ranges)
         if self._collector is not None:
             self._collector.rp = self._rp
@@ -486,6 +498,9 @@ class Profiler(UserRanges, PerLaunchModes):
             profiler.deinitialize()
             self._context.close()
         self._running = False
+        if getattr(self, "_holding", False):
+            self._holding = False
+            _keep.session_closed(self.device, _keep.RANGE_SESSION)
         with _active_lock:
             if _active.get(self.device) is self:
                 del _active[self.device]

@@ -20,7 +20,7 @@ from gpuscope._schema.dataset import (
     SPAN_TABLE,
     index,
     innermost_span,
-    table_coords,
+    table_attrs,
 )
 from gpuscope._schema.labels import string_labels
 
@@ -54,6 +54,7 @@ def _pm_device_attrs(device_info, chip: str) -> dict:
             memory_clock_khz=int(device_info.memory_clock_khz),
             memory_bytes=int(device_info.memory_bytes),
         )
+        attrs.update({k: int(v) for k, v in getattr(device_info, "sm_limits", {}).items()})
     return attrs
 
 
@@ -107,18 +108,16 @@ def sampling_dataset(
     * dim ``time`` (int64 ns from the session start to each sample's end, attrs units="ns"), one variable per
       metric along it (exact CUPTI name) with attrs ``units``, ``description``, ``metric_type``, ``hw_unit``;
       per-sample coords ``start_ns``/``end_ns`` (CUPTI timestamps of each sample, ns), ``range`` (path of the
-      innermost user range open at the sample's midpoint, "" where none) and ``span_index`` (that range's
-      position along ``span``, -1 where none).
-    * dim ``span``: the span table, one entry per execution of a user range, as the coords of
-      :data:`~gpuscope._schema.dataset.SPAN_TABLE` (``span_path``, ``span_thread``, ``span_start_ns``,
-      ``span_end_ns``); :func:`~gpuscope._schema.dataset.spans` gives it as a DataFrame.
-    * dim ``execution`` (only with *executions*): the execution table, see :func:`with_executions`.
+      innermost user range open at the sample's midpoint, "" where none) and ``span_index`` (that range's row
+      in the span table, -1 where none).
     * attrs: device and versions, ``kind="pm_sampling"``, ``gpuscope_schema``, ``metrics``,
-      ``session_start_ns``, plus *attrs* (interval, trigger, lost samples, ...).
+      ``session_start_ns``, plus *attrs* (interval, trigger, lost samples, ...), then the span table, one entry
+      per execution of a user range, one attr per column of :data:`~gpuscope._schema.dataset.SPAN_TABLE`
+      (``span_path``, ``span_thread``, ``span_start_ns``, ``span_end_ns``: 1-D arrays;
+      :func:`~gpuscope._schema.dataset.spans` gives it as a DataFrame), and with *executions* the execution
+      table (:func:`with_executions`).
 
-    The tables are coordinates, so ``ds.data_vars`` are the metrics alone; xarray's ``ds.to_dataframe()`` crosses
-    every sample with every span (``ds.drop_dims(["span", "execution"], errors="ignore")`` first gives one row
-    per sample, as :func:`gpuscope.to_dataframe` does).
+    Every variable lies along ``time``, so ``ds.to_dataframe()`` has one row per sample.
 
     Parameters
     ----------
@@ -146,10 +145,10 @@ def sampling_dataset(
         for name, row in zip(metrics, values)
     }
     coords = sample_coords(start_ns, end_ns, session_start_ns, table, ranges)
-    coords.update(table_coords(SPAN_TABLE, "span", table))
     all_attrs = {"kind": "pm_sampling", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
     all_attrs.update(metrics=list(metrics), session_start_ns=int(session_start_ns))
     all_attrs.update(attrs or {})
+    all_attrs.update(table_attrs(SPAN_TABLE, table))
     ds = xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
     return ds if executions is None else with_executions(ds, executions)
 
@@ -180,13 +179,13 @@ def with_executions(ds, executions: dict):
     """*ds* (PM samples) with the kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``).
 
     *executions*: ``records`` (tuples as :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``,
-    ``errors``, ``other_devices``. The records with an end time become the execution table, the coords of
-    :data:`~gpuscope._schema.dataset.EXEC_TABLE` along the dim ``execution`` (``exec_kernel``, the name every
-    Dataset of the process gives the kernel, ``exec_kernel_qualname``, ``exec_symbol``, ``exec_start_ns``,
-    ``exec_end_ns``, ``exec_stream``, ``exec_correlation``;
+    ``errors``, ``other_devices``. The records with an end time become the execution table, one attr per column
+    of :data:`~gpuscope._schema.dataset.EXEC_TABLE` (``exec_kernel``, the name every Dataset of the process gives
+    the kernel, ``exec_kernel_qualname``, ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``,
+    ``exec_correlation``: 1-D arrays;
     :func:`~gpuscope._schema.dataset.kernel_executions` gives it as a DataFrame). Attrs: ``kernel_records`` (1)
     and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
-    flushed), ``kernel_records_other_devices``, ``kernel_record_errors``.
+    flushed), ``kernel_records_other_devices``, ``kernel_record_errors``, then the table's columns.
     """
     from gpuscope._schema.names import demangle, kernel_name
 
@@ -202,12 +201,13 @@ def with_executions(ds, executions: dict):
         "exec_stream": [int(r[5]) for r in complete],
         "exec_correlation": [int(r[9]) for r in complete],
     }
-    return ds.assign_coords(table_coords(EXEC_TABLE, "execution", columns)).assign_attrs({
+    return ds.assign_attrs({
         "kernel_records": 1,
         "kernel_records_dropped": int(executions.get("dropped", 0)),
         "kernel_records_incomplete": len(executions["records"]) - len(complete),
         "kernel_records_other_devices": int(executions.get("other_devices", 0)),
         "kernel_record_errors": "; ".join(executions.get("errors", [])[:10]),
+        **table_attrs(EXEC_TABLE, columns),
     })
 
 
@@ -316,10 +316,10 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
     ``ds.to_dataframe()`` has one row per range; one variable per metric (exact CUPTI name, float64) with attrs
     ``units``, ``description``, ``metric_type``, ``hw_unit``; one scalar coord per range for each of
     :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``) and any other scalar key the
-    records carry. The ``range`` dimension coordinate repeats ``name`` as an index: ``ds.sel(range="step/fwd")``
-    returns every row of that path (several for a kernel launched several times), and ``ds.to_dataframe()`` is
-    indexed by path like a pandas table (the other coords, ``name`` and ``kernel`` included, are columns). Attrs: device and versions, ``kind="range"``, ``metrics``, plus
-    *attrs* (metric set, mode, passes, ...).
+    records carry. The ``range`` dimension coordinate is the row number (0, 1, ..., unique; :func:`index`), so
+    Datasets computed from these (:func:`gpuscope.topdown`) align and merge with them; select by path or kernel
+    through the coordinates (``ds.isel(range=ds.kernel.isin(["fma", "stream"]))``). Attrs: device and versions,
+    ``kind="range"``, ``metrics``, plus *attrs* (metric set, mode, passes, ...).
 
     Parameters
     ----------

@@ -1,11 +1,11 @@
 """Compare two range-profiling runs kernel by kernel, and say which differences are larger than run-to-run noise.
 
 Each kernel's launches (or each user range's executions) are the samples: for every quantity (GPU time per
-launch, Top-Down nodes as fractions of peak, throughput metrics) the two runs' per-launch values are compared with
-Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) and its confidence interval of the difference of
-means. A difference is *significant* when the test rejects "same mean" at ``alpha`` **and** the change is larger
-than ``min_change`` (relative, for times and metrics; absolute fraction of peak, for Top-Down nodes), so that a
-statistically real but negligible shift over thousands of launches is not flagged.
+launch, Top-Down nodes in percent of peak, throughput metrics) the two runs' per-launch values are compared with
+Welch's t-test (:func:`gpuscope._util.stats.welch`, as ``scipy.stats.ttest_ind(equal_var=False)``) and its
+confidence interval of the difference of means. A difference is *significant* when the test rejects "same mean"
+at ``alpha`` **and** the change is larger than ``min_change`` (relative, for times and metrics; in points of peak,
+for Top-Down nodes), so that a statistically real but negligible shift over thousands of launches is not flagged.
 """
 
 from __future__ import annotations
@@ -17,44 +17,43 @@ from gpuscope._results.report_inputs import SHORT_NAMES, _finite, _kind
 from gpuscope._results.report_ranges import GPU_TIME, group_key
 from gpuscope._results.report_table import Report, _count, _new
 from gpuscope._results.report_topdown import topdown_per_launch
+from gpuscope._util.stats import welch
 
 __all__ = ["compare"]
 
 
-def _quantities(ds) -> tuple[dict[str, np.ndarray], set[str]]:
-    """Per-range values of every comparable quantity, and which of them are fractions of peak."""
+def _quantities(ds) -> tuple[dict[str, np.ndarray], dict[str, str], set[str]]:
+    """Per-range values of every comparable quantity, their units, and which of them are Top-Down nodes (changes
+    in points of peak, not relative)."""
     from gpuscope.metrics import topdown as td
 
     out: dict[str, np.ndarray] = {}
-    fractions: set[str] = set()
+    units: dict[str, str] = {}
     if GPU_TIME in ds:
-        out["gpu_time_us"] = np.asarray(ds[GPU_TIME].values, dtype=float) / 1e3
+        out["gpu_time_us"], units["gpu_time_us"] = np.asarray(ds[GPU_TIME].values, dtype=float) / 1e3, "us"
+    nodes: set[str] = set()
     result = topdown_per_launch(ds)
     if result is not None:
-        nodes, ipc_max = result
         for name in dict.fromkeys(td.level_cut(1) + td.level_cut(2)):
-            if name in nodes:
-                out[name] = np.asarray(nodes[name].values, dtype=float) / ipc_max
-                fractions.add(name)
+            if name in result[0]:
+                out[name], units[name] = np.asarray(result[0][name].values, dtype=float), "%"
+                nodes.add(name)
     for m in ds.data_vars:
         if ds[m].dims == ("range",) and ".pct_of_peak" in m:
-            out[SHORT_NAMES.get(m, m)] = np.asarray(ds[m].values, dtype=float)
-    return out, fractions
+            short = SHORT_NAMES.get(m, m)
+            out[short], units[short] = np.asarray(ds[m].values, dtype=float), "%"
+    return out, units, nodes
 
 
 def _welch(a: np.ndarray, b: np.ndarray, confidence: float):
     """(p value, ci low, ci high) for mean(b) - mean(a), NaN where the data cannot tell."""
-    from scipy import stats
-
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if a.size < 2 or b.size < 2:
         return np.nan, np.nan, np.nan
     if np.ptp(a) == 0 and np.ptp(b) == 0:  # no spread at all: identical is certain, a change is exact
         same = a[0] == b[0]
         return (1.0 if same else 0.0), b[0] - a[0], b[0] - a[0]
-    res = stats.ttest_ind(b, a, equal_var=False)
-    ci = res.confidence_interval(confidence)
-    return float(res.pvalue), float(ci.low), float(ci.high)
+    return welch(a, b, confidence)
 
 
 def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Report:
@@ -68,19 +67,20 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
     alpha : float
         Significance level of Welch's t-test; the confidence interval is ``1 - alpha``.
     min_change : float
-        Smallest change worth flagging: relative to the base mean for times and metrics (0.02 = 2%), in fractions
-        of peak for Top-Down nodes (0.02 = 2 points).
+        Smallest change worth flagging: relative to the base mean for times and metrics (0.02 = 2%), in points of
+        peak for Top-Down nodes (0.02 = 2 points).
 
     Returns
     -------
     Report
-        A DataFrame with one row per (kernel, quantity): ``base``, ``new`` (means), ``change`` (new - base),
-        ``relative`` (change / base), ``ci_low``/``ci_high`` (confidence interval of the change), ``p_value``,
-        ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities: ``gpu_time_us`` per launch, Top-Down
-        level 1 and 2 nodes as fractions of peak, throughput metrics in percent. Kernels found in one run only
-        get one row with the other side empty. NaN and inf values are no data: left out of the means and tests
-        (``n_base``/``n_new`` count the values used) and counted in a note. ``print()`` shows the time rows and
-        every significant row, fitted to the terminal.
+        A DataFrame with one row per (kernel, quantity): ``base``, ``new`` (means) and ``change`` (new - base) in
+        the row's ``unit``, ``relative`` (change / base, in percent), ``ci_low``/``ci_high`` (confidence interval
+        of the change), ``p_value``, ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities:
+        ``gpu_time_us`` per launch (us), Top-Down level 1 and 2 nodes in percent of peak, throughput metrics in
+        percent of peak. Kernels found in one run only get one row with the other side empty. NaN and inf values
+        are no data: left out of the means and tests (``n_base``/``n_new`` count the values used) and counted in a
+        note. ``print()`` shows the time rows and every significant row, fitted to the terminal; ``to_csv``
+        writes every row.
 
     Raises
     ------
@@ -106,7 +106,8 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         except ValueError as exc:
             raise ValueError(f"the {label} Dataset: {exc}") from None
         notes += [f"{label}: {n}" for n in missing]
-    (qa, frac_a), (qb, frac_b) = _quantities(base), _quantities(new)
+    (qa, units, nodes), (qb, units_b, nodes_b) = _quantities(base), _quantities(new)
+    units, nodes = {**units_b, **units}, nodes | nodes_b
     ka, kb = group_key(base), group_key(new)
     kernels = list(dict.fromkeys([*ka.tolist(), *kb.tolist()]))
     common = [q for q in qa if q in qb]
@@ -124,33 +125,36 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
             ma, mb = (x.mean() if x.size else np.nan for x in (a, b))
             p, lo, hi = _welch(a, b, 1 - alpha)
             change = mb - ma
-            relative = change / ma if ma else np.nan
-            size = abs(change) if q in frac_a else abs(relative)
-            rows.append({"kernel": k, "quantity": q, "base": ma, "new": mb, "change": change, "relative": relative,
-                         "ci_low": lo, "ci_high": hi, "p_value": p, "n_base": int(a.size), "n_new": int(b.size),
-                         "significant": bool(np.isfinite(p) and p < alpha and size > min_change)})
+            relative = 100 * change / ma if ma else np.nan
+            size = abs(change) if q in nodes else abs(relative)  # points of peak, or percent of the base
+            rows.append({"kernel": k, "quantity": q, "unit": units[q], "base": ma, "new": mb, "change": change,
+                         "relative": relative, "ci_low": lo, "ci_high": hi, "p_value": p, "n_base": int(a.size),
+                         "n_new": int(b.size), "significant": bool(np.isfinite(p) and p < alpha
+                                                                   and size > 100 * min_change)})
         if in_a.sum() < 2 or in_b.sum() < 2:
             notes.append(f"{k}: a single launch in one run, so its noise is unknown and nothing about it is flagged; "
                          "profile more launches.")
-    frame = pd.DataFrame(rows, columns=["kernel", "quantity", "base", "new", "change", "relative", "ci_low", "ci_high",
-                                        "p_value", "n_base", "n_new", "significant"]).set_index(["kernel", "quantity"])
+    frame = pd.DataFrame(rows, columns=["kernel", "quantity", "unit", "base", "new", "change", "relative", "ci_low",
+                                        "ci_high", "p_value", "n_base", "n_new", "significant"])
+    frame = frame.set_index(["kernel", "quantity"]).fillna({"unit": ""})
     missing = sorted((set(qa) | set(qb)) - set(common))
     if missing:
         notes.append(f"only one run has {', '.join(missing)}: not compared.")
     flagged = int(frame["significant"].sum())
     notes.insert(0, f"{flagged} of {len(frame)} differences are larger than run-to-run noise (Welch t-test, "
-                    f"p < {alpha:g}, and a change over {min_change:g}: relative for times and metrics, fraction of "
-                    "peak for Top-Down nodes); ci: its confidence interval of new - base.")
+                    f"p < {alpha:g}, and a change over {100 * min_change:g}%: of the base for times and metrics, "
+                    "points of peak for Top-Down nodes); base, new, change and ci (the confidence interval of new - "
+                    "base) in each row's unit.")
     title = (f"gpuscope compare: {_count(len(kernels), 'kernel')}; base {_count(base.sizes['range'], 'range')} "
              f"({base.attrs.get('created', '?')}), new {_count(new.sizes['range'], 'range')} "
              f"({new.attrs.get('created', '?')})")
-    out = _new(frame, title, notes, ["relative"], _PRIORITY)
-    out.attrs["fraction_quantities"] = sorted(frac_a | frac_b)
+    out = _new(frame, title, notes, {"relative": "%"}, _PRIORITY)
     return Comparison(out).__finalize__(out)
 
 
 #: The columns a narrow terminal keeps, most important first.
-_PRIORITY = ("base", "new", "relative", "significant", "p_value", "ci_low", "ci_high", "n_base", "n_new", "change")
+_PRIORITY = ("base", "new", "unit", "relative", "significant", "p_value", "ci_low", "ci_high", "n_base", "n_new",
+             "change")
 
 
 class Comparison(Report):

@@ -178,9 +178,12 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     as they are (bool, None, lists, which come back as a scalar when they have one element, dicts) are encoded,
     and the Dataset attr ``gpuscope_attr_types`` (a JSON dict ``{variable or "": {attr: type}}``) records how
     to decode them; other readers see ``0``/``1`` for bools, ``""`` for None and ``[]``, and JSON text for
-    dicts. String variables of dtype object (the per-sample ``range`` of PM samples, ``span_path`` and
-    ``exec_kernel`` of their tables) are stored as integer codes with their distinct strings in the attr
-    ``gpuscope_strings`` (JSON), so a long range name is stored once.
+    dicts. The span and execution tables of PM samples (Dataset attrs in memory) are stored as the netCDF groups
+    ``spans`` and ``executions``, one variable per column along ``span`` / ``execution``
+    (:data:`gpuscope._schema.dataset.TABLE_GROUPS`): ``xr.open_datatree(path)`` shows the samples and the tables,
+    ``xr.open_dataset(path)`` the samples. String variables of dtype object (the per-sample ``range`` of PM
+    samples, ``span_path`` and ``exec_kernel`` of their tables) are stored as integer codes with their distinct
+    strings in the attr ``gpuscope_strings`` (JSON), so a long range name is stored once.
 
     Parameters
     ----------
@@ -204,7 +207,9 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     """
     _dataset_arg(ds, "save_dataset writes")
     _path_arg(path, "save_dataset needs a path to write to")
-    out = _encode_strings(ds.copy(deep=False))
+    out, groups = _dataset.table_groups(ds)
+    out = _encode_strings(out)
+    groups = {name: _encode_strings(group) for name, group in groups.items()}
     tags = {}
     for owner, attrs in [("", out.attrs)] + [(str(k), out[k].attrs) for k in out.variables]:
         encoded = {}
@@ -223,7 +228,27 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
             out[owner].attrs = encoded
     if tags:
         out.attrs[ATTR_TYPES] = json.dumps(tags, sort_keys=True)
-    _replace_with(path, lambda tmp: out.to_netcdf(tmp, engine="h5netcdf"))
+    def write(tmp):
+        out.to_netcdf(tmp, engine="h5netcdf")
+        for name, group in groups.items():
+            group.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf")
+
+    _replace_with(path, write)
+
+
+def _table_groups(path) -> dict:
+    """The groups of the file at *path* that hold tables (:data:`gpuscope._schema.dataset.TABLE_GROUPS`), read
+    and decoded: group name -> Dataset."""
+    import h5netcdf
+    import xarray as xr
+
+    with h5netcdf.File(path, "r") as f:
+        names = [name for name in f.groups if name in _dataset.TABLE_GROUPS]
+    groups = {}
+    for name in names:
+        with xr.open_dataset(path, engine="h5netcdf", group=name) as group:
+            groups[name] = _decode_strings(group.load(), path)
+    return groups
 
 
 def _replace_with(path, write) -> None:
@@ -297,13 +322,15 @@ def _fsync(path: str) -> None:
 def open_dataset(path: str | os.PathLike):
     """Load a Dataset saved with :func:`save_dataset` (or ``ds.to_netcdf``), fully into memory.
 
-    Attrs come back with the types they were saved with (see :func:`save_dataset`); the indexes of the
-    schema (``name`` and ``kernel`` of range results) are restored; files of an older gpuscope layout are
-    converted to the current one, exactly (schema 1, gpuscope 0.1: grid and block along an ``xyz`` dim, user
-    ranges as data variables along ``span``; schema 2: the span and execution tables of PM samples in list
-    attrs, each sample's span as the coordinate ``span``, now ``span_index``), and metric units an older gpuscope
-    wrote (``byte/second/second``) are corrected (:func:`gpuscope._schema.dataset.upgrade`). So ``xr.testing.assert_identical`` holds between a saved and the loaded
-    Dataset.
+    Attrs come back with the types they were saved with (see :func:`save_dataset`), and the tables of PM samples
+    from the file's groups; the index of range results (the row number) is restored; files of an older gpuscope
+    layout are converted to the current one, exactly (schema 1, gpuscope 0.1: grid and block along an ``xyz``
+    dim, user ranges as data variables along ``span``; schema 2: the span and execution tables of PM samples in
+    list attrs, each sample's span as the coordinate ``span``, now ``span_index``; schemas 3 and 4: the tables as
+    coordinates along ``span`` and ``execution``; schemas 1 to 3: range results indexed by path), and metric
+    units an older gpuscope wrote (``byte/second/second``) are corrected
+    (:func:`gpuscope._schema.dataset.upgrade`). So ``xr.testing.assert_identical`` holds between a saved and the
+    loaded Dataset.
 
     Parameters
     ----------
@@ -338,6 +365,7 @@ def open_dataset(path: str | os.PathLike):
         raise IsADirectoryError(f"{os.fspath(path)!r} is a folder, not a gpuscope dataset: give a .nc file in it.")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
+    groups = _table_groups(path)
     tags = _attr_types(ds, path)
     for owner, attrs in [("", ds.attrs)] + [(str(k), ds[k].attrs) for k in ds.variables]:
         for key, value in list(attrs.items()):
@@ -354,7 +382,7 @@ def open_dataset(path: str | os.PathLike):
         ds.attrs["metrics"] = _dataset._as_list(ds.attrs["metrics"])
     ds = _decode_strings(ds, path)
     try:
-        return _dataset.upgrade(ds)
+        return _dataset.upgrade(_dataset.join_tables(ds, groups))
     except (ValueError, TypeError, IndexError, KeyError) as exc:  # tables of an older schema that do not fit
         raise _damaged(path, f"it cannot be converted from gpuscope schema {ds.attrs.get('gpuscope_schema', 1)} "
                              f"({type(exc).__name__}: {exc})") from None

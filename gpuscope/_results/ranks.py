@@ -13,7 +13,15 @@ import warnings
 import numpy as np
 
 from gpuscope._results.job import FIELD
-from gpuscope._schema.dataset import EXEC_TABLE, SAMPLE_SPAN_ATTRS, SPAN_INDEX, SPAN_TABLE, table_coords
+from gpuscope._schema.dataset import (
+    EXEC_TABLE,
+    SAMPLE_SPAN_ATTRS,
+    SPAN_INDEX,
+    SPAN_TABLE,
+    TABLE_ATTRS,
+    table_attrs,
+    table_columns,
+)
 from gpuscope.errors import GpuscopeWarning, RankMergeError
 
 __all__ = ["open_ranks", "merge_ranks"]
@@ -24,7 +32,7 @@ _KEY_COORDS = ("name", "depth", "parent", "kernel")
 #: Attrs that become per-rank coordinates whether or not they differ (what identifies a rank and its clock).
 _RANK_ATTRS = {"host": "", "device_index": -1, "local_rank": -1, "session_start_ns": -1, "wall_clock_ns": -1}
 _WALL = "wall clock (time.time_ns), from each rank's session clock link"
-_SKIP_ATTRS = {"rank"}
+_SKIP_ATTRS = {"rank", *TABLE_ATTRS}  # the tables are merged on their own
 
 
 def _paths(paths_or_glob) -> list[str]:
@@ -208,7 +216,8 @@ def _merge_pm(datasets, offsets, dim="rank", labels=None):
     """PM samples of several sessions along *dim* (``rank``, or ``device`` for :func:`gpuscope.combine_devices`):
     (dim, sample) variables and coords padded past each session's last sample, ``time`` from the earliest start,
     and the span and execution tables merged (:func:`_merge_tables`; *labels*: each session's rank or device).
-    *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps."""
+    *offsets*: ns per session from its CUPTI clock to the wall clock, or None to keep CUPTI timestamps. Returns
+    (data variables, coordinates, the time origin, the tables' attrs)."""
     import xarray as xr
 
     from gpuscope._schema.labels import string_labels
@@ -235,42 +244,39 @@ def _merge_pm(datasets, offsets, dim="rank", labels=None):
     coords["samples"] = (dim, np.array([ds.sizes["time"] for ds in datasets], dtype=np.int64),
                          {"description": f"samples of each {dim} (the rest of its row is padding)"})
     labels = list(range(len(datasets))) if labels is None else list(labels)
-    span_table, rows = _merge_tables(datasets, "span", SPAN_TABLE, moved, dim, labels, union=dim == "device")
-    coords.update(span_table)
+    tables, rows = _merge_tables(datasets, SPAN_TABLE, moved, dim, labels, union=dim == "device")
     if any(SPAN_INDEX in ds.coords for ds in datasets):  # each sample's span, as a position in the merged table
         cols = [np.where(own >= 0, mine[np.maximum(own, 0)], -1) if mine.size else np.full(own.size, -1)
                 for own, mine in zip([ds[SPAN_INDEX].values if SPAN_INDEX in ds.coords
                                       else np.full(ds.sizes["time"], -1) for ds in datasets], rows)]
         coords[SPAN_INDEX] = (dims, _stack(cols, positions, n, np.int64, -1),
                               {"description": SAMPLE_SPAN_ATTRS["description"] + f" or past the {dim}'s last sample"})
-    coords.update(_merge_tables(datasets, "execution", EXEC_TABLE, moved, dim, labels, union=False)[0])
+    tables.update(_merge_tables(datasets, EXEC_TABLE, moved, dim, labels, union=False)[0])
     data_vars = {}
     for name in dict.fromkeys(v for ds in datasets for v in ds.data_vars):
         cols = [ds[name].values if name in ds else np.full(ds.sizes["time"], np.nan) for ds in datasets]
         attrs = next(ds[name].attrs for ds in datasets if name in ds)
         data_vars[name] = xr.DataArray(_stack(cols, positions, n, np.float64, np.nan), dims=dims, attrs=dict(attrs))
-    return data_vars, coords, origin
+    return data_vars, coords, origin, tables
 
 
-def _merge_tables(datasets, dim, table, offsets, along, labels, union):
-    """One table (*table*: span or execution, along *dim*) from those of several sessions, and for each session
-    the position of each of its rows in it.
+def _merge_tables(datasets, table, offsets, along, labels, union):
+    """One table (*table*: span or execution) from those of several sessions, as Dataset attrs, and for each
+    session the position of each of its rows in it.
 
-    ``union=False`` (ranks; executions): the tables one after the other, with the coordinate ``<prefix><along>``
+    ``union=False`` (ranks; executions): the tables one after the other, with the column ``<prefix><along>``
     (``span_rank``, ``exec_device``) saying whose each row is; times moved by *offsets* (None: not moved).
     ``union=True`` (spans of the devices of one process, which share one clock and one set of user ranges): each
     span once, identified by its path, thread and start; a span still open when the sessions stopped ends at the
     latest of its ends; ordered by start, longer first, as one session's table is."""
-    import xarray as xr
-
     names = list(table)
-    held = [names[0] in ds.variables for ds in datasets]
-    if not any(held):
+    held = [table_columns(ds, table) for ds in datasets]
+    if all(h is None for h in held):
         return {}, [np.zeros(0, dtype=np.int64) for _ in datasets]
-    sizes = [ds.sizes[dim] if h else 0 for ds, h in zip(datasets, held)]
+    sizes = [len(h[names[0]]) if h is not None else 0 for h in held]
     columns = {}
     for name, (dtype, _) in table.items():
-        parts = [np.asarray(ds[name].values if h else [], dtype=dtype) for ds, h in zip(datasets, held)]
+        parts = [np.asarray(h[name] if h is not None else [], dtype=dtype) for h in held]
         if offsets is not None and name.endswith("_ns"):
             parts = [part + off for part, off in zip(parts, offsets)]
         columns[name] = np.concatenate(parts)
@@ -289,16 +295,9 @@ def _merge_tables(datasets, dim, table, offsets, along, labels, union):
         where = position[same]
         columns = {name: column[order] for name, column in columns.items()}
         columns[names[3]] = latest[order]
-    coords = {name: xr.Variable(*spec) for name, spec in table_coords(table, dim, columns).items()}
-    if offsets is not None:
-        for name in names:
-            if name.endswith("_ns"):
-                coords[name].attrs["clock"] = _WALL
-    if not union:
-        prefix = names[0].split("_", 1)[0]
-        coords[f"{prefix}_{along}"] = xr.Variable(dim, np.repeat(np.asarray(labels, dtype=np.int64), sizes),
-                                                  {"description": f"the {along} whose table the row comes from"})
-    return coords, np.split(where, np.cumsum(sizes)[:-1])
+    else:
+        columns[f"{names[0].split('_', 1)[0]}_{along}"] = np.repeat(np.asarray(labels, dtype=np.int64), sizes)
+    return table_attrs(table, columns), np.split(where, np.cumsum(sizes)[:-1])
 
 
 def _is_scalar(value) -> bool:
@@ -368,10 +367,10 @@ def merge_ranks(datasets, sources=None):
       so the sample dim becomes ``sample`` (a position) and ``time``, ``start_ns``, ``end_ns`` and ``range``
       are (rank, sample) coordinates; ``time`` counts ns from ``attrs["time_origin_ns"]``, the earliest rank's
       session start on the wall clock. Shorter ranks are padded: NaN metrics, -1 times, "" range; coordinate
-      ``samples`` says how many each rank has. The span tables of the ranks (user ranges) follow one another
-      along ``span``, lowest rank first, with ``span_rank`` saying whose each row is and ``span_start_ns`` /
-      ``span_end_ns`` on the clock of ``start_ns``; ``span_index`` (rank, sample) is each sample's position in
-      that table (-1: none, or padding). Likewise the execution tables (``kernels=True``) along ``execution``,
+      ``samples`` says how many each rank has. The span tables of the ranks (user ranges) follow one another in
+      one table (attrs, as one rank's), lowest rank first, with the column ``span_rank`` saying whose each row
+      is and ``span_start_ns`` / ``span_end_ns`` on the clock of ``start_ns``; ``span_index`` (rank, sample) is
+      each sample's row in that table (-1: none, or padding). Likewise the execution tables (``kernels=True``),
       with ``exec_rank``. :func:`gpuscope.spans` and :func:`gpuscope.kernel_executions` of the merged Dataset
       give them with a ``rank`` column and ``start``/``end`` counted from ``time_origin_ns``.
 
@@ -410,11 +409,12 @@ def merge_ranks(datasets, sources=None):
     datasets, sources, ranks = [datasets[i] for i in order], [sources[i] for i in order], [ranks[i] for i in order]
     offsets = _clock_offsets(datasets, sources)
     attrs, rank_coords = _attrs(datasets, sources, ranks)
+    tables = {}
     if kind == "range":
         data_vars, coords = _merge_range(datasets, offsets)
     else:
-        data_vars, coords, origin = _merge_pm(datasets, offsets, "rank", ranks)
+        data_vars, coords, origin, tables = _merge_pm(datasets, offsets, "rank", ranks)
         attrs["time_origin_ns"] = int(origin)
     attrs["merged_ranks"] = len(datasets)
-    out = xr.Dataset(data_vars, coords={**rank_coords, **coords}, attrs=attrs)
+    out = xr.Dataset(data_vars, coords={**rank_coords, **coords}, attrs={**attrs, **tables})
     return index(out)

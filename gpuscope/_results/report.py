@@ -4,7 +4,7 @@
 (dim ``time``) and PC sampling (dims ``pc``/``kernel``). The result is a :class:`Report`, a pandas DataFrame with a
 title and notes that prints as a fixed-width table and renders as HTML in a notebook.
 
-Top-Down columns are fractions of the SM's peak issue rate (IPC / IPC_MAX), computed with
+Top-Down columns are percentages of the SM's peak issue rate (100 IPC / IPC_MAX), computed with
 :func:`gpuscope.metrics.topdown.topdown` and weighted per kernel with :func:`gpuscope.metrics.topdown.aggregate`.
 The verdict ``bound_by`` is the level-2 node (level-1 ``retire`` excluded) that loses the most issue slots; its
 ``culprit`` is the stall reason (level-3 node) under it that loses the most.
@@ -51,12 +51,14 @@ def report(ds, **options) -> Report:
     Report
         A pandas DataFrame, one row per kernel / range / phase, sorted by share of time. Range results: launches,
         ``gpu_time_ms`` (total), ``mean_us``, ``share``; with the Top-Down metrics ``retire``, ``divergence``,
-        ``frontend``, ``backend`` (fractions of peak), ``bound_by``, ``culprit``, ``advice``; throughput metrics
+        ``frontend``, ``backend`` (percent of peak), ``bound_by``, ``culprit``, ``advice``; throughput metrics
         (``*.pct_of_peak*``) as means. Without ``gpu__time_duration.sum`` the time column is named for what it is
         (``launch_call_ms`` in kernel mode) and a note says so. NaN and inf values are missing data: left out of
         sums and means and counted in a note; a row without a Top-Down says ``bound_by`` "no data" (Top-Down per
-        phase: "not attributed") and gets no advice. ``print(report)`` shows a table that fits the terminal
-        (:meth:`Report.to_text`) with its notes.
+        phase: "not attributed") and gets no advice. Shares and Top-Down nodes are percentages (0-100), as in
+        every Dataset and file; :attr:`Report.units` names each column's unit and :meth:`Report.to_csv` writes it
+        into the header. ``print(report)`` shows a table that fits the terminal (:meth:`Report.to_text`) with its
+        notes.
 
     Raises
     ------

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from gpuscope._results.report_inputs import _device_line
-from gpuscope._results.report_table import Report, _count, _new
+from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 
 
 def _pc_report(ds, *, top: int = 3) -> Report:
@@ -18,8 +18,8 @@ def _pc_report(ds, *, top: int = 3) -> Report:
     issued = np.isin(reasons, ("selected",))
     out = pd.DataFrame(index=pd.Index(kernels, name="kernel"))
     out["samples"] = total.astype(np.int64)
-    out["share"] = total / total.sum() if total.sum() else np.nan
-    out["issued"] = values[:, issued].sum(axis=1) / np.where(total > 0, total, np.nan)
+    out["share"] = 100 * total / total.sum() if total.sum() else np.nan
+    out["issued"] = 100 * values[:, issued].sum(axis=1) / np.where(total > 0, total, np.nan)
     stalls = np.where(issued | np.isin(reasons, ("not_selected",)), 0.0, values)
     for i in range(top):
         names, pct = [], []
@@ -28,7 +28,7 @@ def _pc_report(ds, *, top: int = 3) -> Report:
             j = order[i] if i < len(order) else None
             ok = j is not None and stalls[k, j] > 0 and total[k] > 0
             names.append(reasons[j] if ok else "")
-            pct.append(stalls[k, j] / total[k] if ok else np.nan)
+            pct.append(100 * stalls[k, j] / total[k] if ok else np.nan)
         out[f"stall_{i + 1}"] = names
         out[f"stall_{i + 1}_share"] = pct
     out = out.sort_values("samples", ascending=False, kind="stable")
@@ -39,5 +39,5 @@ def _pc_report(ds, *, top: int = 3) -> Report:
     dropped = int(ds.attrs.get("dropped_samples", 0) or 0)
     if dropped:
         notes.append(f"{dropped} samples were dropped by the hardware buffer.")
-    fractions = ["share", "issued", *[f"stall_{i + 1}_share" for i in range(top)]]
-    return _new(out, title, notes, fractions)
+    percent = ["share", "issued", *[f"stall_{i + 1}_share" for i in range(top)]]
+    return _new(out, title, notes, _percent_columns(*percent))

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite
-from gpuscope._results.report_table import Report, _count, _new
+from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 from gpuscope._results.report_topdown import _topdown_columns
 from gpuscope._schema.labels import string_labels
 
@@ -66,7 +66,7 @@ def _pm_report(ds, *, by: str | None = None) -> Report:
         out["segments"] = grouped["_starts"].sum()
     out["time_ms"] = grouped["_len"].sum(min_count=1) / 1e6
     total = np.nansum(out["time_ms"])
-    out["share"] = out["time_ms"] / total if total > 0 else np.nan
+    out["share"] = 100 * out["time_ms"] / total if total > 0 else np.nan
     for m in metrics:
         out[SHORT_NAMES.get(m, m)] = grouped[m].mean()
     interval = ds.attrs.get("interval_ns")
@@ -76,7 +76,7 @@ def _pm_report(ds, *, by: str | None = None) -> Report:
     lost = ds.attrs.get("lost_samples")
     if lost:
         notes.append(f"{lost} samples were lost during collection (attrs['lost_samples']).")
-    return _new(out, title, notes, ["share"], ("share", "time_ms", "samples", "segments"))
+    return _new(out, title, notes, _percent_columns("share"), ("share", "time_ms", "samples", "segments"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,13 +92,13 @@ def _phase_topdown_report(ds) -> Report:
     nodes = [n.name for n in td.NODES if n.name in ds.data_vars]
     frame = pd.DataFrame(index=pd.Index(np.asarray(ds["phase_id"].values).astype(int), name="phase"))
     frame["time_ms"] = np.asarray(ds["phase_duration"].values, dtype=float) / 1e6
-    frame["share"] = np.asarray(ds["phase_fraction"].values, dtype=float)
+    frame["share"] = 100 * np.asarray(ds["phase_fraction"].values, dtype=float)
     attributed = np.asarray(ds["attributed_fraction"].values, dtype=float)
-    frame["attributed"] = attributed
+    frame["attributed"] = 100 * attributed
     values = {n: np.asarray(ds[n].values, dtype=float) for n in nodes}
     rows = {p: {n: float(values[n][i]) for n in nodes} for i, p in enumerate(frame.index)
             if attributed[i] > 0 and all(np.isfinite(values[n][i]) for n in td.level_cut(1, nodes))}
-    fractions = ["share", "attributed", *_topdown_columns(frame, rows, ipc_max)]
+    percent = ["share", "attributed", *_topdown_columns(frame, rows)]
     # no range-profiled work in the phase; work whose Top-Down is not a number stays "no data"
     frame.loc[~(attributed > 0), "bound_by"] = "not attributed"
     by = ds.attrs.get("topdown_by", "")
@@ -106,7 +106,7 @@ def _phase_topdown_report(ds) -> Report:
              + (f", joined by {by}" if by else "") + f" ({_device_line(ds)})")
     what = "kernels" if by == "kernels" else "user ranges"
     notes = [f"attributed: the part of the phase's time spent in {what} that were range-profiled (above 100% when "
-             "kernels overlap); the Top-Down columns describe that work only, as fractions of the SM's peak issue "
+             "kernels overlap); the Top-Down columns describe that work only, in percent of the SM's peak issue "
              f"rate (IPC_MAX {ipc_max:g}). A phase with no such work is 'not attributed': its Top-Down is unknown."]
-    return _new(frame, title, notes, fractions, ("share", "attributed", "bound_by", "culprit", "retire", "backend",
-                                                 "frontend", "divergence", "time_ms"))
+    priority = ("share", "attributed", "bound_by", "culprit", "retire", "backend", "frontend", "divergence", "time_ms")
+    return _new(frame, title, notes, _percent_columns(*percent), priority)

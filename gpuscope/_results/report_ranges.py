@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite
-from gpuscope._results.report_table import Report, _count, _new
+from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 from gpuscope._results.report_topdown import _topdown_columns, topdown_per_launch
 
 __all__ = ["GPU_TIME", "group_key"]
@@ -58,7 +58,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
 
     def share(col):
         total = np.nansum(frame[col])
-        return frame[col] / total if total > 0 else np.nan
+        return 100 * frame[col] / total if total > 0 else np.nan
 
     if GPU_TIME in ds:
         t = ds[GPU_TIME].values
@@ -83,7 +83,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
         )
     else:
         share_of = ""
-    fractions = ["share"] if share_of else []
+    percent = ["share"] if share_of else []
 
     result = topdown_per_launch(ds)
     if result is not None:
@@ -100,9 +100,9 @@ def _range_report(ds, *, by: str | None = None) -> Report:
             weighted = td.aggregate(kept, by="_group")
             rows = {str(k): {v: float(weighted[v].sel(_group=k)) for v in weighted.data_vars}
                     for k in weighted["_group"].values}
-        fractions += _topdown_columns(frame, rows, ipc_max)
+        percent += _topdown_columns(frame, rows)
         notes.append(
-            "Top-Down level 1 as fractions of the SM's peak issue rate (IPC_MAX "
+            "Top-Down level 1 in percent of the SM's peak issue rate (IPC_MAX "
             f"{ipc_max:g}), weighted by kernel length in cycles; bound_by is the level-2 node that loses the most "
             "issue slots, culprit the stall reason under it (gpuscope.topdown for all nodes)."
         )
@@ -131,7 +131,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
              + (f", {mode} mode" if mode else "") + f" ({_device_line(ds)})")
     if share_of:
         notes.insert(0, f"share: of the {share_of} of all rows.")
-    return _new(frame, title, notes, fractions, _RANGE_PRIORITY)
+    return _new(frame, title, notes, _percent_columns(*percent), _RANGE_PRIORITY)
 
 
 def _metric_set(ds) -> str:

@@ -1,8 +1,9 @@
 """The Report: a DataFrame with a title and notes, printed as a table that fits the terminal, its advice in full.
 
-Formatting only: fractions as percentages, numbers to three significant digits, the columns that fit the width in
-order of importance, long row labels cut in the middle, prose (title, advice, notes) wrapped. The builders of
-:mod:`gpuscope._results.report` make one with :func:`_new`.
+Formatting only: percentages with their sign, numbers to three significant digits, the columns that fit the width
+in order of importance, long row labels cut in the middle, prose (title, advice, notes) wrapped; the unit of every
+column in ``attrs["units"]`` and in the headers of its CSV files. The builders of :mod:`gpuscope._results.report`
+make one with :func:`_new`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pandas as pd
 
 __all__ = ["Report"]
 
-_FRACTION = "fraction"  # column attribute: values in [0, 1], printed as percentages
+#: Units that column names end with ("gpu_time_ms", "SM %", "PCIe read GB/s"): such a name states its unit.
+_NAMED_UNITS = (("_ms", "ms"), ("_us", "us"), (" %", "%"), (" GB/s", "GB/s"), (" B/s", "B/s"))
 _SEP = "  "  # between the columns of a printed table
 _MIN_WIDTH = 20  # narrower than this, no table can be laid out
 _PROSE = 100  # title, advice and notes wrap here on wider terminals: long lines of prose are hard to read
@@ -25,10 +27,12 @@ _PROSE = 100  # title, advice and notes wrap here on wider terminals: long lines
 class Report(pd.DataFrame):
     """A DataFrame with a title and notes, printed as a readable table that fits the terminal.
 
-    Use it as any DataFrame (``report["bound_by"]``, ``report.to_csv(...)``); ``print(report)`` gives the
-    fixed-width table (:meth:`to_text`) and a notebook shows :meth:`_repr_html_`. Columns listed in
-    ``attrs["fractions"]`` hold fractions (0-1) and print as percentages; ``attrs["priority"]`` orders the columns
-    from the most to the least important, for a terminal too narrow for all of them.
+    Use it as any DataFrame (``report["bound_by"]``); ``print(report)`` gives the fixed-width table
+    (:meth:`to_text`) and a notebook shows :meth:`_repr_html_`. :attr:`units` gives each column's unit: shares,
+    Top-Down nodes and percent-of-peak metrics are percentages (0-100, printed with a ``%``), as in every Dataset
+    and file gpuscope writes; :meth:`to_csv` writes the units into the header (``retire [%]``).
+    ``attrs["priority"]`` orders the columns from the most to the least important, for a terminal too narrow for
+    all of them.
     """
 
     @property
@@ -43,11 +47,26 @@ class Report(pd.DataFrame):
     def notes(self) -> list[str]:
         return list(self.attrs.get("notes", []))
 
+    @property
+    def units(self) -> dict:
+        """Column -> unit (``"%"``, ``"ms"``, ``"us"``, ``"GB/s"``, ...) of every column that has one."""
+        return dict(self.attrs.get("units", {}))
+
+    def with_units(self) -> pd.DataFrame:
+        """The table as a plain DataFrame whose column names state their units: ``retire [%]``; a name that
+        already ends with its unit (``gpu_time_ms``, ``SM %``) stays as it is."""
+        return pd.DataFrame(self).rename(columns={c: f"{c} [{u}]" for c, u in self.units.items()
+                                                  if not str(c).endswith(u)})
+
+    def to_csv(self, path_or_buf=None, **kwargs):
+        """:meth:`pandas.DataFrame.to_csv` of :meth:`with_units`: every header says its column's unit."""
+        return self.with_units().to_csv(path_or_buf, **kwargs)
+
     def _formatters(self) -> dict:
-        fractions = set(self.attrs.get("fractions", []))
+        units = self.units
         out = {}
         for col in self.columns:
-            if col in fractions:
+            if units.get(col) == "%":
                 out[col] = _percent
             elif pd.api.types.is_float_dtype(self[col].dtype):
                 out[col] = _number
@@ -131,10 +150,10 @@ def _number(v) -> str:
 
 
 def _percent(v) -> str:
-    """A fraction as a percentage; a positive one too small for one decimal is "<0.1%", never "0.0%"."""
+    """A percentage with its sign; a positive one too small for one decimal is "<0.1%", never "0.0%"."""
     if pd.isna(v):
         return "-"
-    return "<0.1%" if 0 < v < 0.0005 else f"{100 * v:.1f}%"
+    return "<0.1%" if 0 < v < 0.05 else f"{v:.1f}%"
 
 
 def _text(v) -> str:
@@ -209,11 +228,20 @@ def _advice(frame: pd.DataFrame, width: int) -> list[str]:
     return out
 
 
-def _new(frame: pd.DataFrame, title: str, notes, fractions=(), priority=()) -> Report:
+def _new(frame: pd.DataFrame, title: str, notes, units=None, priority=()) -> Report:
+    """A Report of *frame*. *units*: column -> unit for the columns whose names do not end with theirs (the others,
+    ``gpu_time_ms`` or ``SM %``, are found from their names)."""
+    named = {c: u for c in frame.columns for suffix, u in _NAMED_UNITS if str(c).endswith(suffix)}
     out = Report(frame)
-    out.attrs = {"title": title, "notes": list(notes), "fractions": [c for c in fractions if c in frame.columns],
+    out.attrs = {"title": title, "notes": list(notes),
+                 "units": {**named, **{c: u for c, u in (units or {}).items() if c in frame.columns}},
                  "priority": [c for c in priority if c in frame.columns]}
     return out
+
+
+def _percent_columns(*columns) -> dict:
+    """``{column: "%"}`` for :func:`_new`."""
+    return dict.fromkeys(columns, "%")
 
 
 def _plural(noun: str) -> str:

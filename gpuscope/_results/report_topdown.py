@@ -1,4 +1,4 @@
-"""Top-Down columns of a report: level 1 as fractions of peak, and the verdict (bound_by, culprit, advice text).
+"""Top-Down columns of a report: level 1 in percent of peak, and the verdict (bound_by, culprit, advice text).
 
 The verdict ``bound_by`` is the level-2 node (level-1 ``retire`` excluded) that loses the most issue slots; its
 ``culprit`` is the stall reason (level-3 node) under it that loses the most; the advice is that node's description.
@@ -13,7 +13,8 @@ __all__ = ["topdown_per_launch"]
 
 
 def topdown_per_launch(ds):
-    """Top-Down nodes per range as fractions of peak, or None when the Dataset lacks the Top-Down metrics."""
+    """Top-Down nodes per range (percent of peak) and IPC_MAX, or None when the Dataset lacks the Top-Down
+    metrics."""
     from gpuscope.errors import MissingMetricsError
     from gpuscope.metrics import topdown as td
 
@@ -39,14 +40,14 @@ def _verdict(row: dict | None) -> tuple[str, str, str]:
     return bound, culprit, next(n.description for n in td.NODES if n.name == bound)
 
 
-def _topdown_columns(frame: pd.DataFrame, rows: dict, ipc_max: float) -> list[str]:
-    """Top-Down level 1 (fractions of peak), bound_by, culprit and advice per row of *frame*, from *rows*: row
-    label -> node values in IPC (a row without any is "no data", never a number)."""
+def _topdown_columns(frame: pd.DataFrame, rows: dict) -> list[str]:
+    """Top-Down level 1, bound_by, culprit and advice per row of *frame*, from *rows*: row label -> node values
+    (percent of peak; a row without any is "no data", never a number). Returns the level-1 columns."""
     from gpuscope.metrics import topdown as td
 
     level1 = td.level_cut(1)
     for node in level1:
-        frame[node] = [rows.get(k, {}).get(node, np.nan) / ipc_max for k in frame.index]
+        frame[node] = [rows.get(k, {}).get(node, np.nan) for k in frame.index]
     verdicts = [_verdict(rows.get(k)) for k in frame.index]
     frame["bound_by"] = [v[0] for v in verdicts]
     frame["culprit"] = [v[1] for v in verdicts]

@@ -250,7 +250,7 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
     * range results (kind ``range``, kernel / iteration / user mode): a ``kernels`` track with one slice per
       launch, named by kernel, and a ``ranges`` track with one slice per user range (nested by path). A slice's
       args hold its path, launch index, grid and block, every metric of the set, and ``topdown.retire`` ...
-      ``topdown.backend`` (Top-Down level 1, IPC units) when the set allows Top-Down. A launch slice lasts the
+      ``topdown.backend`` (Top-Down level 1, percent of peak) when the set allows Top-Down. A launch slice lasts the
       kernel's GPU time (``gpu__time_duration.sum``) from the launch when the set has it; otherwise it spans
       the launch to the end of its profiling, kernel-replay passes included. ``args["duration_from"]`` says
       which, ``args["profiled_span_us"]`` holds the span.

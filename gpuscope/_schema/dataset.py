@@ -14,15 +14,19 @@ from gpuscope._schema.units import split_name, units_of
 #: Version 1 (files without the attr) held grid/block along an ``xyz`` dim and the user ranges as data variables
 #: along ``span``; version 2 held the span and execution tables as list attrs and each sample's span index as the
 #: coordinate ``span``; version 3 holds the tables as coordinates along ``span`` and ``execution``
-#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``; version 4 names each
-#: execution's kernel as every Dataset of the process names it (``exec_kernel``, short) and keeps its qualified name
-#: in ``exec_kernel_qualname`` (version 3's ``exec_kernel``).
-SCHEMA_VERSION = 4
+#: (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as ``span_index``; version 4 indexes
+#: range results by row number (``range`` = 0, 1, ..., unique), where version 3 and older repeated the path;
+#: version 5 holds the tables as Dataset attrs, one 1-D array per column (the Dataset's variables are all along
+#: the samples, so ``ds.to_dataframe()`` has one row per sample), and files hold them as netCDF groups
+#: (:data:`TABLE_GROUPS`); version 6 names each execution's kernel as every Dataset of the process names it
+#: (``exec_kernel``, short) and keeps its qualified name in the column ``exec_kernel_qualname`` (version 5's
+#: ``exec_kernel``).
+SCHEMA_VERSION = 6
 
 _CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
 
-#: The span table of a PM sampling Dataset: one coordinate per column along the ``span`` dim, one entry per
-#: execution of a user range (``gpuscope.range``), ordered by start. name -> (dtype, attrs).
+#: The span table of a PM sampling Dataset: one Dataset attr per column (a 1-D array), one entry per execution of
+#: a user range (``gpuscope.range``), ordered by start. name -> (dtype, attrs of the column in a file).
 SPAN_TABLE = {
     "span_path": (object, {"description": "path of the user range, levels joined by '/'"}),
     "span_thread": (np.int64, {"description": "host thread that entered the range (threading.get_ident)"}),
@@ -31,8 +35,8 @@ SPAN_TABLE = {
                                                            "range still open then)"}),
 }
 
-#: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one coordinate per column along
-#: the ``execution`` dim, one entry per kernel execution on the GPU. name -> (dtype, attrs).
+#: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one Dataset attr per column (a
+#: 1-D array), one entry per kernel execution on the GPU. name -> (dtype, attrs of the column in a file).
 EXEC_TABLE = {
     "exec_kernel": (object, {"description": "the kernel's name, as the kernel coordinate of range results and PC "
                                             "samples of the same process names it"}),
@@ -45,32 +49,118 @@ EXEC_TABLE = {
     "exec_correlation": (np.int64, {"description": "CUPTI's correlation id of the launch call"}),
 }
 
-#: Column names of the span and execution tables (coordinates along ``span`` and ``execution``).
+#: The column of the execution table that versions 1 to 5 lacked (their ``exec_kernel`` held the qualified name).
+QUALNAME = "exec_kernel_qualname"
+
+#: Column names of the span and execution tables (Dataset attrs).
 SPAN_VARS = tuple(SPAN_TABLE)
 EXEC_VARS = tuple(EXEC_TABLE)
+
+#: What merged Datasets add to each table: a column saying whose the row is (``span_rank``, ``exec_device``).
+ORIGINS = ("rank", "device")
+
+#: The tables as a saved file holds them: netCDF group -> (the table's dim in the group, its columns). The group
+#: holds one variable per column along the dim, with the attrs of :data:`SPAN_TABLE` / :data:`EXEC_TABLE`.
+TABLE_GROUPS = {"spans": ("span", SPAN_TABLE), "executions": ("execution", EXEC_TABLE)}
 
 #: The per-sample coordinate (along ``time``) that says which span each sample lies in.
 SPAN_INDEX = "span_index"
 
 
-def table_coords(table: dict, dim: str, columns: dict) -> dict:
-    """Coordinates along *dim* of the table *table* (:data:`SPAN_TABLE` or :data:`EXEC_TABLE`) from *columns*
-    (column name -> sequence of values; the same length each): strings as object arrays, numbers as int64."""
+def _prefix(table: dict) -> str:
+    return next(iter(table)).split("_", 1)[0] + "_"
+
+
+def _columns(table: dict) -> tuple[str, ...]:
+    """Every column *table* may have: its own, then those of :data:`ORIGINS`."""
+    return (*table, *(_prefix(table) + origin for origin in ORIGINS))
+
+
+#: Every Dataset attr that holds a table column.
+TABLE_ATTRS = frozenset(_columns(SPAN_TABLE) + _columns(EXEC_TABLE))
+
+
+def table_attrs(table: dict, columns: dict) -> dict:
+    """The Dataset attrs of the table *table* (:data:`SPAN_TABLE` or :data:`EXEC_TABLE`) from *columns* (column
+    name -> sequence of values; every column of *table*, and of :data:`ORIGINS` if any): strings as object arrays
+    of str, numbers as int64 arrays.
+
+    Raises
+    ------
+    ValueError
+        The columns differ in length.
+    """
     out = {}
-    for name, (dtype, attrs) in table.items():
+    for name in _columns(table):
+        if name not in columns and name not in table:
+            continue
         values = columns[name]
-        if dtype is object:
+        if table.get(name, (np.int64,))[0] is object:
             data = np.empty(len(values), dtype=object)
             data[:] = [str(v) for v in values]
         else:
-            data = np.asarray(values, dtype=dtype).reshape(-1)
-        out[name] = (dim, data, dict(attrs))
+            data = np.asarray(values, dtype=np.int64).reshape(-1)
+        out[name] = data
+    if len({len(v) for v in out.values()}) > 1:
+        lengths = ", ".join(f"{k} {len(v)}" for k, v in out.items())
+        raise ValueError(f"the columns of the {_prefix(table)[:-1]} table differ in length ({lengths})")
     return out
+
+
+def _held(table: dict, columns: dict) -> dict:
+    """*table* without :data:`QUALNAME` where *columns* lack it (a table of schema 5 or older, whose
+    ``exec_kernel`` :func:`upgrade` names again)."""
+    if QUALNAME in columns or QUALNAME not in table:
+        return table
+    return {name: spec for name, spec in table.items() if name != QUALNAME}
+
+
+def table_columns(ds, table: dict) -> dict | None:
+    """The columns of *table* that *ds* holds (name -> 1-D array), or None where it holds no such table."""
+    if next(iter(table)) not in ds.attrs:
+        return None
+    return {name: np.asarray(ds.attrs[name]) for name in _columns(table) if name in ds.attrs}
+
+
+def table_groups(ds):
+    """*ds* without its tables, and the tables as the groups of a file hold them (:data:`TABLE_GROUPS`): one
+    Dataset per table, a variable per column along the table's dim. Times keep the clock of the samples'
+    ``start_ns`` (the wall clock for merged ranks)."""
+    import xarray as xr
+
+    clock = ds["start_ns"].attrs.get("clock") if "start_ns" in ds.variables else None
+    groups = {}
+    for group, (dim, table) in TABLE_GROUPS.items():
+        columns = table_columns(ds, table)
+        if columns is None:
+            continue
+        variables = {}
+        for name, values in columns.items():
+            attrs = dict(table[name][1]) if name in table else {
+                "description": f"the {name[len(_prefix(table)):]} whose table the row comes from"}
+            if clock and "clock" in attrs:
+                attrs["clock"] = clock
+            variables[name] = xr.Variable(dim, values, attrs)
+        groups[group] = xr.Dataset(variables)
+    rest = ds.copy()
+    rest.attrs = {k: v for k, v in ds.attrs.items() if k not in TABLE_ATTRS}
+    return rest, groups
+
+
+def join_tables(ds, groups: dict):
+    """*ds* with the tables of *groups* (group name -> Dataset, as :func:`table_groups` gives them and a file's
+    groups hold them) as its attrs."""
+    for group, (_, table) in TABLE_GROUPS.items():
+        if group in groups:
+            found = groups[group]
+            columns = {n: found[n].values for n in _columns(table) if n in found}
+            ds = ds.assign_attrs(table_attrs(_held(table, columns), columns))
+    return ds
 
 
 def has_executions(ds) -> bool:
     """Whether *ds* (PM samples, or phases of them) holds the execution table of ``gpuscope.sample(kernels=True)``."""
-    return "exec_start_ns" in ds.variables
+    return "exec_start_ns" in ds.attrs
 
 
 def innermost_span(times_ns, starts_ns, ends_ns) -> np.ndarray:
@@ -107,9 +197,9 @@ def kernel_executions(ds):
     """The kernels that ran on the GPU during a PM sampling session (``gpuscope.sample(kernels=True)``), one row
     per execution, with GPU start and end times on the samples' clock.
 
-    The table is the Dataset's execution table: the coordinates ``exec_kernel``, ``exec_kernel_qualname``,
-    ``exec_symbol``,
-    ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation`` along its ``execution`` dim.
+    The table is the Dataset's execution table: the attrs ``exec_kernel``, ``exec_kernel_qualname``,
+    ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation``, one array per
+    column (:data:`EXEC_TABLE`).
 
     Parameters
     ----------
@@ -121,7 +211,8 @@ def kernel_executions(ds):
     -------
     pandas.DataFrame
         Index ``execution``; columns ``kernel`` (its name, as the ``kernel`` coordinate of range results and PC
-        samples of the same process), ``kernel_qualname`` (``module.function``), ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
+        samples of the same process), ``kernel_qualname`` (``module.function``), ``symbol`` (as the driver has
+        it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
         from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
         ``correlation`` (CUPTI's id of the launch call). Sorted by start. Of a combined Dataset, also ``rank``
         or ``device`` (which one ran the kernel; times from ``attrs["time_origin_ns"]``).
@@ -155,15 +246,15 @@ def kernel_executions(ds):
 SAMPLE_RANGE_ATTRS = {"description": "innermost user range open at the sample's midpoint, '' where none"}
 
 
-SAMPLE_SPAN_ATTRS = {"description": "position along the span dim (span_path, span_start_ns, ...) of the innermost "
-                                    "user range open at the sample's midpoint, -1 where none"}
+SAMPLE_SPAN_ATTRS = {"description": "row of the span table (gpuscope.spans; attrs span_path, span_start_ns, ...) of "
+                                    "the innermost user range open at the sample's midpoint, -1 where none"}
 
 
 def spans(ds):
     """The user ranges recorded during a PM sampling session, one row per execution of a range.
 
-    The table is the Dataset's span table: the coordinates ``span_path``, ``span_thread``, ``span_start_ns`` and
-    ``span_end_ns`` along its ``span`` dim.
+    The table is the Dataset's span table: the attrs ``span_path``, ``span_thread``, ``span_start_ns`` and
+    ``span_end_ns``, one array per column (:data:`SPAN_TABLE`).
 
     Parameters
     ----------
@@ -175,7 +266,7 @@ def spans(ds):
     Returns
     -------
     pandas.DataFrame
-        Index ``span`` (the position that the samples' ``span_index`` coordinate refers to); columns ``path``,
+        Index ``span`` (the row that the samples' ``span_index`` coordinate refers to); columns ``path``,
         ``thread``, ``start_ns``, ``end_ns`` (CUPTI timestamps) and ``start``/``end`` (ns from the session start,
         on the scale of the ``time`` coordinate). Of Datasets merged across ranks, also ``rank`` (times from
         ``attrs["time_origin_ns"]``).
@@ -206,22 +297,21 @@ def _current(ds):
 
 def _table_frame(ds, table: dict, prefix: str):
     """The table *table* of *ds* as a DataFrame: its columns without *prefix*, ``start``/``end`` (ns from the
-    origin of ``time``), then any other coordinate along the table's dim (``span_rank`` -> ``rank``). A table
-    the Dataset does not hold is empty."""
+    origin of ``time``), then the columns of :data:`ORIGINS` it has (``span_rank`` -> ``rank``). A table the
+    Dataset does not hold is empty."""
     import pandas as pd
 
-    dim = "span" if table is SPAN_TABLE else "execution"
+    columns = table_columns(ds, table) or {}
     frame = pd.DataFrame({
-        name[len(prefix):]: pd.Series(ds[name].values if name in ds.variables else [],
-                                      dtype=str if dtype is object else dtype)
+        name[len(prefix):]: pd.Series(columns.get(name, []), dtype=str if dtype is object else dtype)
         for name, (dtype, _) in table.items()
     })
     t0 = int(ds.attrs["time_origin_ns"] if "time_origin_ns" in ds.attrs else ds.attrs["session_start_ns"])
     frame["start"] = frame["start_ns"] - t0
     frame["end"] = frame["end_ns"] - t0
-    for name in ds.coords:
-        if name not in table and str(name).startswith(prefix) and ds[name].dims == (dim,):
-            frame[str(name)[len(prefix):]] = ds[name].values
+    for name, values in columns.items():
+        if name not in table:
+            frame[name[len(prefix):]] = values
     return frame
 
 
@@ -234,6 +324,19 @@ def _as_list(value) -> list:
     if isinstance(value, str) and value == "":
         return []
     return [value.item() if isinstance(value, np.generic) else value]
+
+
+#: Dataset attrs that record the SM's resource limits (the CUDA device attributes an occupancy calculation needs),
+#: written with the device's other attrs; :func:`gpuscope.metrics.occupancy.occupancy` reads them.
+SM_LIMIT_ATTRS = {
+    "sm_max_threads": "threads resident per SM at most (CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)",
+    "sm_max_blocks": "blocks resident per SM at most (CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)",
+    "sm_registers": "32-bit registers per SM (CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)",
+    "block_max_registers": "32-bit registers one block may use (CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK)",
+    "sm_shared_memory_bytes": "shared memory per SM, bytes (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)",
+    "block_reserved_shared_memory_bytes": "shared memory the system reserves per block, bytes "
+                                          "(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)",
+}
 
 
 #: Coordinates of a range dataset: name -> (dtype, fill value for "unknown", attrs).
@@ -265,16 +368,19 @@ SHAPE_COORDS = {
 
 
 def index(ds):
-    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate (the
-    ``name`` of each row; non-unique). Other datasets, and range results that have it, are returned as they are.
+    """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate, the row
+    number of each range (0, 1, ..., unique, kept by ``isel``, so that Datasets derived from one another align).
+    Other datasets, and range results that have it, are returned as they are.
     """
-    if "range" in ds.dims and "range" not in ds.coords and "name" in ds.coords and ds["name"].dims == ("range",):
-        ds = ds.assign_coords(range=("range", ds["name"].values, _RANGE_INDEX_ATTRS))
+    if "range" in ds.dims and "range" not in ds.coords:
+        ds = ds.assign_coords(range=("range", np.arange(ds.sizes["range"], dtype=np.int64), dict(RANGE_INDEX_ATTRS)))
     return ds
 
 
-_RANGE_INDEX_ATTRS = {"description": "range path (the name coordinate) as an index: sel(range=path) gives every "
-                                     "row of that path"}
+#: Attrs of the ``range`` index of range results.
+RANGE_INDEX_ATTRS = {"description": "row number of the range (a user range or kernel launch) in the results: unique, "
+                                    "so Datasets derived from these (gpuscope.topdown) align and merge with them; "
+                                    "select by path or kernel with ds.isel(range=ds.kernel.isin([...]))"}
 
 
 def upgrade(ds):
@@ -286,13 +392,17 @@ def upgrade(ds):
     and the execution table (``kernels=True``) of PM samples as list attrs (``span_path``, ..., ``exec_kernel``,
     ...) and each sample's span index as the coordinate ``span``. Version 3 holds the tables as coordinates along
     the dims ``span`` and ``execution`` (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as
-    the coordinate ``span_index``. Version 4 names each execution's kernel as range results do (``fma``) in
-    ``exec_kernel`` and keeps the qualified name (``module.fma``, version 3's ``exec_kernel``) in
-    ``exec_kernel_qualname``. The conversion is exact: the values move, none is recomputed except the per-sample
-    span index of version 1, which is derived as :func:`gpuscope._results.build.sampling_dataset` derives it, and
-    the names of version 4, given within the file as a process gives them (:class:`~gpuscope._schema.names.KernelNames`:
-    short where that is unambiguous). Metric units written by an older gpuscope (``byte/second/second``,
-    ``instruction/gpc_cycle/cycle``) are corrected with :func:`gpuscope._gpu.catalog.units_of`.
+    the coordinate ``span_index``. Versions 1 to 3 indexed range results by path (``range`` repeated ``name``,
+    not unique); version 4 indexes them by row number (:func:`index`). Version 5 holds the tables as Dataset
+    attrs, one 1-D array per column, so that every variable lies along the samples. Version 6 names each
+    execution's kernel as range results do (``fma``) in ``exec_kernel`` and keeps the qualified name
+    (``module.fma``, the ``exec_kernel`` of versions 2 to 5) in ``exec_kernel_qualname``. The conversion is exact:
+    the values move, none is recomputed except the per-sample span index of version 1, which is derived as
+    :func:`gpuscope._results.build.sampling_dataset` derives it, the row numbers of range results, and the names
+    of version 6, given within the file as a process gives them (:class:`~gpuscope._schema.names.KernelNames`:
+    short where that is unambiguous). Metric
+    units written by an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected
+    with :func:`gpuscope._gpu.catalog.units_of`.
     """
     ds = ds.copy()  # shallow: no values are copied, and the caller's attrs stay as they were
     if "xyz" in ds.dims:
@@ -303,6 +413,8 @@ def upgrade(ds):
         }).drop_vars([v for v in ("grid", "block", "xyz") if v in ds.variables])
     if ds.attrs.get("kind") == "pm_sampling":
         ds = _upgrade_tables(ds)
+    if "range" in ds.dims and "range" in ds.coords and ds["range"].dtype.kind not in "iu":  # versions 1-3: paths
+        ds = ds.drop_vars("range")  # index() below numbers the rows
     for name, variable in ds.data_vars.items():  # written before units_of was fixed: byte/second/second
         units = variable.attrs.get("units")
         if ("metric_type" in variable.attrs and isinstance(units, str) and "/" in units
@@ -315,31 +427,38 @@ def upgrade(ds):
 
 
 def _upgrade_tables(ds):
-    """The span and execution tables of PM samples of schema version 1 or 2 as version 3 holds them."""
+    """The span and execution tables of PM samples of schema version 1 to 5 as version 6 holds them (attrs of
+    1-D arrays; the execution table with :data:`QUALNAME`); those of version 5 and 6 as arrays where a reader gave
+    lists (netCDF attrs)."""
     if "span" in ds.variables and ds["span"].dims != ("span",):  # version 2: each sample's span index
         ds = ds.rename_vars({"span": SPAN_INDEX})
-        ds[SPAN_INDEX].attrs = dict(SAMPLE_SPAN_ATTRS)
     if any(name in ds.data_vars for name in SPAN_VARS):  # version 1: the span table as data variables
         columns = {name: ds[name].values if name in ds.variables else [] for name in SPAN_VARS}
-        ds = ds.drop_vars([v for v in ds.variables if ds[v].dims == ("span",)])
-        ds = ds.assign_coords(table_coords(SPAN_TABLE, "span", columns))
+        ds = ds.drop_dims("span").assign_attrs(table_attrs(SPAN_TABLE, columns))
         if SPAN_INDEX not in ds.variables and "time" in ds.dims and "start_ns" in ds.coords:
             mid = (ds["start_ns"].values.astype(np.int64) + ds["end_ns"].values.astype(np.int64)) // 2
             where = innermost_span(mid, columns["span_start_ns"], columns["span_end_ns"])
-            ds = ds.assign_coords({SPAN_INDEX: ("time", where, dict(SAMPLE_SPAN_ATTRS))})
-    for table, dim in ((SPAN_TABLE, "span"), (EXEC_TABLE, "execution")):
-        if any(name in ds.attrs for name in table):  # version 2: the table as list attrs (as version 3 held it)
-            table = {name: spec for name, spec in table.items() if name != "exec_kernel_qualname"}
-            columns = {name: _as_list(ds.attrs.pop(name, [])) for name in table}
-            ds = ds.assign_coords(table_coords(table, dim, columns))
-    if "exec_kernel" in ds.variables and "exec_kernel_qualname" not in ds.variables:  # version 3: qualified names
+            ds = ds.assign_coords({SPAN_INDEX: ("time", where)})
+    for dim, table in TABLE_GROUPS.values():
+        if any(name in ds.variables for name in table):  # versions 3 and 4: coordinates along the table's dim
+            columns = {name: ds[name].values for name in _columns(table) if name in ds.variables}
+            ds = ds.drop_dims(dim).assign_attrs(table_attrs(_held(table, columns), columns))
+        elif any(not isinstance(ds.attrs[name], np.ndarray) for name in table if name in ds.attrs):
+            # version 2 (list attrs), or version 5 read by a netCDF reader that gives lists
+            columns = {name: _as_list(ds.attrs.get(name, [])) for name in _columns(table)
+                       if name in ds.attrs or (name in table and name != QUALNAME)}
+            ds = ds.assign_attrs(table_attrs(_held(table, columns), columns))
+    if SPAN_INDEX in ds.variables and ds.attrs.get("gpuscope_schema", 1) != SCHEMA_VERSION:
+        ds[SPAN_INDEX].attrs = {**ds[SPAN_INDEX].attrs, **SAMPLE_SPAN_ATTRS}
+    executions = table_columns(ds, EXEC_TABLE)
+    if executions is not None and QUALNAME not in executions:  # versions 1 to 5: exec_kernel held qualified names
         from gpuscope._schema.names import KernelNames
 
-        qualnames = ds["exec_kernel"].values
         names = KernelNames()
-        ds = ds.assign_coords(table_coords(
-            {k: EXEC_TABLE[k] for k in ("exec_kernel", "exec_kernel_qualname")}, "execution",
-            {"exec_kernel": [names.name(str(q)) for q in qualnames], "exec_kernel_qualname": qualnames}))
+        qualnames = [str(q) for q in executions["exec_kernel"]]
+        columns = {**executions, "exec_kernel": [names.name(q) for q in qualnames], QUALNAME: qualnames}
+        ds.attrs = {k: v for k, v in ds.attrs.items() if k not in executions}  # the columns in the table's order
+        ds = ds.assign_attrs(table_attrs(EXEC_TABLE, columns))
     return ds
 
 
@@ -349,11 +468,8 @@ def to_dataframe(ds, metrics=None):
     ``ds.to_dataframe()`` gives the wide format (one row per range or sample, one column per metric); this
     gives the tidy one that seaborn and ``groupby`` like.
 
-    The span and execution tables of PM samples (coordinates along the dims ``span`` and ``execution``) are not
-    in it: each sample's ``span_index`` and ``range`` are, and :func:`spans` and :func:`kernel_executions` give
-    the tables (or ``ds[["span_path", "span_start_ns", ...]].to_dataframe()``). xarray's own
-    ``ds.to_dataframe()`` of PM samples crosses every sample with every span and execution: use
-    ``ds.drop_dims(["span", "execution"], errors="ignore").to_dataframe()`` for one row per sample.
+    The span and execution tables of PM samples (Dataset attrs) are not in it: each sample's ``span_index`` and
+    ``range`` are, and :func:`spans` and :func:`kernel_executions` give the tables.
 
     Parameters
     ----------

@@ -20,10 +20,13 @@ def units_of(suffix: str, cupti_units: str) -> str:
     """The unit of a full metric: CUPTI's dimension unit, or what the suffix implies where CUPTI gives none.
 
     CUPTI leaves ratios' unit empty and gives rates the numerator's unit; ``.pct`` and ``.pct_of_peak_*`` are
-    percentages, ``.ratio`` is a plain ratio, ``.per_second``/``.per_cycle_*`` are rates.
+    percentages, ``.ratio`` is a plain ratio, ``.per_second``/``.per_cycle_*`` are rates, and ``.peak_sustained``
+    is the most the counter can count per cycle (CUPTI gives it the counter's unit, ncu says ``byte/cycle``).
     """
     if ".pct" in suffix:
         return "percent"
+    if suffix.endswith(".peak_sustained") and cupti_units and "/" not in cupti_units:
+        return f"{cupti_units}/cycle"
     if cupti_units:
         # CUPTI 13.1 gives the numerator's unit for rates (".per_second" -> "byte"); other versions and metrics give
         # the whole rate ("byte/second", "instruction/gpc_cycle"): a unit that has its denominator stays as it is

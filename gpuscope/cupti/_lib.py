@@ -27,7 +27,7 @@ import threading
 
 from gpuscope.cupti import _python
 from gpuscope.cupti._types import MIN_VERSION, Version
-from gpuscope.errors import CuptiNotFoundError
+from gpuscope.errors import CuptiNotFoundError, install_hint
 
 __all__ = ["CuptiLibrary", "load", "version_from_api", "driver_available"]
 
@@ -37,10 +37,9 @@ _NVPERF = ("libnvperf_host.so", "libnvperf_target.so")
 _TOOLKIT_SUBDIRS = ("extras/CUPTI/lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib", "lib64", "lib")
 
 INSTALL_HELP = (
-    "Install CUPTI with gpuscope's extra that matches your driver: pip install 'gpuscope[cu13]' "
-    "(CUDA 13 drivers) or 'gpuscope[cu12]' (CUDA 12 drivers); on a machine without a GPU use "
-    "'gpuscope[offline]'. Or point GPUSCOPE_CUPTI_LIB at a libcupti.so from a CUDA toolkit "
-    "(e.g. /usr/local/cuda/extras/CUPTI/lib64)."
+    "Install CUPTI with gpuscope's extra that matches your driver, cu13 (CUDA 13 drivers) or cu12 (CUDA 12 "
+    f"drivers): {install_hint('cu13')}; on a machine without a GPU the extra is offline. Or point "
+    "GPUSCOPE_CUPTI_LIB at a libcupti.so from a CUDA toolkit (e.g. /usr/local/cuda/extras/CUPTI/lib64)."
 )
 
 
@@ -250,8 +249,8 @@ def _probe_version_in_child(path: str, found_via: str = "") -> int:
             f"CUPTI at {path} does not work on this machine, which has no NVIDIA driver: CUPTI 13.2 and later "
             "load the driver even for offline metric queries (the probe "
             + (f"exited with status {out.returncode}" if out.returncode else f"got status {fields[:1]}")
-            + "). For offline use install CUPTI 13.1, pip install 'gpuscope[offline]', or set "
-            f"{ENV_VAR} to a CUPTI 12.6-13.1 library."
+            + f"). For offline use install CUPTI 13.1 with gpuscope's offline extra ({install_hint('offline')}), "
+            f"or set {ENV_VAR} to a CUPTI 12.6-13.1 library."
         )
     return int(fields[1])
 

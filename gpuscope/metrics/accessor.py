@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import xarray as xr
 
+from gpuscope.metrics import instruction_mix as _instructions
+from gpuscope.metrics import memory_workload as _memory
+from gpuscope.metrics import occupancy as _occupancy
 from gpuscope.metrics import phases as _phases
 from gpuscope.metrics import plot as _plot
+from gpuscope.metrics import roofline as _roofline
 from gpuscope.metrics import topdown as _topdown
 
 __all__ = ["GpuscopeAccessor", "PlotNamespace"]
@@ -16,7 +20,8 @@ __all__ = ["GpuscopeAccessor", "PlotNamespace"]
 
 @xr.register_dataset_accessor("gpuscope")
 class GpuscopeAccessor:
-    """``ds.gpuscope.topdown()``, ``ds.gpuscope.phases()``, ``ds.gpuscope.aggregate()``, ``ds.gpuscope.plot``."""
+    """``ds.gpuscope.topdown()``, ``.phases()``, ``.aggregate()``, ``.roofline()``, ``.memory_workload()``,
+    ``.occupancy()``, ``.instruction_mix()``, ``.plot``."""
 
     def __init__(self, ds: xr.Dataset):
         self._ds = ds
@@ -33,9 +38,25 @@ class GpuscopeAccessor:
         """:func:`gpuscope.metrics.topdown.aggregate` of this Dataset."""
         return _topdown.aggregate(self._ds, by, weight, **kwargs)
 
+    def roofline(self, by=None, **kwargs) -> xr.Dataset:
+        """:func:`gpuscope.metrics.roofline.roofline` of this Dataset."""
+        return _roofline.roofline(self._ds, by, **kwargs)
+
+    def memory_workload(self, by=None, **kwargs) -> xr.Dataset:
+        """:func:`gpuscope.metrics.memory_workload.memory_workload` of this Dataset."""
+        return _memory.memory_workload(self._ds, by, **kwargs)
+
+    def occupancy(self, registers=None, shared_memory=0, **kwargs) -> xr.Dataset:
+        """:func:`gpuscope.metrics.occupancy.occupancy` of this Dataset."""
+        return _occupancy.occupancy(self._ds, registers, shared_memory, **kwargs)
+
+    def instruction_mix(self, by=None, **kwargs) -> xr.Dataset:
+        """:func:`gpuscope.metrics.instruction_mix.instruction_mix` of this Dataset."""
+        return _instructions.instruction_mix(self._ds, by, **kwargs)
+
     @property
     def plot(self) -> PlotNamespace:
-        """Plots: ``topdown``, ``timeline``, ``hierarchy``."""
+        """Plots: ``topdown``, ``timeline``, ``hierarchy``, ``roofline``, ``memory_chart``."""
         return PlotNamespace(self._ds)
 
 
@@ -56,3 +77,11 @@ class PlotNamespace:
     def hierarchy(self, **kwargs):
         """:func:`gpuscope.metrics.plot.hierarchy` (icicle chart of the tree)."""
         return _plot.hierarchy(self._ds, **kwargs)
+
+    def roofline(self, precision=None, **kwargs):
+        """:func:`gpuscope.metrics.plot.roofline` (the hierarchical roofline, kernels as points)."""
+        return _plot.roofline(self._ds, precision, **kwargs)
+
+    def memory_chart(self, select=None, **kwargs):
+        """:func:`gpuscope.metrics.plot.memory_chart` (the memory hierarchy with the traffic on its edges)."""
+        return _plot.memory_chart(self._ds, select, **kwargs)

@@ -72,14 +72,14 @@ def line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "reason") -
 def kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True) -> xr.DataArray:
     """Per-kernel stall breakdown: dims ``kernel`` and ``stall_category`` (or ``stall_reason``).
 
-    With ``normalize``, each kernel's samples are fractions that sum to 1.
+    With ``normalize``, each kernel's samples are percentages that sum to 100 (``units`` "percent").
     """
     counts = ds["kernel_samples"].assign_coords(category=ds["category"])
     out = _by(counts, by).astype(float)
     if normalize:
         total = out.sum(out.dims[1])
-        out = out / total.where(total > 0)
-    out.attrs = {"units": "fraction of samples" if normalize else "samples"}
+        out = 100 * out / total.where(total > 0)
+    out.attrs = {"units": "percent" if normalize else "samples"}
     return out
 
 
@@ -175,7 +175,7 @@ def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = T
         ax.barh(y, values, left=left, color=color, label=label)
         left += values
     ax.set_yticks(y, data["kernel"].values.tolist(), fontsize=8)
-    ax.set_xlabel("fraction of PC samples" if normalize else "PC samples")
+    ax.set_xlabel("% of PC samples" if normalize else "PC samples")
     ax.set_title("Warp states per kernel (PC sampling)")
     _legend_beside(ax, by)
     return ax

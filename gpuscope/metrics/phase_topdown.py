@@ -12,7 +12,7 @@ at once, so they come from separate runs of the same work and are joined here on
   the mean over the user ranges it covers, weighted by the sampled time in each, of the Top-Down of the range
   results under that range path (rows whose ``name`` is the path or lies below it).
 
-Node values stay sums to ``IPC_MAX`` (weighted means of Top-Down Datasets are linear), so a phase's bars stack
+Node values still sum to 100% of ``IPC_MAX`` (weighted means of Top-Down Datasets are linear), so a phase's bars stack
 like a kernel's. Time that no Top-Down can be given to (idle, kernels that were not range-profiled) is reported
 in ``attributed_fraction``, never spread over the nodes.
 """
@@ -221,7 +221,7 @@ def _assemble(td, ph, nodes, groups, share, values, matched, by):
         group_dim: np.asarray(groups, dtype=str),
         "has_topdown": (group_dim, matched),
         "phase_duration": ("phase_id", duration, {"units": "ns"}),
-        "phase_fraction": ("phase_id", np.asarray(ph["phase_fraction"], dtype=float)),
+        "phase_fraction": ("phase_id", np.asarray(ph["phase_fraction"], dtype=float), {"units": "1"}),
     }
     attrs = {k: v for k, v in td.attrs.items()}
     attrs.update(kind="topdown_by_phase", topdown_by=by, phases_segments=int(ph.sizes.get("segment", 0)),

@@ -4,7 +4,7 @@ Method (docs/phases.md has the reasons and the measurements)
 ------
 0. **Input** (:func:`phases`): samples with NaN or inf in a metric are left out of detection (counted in
    ``phases_excluded_samples``), metrics without a finite value are left out, flat metrics (range below 0.1%
-   of a full scale: ``ipc_max``) are ignored, and fewer than 20 samples (or blocks) are one phase.
+   of a full scale: 100% for a Top-Down node) are ignored, and fewer than 20 samples (or blocks) are one phase.
 1. **Blocks**: detection runs on block means of ``resolution`` samples (default ``n // 1000``), so variation
    faster than a block is noise; change points are re-placed at the best sample within a block afterwards.
 2. **Standardise** each metric by its noise level: the RMS of ``diff(x)`` without the largest 2%, over ``sqrt(2)``.
@@ -54,6 +54,7 @@ from gpuscope.metrics.changepoints import (
 )
 from gpuscope.metrics.phase_labels import _absorb_excursions, label_segments
 from gpuscope.metrics.phase_summary import _clip_reach_back, _extent, _means, _phase_topdown, _segment_sums
+from gpuscope.metrics.topdown_nodes import FULL_SCALE
 
 __all__ = ["change_points", "default_penalty", "label_segments", "phases", "standardize"]
 
@@ -127,10 +128,12 @@ def _finite_samples(ds: xr.Dataset, dim: str, names: list[str]):
 
 
 def _flat(da: xr.DataArray, values: np.ndarray) -> bool:
-    """A metric with a full scale (``ipc_max`` of a Top-Down node) whose range is below ``_FLAT`` of it. Other
-    metrics have no such yardstick (on the H100 a tensor pipe at 0.002% of peak tells an SGEMM from an FMA loop)."""
-    scale = da.attrs.get("ipc_max")
-    return bool(scale) and (not len(values) or bool(np.ptp(values) <= _FLAT * float(scale)))
+    """A metric with a full scale (a Top-Down node, which carries ``ipc_max``: 100%) whose range is below ``_FLAT``
+    of it. Other metrics have no such yardstick (on the H100 a tensor pipe at 0.002% of peak tells an SGEMM from an
+    FMA loop)."""
+    if "ipc_max" not in da.attrs:
+        return False
+    return not len(values) or bool(np.ptp(values) <= _FLAT * FULL_SCALE)
 
 
 def _detect(xt, block, penalty, min_size, max_change_points, label_tolerance, min_change, excursion):
@@ -305,7 +308,8 @@ def phases(
         segment_duration=("segment", seg_dur),
         segment_mean=(("segment", "metric"), _means(*sums)),
         phase_duration=("phase_id", phase_dur),
-        phase_fraction=("phase_id", phase_dur / phase_dur.sum() if phase_dur.sum() else phase_dur),
+        phase_fraction=("phase_id", phase_dur / phase_dur.sum() if phase_dur.sum() else phase_dur,
+                        {"units": "1", "description": "the phase's part of the total duration"}),
         phase_segments=("phase_id", np.bincount(labels, minlength=n_phases)),
         phase_samples=("phase_id", np.bincount(labels, weights=sizes, minlength=n_phases).astype(np.int64)),
         phase_mean=(("phase_id", "metric"), _means(*sums, labels, n_phases)),

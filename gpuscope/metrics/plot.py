@@ -5,8 +5,9 @@ frontend fetch blue, decode grey, backend core red, backend memory purple) and l
 their parent's family spread as far apart as the family allows, so levels can be compared by colour. Ranges
 and phases share one palette: a phase that lies mostly in one user range takes that range's colour.
 
-The plots are :mod:`gpuscope.metrics.plot_bars` (Top-Down bars and the hierarchy) and
-:mod:`gpuscope.metrics.plot_timeline` (metrics over time, Top-Down per phase), their colours
+The plots are :mod:`gpuscope.metrics.plot_bars` (Top-Down bars and the hierarchy),
+:mod:`gpuscope.metrics.plot_timeline` (metrics over time, Top-Down per phase), :mod:`gpuscope.metrics.plot_roofline`
+(the hierarchical roofline) and :mod:`gpuscope.metrics.plot_memory` (the memory chart), their colours
 :mod:`gpuscope.metrics.plot_colors`; this module gathers their public names (``ds.gpuscope.plot`` binds them).
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 # NEGLIGIBLE, BAND and MAX_PANELS: the plots' settings, readable here as before (outside __all__, as before)
 from gpuscope.metrics.plot_bars import NEGLIGIBLE, hierarchy, topdown  # noqa: F401
+from gpuscope.metrics.plot_memory import memory_chart
+from gpuscope.metrics.plot_roofline import roofline
 from gpuscope.metrics.plot_timeline import BAND, MAX_PANELS, phase_topdown, short_label, timeline  # noqa: F401
 
-__all__ = ["hierarchy", "timeline", "topdown", "phase_topdown", "short_label"]
+__all__ = ["hierarchy", "timeline", "topdown", "phase_topdown", "short_label", "roofline", "memory_chart"]

@@ -19,8 +19,8 @@ __all__ = ["NEGLIGIBLE", "hierarchy", "topdown"]
 
 _LABEL_COORDS = ("name", "kernel")
 _DIM_LABEL = {"range": "kernel launch or user range", "phase_id": "phase"}
-#: Nodes below this share of IPC_MAX in every bar are drawn as one grey "other" segment.
-NEGLIGIBLE = 0.005
+#: Level-3 nodes below this many percent of IPC_MAX in every bar are drawn as one grey "other" segment.
+NEGLIGIBLE = 0.5
 
 
 def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
@@ -31,9 +31,10 @@ def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
 
 
 def _bar_labels(td: xr.Dataset, dim: str) -> list[str]:
-    """Bar labels: the dim's coordinate (range path, kernel), else name/kernel; repeated labels get ``#launch``."""
+    """Bar labels: the dim's coordinate (kernel, phase), else name/kernel (range results, whose index is a row
+    number); repeated labels get ``#launch``."""
     values = None
-    for coord in (dim, *_LABEL_COORDS):
+    for coord in _LABEL_COORDS if dim == "range" else (dim, *_LABEL_COORDS):
         if coord in td.coords and td[coord].dims == (dim,):
             values = [str(v) for v in np.asarray(td[coord])]
             break
@@ -60,15 +61,14 @@ def _time_share(td: xr.Dataset, dim: str) -> tuple[np.ndarray | None, str]:
     return (w / total if total > 0 and w.shape == (td.sizes[dim],) else None), what
 
 
-def _collapse(cut: list[str], td: xr.Dataset, ipc_max: float) -> tuple[list[str], list[str]]:
-    """(nodes to draw, nodes below NEGLIGIBLE of IPC_MAX in every bar, drawn as one "other" segment)."""
+def _collapse(cut: list[str], td: xr.Dataset) -> tuple[list[str], list[str]]:
+    """(nodes to draw, nodes below NEGLIGIBLE percent in every bar, drawn as one "other" segment)."""
     small = [n for n in cut if _td._BY_NAME[n].level == 3
-             and np.nanmax(np.abs(np.atleast_1d(np.asarray(td[n], dtype=float))), initial=0) < NEGLIGIBLE * ipc_max]
+             and np.nanmax(np.abs(np.atleast_1d(np.asarray(td[n], dtype=float))), initial=0) < NEGLIGIBLE]
     return [n for n in cut if n not in small], small
 
 
-def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = False, sort: bool | None = None,
-            ax=None):
+def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None = None, ax=None):
     """Stacked Top-Down bars, one bar per range (or per group with ``by``), annotated with each bar's time share.
 
     The x-axis label says what the bars are and what the number above each is (its share of all the SM cycles,
@@ -79,12 +79,10 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
     ds : xarray.Dataset
         A Top-Down Dataset, or range results holding the ``topdown`` metric set (computed here).
     level : int or sequence of int
-        Level(s) to show; one axes per level. Each bar stacks the level's cut, which sums to ``IPC_MAX``.
-        Level-3 nodes below 0.5% of ``IPC_MAX`` in every bar are merged into one grey "other" segment.
+        Level(s) to show; one axes per level. Each bar stacks the level's cut, which sums to 100% of ``IPC_MAX``
+        (the nodes' unit). Level-3 nodes below 0.5% in every bar are merged into one grey "other" segment.
     by : str, optional
         Aggregate first (:func:`gpuscope.metrics.topdown.aggregate`), e.g. ``"kernel"``.
-    fraction : bool
-        Show percent of ``IPC_MAX`` instead of IPC.
     sort : bool, optional
         Order bars by time share, largest first. Default: sort groups (aggregated data), keep ranges in
         their order (launch order, as :func:`gpuscope.metrics.phase_topdown.dynamic` returns them).
@@ -120,22 +118,21 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
                      squeeze=False)[1][:, 0]
     )
     ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
-    scale = 100.0 / ipc_max if fraction else 1.0
     labels = _bar_labels(td, dim) if dim else ["all"]
     x = np.arange(len(labels))
     for axis, lv in zip(axes, levels, strict=True):
         cut = _td.level_cut(lv, td.data_vars)
         if not any(_td._BY_NAME[n].level == lv for n in cut):
             raise ValueError(f"level {lv} is not in this Top-Down Dataset")
-        drawn, small = _collapse(cut, td, ipc_max)
+        drawn, small = _collapse(cut, td)
         colors = _node_colors(drawn)
         bottom = np.zeros(len(x))
         width = 0.8 if len(x) < 60 else 1.0
         for name in drawn + (["other"] if small else []):
             # Small negative values (replay from different passes) would stack downwards; draw them as 0.
             parts = [name] if name != "other" else small
-            height = sum(np.clip(np.atleast_1d(np.asarray(td[n], dtype=float)), 0, None) for n in parts) * scale
-            label = name if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:.1%} each)"
+            height = sum(np.clip(np.atleast_1d(np.asarray(td[n], dtype=float)), 0, None) for n in parts)
+            label = name if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:g}% each)"
             axis.bar(x, height, bottom=bottom, color=colors.get(name, _OTHER_COLOR), label=label, width=width)
             bottom += np.nan_to_num(height)
         if share is not None and len(x) <= 60:
@@ -145,8 +142,8 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
         axis.set_xticks(x, labels, rotation=45 if len(x) > 6 else 0, ha="right" if len(x) > 6 else "center")
         if len(x) > 60:
             axis.set_xticks(x[:: len(x) // 20 + 1], [labels[i] for i in x[:: len(x) // 20 + 1]])
-        axis.set_ylim(0, ipc_max * scale * 1.1)
-        axis.set_ylabel("% of IPC_MAX" if fraction else f"IPC ({td.attrs.get('topdown_units', _td.UNITS)})")
+        axis.set_ylim(0, _td.FULL_SCALE * 1.1)
+        axis.set_ylabel(f"% of peak issue rate (IPC_MAX {ipc_max:g})")
         axis.set_title(f"Top-Down level {lv}")
         xlabel = _DIM_LABEL.get(dim, dim or "")
         if share is not None and len(x) <= 60:
@@ -157,19 +154,17 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, fraction: bool = 
     return axes[0] if len(axes) == 1 else axes
 
 
-def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
+def hierarchy(ds: xr.Dataset, *, ax=None):
     """The Top-Down tree as an icicle chart: one row per level, each node as wide as its value.
 
     Ranges are first averaged with :func:`gpuscope.metrics.topdown.aggregate` (``by=None``). Boxes wide enough
-    carry their name and value; a legend beside the chart lists every node of at least ``NEGLIGIBLE`` of
+    carry their name and value; a legend beside the chart lists every node of at least ``NEGLIGIBLE`` percent of
     ``IPC_MAX`` with its value (slivers included) and counts the smaller ones.
 
     Parameters
     ----------
     ds : xarray.Dataset
         A Top-Down Dataset (or range results with the ``topdown`` metric set).
-    fraction : bool
-        Label nodes in percent of ``IPC_MAX`` (else IPC).
     ax : matplotlib.axes.Axes, optional
 
     Returns
@@ -206,24 +201,24 @@ def hierarchy(ds: xr.Dataset, *, fraction: bool = True, ax=None):
         cursor[node.parent] = start + width
         cursor[node.name] = start
         bar = ax.barh(-node.level, width, left=start, height=0.9, color=colors[node.name], edgecolor="white")
-        if width > 0.06 * ipc_max:  # narrower boxes cannot hold a readable label: the legend names them
-            text = f"{100 * width / ipc_max:.0f}%" if fraction else f"{width:.2f}"
+        if width > 6:  # narrower boxes (percent) cannot hold a readable label: the legend names them
+            text = f"{width:.0f}%"
             label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
             ax.text(start + width / 2, -node.level, f"{label}\n{text}", ha="center", va="center", fontsize="x-small")
-        if width >= NEGLIGIBLE * ipc_max:
+        if width >= NEGLIGIBLE:
             handles.append(bar)
-            labels.append(f"{node.name}  {f'{100 * width / ipc_max:.1f}%' if fraction else f'{width:.3f}'}")
+            labels.append(f"{node.name}  {width:.1f}%")
         else:
             small += 1
     if small:
         handles.append(plt.Rectangle((0, 0), 1, 1, color="white"))
-        labels.append(f"({small} nodes < {NEGLIGIBLE:.1%} each not listed)")
+        labels.append(f"({small} nodes < {NEGLIGIBLE:g}% each not listed)")
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small", frameon=False,
-              ncol=2 if len(handles) > 16 else 1, title=f"node, {'% of IPC_MAX' if fraction else 'IPC'}",
+              ncol=2 if len(handles) > 16 else 1, title="node, % of peak issue rate",
               title_fontsize="x-small")
-    ax.set_xlim(0, ipc_max)
+    ax.set_xlim(0, _td.FULL_SCALE)
     ax.set_yticks([-1, -2, -3], ["level 1", "level 2", "level 3"])
-    ax.set_xlabel(f"IPC ({_td.UNITS}); IPC_MAX = {ipc_max:g}")
+    ax.set_xlabel(f"% of the SM's peak issue rate (IPC_MAX = {ipc_max:g} warp instructions per cycle)")
     ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""))
     ax.figure.tight_layout()
     return ax

@@ -244,7 +244,7 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
 
 
 def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric: str | None = None,
-                  fraction: bool = False, max_points: int = 1000, fig=None):
+                  max_points: int = 1000, fig=None):
     """Top-Down over time: the phases as bands over a sampled metric, and a stacked Top-Down bar per phase.
 
     Parameters
@@ -257,8 +257,6 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
         Top-Down level of the bars (1, 2 or 3).
     metric : str, optional
         The sampled metric drawn above the bands; default the first metric phases were detected in that varies.
-    fraction : bool
-        Bars in percent of ``IPC_MAX`` instead of IPC.
     max_points : int
         Blocks of samples drawn (about the width in pixels).
     fig : matplotlib.figure.Figure, optional
@@ -313,7 +311,7 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     top.set_title("phases over time", fontsize="small")
     bars = per_phase.assign_coords(weight=("phase_id", np.asarray(per_phase["phase_duration"], dtype=float)))
     nodes = [n for n in bars.data_vars if n in _td._BY_NAME]
-    topdown(bars[nodes], level, fraction=fraction, sort=False, ax=bottom)
+    topdown(bars[nodes], level, sort=False, ax=bottom)
     labels = []
     for p in ids:
         empty = bool(np.all(np.isnan([float(bars[n].sel(phase_id=p)) for n in nodes])))

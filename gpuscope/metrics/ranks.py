@@ -249,6 +249,6 @@ def _topdown_bars(ax, td) -> None:
         ax.bar(np.arange(len(ranks)), v, 0.6, bottom=bottom, label=node)
         bottom += v
     ax.set_xticks(np.arange(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_ylabel(td[nodes[0]].attrs.get("units", "IPC") if nodes else "")
+    ax.set_ylabel("% of peak issue rate" if nodes else "")
     ax.set_title("Top-Down level 1 per rank")
     ax.legend(fontsize=8)

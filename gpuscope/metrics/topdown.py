@@ -2,12 +2,15 @@
 
 Units
 -----
-Every node is an IPC in **warp instructions per active cycle per SM**. ``IPC_MAX`` is the number of dispatch
-units (warp schedulers, one per SM sub-partition) per SM, which is 4 on every architecture from CC 7.0 to 12.x.
-The paper's metrics (Tables II and IV) are per-SMSP averages (``smsp__*.avg.per_cycle_active``, at most 1 each);
-the paper nonetheless defines IPC_MAX per SM. We multiply the per-SMSP averages by the SMSPs per SM so that both
-sides are per SM, which also matches ncu's "IPC" (``sm__inst_executed.avg.per_cycle_active``). Each node has attrs
-``level``, ``parent``, ``formula``, ``units`` and ``ipc_max``; divide by ``ipc_max`` for a fraction of peak.
+Every node is a **percentage of the SM's peak issue rate**, ``IPC_MAX``, so every level sums to 100 and the
+numbers are those of the report, the comparison and every file (docs/report.md#units). The formulas below give
+IPCs in warp instructions per active cycle per SM, as in the paper; ``topdown`` divides them by ``IPC_MAX`` and
+multiplies by 100. ``IPC_MAX`` is the number of dispatch units (warp schedulers, one per SM sub-partition) per SM,
+which is 4 on every architecture from CC 7.0 to 12.x. The paper's metrics (Tables II and IV) are per-SMSP averages
+(``smsp__*.avg.per_cycle_active``, at most 1 each); the paper nonetheless defines IPC_MAX per SM. We multiply the
+per-SMSP averages by the SMSPs per SM so that both sides are per SM, which also matches ncu's "IPC"
+(``sm__inst_executed.avg.per_cycle_active``). Each node has attrs ``level``, ``parent``, ``formula`` (in IPC),
+``units`` (``"percent"``) and ``ipc_max``: ``value * ipc_max / 100`` is the node's IPC.
 
 Formulas (paper equation numbers in brackets)
 ---------------------------------------------
@@ -20,7 +23,7 @@ Formulas (paper equation numbers in brackets)
   ``pct_r / sum(pct over all stall reasons)``. The paper calls its inputs "percentage of stalls", but the
   ``*_per_warp_active.pct`` metrics are percentages of warp-active cycles, and those include cycles in which the
   warp issued (``selected``) or was ready (``not_selected``). Normalising over the stall reasons is the paper's
-  stated intent and makes every level sum to ``IPC_MAX`` exactly.
+  stated intent and makes every level sum to ``IPC_MAX`` (100%) exactly.
 
 Which stall reason goes where is :data:`STALL_PARENT` (paper Tables VI and VIII) with two deliberate changes:
 ``wait`` (a fixed-latency *execution* dependency) is charged to ``backend_core``, as the paper's own tool does,
@@ -38,7 +41,7 @@ Levels
 ------
 A level's *cut* is its nodes plus the leaves of shallower levels (``retire`` has no children, so it belongs to
 the level-2 and level-3 cuts; ``divergence_branch``/``divergence_replay`` to the level-3 cut). Every cut sums to
-``IPC_MAX`` (:func:`check_levels`).
+100 (:func:`check_levels`).
 
 The nodes are data in :mod:`gpuscope.metrics.topdown_nodes`, the checks :mod:`gpuscope.metrics.topdown_checks`,
 averaging over ranges :mod:`gpuscope.metrics.topdown_aggregate`; this module computes the hierarchy and lists the
@@ -66,11 +69,12 @@ from gpuscope.metrics.architectures import (
 )
 from gpuscope.metrics.topdown_aggregate import WEIGHT_METRICS, aggregate
 from gpuscope.metrics.topdown_checks import COVERAGE_TOLERANCE, LEVEL_TOLERANCE, _check_coverage, check_levels
-from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, NODES, UNITS, Node, level_cut
+from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, FULL_SCALE, NODES, UNITS, Node, level_cut
 
 __all__ = [
     "ARCHITECTURES",
     "COVERAGE_TOLERANCE",
+    "FULL_SCALE",
     "LEVEL_TOLERANCE",
     "NODES",
     "NOT_STALLS",
@@ -206,7 +210,8 @@ def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.Variable | float
 
 def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variable]:
     """Per range: how far the collected warp states miss 100% of warp-active cycles (``warp_state_coverage``), the
-    lost IPC that the stall nodes cannot place because of it (``topdown_uncertainty``), and ``consistent``.
+    lost issue slots that the stall nodes cannot place because of it (``topdown_uncertainty``, percent of peak), and
+    ``consistent``.
 
     Every active warp-cycle is in exactly one warp state, so the states of one execution add up to 100%. Shares
     whose counters come from passes that ran differently do not (docs/topdown.md): the stall nodes divide
@@ -220,14 +225,27 @@ def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variab
     coverage = covered.copy()
     coverage.attrs = {"units": "%", "description": "collected warp states as a share of warp-active cycles "
                       "(100% when every stall share comes from executions that agree)"}
-    uncertainty = stall * miss / 100.0
-    uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "lost IPC the stall nodes cannot "
-                         "place: (IPC_MAX - issued IPC) * |warp_state_coverage - 100%|; "
+    uncertainty = stall * miss / arch.ipc_max  # percent of peak, as the nodes: (stall / IPC_MAX * 100) * miss / 100
+    uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "the share of peak issue slots the "
+                         "stall nodes cannot place: (IPC_MAX - issued IPC) / IPC_MAX * |warp_state_coverage - 100%|; "
                          "frontend/backend nodes and their children are uncertain by up to this much"}
     consistent = (abs(covered - 100.0) <= COVERAGE_TOLERANCE)
     consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%: the stall "
                         "breakdown can be trusted; where False, no verdict is given"}
     return {"warp_state_coverage": coverage, "topdown_uncertainty": uncertainty, "consistent": consistent}
+
+
+def _weight(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """The ``weight`` coordinate for :func:`aggregate`: the first of :data:`WEIGHT_METRICS` in *ds* (kernel length
+    in SM cycles), under a name of its own so that the Top-Down merges with its input (a variable of one cannot be
+    a coordinate of the other). None when *ds* has none, or already carries a weight (groups from aggregate)."""
+    name = next((n for n in WEIGHT_METRICS if n in ds.data_vars), None)
+    if name is None or "weight" in ds.coords:
+        return {}
+    weight = ds[name].copy()
+    weight.attrs = {"units": ds[name].attrs.get("units", "cycle"), "metric": name,
+                    "description": f"the range's length ({name}), by which gpuscope.aggregate weights it"}
+    return {"weight": weight}
 
 
 def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn") -> xr.Dataset:
@@ -243,7 +261,7 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
     arch : str, tuple or Architecture, optional
         Compute capability; default ``ds.attrs["compute_capability"]``.
     check : {"warn", "raise", "ignore"}
-        What to do when a level does not sum to ``IPC_MAX`` or a node is negative beyond
+        What to do when a level does not sum to 100 or a node is negative beyond
         :data:`LEVEL_TOLERANCE` (:func:`check_levels`), and when the collected warp states miss 100% by more
         than :data:`COVERAGE_TOLERANCE` points (warn only).
 
@@ -251,12 +269,14 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
     -------
     xarray.Dataset
         One variable per node (``retire``, ``divergence``, ``divergence_branch``, ... ``backend_memory_long_scoreboard``),
-        in warp instructions per active cycle per SM, with attrs ``level``, ``parent``, ``formula``, ``units``,
-        ``ipc_max``, ``description``. Where ``ds`` has the ``selected`` and ``not_selected`` states, three coordinates
-        per range: ``warp_state_coverage`` (%), ``topdown_uncertainty`` (IPC) and ``consistent`` (bool), see
-        ``docs/topdown.md``. The input's dims and coordinates are kept; weight metrics
-        (:data:`WEIGHT_METRICS`) present in ``ds`` become coordinates so that :func:`aggregate` finds them. Dataset
-        attrs: the input's, plus ``topdown_ipc_max``, ``topdown_units``, ``topdown_architecture``.
+        in percent of the SM's peak issue rate (every level sums to 100), with attrs ``level``, ``parent``,
+        ``formula`` (the IPC it is a percentage of), ``units``, ``ipc_max``, ``description``. Where ``ds`` has the
+        ``selected`` and ``not_selected`` states, three coordinates per range: ``warp_state_coverage`` (%),
+        ``topdown_uncertainty`` (percent of peak, as the nodes) and ``consistent`` (bool), see ``docs/topdown.md``.
+        The input's dims and coordinates are kept (so the result aligns with ``ds`` and ``xr.merge([ds, result])``
+        holds both); the first weight metric (:data:`WEIGHT_METRICS`) in ``ds`` becomes the coordinate ``weight``
+        (attr ``metric`` names it), which :func:`aggregate` weights by. Dataset attrs: the input's, plus
+        ``topdown_ipc_max``, ``topdown_units``, ``topdown_architecture``.
 
     Raises
     ------
@@ -264,19 +284,20 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         ``ds`` lacks metrics the formulas need; the message lists them.
     ValueError
         Unknown compute capability, no ``compute_capability`` attribute and no ``arch``, bad ``levels`` or
-        ``check``, or (with ``check="raise"``) levels that do not sum to ``IPC_MAX``.
+        ``check``, or (with ``check="raise"``) levels that do not sum to 100.
     """
     if check not in ("warn", "raise", "ignore"):
         raise ValueError(f"check must be 'warn', 'raise' or 'ignore', got {check!r}")
     wanted = set(_levels(levels))
     table = _arch_of(ds, arch)
     v = _inputs(ds, table)
+    percent = FULL_SCALE / table.ipc_max
     out = {}
     # All levels are computed so that the level sums can be checked; only the wanted ones are returned.
     for node in NODES:
         if any(r.startswith("stall:") and f"share:{r[6:]}" not in v for r in node.requires):
             continue  # an optional stall reason the Dataset does not have
-        da = node.formula(v)
+        da = node.formula(v) * percent
         da.attrs = {
             "level": node.level,
             "parent": node.parent,
@@ -286,8 +307,8 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
             "description": node.description,
         }
         out[node.name] = da
-    coords = {name: ds[name] for name in WEIGHT_METRICS if name in ds.data_vars}
-    coords.update(_quality(ds, table, v))  # coordinates: data_vars stay the nodes
+    coords = _quality(ds, table, v)  # coordinates: data_vars stay the nodes
+    coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {
         **ds.attrs,

@@ -24,6 +24,8 @@ def _weights(ds: xr.Dataset, weight, dim: str) -> xr.Variable:
     for name in names:
         if name in ds.variables:
             return ds[name].astype(float)
+    if weight is None and "weight" in ds.coords and dim in ds["weight"].dims:  # gpuscope.topdown's copy
+        return ds["weight"].astype(float)
     if weight is None and "start_ns" in ds.coords and "end_ns" in ds.coords:
         return (ds["end_ns"] - ds["start_ns"]).astype(float)
     raise MissingMetricsError(
@@ -56,7 +58,7 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
     """Length-weighted mean over ranges, per group: the paper's per-kernel (or whole-run) Top-Down.
 
     Aggregate the Top-Down Dataset, not the raw metrics: node values are linear in the weights, so the
-    weighted means still sum to ``IPC_MAX``; products like ``R * W`` of averaged metrics would not be the
+    weighted means still sum to 100; products like ``R * W`` of averaged metrics would not be the
     averages of the products.
 
     Parameters
@@ -68,7 +70,8 @@ def aggregate(ds: xr.Dataset, by: str | None = "kernel", weight=None, dim: str =
         None averages everything into one value.
     weight : str or xarray.DataArray, optional
         Variable or coordinate name, or values along ``dim``. Default: the first of :data:`WEIGHT_METRICS`
-        present (kernel length in SM cycles, as the paper weights), else the range duration ``end_ns - start_ns``.
+        present (kernel length in SM cycles, as the paper weights), else the ``weight`` coordinate along ``dim``
+        (:func:`topdown` copies the first of them there), else the range duration ``end_ns - start_ns``.
     dim : str
         The dimension to aggregate over.
 

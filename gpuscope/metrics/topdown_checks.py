@@ -1,4 +1,4 @@
-"""Consistency checks of a Top-Down: every level cut sums to IPC_MAX, and the warp states cover the active cycles."""
+"""Consistency checks of a Top-Down: every level cut sums to 100%, and the warp states cover the active cycles."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import xarray as xr
 
 from gpuscope.errors import GpuscopeWarning
 from gpuscope.metrics.architectures import NOT_STALLS, Architecture, stall_metric
-from gpuscope.metrics.topdown_nodes import _BY_NAME, level_cut
+from gpuscope.metrics.topdown_nodes import _BY_NAME, FULL_SCALE, level_cut
 
 __all__ = ["COVERAGE_TOLERANCE", "LEVEL_TOLERANCE", "check_levels"]
 
@@ -17,10 +17,10 @@ __all__ = ["COVERAGE_TOLERANCE", "LEVEL_TOLERANCE", "check_levels"]
 #: Values from different replay passes do not add up exactly, so this cannot be tight.
 COVERAGE_TOLERANCE = 5.0
 
-#: Fraction of IPC_MAX by which a level cut may miss IPC_MAX, or a node may go below zero, before
+#: Percentage points (of IPC_MAX) by which a level cut may miss 100, or a node may go below zero, before
 #: :func:`check_levels` complains. Replay (issued - executed) is a small difference of numbers from different
 #: passes, so it can come out slightly negative.
-LEVEL_TOLERANCE = 0.02
+LEVEL_TOLERANCE = 2.0
 
 
 def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float) -> None:
@@ -44,21 +44,22 @@ def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float) -> Non
 
 
 def check_levels(td: xr.Dataset, tolerance: float = LEVEL_TOLERANCE, on_error: str = "raise") -> dict[int, float]:
-    """Check that every level cut of a Top-Down Dataset sums to ``IPC_MAX`` and no node is negative.
+    """Check that every level cut of a Top-Down Dataset sums to 100 (percent of ``IPC_MAX``) and no node is
+    negative.
 
     Parameters
     ----------
     td : xarray.Dataset
         Output of :func:`topdown` (or :func:`aggregate` of it).
     tolerance : float
-        Allowed error as a fraction of ``IPC_MAX``.
+        Allowed error in percentage points.
     on_error : {"raise", "warn"}
         Raise ``ValueError`` or emit a :class:`~gpuscope.errors.GpuscopeWarning`.
 
     Returns
     -------
     dict
-        Level -> largest absolute deviation of its cut from ``IPC_MAX`` (NaN entries are ignored).
+        Level -> largest absolute deviation of its cut from 100, in points (NaN entries are ignored).
 
     Raises
     ------
@@ -68,24 +69,22 @@ def check_levels(td: xr.Dataset, tolerance: float = LEVEL_TOLERANCE, on_error: s
     names = [n for n in td.data_vars if n in _BY_NAME]
     if not names:
         raise ValueError("not a Top-Down Dataset: none of its variables is a Top-Down node")
-    ipc_max = float(td.attrs.get("topdown_ipc_max", td[names[0]].attrs.get("ipc_max", 4.0)))
-    limit = tolerance * ipc_max
     deviations, problems = {}, []
     for level in sorted({_BY_NAME[n].level for n in names}):
         cut = level_cut(level, names)
         total = sum(td[n] for n in cut)
-        dev = float(np.nanmax(np.abs(np.asarray(total) - ipc_max), initial=0.0))
+        dev = float(np.nanmax(np.abs(np.asarray(total) - FULL_SCALE), initial=0.0))
         deviations[level] = dev
-        if dev > limit:
-            problems.append(f"level {level} ({' + '.join(cut)}) misses IPC_MAX={ipc_max:g} by up to {dev:.3g}")
+        if dev > tolerance:
+            problems.append(f"level {level} ({' + '.join(cut)}) misses 100% by up to {dev:.3g} points")
     for n in names:
         low = float(np.nanmin(np.asarray(td[n]), initial=0.0))
-        if low < -limit:
-            problems.append(f"{n} goes down to {low:.3g}")
+        if low < -tolerance:
+            problems.append(f"{n} goes down to {low:.3g}%")
     if problems:
         text = (
             "Top-Down consistency check failed (tolerance "
-            f"{tolerance:.0%} of IPC_MAX): " + "; ".join(problems) + ". The input metrics disagree with each "
+            f"{tolerance:g} points of IPC_MAX): " + "; ".join(problems) + ". The input metrics disagree with each "
             "other (different passes or ranges combined?)."
         )
         if on_error == "raise":

@@ -1,7 +1,8 @@
 """The Top-Down hierarchy as data: every node with its parent, level, inputs, formula and description.
 
 The formulas and units are explained in :mod:`gpuscope.metrics.topdown`, which computes them; level-3 nodes are
-``<level-2 parent>_<stall reason>``, one per reason of :data:`~gpuscope.metrics.architectures.STALL_PARENT`.
+``<level-2 parent>_<stall reason>``, one per reason of :data:`~gpuscope.metrics.architectures.STALL_PARENT`. The
+formulas give IPCs, as in the paper; a node's value is that IPC in percent of ``IPC_MAX``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import xarray as xr
 
 from gpuscope.metrics.architectures import STALL_PARENT
 
-__all__ = ["NODES", "UNITS", "Node", "level_cut"]
+__all__ = ["FULL_SCALE", "NODES", "UNITS", "Node", "level_cut"]
 
-UNITS = "warp inst/cycle/SM"
+#: The unit of every node: percent of the SM's peak issue rate (``IPC_MAX`` warp instructions per cycle), the
+#: convention of every table and file gpuscope writes (docs/report.md#units). ``value * ipc_max / 100`` is the IPC.
+UNITS = "percent"
+#: What every level's cut sums to.
+FULL_SCALE = 100.0
 
 Inputs = Mapping[str, "xr.Variable | float"]
 
@@ -215,7 +220,8 @@ _BY_NAME = {n.name: n for n in NODES}
 
 
 def level_cut(level: int, names: Iterable[str] | None = None) -> list[str]:
-    """Nodes that together make up ``IPC_MAX`` at ``level``: its nodes plus the leaves of shallower levels.
+    """Nodes that together make up the whole (100% of ``IPC_MAX``) at ``level``: its nodes plus the leaves of
+    shallower levels.
 
     Parameters
     ----------

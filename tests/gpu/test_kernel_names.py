@@ -29,8 +29,11 @@ def loop(steps):
         b.run(2)  # bench_pc_sampling's stream, then its fma
     cuda.synchronize()
 
+def column(ds, name):  # a coordinate, or a column of PM samples' execution table (a Dataset attr)
+    return np.atleast_1d(ds.attrs[name] if name in ds.attrs else ds[name].values).tolist()
+
 def names(ds, kernel, qualname):
-    pairs = zip(np.atleast_1d(ds[kernel].values).tolist(), np.atleast_1d(ds[qualname].values).tolist())
+    pairs = zip(column(ds, kernel), column(ds, qualname))
     return sorted({(str(k), str(q)) for k, q in pairs if str(k)})
 
 with gs.Profiler("launch", mode="kernel") as counters:

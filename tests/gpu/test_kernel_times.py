@@ -70,7 +70,7 @@ def test_topdown_per_phase_by_kernels(run):
     # kernel time over phase time: 200 short launches leave launch gaps (0.42 for the stream phase on the H100)
     assert float(per["attributed_fraction"].where(busy, drop=True).min()) > 0.3
     total = sum(per[n] for n in ("retire", "divergence", "frontend", "backend"))
-    np.testing.assert_allclose(total.where(busy, drop=True), td.attrs["topdown_ipc_max"], atol=0.2)
+    np.testing.assert_allclose(total.where(busy, drop=True), 100.0, atol=5.0)  # percent of IPC_MAX
 
 
 def test_kernel_replay_after_kernel_records(run):

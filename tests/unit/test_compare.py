@@ -39,7 +39,7 @@ def test_a_slowed_kernel_is_flagged_and_nothing_else(launches):
     flagged = c[c["significant"]]
     assert flagged.index.tolist() == [("fma", "gpu_time_us")]
     row = flagged.iloc[0]
-    assert row["relative"] == pytest.approx(0.10)
+    assert row["relative"] == pytest.approx(10.0) and row["unit"] == "us"  # relative: percent of the base
     assert row["ci_low"] > 0 and row["ci_low"] < row["change"] < row["ci_high"]
     assert row["n_base"] == row["n_new"] == 5
     assert "fma" in str(c) and "True" in str(c)
@@ -59,8 +59,21 @@ def test_a_topdown_shift_is_flagged(launches):
     c = compare(launches, new)
     flagged = set(c[c["significant"]].index)
     assert ("fma", "retire") in flagged and ("fma", "backend") in flagged
-    assert c.loc[("fma", "retire"), "change"] < 0
+    retire = c.loc[("fma", "retire")]
+    # in percent of peak, as gs.topdown and gs.report give it: 20% fewer of the base's 74.8 points
+    assert retire["unit"] == "%" and retire["base"] == pytest.approx(74.79, abs=0.01)
+    assert retire["change"] == pytest.approx(-0.2 * retire["base"], rel=1e-6)
+    assert retire["relative"] == pytest.approx(-20.0)
     assert not any(k != "fma" for k, _ in flagged)
+
+
+def test_every_row_and_the_csv_say_their_unit(launches, tmp_path):
+    c = compare(launches, launches)
+    units = dict(zip(c.index.get_level_values("quantity"), c["unit"]))
+    assert units["gpu_time_us"] == "us" and units["retire"] == "%" and units["backend_memory"] == "%"
+    c.to_csv(tmp_path / "diff.csv")
+    header = (tmp_path / "diff.csv").read_text().splitlines()[0].split(",")
+    assert header[:5] == ["kernel", "quantity", "unit", "base", "new"] and "relative [%]" in header
 
 
 def test_kernels_in_one_run_only(launches):

@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 import gpuscope as gs
 from gpuscope import cli
 from gpuscope._commands import demo as _demo
@@ -13,7 +15,7 @@ def test_recorded_demo_report_and_files(tmp_path):
     series = gs.open_dataset(_demo.RECORDED_SERIES)
     result = _demo.analyse(launches, series, tmp_path, recorded=True, out=out)
     text = out.getvalue()
-    assert "RECORDED on NVIDIA H100" in text and "No GPU here" in text
+    assert "RECORDED on NVIDIA H100" in text and "Not measured on this machine" in text
     assert result["verdicts"]["stream"] == "backend_memory"
     assert result["verdicts"]["fma"] == "backend_core"
     assert result["verdicts"]["divergent"] == "divergence_branch"
@@ -67,3 +69,13 @@ def test_recorded_demo_fits_the_terminal_and_says_what_is_not_attributed(tmp_pat
     per_phase = text[text.index("Top-Down per phase"):]
     rows = [line.split() for line in per_phase.splitlines() if line[:1].isdigit() and "%" in line]
     assert len(rows) == 2 and rows[1][1:] == ["66.6%", "0.0%", "-", "-", "not", "attributed"]
+
+
+def test_a_gpu_without_numba_shows_the_recordings_and_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("gpuscope._gpu.device.device_count", lambda: 1)
+    monkeypatch.setattr(_demo, "_numba_cuda", lambda: False)
+    monkeypatch.setattr(_demo, "collect", lambda: pytest.fail("the demo's workload needs Numba"))
+    assert _demo.main(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "Numba is not installed" in out and "pip install '.[cu13]' in a gpuscope checkout" in out
+    assert "Not measured on this machine" in out and (tmp_path / "topdown.png").exists()

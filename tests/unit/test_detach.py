@@ -50,6 +50,8 @@ def cupti(monkeypatch):
     monkeypatch.setattr(_modules, "_watcher", None)
     monkeypatch.setattr(_keep, "_hosts", {})
     monkeypatch.setattr(_keep, "_kept", {})
+    monkeypatch.setattr(_keep, "_listeners", {})
+    monkeypatch.setattr(_keep, "_start_listener", lambda device: None)  # no rendezvous (tests/unit/test_keep.py)
     monkeypatch.setenv("GPUSCOPE_KEEP", "inf")  # no idle timer unless a test asks for one
     monkeypatch.setattr(profiler, "_init_count", 0)
     monkeypatch.setattr(profiler, "params", lambda cls, **fields: None)

@@ -4,12 +4,14 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 import warnings
 from pathlib import Path
 
 import pytest
 
 from gpuscope._gpu import keep as _keep
+from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._range_profiling import session as _session
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._range_profiling.launches import KernelReplay
@@ -51,12 +53,17 @@ class FakeContext:
 
 @pytest.fixture
 def kept_state(monkeypatch):
-    """A clean keeper whose releases count (cuptiProfilerDeInitialize is not called)."""
+    """A clean keeper whose releases count (cuptiProfilerDeInitialize is not called), listening on the rendezvous of
+    a GPU of its own (tests/unit/test_rendezvous.py); what a test leaves kept is released after it."""
     deinit = []
     monkeypatch.setenv("GPUSCOPE_KEEP", "inf")  # no idle timers unless a test asks for them
     monkeypatch.setattr(_keep, "_kept", {})
+    monkeypatch.setattr(_keep, "_sessions", {})
+    monkeypatch.setattr(_keep, "_listeners", {})
+    monkeypatch.setattr(_rendezvous, "gpu_id", lambda device, gpu=f"test-{uuid.uuid4().hex[:12]}": f"{gpu}-{device}")
     monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: deinit.append(1))
-    return deinit
+    yield deinit
+    _keep.release()
 
 
 def kept(key=("ctx", ("m",), 1, 2, 64, 1), context_id=7):

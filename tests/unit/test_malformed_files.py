@@ -9,6 +9,7 @@ import pytest
 
 import gpuscope as gs
 from gpuscope import cli
+from gpuscope._schema import dataset as _dataset
 from gpuscope.errors import NotGpuscopeDataError
 
 DATA = Path(gs.__file__).parent / "data"
@@ -79,11 +80,12 @@ def test_pm_samples_without_a_sample_are_shown(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    """PM samples as save_dataset writes them: span_path as int32 codes into its gpuscope_strings table."""
+    """PM samples as save_dataset writes them: span_path (in the group of the span table) as int32 codes into its
+    gpuscope_strings table."""
     path = tmp_path_factory.mktemp("files") / "samples.nc"
     gs.save_dataset(gs.open_dataset(DATA / "demo_timeseries.nc"), path)
     with h5py.File(path) as f:
-        assert f["span_path"].dtype == "int32" and f["span_path"].attrs["gpuscope_strings"] == \
+        assert f["spans/span_path"].dtype == "int32" and f["spans/span_path"].attrs["gpuscope_strings"] == \
             '["stream", "fma", "divergent"]'
     return path
 
@@ -91,12 +93,13 @@ def samples(tmp_path_factory):
 def coded(src: Path, dst: Path, codes=None, table=None, dtype=None) -> Path:
     dst.write_bytes(src.read_bytes())
     with h5py.File(dst, "a") as f:
-        var = f["span_path"]
+        group = f["spans"]
+        var = group["span_path"]
         if dtype is not None:  # the same values in another type: a new variable on the same dim
             values, attrs = var[...], dict(var.attrs)
-            del f["span_path"]
-            var = f.create_dataset("span_path", data=values.astype(dtype))
-            var.dims[0].attach_scale(f["span"])
+            del group["span_path"]
+            var = group.create_dataset("span_path", data=values.astype(dtype))
+            var.dims[0].attach_scale(group["span"])
             var.attrs["gpuscope_strings"] = attrs["gpuscope_strings"]
         if codes is not None:
             var[...] = codes
@@ -152,12 +155,15 @@ def test_tables_of_an_older_schema_that_do_not_fit_are_a_bad_file(tmp_path, caps
     """Schema 2 kept the span table in list attrs; columns of different lengths were a bare ValueError from
     gs.open_dataset."""
     ts = gs.open_dataset(DATA / "demo_timeseries.nc")
-    old = ts.drop_vars([v for v in ts.variables if ts[v].dims == ("span",)]).rename_vars({"span_index": "span"})
+    old = ts.rename_vars({"span_index": "span"})
     old.attrs.update(gpuscope_schema=2, span_path=["a", "b"], span_thread=[1, 2, 3], span_start_ns=[1, 2, 3],
                      span_end_ns=[4, 5])
     path = tmp_path / "schema2.nc"
-    gs.save_dataset(old, path)
-    says = "it cannot be converted from gpuscope schema 2 (ValueError: conflicting sizes for dimension 'span'"
+    with pytest.MonkeyPatch.context() as m:  # as schema 2 wrote them: list attrs, no groups
+        m.setattr(_dataset, "table_groups", lambda ds: (ds, {}))
+        gs.save_dataset(old, path)
+    says = ("it cannot be converted from gpuscope schema 2 (ValueError: the columns of the span table differ in "
+            "length (span_path 2, span_thread 3, span_start_ns 3, span_end_ns 2))")
     with pytest.raises(NotGpuscopeDataError, match=re.escape(says)):
         gs.open_dataset(path)
     assert_one_line_exit_5(capsys, path, says)

@@ -34,15 +34,16 @@ def on_device(recording, device):
     lag, the span table (the process's user ranges) as it is, the range of each sample derived from it."""
     start_after, lag, kept, losses = PLACES[device]
     ds = recording.isel(time=slice(0, kept))
-    table = {k: recording[k].values.tolist() for k in _dataset.SPAN_VARS}
+    table = {k: recording.attrs[k].tolist() for k in _dataset.SPAN_VARS}
     session = int(recording.attrs["session_start_ns"]) + start_after
     coords = _results.sample_coords(ds["start_ns"].values + lag, ds["end_ns"].values + lag, session, table)
-    coords.update(_dataset.table_coords(_dataset.SPAN_TABLE, "span", table))
     data = {m: xr.DataArray(ds[m].values, dims="time", attrs=dict(ds[m].attrs)) for m in ds.data_vars}
-    attrs = {**recording.attrs, "device_index": device, "session_start_ns": session,
-             "session_end_ns": int(recording.attrs["session_end_ns"]) + lag,
-             "wall_clock_ns": session + WALL_MINUS_CUPTI}  # the recording's own losses (73 samples) ...
+    attrs = {k: v for k, v in recording.attrs.items() if k not in _dataset.TABLE_ATTRS}
+    attrs.update({"device_index": device, "session_start_ns": session,
+                  "session_end_ns": int(recording.attrs["session_end_ns"]) + lag,
+                  "wall_clock_ns": session + WALL_MINUS_CUPTI})  # the recording's own losses (73 samples) ...
     attrs.update(losses)  # ... or the device's
+    attrs.update(_dataset.table_attrs(_dataset.SPAN_TABLE, table))
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
@@ -104,7 +105,7 @@ def test_two_devices_give_one_dataset_on_one_time_base(fake, recording):
         assert s.running and s.devices == [0, 1]
     assert fake.log == [("start", 0), ("start", 1), ("stop", 1), ("stop", 0)]
     ds = s.dataset
-    assert dict(ds.sizes) == {"device": 2, "sample": 18019, "span": 3} and ds["device"].values.tolist() == [0, 1]
+    assert dict(ds.sizes) == {"device": 2, "sample": 18019} and ds["device"].values.tolist() == [0, 1]
     assert ds["samples"].values.tolist() == [18019, 17500]
     origin = int(recording.attrs["session_start_ns"])  # device 0 started first
     assert ds.attrs["time_origin_ns"] == ds.attrs["session_start_ns"] == origin
@@ -128,8 +129,8 @@ def test_two_devices_give_one_dataset_on_one_time_base(fake, recording):
     np.testing.assert_array_equal(ph["phase"].values, gs.phases(s.datasets[1])["phase"].values)
     assert gs.spans(ds)["path"].tolist() == ["stream", "fma", "divergent"]  # the process's ranges, kept
     assert gs.report(gs.select_device(ds, 0)).title.startswith("gpuscope report: PM sampling, 18019 samples")
-    assert ds.sizes["span"] == 3 and ds["span_index"].dims == ("device", "sample")
-    frame = ds.drop_dims("span").to_dataframe()
+    assert len(ds.attrs["span_path"]) == 3 and ds["span_index"].dims == ("device", "sample")
+    frame = ds.to_dataframe()  # one row per (device, sample)
     assert len(frame) == 2 * 18019 and len(frame[frame["time"] >= 0]) == 18019 + 17500
 
 
@@ -310,12 +311,12 @@ def test_combine_and_select_refuse_what_they_cannot_hold(recording):
 
 def test_span_tables_that_differ_are_joined(recording):
     one, other = on_device(recording, 0), on_device(recording, 1)
-    late = other["span_end_ns"].values.copy()
+    late = other.attrs["span_end_ns"].copy()
     late[-1] += 1  # the last range still open when device 1 stopped, later than device 0
-    other = other.assign_coords(span_end_ns=("span", late, dict(other["span_end_ns"].attrs)))
-    extra = _dataset.table_coords(_dataset.SPAN_TABLE, "span", {  # a range device 0 stopped before
-        k: other[k].values.tolist() + [v] for k, v in zip(_dataset.SPAN_VARS, ["late", 7, late[-1] + 5, late[-1] + 9])})
-    other = other.drop_dims("span").assign_coords(extra)
+    other = other.assign_attrs(span_end_ns=late)
+    extra = _dataset.table_attrs(_dataset.SPAN_TABLE, {  # a range device 0 stopped before
+        k: other.attrs[k].tolist() + [v] for k, v in zip(_dataset.SPAN_VARS, ["late", 7, late[-1] + 5, late[-1] + 9])})
+    other = other.assign_attrs(extra)
     both = gs.combine_devices([one, other])
     assert "per_device_attrs_dropped" not in both.attrs
     table = gs.spans(both)  # each span once, identified by path, thread and start; the latest end
@@ -335,11 +336,11 @@ def test_execution_tables_follow_one_another_with_their_device(recording):
     parts = [_results.with_executions(on_device(recording, d), {"records": runs[d], "dropped": d, "errors": []})
              for d in (0, 1)]
     both = gs.combine_devices(parts)
-    assert both.sizes["execution"] == 7 and both["exec_device"].values.tolist() == [0] * 3 + [1] * 4
+    assert both.attrs["exec_device"].tolist() == [0] * 3 + [1] * 4
     assert both.attrs["kernel_records_dropped"] == 1 and both["kernel_records_dropped"].values.tolist() == [0, 1]
     table = gs.kernel_executions(both)
     assert table.columns[-1] == "device" and table.groupby("device").size().to_dict() == {0: 3, 1: 4}
     for d in (0, 1):
         mine = gs.select_device(both, d)
-        assert "exec_device" not in mine.variables
+        assert "exec_device" not in mine.attrs
         assert gs.kernel_executions(mine).equals(gs.kernel_executions(parts[d]))

@@ -30,7 +30,8 @@ def test_each_add_metrics_call_is_a_pass_group_of_its_own():
 
 def test_topdown_plan_keeps_every_rate_out_of_the_first_two_passes_with_one_pass_more():
     plan = lists.consistent_plan(TOPDOWN, "GH100")
-    assert plan.passes == _passes(plan.groups) == 8 == lists.count_passes("topdown", "GH100") + 1
+    assert plan.passes == _passes(plan.groups) == 8 == lists.count_passes("topdown", "GH100", plan=False) + 1
+    assert lists.count_passes("topdown", "GH100") == 8  # what a session collects
     assert all(_passes([g]) == 1 for g in plan.groups)
     first, counts = plan.groups[:2]
     assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max"}
@@ -83,3 +84,53 @@ def test_recorded_short_kernels_with_cuptis_schedule_do_not_add_up():
     _, planned = _shares("short_kernels_plan_gh100.npz")
     _, cupti = _shares("short_kernels_cupti_gh100.npz")
     assert np.median(np.abs(cupti - 100)) > 2 * np.median(np.abs(planned - 100)), (cupti, planned)
+
+
+def _live_plans() -> dict:
+    """Every chip's plan of every built-in range set, counted with the loaded CUPTI (no stored plans)."""
+    from gpuscope._gpu.chips import list_chips
+
+    out: dict = {}
+    for chip in list_chips():
+        cm = lists._chip_metrics(chip, lists.MetricKind.RANGE)
+
+        def one_pass(names, chip=chip):
+            return host.num_passes(lists.config_image(list(names), chip, "range")) == 1
+
+        for name, mset in lists.metric_sets("range").items():
+            metrics = tuple(lists.resolve(name, chip))
+            found = pass_plan.plan(metrics, cm.has, one_pass)
+            if found is not None:
+                out.setdefault(chip, {})["|".join(metrics)] = [list(g) for g in found.groups]
+    return out
+
+
+def test_the_stored_plans_are_what_cupti_gives_today():
+    assert lists._stored_plans() == _live_plans()
+
+
+def test_a_stored_plan_that_no_longer_holds_is_counted_again(monkeypatch):
+    key = "|".join(TOPDOWN)
+    stored = lists._stored_plans()["GH100"][key]
+    wrong = [stored[0] + stored[2][1:]] + stored[1:2] + stored[3:]  # a lead group that needs two passes
+    monkeypatch.setattr(lists, "_stored_plans", lambda: {"GH100": {key: wrong}})
+    lists.consistent_plan.cache_clear()
+    try:
+        assert [list(g) for g in lists.consistent_plan(TOPDOWN, "GH100").groups] == stored
+    finally:
+        lists.consistent_plan.cache_clear()
+
+
+if __name__ == "__main__":  # python tests/unit/test_pass_plan.py --update: write the stored plans
+    import json
+    import sys
+
+    if sys.argv[1:] == ["--update"]:
+        from gpuscope.cupti import _api
+
+        path = Path(lists.__file__).resolve().parents[1] / "metrics" / "data" / "pass_plans.json"
+        note = ("The consistent pass plans of the built-in range sets per chip, made with CUPTI "
+                f"{'%d.%d' % _api.version()}'s host API by `python tests/unit/test_pass_plan.py --update`; a "
+                "session checks a stored plan with one config before it uses it (gpuscope/_gpu/metric_lists.py).")
+        path.write_text(json.dumps({"note": note, "plans": _live_plans()}, indent=1) + "\n")
+        print("wrote", path)

@@ -126,7 +126,7 @@ def test_fast_topdown_within_5_points_of_the_counter_topdown(recorded):
     ncu = _ncu_dataset()
     full = td.topdown(ncu, check="ignore")
     fast = _fast.fast_topdown(ds, ncu[[td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]])
-    diff = {n: 100 * np.abs(fast[n] - full[n]).max().item() / 4.0 for n in fast.data_vars}
+    diff = {n: np.abs(fast[n] - full[n]).max().item() for n in fast.data_vars}  # points of peak
     assert max(diff.values()) < 5.0
     assert diff["backend_core_math_pipe_throttle"] == pytest.approx(3.05, abs=0.05)  # the largest
-    assert float(fast["backend_memory"].sel(kernel="stream")) == pytest.approx(2.706, abs=1e-3)
+    assert float(fast["backend_memory"].sel(kernel="stream")) == pytest.approx(67.65, abs=0.025)

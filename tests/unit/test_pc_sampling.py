@@ -146,11 +146,11 @@ def test_stall_percentages_and_fast_topdown():
         coords={"kernel": [k]},
     )
     td = _fast.fast_topdown(ds, ipc)
-    stall = 4.0 - 1.0  # IPC_MAX - 4 * issued
+    stall = 100.0 - 25.0  # 100% - the issue rate, 4 * 0.25 of IPC_MAX 4
     # shares over stall reasons only: long_scoreboard 11, wait 6 (selected is not a stall)
     assert td["backend_memory"].sel(kernel=k).item() == pytest.approx(stall * 11 / 17)
     assert td["backend_core"].sel(kernel=k).item() == pytest.approx(stall * 6 / 17)
-    assert td["retire"].sel(kernel=k).item() == pytest.approx(1.0)
+    assert td["retire"].sel(kernel=k).item() == pytest.approx(25.0)
     with pytest.raises(ValueError, match="no PC samples"):
         _fast.fast_topdown(ds, ipc.assign_coords(kernel=["missing"]))
 
@@ -161,8 +161,8 @@ def test_plot_tables():
     assert lines.line.values.tolist() == [1, 2]
     assert lines.sel(stall_reason="long_scoreboard").values.tolist() == [10, 1]
     cats = pc_plot.kernel_stalls(ds)
-    assert cats.sel(kernel="kernel", stall_category="backend_memory").item() == pytest.approx(11 / 20)
-    assert float(cats.sel(kernel="saxpy").sum()) == pytest.approx(1.0)
+    assert cats.sel(kernel="kernel", stall_category="backend_memory").item() == pytest.approx(100 * 11 / 20)
+    assert float(cats.sel(kernel="saxpy").sum()) == pytest.approx(100.0) and cats.attrs["units"] == "percent"
     with pytest.raises(ValueError, match="pass kernel="):
         pc_plot.line_stalls(ds)
 

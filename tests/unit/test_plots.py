@@ -47,18 +47,19 @@ def test_accessor_delegates_and_stores_only_the_dataset():
     assert set(out.data_vars) == set(td.topdown(ds).data_vars)
     np.testing.assert_allclose(out.retire, td.topdown(ds).retire)
     assert list(time_series().gpuscope.phases().segment_first.values) == [0, 1000, 2000, 3000]
-    assert float(out.gpuscope.aggregate(by=None).retire) == pytest.approx(0.95)
+    assert float(out.gpuscope.aggregate(by=None).retire) == pytest.approx(0.95 * 25)  # percent of IPC_MAX 4
 
 
-def test_topdown_bars_stack_to_ipc_max(tmp_path):
+def test_topdown_bars_stack_to_100_percent(tmp_path):
     ds = range_dataset()
     axes = ds.gpuscope.plot.topdown(level=[1, 2, 3])
     assert len(axes) == 3
     nodes = td.topdown(ds)
     for ax, level in zip(axes, (1, 2, 3)):
-        np.testing.assert_allclose(_stack_heights(ax), [4.0, 4.0])
+        np.testing.assert_allclose(_stack_heights(ax), [100.0, 100.0])
+        assert ax.get_ylabel() == "% of peak issue rate (IPC_MAX 4)"
         cut = td.level_cut(level, nodes.data_vars)
-        small = [n for n in cut if td._BY_NAME[n].level == 3 and float(abs(nodes[n]).max()) < plot.NEGLIGIBLE * 4]
+        small = [n for n in cut if td._BY_NAME[n].level == 3 and float(abs(nodes[n]).max()) < plot.NEGLIGIBLE]
         texts = [t.get_text() for t in ax.get_legend().get_texts()]
         assert texts == [n for n in cut if n not in small] + ([f"other ({len(small)} nodes < 0.5% each)"] if small else [])
     assert [t.get_text() for t in axes[0].get_xticklabels()] == ["fma", "stream"]
@@ -69,7 +70,7 @@ def test_topdown_bars_stack_to_ipc_max(tmp_path):
 def test_topdown_bars_per_kernel_in_percent():
     ds = range_dataset(stalls=(STALLS_0, STALLS_1, STALLS_1), ipc=(0.5, 0.1, 0.3), issued=(0.55, 0.1, 0.3),
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(0, 0, 1))
-    ax = plot.topdown(ds, level=1, by="kernel", fraction=True)
+    ax = plot.topdown(ds, level=1, by="kernel")
     np.testing.assert_allclose(_stack_heights(ax), [100.0, 100.0])
     retire = [p.get_height() for p in ax.patches[:2]]  # the first series drawn is retire
     np.testing.assert_allclose(retire, [(1.5 + 1.2) / 2 * 25, 0.4 * 25])
@@ -77,13 +78,13 @@ def test_topdown_bars_per_kernel_in_percent():
         plot.topdown(td.topdown(ds, levels=1), level=2)
 
 
-def test_hierarchy_rows_fill_ipc_max():
+def test_hierarchy_rows_fill_100_percent():
     ax = range_dataset().gpuscope.plot.hierarchy()
     rows = {}
     for patch in ax.patches:
         rows.setdefault(round(patch.get_y() + patch.get_height() / 2), []).append(patch.get_width())
-    assert sum(rows[-1]) == pytest.approx(4.0)  # level 1 covers IPC_MAX
-    assert sum(rows[-2]) == pytest.approx(4.0 - 0.95)  # level 2 under divergence, frontend, backend
+    assert sum(rows[-1]) == pytest.approx(100.0)  # level 1 covers IPC_MAX
+    assert sum(rows[-2]) == pytest.approx(100.0 - 0.95 * 25)  # level 2 under divergence, frontend, backend
 
 
 def test_timeline_shades_phases_and_ranges(tmp_path):
@@ -140,7 +141,7 @@ def test_documented_topdown_levels_on_real_launches(launches):
     axes = launches.gpuscope.plot.topdown(level=[1, 2])
     assert len(axes) == 2
     for ax in axes:
-        np.testing.assert_allclose(_stack_heights(ax), 4.0, atol=0.1)  # one bar per launch, each sums to IPC_MAX
+        np.testing.assert_allclose(_stack_heights(ax), 100.0, atol=2.5)  # one bar per launch, each sums to 100%
         assert len(_stack_heights(ax)) == 15
     labels = [t.get_text() for t in axes[0].get_xticklabels()]
     assert labels[:3] == ["stream#0", "fma#1", "divergent#2"]  # launch order, repeated paths get the launch
@@ -153,7 +154,7 @@ def test_dynamic_bars_on_real_launches(nodes):
     ax = gs.dynamic(nodes, "stream").gpuscope.plot.topdown()
     assert [t.get_text() for t in ax.get_xticklabels()] == [f"stream#{i}" for i in (0, 3, 6, 9, 12)]
     retire = ax.containers[0]
-    assert retire.get_label() == "retire" and all(1.1 < p.get_height() < 1.4 for p in retire)
+    assert retire.get_label() == "retire" and all(27.5 < p.get_height() < 35 for p in retire)
 
 
 def test_per_kernel_bars_sorted_by_time_share_and_distinct_colours(nodes):
@@ -173,7 +174,7 @@ def test_hierarchy_on_per_kernel_aggregates(nodes):
     agg = gs.aggregate(nodes, by="kernel")
     ax = agg.gpuscope.plot.hierarchy()
     level1 = [p.get_width() for p in ax.patches if round(p.get_y() + p.get_height() / 2) == -1]
-    assert sum(level1) == pytest.approx(4.0, abs=0.05)
+    assert sum(level1) == pytest.approx(100.0, abs=1.25)
     # the cycle-weighted whole-run retire equals the weighted mean of the groups
     expected = float((agg["retire"] * agg["weight"]).sum() / agg["weight"].sum())
     assert ax.patches[0].get_width() == pytest.approx(expected)
@@ -307,12 +308,12 @@ def test_hierarchy_names_every_visible_node_in_a_legend(nodes):
     ax = agg.gpuscope.plot.hierarchy()
     whole = gs.aggregate(agg, by=None, weight="weight", dim="kernel")
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    listed = [n for n in td.NODES if n.name in whole and float(whole[n.name]) >= plot.NEGLIGIBLE * 4]
+    listed = [n for n in td.NODES if n.name in whole and float(whole[n.name]) >= plot.NEGLIGIBLE]
     assert [lab.split()[0] for lab in labels[:-1]] == [n.name for n in listed]
     assert "frontend_fetch  0.6%" in labels  # a sliver too narrow for a label inside its box
     boxed = {t.get_text().split("\n")[0] for t in ax.texts}
     assert "fetch" not in boxed and "retire" in boxed
-    small = sum(1 for n in td.NODES if n.name in whole and float(whole[n.name]) < plot.NEGLIGIBLE * 4)
+    small = sum(1 for n in td.NODES if n.name in whole and float(whole[n.name]) < plot.NEGLIGIBLE)
     assert labels[-1] == f"({small} nodes < 0.5% each not listed)"
 
 

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import gpuscope as gs  # noqa: E402
 from gpuscope._results import job as _job
 from gpuscope._results import build as _results
+from gpuscope._schema import dataset as _dataset
 
 DATA = Path(gs.__file__).parent / "data"
 PHASES = Path(__file__).resolve().parents[1] / "fixtures" / "phases"
@@ -128,7 +129,7 @@ def range_ranks(launches):
     r1[TIME] = r1[TIME] * 1.5
     r2 = _rank_copy(launches.isel(range=slice(0, 4)), 2)
     extra = _rank_copy(launches.isel(range=[2]), 2)
-    extra = extra.assign_coords(name=("range", ["halo"]), kernel=("range", ["halo"]), range=("range", ["halo"]))
+    extra = extra.assign_coords(name=("range", ["halo"]), kernel=("range", ["halo"]), range=("range", [4]))
     r2 = xr.concat([r2, extra], "range", combine_attrs="override")
     return [r2, r0, r1]  # out of order on purpose
 
@@ -149,7 +150,8 @@ def test_merge_range_results(range_ranks, launches):
     assert m[TIME].sel(rank=2).values[15] == t[2]
     assert m["name"].values[15] == "halo" and m["occurrence"].values.tolist()[:6] == [0, 0, 0, 1, 1, 1]
     assert m["launch"].sel(rank=2).values.tolist() == [0, 1, 2, 3] + [-1] * 11 + [2]
-    assert m.sel(range="fma").sizes["range"] == 5  # the index repeats the path, as in one rank's results
+    assert m["range"].values.tolist() == list(range(16))  # row numbers, as in one rank's results
+    assert m.isel(range=m["name"] == "fma").sizes["range"] == 5
     # one clock: rank 1's CUPTI times move by wall - session = 5 s
     start = launches["start_ns"].values
     np.testing.assert_array_equal(m["start_ns"].sel(rank=0).values[:15], start)
@@ -235,10 +237,10 @@ def test_merge_pm_samples_on_one_clock():
     assert m["workload"].values.tolist() == names
     assert "workload_plan" in m.attrs["per_rank_attrs_dropped"]
     assert not any(k.startswith("span_") for k in m.attrs["per_rank_attrs_dropped"])
-    # the span tables follow one another along span, each row with its rank, on the wall clock
-    counts = [ds.sizes["span"] for ds in series]
-    assert m.sizes["span"] == sum(counts) and m["span_rank"].values.tolist() == [r for r, k in enumerate(counts)
-                                                                               for _ in range(k)]
+    # the span tables follow one another in one table, each row with its rank, on the wall clock
+    counts = [len(gs.spans(ds)) for ds in series]
+    assert "span" not in m.dims and len(m.attrs["span_path"]) == sum(counts)
+    assert m.attrs["span_rank"].tolist() == [r for r, k in enumerate(counts) for _ in range(k)]
     table = gs.spans(m)
     assert table.columns.tolist() == ["path", "thread", "start_ns", "end_ns", "start", "end", "rank"]
     first = 0
@@ -254,7 +256,8 @@ def test_merge_pm_samples_on_one_clock():
                                                           ds["span_index"].values + first, -1))
         assert (index[n:] == -1).all()
         first += len(own)
-    assert m["span_start_ns"].attrs["clock"] == m["start_ns"].attrs["clock"]
+    # a file's span group says the times' clock: that of start_ns
+    assert _dataset.table_groups(m)[1]["spans"]["span_start_ns"].attrs["clock"] == m["start_ns"].attrs["clock"]
 
 
 def test_merge_pm_execution_tables(tmp_path):
@@ -269,8 +272,8 @@ def test_merge_pm_execution_tables(tmp_path):
         one = _results.with_executions(ts, {"records": records, "dropped": 0, "errors": []})
         parts.append(_rank_copy(one, r, session=t0, wall=t0 + 1000 * r))
     m = gs.merge_ranks(parts)
-    assert m.sizes["execution"] == 5 and m["exec_rank"].values.tolist() == [0, 0, 1, 1, 1]
-    np.testing.assert_array_equal(m["exec_start_ns"].values[2:], parts[1]["exec_start_ns"].values + 1000)
+    assert m.attrs["exec_rank"].tolist() == [0, 0, 1, 1, 1]
+    np.testing.assert_array_equal(m.attrs["exec_start_ns"][2:], parts[1].attrs["exec_start_ns"] + 1000)
     table = gs.kernel_executions(m)
     assert table.columns[-1] == "rank" and table.groupby("rank").size().to_dict() == {0: 2, 1: 3}
     gs.save_dataset(m, tmp_path / "m.nc")

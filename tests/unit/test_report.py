@@ -34,7 +34,7 @@ def test_one_row_per_kernel_with_gpu_time(launches):
     for k in r.index:
         assert r.loc[k, "gpu_time_ms"] == pytest.approx(t[kernels == k].sum() / 1e6)
         assert r.loc[k, "mean_us"] == pytest.approx(t[kernels == k].mean() / 1e3)
-    assert r["share"].sum() == pytest.approx(1.0)
+    assert r["share"].sum() == pytest.approx(100.0) and r.units["share"] == "%"
     assert r.index[0] in ("fma", "divergent") and r.index[-1] == "stream"  # sorted by share of GPU time
 
 
@@ -50,9 +50,9 @@ def test_verdicts_are_the_topdown_hierarchy(launches):
         row = per_kernel.sel(kernel=k)
         level2 = {n: float(row[n]) for n in td.level_cut(2) if n != "retire"}
         assert r.loc[k, "bound_by"] == max(level2, key=level2.get)
-        for n in td.level_cut(1):
-            assert r.loc[k, n] == pytest.approx(float(row[n]) / 4.0)
-        assert sum(r.loc[k, n] for n in td.level_cut(1)) == pytest.approx(1.0, abs=0.02)
+        for n in td.level_cut(1):  # the same numbers as gs.aggregate(gs.topdown(ds)): percent of peak
+            assert r.loc[k, n] == pytest.approx(float(row[n])) and r.units[n] == "%"
+        assert sum(r.loc[k, n] for n in td.level_cut(1)) == pytest.approx(100.0, abs=2)
     assert dict(r["bound_by"]) == {"stream": "backend_memory", "fma": "backend_core", "divergent": "divergence_branch"}
     assert r.loc["stream", "culprit"] == "long_scoreboard" and r.loc["fma", "culprit"] == "math_pipe_throttle"
     assert r.loc["divergent", "culprit"] == ""  # divergence_branch has no stall reasons under it
@@ -64,7 +64,7 @@ def test_printed_table_and_html(launches):
     text = r.to_text(width=200)
     assert text.startswith("gpuscope report: 15 launches, 3 kernels")
     assert "backend_memory" in text and "long_scoreboard" in text
-    assert f"{100 * r.loc['stream', 'backend']:.1f}%" in text  # fractions print as percentages
+    assert f"{r.loc['stream', 'backend']:.1f}%" in text  # percentages print with their sign
     assert repr(r) == str(r) == r.to_text()
     page = r._repr_html_()
     assert "<table" in page and "gpuscope report" in page and "backend_core" in page
@@ -105,7 +105,8 @@ def test_pm_sampling_per_user_range(series):
         assert r.loc[name, "DRAM read %"] == pytest.approx(float(series[m].values[ranges == name].mean()))
     # the streaming range reads DRAM, the FMA range does not
     assert r.loc["stream", "DRAM read %"] > 20 > r.loc["fma", "DRAM read %"]
-    assert r["share"].sum() == pytest.approx(1.0)
+    assert r["share"].sum() == pytest.approx(100.0)
+    assert r.units["share"] == r.units["DRAM read %"] == "%" and r.units["time_ms"] == "ms"
     assert str(r).startswith("gpuscope report: PM sampling, 18019 samples")
 
 
@@ -140,7 +141,7 @@ def test_pc_sampling_top_stalls_per_kernel(pc):
     assert r.loc["fma", "stall_1"] == "math_pipe_throttle"
     fma = pc["kernel_samples"].sel(kernel="fma")
     assert r.loc["fma", "stall_1_share"] == pytest.approx(
-        float(fma.sel(stall_reason="math_pipe_throttle") / fma.sum()))
+        100 * float(fma.sel(stall_reason="math_pipe_throttle") / fma.sum()))
     assert len(report(pc, top=1).filter(like="stall_").columns) == 2
 
 
@@ -381,8 +382,11 @@ def test_show_csv_writes_the_whole_table(capsys, monkeypatch, tmp_path, launches
     code, out, _ = _show(capsys, monkeypatch, _demo.RECORDED_LAUNCHES, "--csv", path)
     assert code == 0 and "gpuscope report" in out
     written = pd.read_csv(path, index_col="kernel", keep_default_na=False)  # no NaN in it; "" stays ""
-    expected = pd.DataFrame(report(launches))
+    expected = report(launches).with_units()
     assert list(written.columns) == list(expected.columns)  # every column, the advice whole
+    # every header says its unit: in the name it already had, or in brackets
+    assert list(written.columns[:8]) == ["launches", "gpu_time_ms", "mean_us", "share [%]", "retire [%]",
+                                         "divergence [%]", "frontend [%]", "backend [%]"]
     pd.testing.assert_frame_equal(written, expected, check_dtype=False, check_index_type=False,
                                   check_column_type=False)
     both = tmp_path / "both.csv"
@@ -400,7 +404,7 @@ def test_show_raw_page_lists_every_value_with_its_unit(capsys, monkeypatch, tmp_
     blocks = out.split("\n\n")[1:]
     assert len(blocks) == launches.sizes["range"]
     first = blocks[0].splitlines()
-    assert first[0].startswith("range stream, name stream") and "launch 0" in first[0]
+    assert first[0].startswith("range 0, name stream") and "launch 0" in first[0]
     t = int(launches["gpu__time_duration.sum"].values[0])
     assert any(line.split() == ["gpu__time_duration.sum", f"{t:,}", "nanosecond"] for line in first)
     assert sum(line.startswith("  smsp__") for line in blocks[0].splitlines()) == 22
@@ -467,3 +471,18 @@ def test_labels_read_as_astype_str_would_and_missing_ones_as_asked():
     assert string_labels(values).tolist() == values.astype(str).tolist()
     assert string_labels(["step", None, "step"], missing="").tolist() == ["step", "", "step"]
     assert string_labels(np.array(["a", "b"])).dtype == object
+
+
+def test_one_unit_for_topdown_in_the_api_the_report_and_the_csv(launches, tmp_path):
+    """Issue 37: gs.aggregate gave IPC (2.99), the report % of peak (74.8%), its CSV fractions (0.4688), no unit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_kernel = td.aggregate(td.topdown(launches), by="kernel")
+    r = report(launches)
+    r.to_csv(tmp_path / "report.csv")
+    written = pd.read_csv(tmp_path / "report.csv", index_col="kernel")
+    api = float(per_kernel["retire"].sel(kernel="fma"))
+    assert api == pytest.approx(74.79, abs=0.01) and per_kernel["retire"].attrs["units"] == "percent"
+    assert r.loc["fma", "retire"] == pytest.approx(api) and written.loc["fma", "retire [%]"] == pytest.approx(api)
+    assert f"{api:.1f}%" in r.to_text(200)
+    assert written.loc["fma", "share [%]"] == pytest.approx(r.loc["fma", "share"]) == pytest.approx(46.88, abs=0.01)

@@ -38,22 +38,24 @@ def test_schema_values_and_fills():
         assert isinstance(value, (str, int, float, list))
 
 
-def test_sel_by_range_path_returns_every_match():
+def test_range_index_is_the_row_number():
     ds = make()
-    assert list(ds.xindexes) == ["range"] and ds["range"].values.tolist() == ds["name"].values.tolist()
-    both = ds.sel(range="step/k")
-    assert both.sizes["range"] == 2 and both.launch.values.tolist() == [0, 1]
-    assert ds.sel(range="step")["a.sum"].item() == 10.0  # a unique path gives a scalar, as in pandas
-    # by kernel (or any coord): a boolean isel, as the docs show
-    assert ds.isel(range=ds.kernel == "k")["a.sum"].values.tolist() == [4.0, 6.0]
+    assert list(ds.xindexes) == ["range"] and ds["range"].values.tolist() == [0, 1, 2]
+    assert ds["range"].dtype == np.int64 and ds.indexes["range"].is_unique
+    assert ds.sel(range=[0, 2])["a.sum"].values.tolist() == [10.0, 6.0]  # a list of rows, which raised before
+    # by path or kernel (or any coord): a boolean selection, as the docs show; rows keep their numbers
+    both = ds.isel(range=ds.name == "step/k")
+    assert both["range"].values.tolist() == [1, 2] and both.launch.values.tolist() == [0, 1]
+    assert ds.sel(range=ds.kernel.isin(["k"]))["a.sum"].values.tolist() == [4.0, 6.0]
+    assert ds.where(ds.kernel == "k", drop=True)["range"].values.tolist() == [1, 2]
 
 
 def test_to_dataframe_one_row_per_range():
     wide = make().to_dataframe()
-    assert len(wide) == 3 and wide.index.name == "range" and wide.index.tolist() == ["step", "step/k", "step/k"]
+    assert len(wide) == 3 and wide.index.name == "range" and wide.index.tolist() == [0, 1, 2]
     assert {"grid_x", "block_y", "name", "kernel", "a.sum"} <= set(wide.columns)
     assert wide["grid_y"].tolist() == [0, 1, 2]
-    assert wide.loc["step/k", "a.sum"].tolist() == [4.0, 6.0]
+    assert wide.loc[wide["name"] == "step/k", "a.sum"].tolist() == [4.0, 6.0]
 
 
 def test_long_format():
@@ -61,7 +63,8 @@ def test_long_format():
     assert len(long) == 6 and list(long.columns[-3:]) == ["metric", "value", "unit"]
     a = long[long.metric == "a.sum"]
     assert a["value"].tolist() == [10.0, 4.0, 6.0] and set(a["unit"]) == {"inst"}
-    assert a["range"].tolist() == ["step", "step/k", "step/k"] and a["kernel"].tolist() == ["", "k", "k"]
+    assert a["range"].tolist() == [0, 1, 2] and a["name"].tolist() == ["step", "step/k", "step/k"]
+    assert a["kernel"].tolist() == ["", "k", "k"]
     assert a["launch"].tolist() == [-1, 0, 1]
     only = _dataset.to_dataframe(make(), "b.pct")
     assert only["metric"].unique().tolist() == ["b.pct"] and only["value"].isna().sum() == 1
@@ -90,7 +93,7 @@ def test_netcdf_roundtrip_is_lossless(tmp_path):
     _io.save_dataset(ds, tmp_path / "r.nc")
     back = _io.open_dataset(tmp_path / "r.nc")
     xr.testing.assert_identical(ds, back)
-    assert list(back.xindexes) == ["range"] and back.sel(range="step/k").sizes["range"] == 2
+    assert list(back.xindexes) == ["range"] and back["range"].values.tolist() == [0, 1, 2]
 
 
 def test_open_missing_file(tmp_path):

@@ -16,6 +16,7 @@ from gpuscope._pm_sampling import timeline as _timeline
 from gpuscope._pm_sampling import plan as _plan
 from gpuscope._pm_sampling.api import sample as gs_sample
 from gpuscope._pm_sampling.timeline import Span
+from gpuscope._schema.dataset import SCHEMA_VERSION
 from gpuscope.errors import NotSinglePassError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -184,11 +185,11 @@ def _synthetic():
 
 def test_dataset_schema():
     ds = _synthetic()
-    assert ds.sizes == {"time": 5, "span": 2}  # the user ranges are a table along a dim of their own
-    assert ds["span_path"].values.tolist() == ["step", "step/fwd"] and ds["span_thread"].values.tolist() == [7, 7]
+    assert ds.sizes == {"time": 5}  # the user ranges are a table in the attrs, one array per column
+    assert ds.attrs["span_path"].tolist() == ["step", "step/fwd"] and ds.attrs["span_thread"].tolist() == [7, 7]
     assert ds["span_index"].values.tolist() == [-1, 0, 1, 0, -1] and ds["span_index"].dims == ("time",)
-    assert all(ds[v].dims == ("time",) for v in ds.data_vars) and ds.attrs["gpuscope_schema"] == 4
-    assert len(ds.drop_dims("span").to_dataframe()) == 5  # one row per sample
+    assert all(ds[v].dims == ("time",) for v in ds.data_vars) and ds.attrs["gpuscope_schema"] == SCHEMA_VERSION
+    assert len(ds.to_dataframe()) == 5  # one row per sample
     assert ds["time"].values.tolist() == [800, 1800, 2800, 3800, 4800]
     assert ds["time"].dtype == np.int64 and ds["time"].attrs["units"] == "ns"
     assert ds["range"].values.tolist() == ["", "step", "step/fwd", "step", ""]

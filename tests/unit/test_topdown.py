@@ -22,6 +22,8 @@ STALLS_0 = {
     "selected": 8, "not_selected": 2,  # not stalls; all 18 add up to 100
 }
 STALLS_1 = {r: 0.0 for r in STALLS_0} | {"long_scoreboard": 85.0, "selected": 15.0}
+# Nodes are percentages of IPC_MAX (4 on every architecture): an IPC of 1 is 25%.
+PERCENT = 100 / 4
 
 
 def range_dataset(cc="9.0", stalls=(STALLS_0, STALLS_1), ipc=(0.5, 0.1), issued=(0.55, 0.1), threads=(24.0, 32.0),
@@ -73,29 +75,30 @@ def test_hand_computed_case():
         "backend_core_wait": stall * 10 / 90,  # wait is core, not memory as Table VIII prints it
         "frontend_fetch_membar": 0.0,
     }
-    for name, value in expected.items():
-        assert float(out[name]) == pytest.approx(value, abs=1e-12), name
-    assert float(out.retire + out.divergence + out.frontend + out.backend) == pytest.approx(4.0)
+    for name, value in expected.items():  # every node in percent of IPC_MAX
+        assert float(out[name]) == pytest.approx(value * PERCENT, abs=1e-12), name
+    assert float(out.retire + out.divergence + out.frontend + out.backend) == pytest.approx(100.0)
 
 
 def test_memory_bound_range_is_all_long_scoreboard():
     out = td.topdown(range_dataset()).isel(range=1)
-    assert float(out.retire) == pytest.approx(0.4)
+    assert float(out.retire) == pytest.approx(10.0)  # IPC 0.4 of 4
     assert float(out.divergence) == pytest.approx(0.0)
-    assert float(out.backend_memory_long_scoreboard) == pytest.approx(3.6)
+    assert float(out.backend_memory_long_scoreboard) == pytest.approx(90.0)
     assert float(out.frontend) == pytest.approx(0.0)
 
 
-def test_every_level_sums_to_ipc_max_and_attrs():
+def test_every_level_sums_to_100_percent_and_attrs():
     out = td.topdown(range_dataset())
     deviations = td.check_levels(out)
     assert set(deviations) == {1, 2, 3} and max(deviations.values()) < 1e-12
     for level in (1, 2, 3):
         total = sum(out[n] for n in td.level_cut(level, out.data_vars))
-        np.testing.assert_allclose(total, 4.0)
+        np.testing.assert_allclose(total, 100.0)
     attrs = out.backend_memory_long_scoreboard.attrs
     assert (attrs["level"], attrs["parent"], attrs["units"], attrs["ipc_max"]) == (
-        3, "backend_memory", td.UNITS, 4.0)
+        3, "backend_memory", "percent", 4.0)
+    assert out.attrs["topdown_units"] == "percent"
     assert "long_scoreboard" in attrs["formula"]
     assert out.retire.attrs["parent"] == "" and out.frontend_fetch.attrs["parent"] == "frontend"
     assert out.attrs["topdown_ipc_max"] == 4.0 and out.attrs["device"] == "synthetic"
@@ -167,7 +170,7 @@ def test_selected_and_not_selected_are_optional_inputs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = td.topdown(ds)
-    assert float(out.frontend[0]) == pytest.approx(0.6)
+    assert float(out.frontend[0]) == pytest.approx(0.6 * PERCENT)
 
 
 def test_gmma_is_core_when_collected_and_flagged_when_not():
@@ -176,8 +179,8 @@ def test_gmma_is_core_when_collected_and_flagged_when_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = td.topdown(full)
-    assert float(out.backend_core_gmma[0]) == pytest.approx(1.8 * 20 / 90)
-    assert float(out.backend_core[0]) == pytest.approx(1.8 * 40 / 90)
+    assert float(out.backend_core_gmma[0]) == pytest.approx(1.8 * 20 / 90 * PERCENT)
+    assert float(out.backend_core[0]) == pytest.approx(1.8 * 40 / 90 * PERCENT)
     with pytest.warns(GpuscopeWarning, match="gmma"):
         out = td.topdown(full.drop_vars(stall_metric("gmma")))
     assert "backend_core_gmma" not in out
@@ -197,7 +200,7 @@ def test_inconsistent_input_is_reported():
 def test_no_stall_at_all_leaves_the_split_undefined():
     quiet = {r: 0.0 for r in STALLS_0} | {"selected": 100.0}
     out = td.topdown(range_dataset(stalls=(quiet, STALLS_1)))
-    assert np.isnan(float(out.frontend[0])) and float(out.retire[0]) == pytest.approx(1.5)
+    assert np.isnan(float(out.frontend[0])) and float(out.retire[0]) == pytest.approx(1.5 * PERCENT)
 
 
 def test_time_series_keep_their_coordinates():
@@ -211,20 +214,21 @@ def test_aggregate_weights_by_cycles():
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(0, 0, 1),
                        cycles=(1000.0, 5000.0, 3000.0))
     out = td.topdown(ds)
-    assert "sm__cycles_elapsed.max" in out.coords
+    assert out["weight"].values.tolist() == [1000.0, 5000.0, 3000.0] and "sm__cycles_elapsed.max" not in out
+    assert out["weight"].attrs["metric"] == "sm__cycles_elapsed.max"
     agg = td.aggregate(out, by="kernel")
     assert list(agg.kernel.values) == ["fma", "stream"]
-    assert float(agg.retire.sel(kernel="fma")) == pytest.approx((1.5 * 1000 + 1.2 * 3000) / 4000)
+    assert float(agg.retire.sel(kernel="fma")) == pytest.approx((1.5 * 1000 + 1.2 * 3000) / 4000 * PERCENT)
     assert list(agg["count"].values) == [2, 1] and list(agg["weight"].values) == [4000.0, 5000.0]
     assert agg.retire.attrs["level"] == 1
     td.check_levels(agg)
     whole = td.aggregate(out, by=None)
-    assert float(whole.retire) == pytest.approx((1.5 * 1000 + 0.4 * 5000 + 1.2 * 3000) / 9000)
+    assert float(whole.retire) == pytest.approx((1.5 * 1000 + 0.4 * 5000 + 1.2 * 3000) / 9000 * PERCENT)
 
 
 def test_aggregate_falls_back_on_duration_and_complains_without_weight():
     out = td.topdown(range_dataset())
-    assert float(td.aggregate(out, by=None).retire) == pytest.approx((1.5 + 0.4) / 2)  # equal durations
+    assert float(td.aggregate(out, by=None).retire) == pytest.approx((1.5 + 0.4) / 2 * PERCENT)  # equal durations
     with pytest.raises(MissingMetricsError, match="sm__cycles_elapsed.max"):
         td.aggregate(out.drop_vars(["start_ns", "end_ns"]), by=None)
     with pytest.raises(ValueError, match="group by"):
@@ -236,7 +240,7 @@ def test_dynamic_gives_one_kernel_in_launch_order():
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(1, 0, 0))
     dyn = phase_topdown.dynamic(td.topdown(ds), "fma")
     assert list(dyn.launch.values) == [0, 1]
-    np.testing.assert_allclose(dyn.retire, [1.2, 1.5])
+    np.testing.assert_allclose(dyn.retire, [1.2 * PERCENT, 1.5 * PERCENT])
     with pytest.raises(ValueError, match="several kernels"):
         phase_topdown.dynamic(td.topdown(ds))
     with pytest.raises(ValueError, match="no kernel"):

@@ -14,7 +14,9 @@ CHIPS = [("TU102", "7.5"), ("GA100", "8.0"), ("AD102", "8.9"), ("GH100", "9.0"),
 def test_required_metrics_exist_on_chip(chip, cc):
     metrics = td.required_metrics(cc)
     assert _lists.resolve(metrics, chip, "range") == list(metrics)
-    assert gs.count_passes(metrics, chip=chip) <= 8
+    assert gs.count_passes(metrics, chip=chip, plan=False) <= 8
+    # sessions collect it with the consistent pass plan: one or two passes more (docs/topdown.md)
+    assert gs.count_passes(metrics, chip=chip) <= gs.count_passes(metrics, chip=chip, plan=False) + 2
 
 
 def test_hopper_optional_gmma_exists_and_costs_one_pass():
