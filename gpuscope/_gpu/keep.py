@@ -13,8 +13,12 @@ Measured on an H100 with CUPTI 13.0 (``benchmarks/probe_session_keep.py``, docs/
 
 So a session that ends cleanly hands its profiler, config and counter-data image here (:func:`keep`); the next
 session on the same device and context with exactly the same configuration takes them back (:func:`take`), and
-anything else releases them first. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms with
-a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
+anything else releases them first. A release may be under way on another thread (the idle timer's or the
+rendezvous listener's: a ``Disable`` takes up to 0.5 s); :func:`take`, :func:`release` and :func:`detach_cupti`
+wait for it, so nothing enables a profiler, PC sampling or a detach beside one still being disabled. A release
+tries every step (disable, ``cuptiProfilerDeInitialize``, the context) whatever fails before: a half-released
+profiler would block every later detach. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms
+with a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
 under 1 ms and 36 ms): its sampler, configuration and initialised image pool. PM and PC sampling call
 :func:`release` before they enable; so do process exit, a forked child (which forgets, never touches, its
 parent's), and :func:`gpuscope.release`.
@@ -44,6 +48,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
@@ -63,7 +68,11 @@ ENV = "GPUSCOPE_KEEP"
 DEFAULT_SECONDS = 10.0
 
 _lock = threading.Lock()
+_given_back = threading.Condition(_lock)  # notified when a release under way ends
 _kept: dict[int, Kept] = {}
+_under_way: list[tuple[int, int]] = []  # (device, thread) of each release taken out of _kept and not yet ended
+#: How long :func:`take`, :func:`release` and :func:`detach_cupti` wait for a release under way on another thread.
+RELEASE_WAIT_S = 60.0
 _hosts: dict[tuple, HostSetup] = {}
 _warned: set[str] = set()  # GPUSCOPE_KEEP values already warned about: once each, not at every session
 _sessions: dict[int, list[str]] = {}  # device -> what each session open on it is ("range profiling", "PM sampling")
@@ -144,19 +153,21 @@ def host_for(device: int, chip: str, metrics: tuple, make) -> HostSetup:
 
 def take(device: int, key: tuple, context_id: int) -> Kept | None:
     """The kept profiler of *device* if its configuration is *key* on the same live context, else None (whatever
-    was kept is released first: CUPTI does not let an enabled profiler change its configuration)."""
+    was kept is released first: CUPTI does not let an enabled profiler change its configuration). Returns only once
+    no release is under way on *device*: a profiler being disabled there must not meet one being enabled."""
     with _lock:
         kept = _kept.pop(device, None)
-    if kept is None:
-        return None
-    if kept.timer is not None:
+        same = kept is not None and kept.key == key and kept.context_id == context_id
+        if kept is not None and not same:
+            _under_way.append((device, threading.get_ident()))
+    if kept is not None and kept.timer is not None:
         kept.timer.cancel()
-    if kept.key == key and kept.context_id == context_id:
+    if kept is not None and not same:
+        _give_back(device, kept, alive=kept.context_id == context_id)
+    _wait({device})
+    if kept is not None:
         _listen(device)
-        return kept
-    _release(kept, alive=kept.context_id == context_id)
-    _listen(device)
-    return None
+    return kept if same else None
 
 
 def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
@@ -168,8 +179,10 @@ def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
     if kept is not None:
         from gpuscope.cupti import profiler
 
-        kept.context.close()
-        profiler.deinitialize()
+        try:
+            kept.context.close()
+        finally:
+            profiler.deinitialize()
     return kept
 
 
@@ -182,20 +195,23 @@ def keep(device: int, kept: Kept) -> None:
         kept.timer.daemon = True
     with _lock:
         old = _kept.pop(device, None)
+        if old is not None:
+            _under_way.append((device, threading.get_ident()))
         _kept[device] = kept
     if kept.timer is not None:
         kept.timer.start()
     if old is not None:
-        _release(old)
+        _give_back(device, old)
     _listen(device)
 
 
 def _expire(device: int, kept: Kept) -> None:
     with _lock:
-        if _kept.get(device) is not kept:
+        if _kept.get(device) is not kept:  # taken, or replaced, since this timer started
             return
         del _kept[device]
-    _release(kept)
+        _under_way.append((device, threading.get_ident()))
+    _give_back(device, kept)
     _listen(device)
 
 
@@ -220,20 +236,56 @@ def release(device: int | None = None) -> int:
     Returns
     -------
     int
-        How many kept profilers were released.
+        How many kept profilers were released, counting a release already under way on another thread (the idle
+        timer's), which this call waits for.
     """
     gone = _pop(device)
     for d, kept in gone:
-        _release(kept)
+        _give_back(d, kept)
         _listen(d)
-    return len(gone)
+    return len(gone) + _wait(None if device is None else {device})
 
 
 def _pop(device: int | None) -> list[tuple[int, Kept]]:
-    """Take what is kept on *device* (None: every device) out of the keeper, with its device."""
+    """Take what is kept on *device* (None: every device) out of the keeper, as releases under way."""
     with _lock:
         devices = list(_kept) if device is None else [device]
-        return [(d, _kept.pop(d)) for d in devices if d in _kept]
+        gone = [(d, _kept.pop(d)) for d in devices if d in _kept]
+        _under_way.extend((d, threading.get_ident()) for d, _ in gone)
+        return gone
+
+
+def _give_back(device: int, kept: Kept, alive: bool = True, quiet: bool = False) -> None:
+    """Release *kept*, taken out of the keeper as a release under way on *device*, and say it ended."""
+    try:
+        _release(kept, alive=alive, quiet=quiet)
+    finally:
+        with _given_back:
+            _under_way.remove((device, threading.get_ident()))
+            _given_back.notify_all()
+
+
+def _wait(devices: set | None) -> int:
+    """Wait (at most :data:`RELEASE_WAIT_S`) until no release is under way on *devices* (None: any) on another
+    thread; how many were under way."""
+    me = threading.get_ident()
+
+    def others():
+        return [d for d, thread in _under_way if thread != me and (devices is None or d in devices)]
+
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    with _given_back:
+        count = len(others())
+        while others() and deadline > time.monotonic():
+            _given_back.wait(deadline - time.monotonic())
+    return count
+
+
+def _releases_not_ended() -> list[int]:
+    """Devices whose kept profiler is still being released on another thread."""
+    me = threading.get_ident()
+    with _lock:
+        return sorted({d for d, thread in _under_way if thread != me})
 
 
 def kept_devices() -> list[int]:
@@ -243,21 +295,30 @@ def kept_devices() -> list[int]:
 
 
 def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
+    """Disable *kept*'s profiler, then de-initialise and let go of the context, each step tried whatever failed
+    before it (a profiler that cannot be disabled is never touched again)."""
     from gpuscope.cupti import profiler
 
     if kept.timer is not None:
         kept.timer.cancel()
-    try:
-        if alive:
+    errors = []
+    if alive:
+        try:
             kept.context.make_current()  # the release may run on the timer's thread
             kept.profiler.close()
-        else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
+        except Exception as exc:
+            errors.append(exc)
             _detach(kept)
-        profiler.deinitialize()
-        kept.context.close()
-    except Exception as exc:  # cleanup never raises
-        if not quiet:
-            warnings.warn(f"gpuscope: releasing the kept range profiler failed: {exc}", GpuscopeWarning, stacklevel=3)
+    else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
+        _detach(kept)
+    for step in (profiler.deinitialize, kept.context.close):
+        try:
+            step()
+        except Exception as exc:
+            errors.append(exc)
+    if errors and not quiet:  # cleanup never raises
+        warnings.warn(f"gpuscope: releasing the kept range profiler failed: {'; '.join(map(str, errors))}",
+                      GpuscopeWarning, stacklevel=3)
 
 
 def _detach(kept: Kept) -> None:
@@ -294,11 +355,13 @@ def answer(device: int) -> str:
     with _lock:
         open_ = list(_sessions.get(device, ()))
         kept = None if open_ else _kept.pop(device, None)
+        if kept is not None:
+            _under_way.append((device, threading.get_ident()))
     if open_:
         return f"{_rendezvous.BUSY}: a session is open ({', '.join(open_)})"
     if kept is None:
         return _rendezvous.NOTHING_KEPT
-    _release(kept)
+    _give_back(device, kept)
     _listen(device)
     what = "PM sampler" if kept.key[:1] == ("pm",) else "range profiler"
     return f"{_rendezvous.RELEASED} (the kept {what})"
@@ -387,9 +450,11 @@ def detach_cupti() -> str:
 
     On unless ``GPUSCOPE_PC_DETACH=0``. CUPTI keeps the addresses it was given (PC sampling's data buffer, the
     activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first.
-    Everything kept is released first. Nothing happens if CUPTI is not attached,
-    if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would be lost) or if a gpuscope
-    session is open. Returns ``"detached"``, ``"not attached"`` or why it did not detach.
+    What gpuscope can give back is given back first: kept profilers and samplers (a release under way on another
+    thread is waited for), host objects, the callback subscription, the module watcher (resumed after). Nothing
+    happens if CUPTI is not attached, if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would
+    be lost), or while gpuscope uses CUPTI for something it cannot give back (an open session, a launch recorder,
+    kernel activity records). Returns ``"detached"``, ``"not attached"`` or why it did not detach.
     """
     from gpuscope._gpu import modules as _modules
     from gpuscope.cupti import _api
@@ -400,7 +465,6 @@ def detach_cupti() -> str:
         return f"off ({DETACH_ENV}=0)"
     if os.environ.get("CUDA_INJECTION64_PATH"):
         return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
-    release()
 
     def drop_hosts():  # host objects belong to the CUPTI that is going away
         from gpuscope._gpu import metric_lists as _lists
@@ -414,13 +478,23 @@ def detach_cupti() -> str:
 
     watching = _modules.pause()
     try:
-        _api.detach(prepare=drop_hosts)
-    except RuntimeError as exc:
-        return f"a gpuscope session is open ({exc})"
+        for _ in range(2):  # a session closing on another thread may keep its profiler between release and detach
+            release()
+            try:
+                _api.detach(prepare=drop_hosts)
+                return "detached"
+            except RuntimeError as exc:
+                refused = exc
+            if not kept_devices():
+                break
     finally:
         if watching:
             _modules.resume()
-    return "detached"
+    late = _releases_not_ended()
+    if late:
+        return (f"the kept profiler of device(s) {late} was still being released after {RELEASE_WAIT_S:g} s "
+                "(cuptiRangeProfilerDisable did not return)")
+    return f"gpuscope is using CUPTI: {refused}"
 
 
 def _quietly_close(obj) -> None:
@@ -493,8 +567,10 @@ def imports_done() -> None:
 def _forget_in_child() -> None:
     """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread or rendezvous
     listener the child's (its copy of the listener's socket is closed: the name ends with the parent)."""
-    global _lock, _import_lock, _importer, _listen_lock
+    global _lock, _given_back, _import_lock, _importer, _listen_lock
     _lock, _import_lock, _listen_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    _given_back = threading.Condition(_lock)
+    _under_way.clear()  # the parent's threads' releases
     for listener in _listeners.values():
         listener.forget()
     _listeners.clear()
@@ -511,8 +587,8 @@ def _forget_in_child() -> None:
 def _at_exit() -> None:
     """At interpreter exit the context may already be gone (the process's exit frees everything anyway): quietly.
     The rendezvous listeners stop."""
-    for _, kept in _pop(None):
-        _release(kept, quiet=True)
+    for device, kept in _pop(None):
+        _give_back(device, kept, quiet=True)
     with _listen_lock:
         listeners = list(_listeners.values())
         _listeners.clear()

@@ -1,12 +1,13 @@
 """The fast Top-Down: the stall split from PC samples and IPC from one range pass, joined or collected in one call.
 
 :func:`fast_topdown` combines the two Datasets (:func:`stall_percentages` turns the PC samples into the stall
-metrics Top-Down reads); :func:`profile_fast_topdown` collects them. It runs the
-work twice inside one iteration-mode range session (the ``fast-topdown`` set: executed and issued IPC, threads
-per instruction, cycles): the first execution, which sizes the counter-data image, under PC sampling; the second
-as the range pass. PC sampling cannot share launches with a range pass: on the H100 (CUPTI 13.0) CUPTI counts no
-PC samples at all while a range pass collects, whichever was opened first (``benchmarks/bench_fast_topdown.py
-together``).
+metrics Top-Down reads); :func:`profile_fast_topdown` collects them. It runs the work twice: first under PC
+sampling, then as the range pass of an iteration-mode session (the ``fast-topdown`` set: executed and issued IPC,
+threads per instruction, cycles) whose counter-data image is sized from the launches the PC block counted. PC
+sampling cannot share launches with a range pass: on the H100 (CUPTI 13.0) CUPTI counts no PC samples at all while
+a range pass collects, whichever was opened first (``benchmarks/bench_fast_topdown.py together``). PC sampling
+comes first, with no session of gpuscope open, so that it can detach CUPTI (:func:`gpuscope._gpu.keep.detach_cupti`):
+kernels that earlier sessions of the process profiled are then sampled too.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     Parameters
     ----------
     work : callable
-        Launches the kernels (it is called twice; it should do the same work each time). gpuscope synchronises
-        the device after each call.
+        Launches the kernels (it is called twice, three times where the PC block could not count its launches;
+        it should do the same work each time). gpuscope synchronises the device after each call.
     *args, **kwargs
         Passed to *work*.
     period : int
@@ -123,7 +124,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     -------
     xarray.Dataset
         Dim ``kernel`` (the kernels both halves saw), every Top-Down node with the names, units and attrs of
-        :func:`gpuscope.topdown`; coords ``launches`` (launches per kernel in the range pass),
+        :func:`gpuscope.topdown`, kernels named as every Dataset of the process names them; coords
+        ``kernel_qualname`` (the qualified name), ``launches`` (launches per kernel in the range pass),
         ``pc_samples`` and ``samples_per_launch``; attrs of both halves, plus ``topdown_source``,
         ``fast_topdown_collection`` (how the halves were collected), ``pc_total_samples``,
         ``pc_dropped_samples``, ``pc_unattributed_samples`` (samples CUPTI could not attribute to a kernel),
@@ -140,6 +142,7 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     """
     from gpuscope._pc_sampling import messages as _messages
     from gpuscope._pc_sampling import sampler as _pcsampling
+    from gpuscope._range_profiling.session import _capacity
     from gpuscope._schema.names import match_kernel
     from gpuscope.metrics import topdown as td
 
@@ -151,15 +154,18 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     if profiler is None:
         from gpuscope._range_profiling.session import Profiler as profiler
 
-    # One iteration-mode session, two executions of work: the first (which sizes the counter-data image and is
-    # not range-profiled) runs under PC sampling, the second is the range pass. CUPTI delivers no PC samples
-    # while a range pass collects, and iteration mode replays nothing (kernel replay costs 13 ms per launch).
-    with profiler(FAST_SET, mode="iteration", device=device) as prof:
-        prof.step()
-        with pc_sampler(period=period, device=device) as pcs:
-            work(*args, **kwargs)
-        prof.step()
+    # PC sampling first, while no session of gpuscope is open: the block detaches CUPTI, so that kernels profiled
+    # by earlier sessions are mapped for PC sampling (it cannot detach beside an open session). Then the range pass,
+    # in iteration mode (kernel replay costs 13 ms per launch), its image sized from the launches the block counted;
+    # where they were not counted, a first iteration sizes it.
+    with pc_sampler(period=period, device=device) as pcs:
         work(*args, **kwargs)
+    counted = sum((getattr(pcs, "launches", None) or {}).values())
+    sizing = {"max_ranges": _capacity(counted)} if counted else {}
+    with profiler(FAST_SET, mode="iteration", device=device, **sizing) as prof:
+        for _ in range(prof.passes + (0 if sizing else 1)):
+            prof.step()
+            work(*args, **kwargs)
     pc, ranges = pcs.dataset, prof.dataset
     stalls = stall_percentages(pc)
     sampled = [str(k) for k in stalls["kernel"].values]
@@ -189,14 +195,17 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     launches = [int(per_kernel["count"].sel(kernel=k)) for k in both]
     per_kernel_samples = pc["kernel_samples"].sum("stall_reason")
     samples = [int(per_kernel_samples.sel(kernel=n)) for n in both.values()]
+    qualnames = dict(zip(pc["kernel"].values.tolist(), pc["kernel_qualname"].values.tolist())) \
+        if "kernel_qualname" in pc.coords else {}
     result = result.assign_coords(
+        kernel_qualname=("kernel", [str(qualnames.get(n, n)) for n in both.values()]),
         launches=("kernel", launches),
         pc_samples=("kernel", samples),
         samples_per_launch=("kernel", [s / n if n else float("nan") for s, n in zip(samples, launches)]),
     )
     result.attrs.update(
-        fast_topdown_collection="work() twice in one iteration-mode range session: the first under PC "
-                                "sampling, the second as the range pass (CUPTI gives no PC samples during a pass)",
+        fast_topdown_collection="work() twice: first under PC sampling (CUPTI detached first), then as the "
+                                "range pass of an iteration-mode session (CUPTI gives no PC samples during a pass)",
         pc_total_samples=int(pc.attrs.get("total_samples", 0)),
         pc_dropped_samples=int(pc.attrs.get("dropped_samples", 0)),
         pc_unattributed_samples=int(pc.attrs.get("non_user_kernel_samples", 0)),

@@ -41,10 +41,9 @@ def _rule(detach: str) -> str:
 
 
 def unsampled_message(missing: dict[str, int], unattributed: int, total: int, detach: str = "") -> str:
-    """Kernels that launched in a block but have no PC sample: what CUPTI counted for them, and why."""
-    from gpuscope._pc_sampling.source import pretty_function
-
-    names = ", ".join(f"{pretty_function(k)} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
+    """Kernels that launched in a block but have no PC sample (*missing*: kernel name -> launches): what CUPTI
+    counted for them, and why."""
+    names = ", ".join(f"{k} ({n} launch{'es' if n > 1 else ''})" for k, n in missing.items())
     counted = (f"CUPTI counted {unattributed} of {total} samples as unattributed (non-user kernel samples)"
                if unattributed else "CUPTI counted no sample as unattributed: their samples were lost uncounted")
     return (f"No PC samples for {names}, which ran in the block; {counted}. {_rule(detach)} (A kernel "

@@ -88,8 +88,8 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
     xarray.Dataset
         See :func:`gpuscope._results.build.pc_sampling_dataset`.
     """
-    from gpuscope._pc_sampling.source import pretty_function
     from gpuscope._results import build as _results
+    from gpuscope._schema.names import kernel_name
 
     base, column = _reason_table(list(reason_names))
     by_index = {int(i): column[n] for i, n in zip(reason_indices, reason_names) if n in column}
@@ -106,7 +106,7 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         (not_issued if is_not_issued else samples)[row, col] += n
     locations = [source_map.locate(crc, fn, off) for crc, fn, off in keys]
     pcs = {
-        "function": [pretty_function(fn) for _, fn, _ in keys],
+        "function": [kernel_name(fn) for _, fn, _ in keys],  # as every Dataset of the process names the kernel
         "mangled_name": [fn for _, fn, _ in keys],
         "pc_offset": [off for _, _, off in keys],
         "cubin_crc": [crc for crc, _, _ in keys],
@@ -129,6 +129,6 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
     }
     extra = dict(attrs or {})
     # comma-separated strings, not lists: an empty list does not survive netCDF
-    extra["functions_without_lineinfo"] = ", ".join(sorted(pretty_function(f) for f in source_map.without_lineinfo))
-    extra["functions_without_cubin"] = ", ".join(sorted(pretty_function(f) for f in source_map.without_cubin))
+    extra["functions_without_lineinfo"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_lineinfo))
+    extra["functions_without_cubin"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_cubin))
     return _results.pc_sampling_dataset(pcs, samples, not_issued, reasons, totals, device_info, chip, extra)

@@ -328,6 +328,9 @@ class PCSampler:
                           GpuscopeWarning, stacklevel=3)
         missing = self.kernels_without_samples()
         if missing:
+            from gpuscope._schema.names import kernel_name
+
+            missing = {kernel_name(k): n for k, n in missing.items()}
             warnings.warn(unsampled_message(missing, self.records.non_user_kernel_samples, total, self.cupti_detach),
                           GpuscopeWarning, stacklevel=3)
         elif self.records.non_user_kernel_samples:
@@ -349,7 +352,8 @@ class PCSampler:
 
     def build(self, sources=None):
         """(Re)build the Dataset from :attr:`records`, e.g. with more ``sources`` for line text."""
-        from gpuscope._pc_sampling.source import CubinRegistry, SourceMap, pretty_function
+        from gpuscope._pc_sampling.source import CubinRegistry, SourceMap
+        from gpuscope._schema.names import kernel_name
         from gpuscope.cupti import profiler
 
         registry = CubinRegistry()
@@ -370,7 +374,7 @@ class PCSampler:
             "sampling_period_cycles": 0 if self.period_log2 is None else 2**self.period_log2,
             "hardware_buffer_bytes": 512 << 20 if self.hardware_buffer_size is None else self.hardware_buffer_size,
             "launches_counted": -1 if self.launches is None else sum(self.launches.values()),
-            "kernels_without_samples": ", ".join(f"{pretty_function(k)} ({n})"
+            "kernels_without_samples": ", ".join(f"{kernel_name(k)} ({n})"
                                                  for k, n in self.kernels_without_samples().items()),
             "drain_errors": "; ".join(self.drain_errors),
             "cupti_detach": self.cupti_detach,

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 
 from gpuscope._range_profiling import session as _session
-from gpuscope._schema.names import KernelNames
+from gpuscope._schema.names import kernel_names
 
 __all__ = ["profile", "KernelProxy"]
 
@@ -119,7 +118,7 @@ class KernelProxy:
         session = self._session()
         if session is None:
             return run()
-        return session.launch(_name_in(session, self), grid, block, run)
+        return session.launch(_name(self), grid, block, run)
 
     def __getitem__(self, config):
         if self._kind != "numba":
@@ -168,17 +167,10 @@ class KernelProxy:
             own.close()
 
 
-_session_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> KernelNames
-_session_names_lock = threading.Lock()
-
-
-def _name_in(session, proxy: KernelProxy) -> str:
-    """The proxy's kernel name in *session*: its own, unless another kernel launched there took it first."""
-    with _session_names_lock:
-        names = _session_names.get(session)
-        if names is None:
-            names = _session_names[session] = KernelNames()
-    return names.name(proxy.kernel_qualname, proxy.kernel_name)
+def _name(proxy: KernelProxy) -> str:
+    """The proxy's kernel name: its own, unless another kernel of the process took it first (the process's table,
+    :func:`gpuscope._schema.names.kernel_names`, that every Dataset names kernels with)."""
+    return kernel_names().name(proxy.kernel_qualname, proxy.kernel_name)
 
 
 class _Launcher:

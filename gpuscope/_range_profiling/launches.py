@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuscope._range_profiling.filters import KernelFilter
-from gpuscope._schema.names import KernelNames, short_name
+from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
 __all__ = ["Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
 
@@ -70,8 +70,8 @@ class _Base:
         self.filter = kfilter
         self._name_of = name_of  # symbol -> readable (qualified) name, cached
         self._names: dict[str, str] = {}
-        # the names rows get: short, longer only where two kernels share one (one table for a session's collectors)
-        self.kernel_names = names if names is not None else KernelNames()
+        # the names rows get: short, longer only where two kernels share one (the process's table, by default)
+        self.kernel_names = names if names is not None else kernel_names()
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
         self._serial = threading.Lock()
         self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)

@@ -46,7 +46,6 @@ def _warn(message: str) -> None:
 class PerLaunchModes:
     """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
 
-    _names_table = None  # gpuscope._schema.names.KernelNames of the session, made at its first per-launch collector
     _coverage = None  # auto mode following the launch stream: what it left unprofiled (coverage.Coverage)
     _found_period = None  # the period of the loop the pass group under way was begun on
 
@@ -81,13 +80,11 @@ class PerLaunchModes:
                                          timestamp, self._kernel_names())
 
     def _kernel_names(self):
-        """One table of kernel names for all the session's collectors (kernel replay, then iterations): a kernel
-        keeps its name, and two kernels never share one, across them."""
-        if self._names_table is None:
-            from gpuscope._schema.names import KernelNames
+        """The process's table of kernel names (:func:`gpuscope._schema.names.kernel_names`), for all the
+        session's collectors: a kernel keeps its name across them, and in every other Dataset of the process."""
+        from gpuscope._schema.names import kernel_names
 
-            self._names_table = KernelNames()
-        return self._names_table
+        return kernel_names()
 
     def _stop_kernel_pass(self) -> None:
         """Kernel mode: end the pass before collecting (it is stopped already while left-out launches run)."""

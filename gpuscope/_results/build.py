@@ -180,18 +180,21 @@ def with_executions(ds, executions: dict):
 
     *executions*: ``records`` (tuples as :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``,
     ``errors``, ``other_devices``. The records with an end time become the execution table, one attr per column
-    of :data:`~gpuscope._schema.dataset.EXEC_TABLE` (``exec_kernel``, ``exec_symbol``, ``exec_start_ns``,
-    ``exec_end_ns``, ``exec_stream``, ``exec_correlation``: 1-D arrays;
+    of :data:`~gpuscope._schema.dataset.EXEC_TABLE` (``exec_kernel``, the name every Dataset of the process gives
+    the kernel, ``exec_kernel_qualname``, ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``,
+    ``exec_correlation``: 1-D arrays;
     :func:`~gpuscope._schema.dataset.kernel_executions` gives it as a DataFrame). Attrs: ``kernel_records`` (1)
     and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
     flushed), ``kernel_records_other_devices``, ``kernel_record_errors``, then the table's columns.
     """
-    from gpuscope._schema.names import demangle
+    from gpuscope._schema.names import demangle, kernel_name
 
     complete = [r for r in executions["records"] if r[1] > 0 and r[2] >= r[1]]
-    names: dict[str, str] = {}
+    # symbol -> (its name in the process, its qualified name)
+    names = {symbol: (kernel_name(symbol), demangle(symbol)) for symbol in dict.fromkeys(r[0] for r in complete)}
     columns = {
-        "exec_kernel": [names.setdefault(r[0], demangle(r[0])) for r in complete],
+        "exec_kernel": [names[r[0]][0] for r in complete],
+        "exec_kernel_qualname": [names[r[0]][1] for r in complete],
         "exec_symbol": [str(r[0]) for r in complete],
         "exec_start_ns": [int(r[1]) for r in complete],
         "exec_end_ns": [int(r[2]) for r in complete],
@@ -222,18 +225,22 @@ def pc_sampling_dataset(pcs: dict, samples, samples_not_issued, reasons: dict, t
     * ``samples`` (pc, stall_reason): samples that found a warp at that PC in that state;
       ``samples_not_issued`` (pc, stall_reason): the subset in which its scheduler issued nothing (latency
       samples). ``kernel_samples`` (kernel, stall_reason): ``samples`` summed per kernel.
-    * pc coords: ``function`` (as the user wrote it), ``mangled_name``, ``pc_offset`` (bytes from the function
+    * pc coords: ``function`` (the kernel's name, as ``kernel`` and every Dataset of the process name it:
+      :func:`gpuscope._schema.names.kernel_names`), ``mangled_name``, ``pc_offset`` (bytes from the function
       start), ``cubin_crc`` (hex string), ``file`` ("" when unknown), ``line`` (0 when unknown), ``line_text``.
     * stall_reason coords (the dim holds CUPTI's name without ``smsp__pcsamp_warps_issue_stalled_``):
       ``cupti_name``, ``description``, ``category`` (Top-Down node: frontend_fetch, frontend_decode,
       backend_core, backend_memory; ``issued`` for selected/not_selected; ``other``).
-    * kernel coords: ``kernel_mangled_name``.
+    * kernel coords: ``kernel_qualname`` (the qualified name: ``module.function``, ``ns::kernel<float>``),
+      ``kernel_mangled_name``.
     * attrs: device and versions, ``kind="pc_sampling"``, ``total_samples`` (delivered + dropped + non-user:
       every sample accounted for), ``cupti_total_samples`` (CUPTI's own counter, an undercount on CUPTI 13.0),
       ``dropped_samples``, ``non_user_kernel_samples`` (samples CUPTI could not attribute to a kernel: no
       records), ``hardware_buffer_full`` (0/1), plus *attrs* (period, collection mode).
     """
     import xarray as xr
+
+    from gpuscope._schema.names import demangle
 
     n_reasons = len(reasons["name"])
     samples = np.asarray(samples, dtype=np.int64).reshape(-1, n_reasons)
@@ -269,6 +276,7 @@ def pc_sampling_dataset(pcs: dict, samples, samples_not_issued, reasons: dict, t
                                        attrs={"units": "samples", "description": "samples per kernel"}),
     }
     coords = {**pc_coords, **reason_coords, "kernel": ("kernel", kernels.astype(str)),
+              "kernel_qualname": ("kernel", np.asarray([demangle(mangled[k]) for k in kernels], dtype=str)),
               "kernel_mangled_name": ("kernel", np.asarray([mangled[k] for k in kernels], dtype=str))}
     all_attrs = {"kind": "pc_sampling", **_pm_device_attrs(device_info, chip)}
     all_attrs.update({k: int(v) for k, v in totals.items()})

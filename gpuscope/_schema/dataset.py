@@ -18,8 +18,10 @@ from gpuscope._schema.units import split_name, units_of
 #: range results by row number (``range`` = 0, 1, ..., unique), where version 3 and older repeated the path;
 #: version 5 holds the tables as Dataset attrs, one 1-D array per column (the Dataset's variables are all along
 #: the samples, so ``ds.to_dataframe()`` has one row per sample), and files hold them as netCDF groups
-#: (:data:`TABLE_GROUPS`).
-SCHEMA_VERSION = 5
+#: (:data:`TABLE_GROUPS`); version 6 names each execution's kernel as every Dataset of the process names it
+#: (``exec_kernel``, short) and keeps its qualified name in the column ``exec_kernel_qualname`` (version 5's
+#: ``exec_kernel``).
+SCHEMA_VERSION = 6
 
 _CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
 
@@ -36,13 +38,19 @@ SPAN_TABLE = {
 #: The execution table of a PM sampling Dataset recorded with ``kernels=True``: one Dataset attr per column (a
 #: 1-D array), one entry per kernel execution on the GPU. name -> (dtype, attrs of the column in a file).
 EXEC_TABLE = {
-    "exec_kernel": (object, {"description": "readable kernel name, as the kernel coordinate of range results"}),
+    "exec_kernel": (object, {"description": "the kernel's name, as the kernel coordinate of range results and PC "
+                                            "samples of the same process names it"}),
+    "exec_kernel_qualname": (object, {"description": "the kernel's qualified name (module.function, "
+                                                     "ns::kernel<float>)"}),
     "exec_symbol": (object, {"description": "the kernel's symbol as the driver has it"}),
     "exec_start_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's start on the GPU"}),
     "exec_end_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's end on the GPU"}),
     "exec_stream": (np.int64, {"description": "CUDA stream the kernel ran on (CUPTI's streamId)"}),
     "exec_correlation": (np.int64, {"description": "CUPTI's correlation id of the launch call"}),
 }
+
+#: The column of the execution table that versions 1 to 5 lacked (their ``exec_kernel`` held the qualified name).
+QUALNAME = "exec_kernel_qualname"
 
 #: Column names of the span and execution tables (Dataset attrs).
 SPAN_VARS = tuple(SPAN_TABLE)
@@ -99,6 +107,14 @@ def table_attrs(table: dict, columns: dict) -> dict:
     return out
 
 
+def _held(table: dict, columns: dict) -> dict:
+    """*table* without :data:`QUALNAME` where *columns* lack it (a table of schema 5 or older, whose
+    ``exec_kernel`` :func:`upgrade` names again)."""
+    if QUALNAME in columns or QUALNAME not in table:
+        return table
+    return {name: spec for name, spec in table.items() if name != QUALNAME}
+
+
 def table_columns(ds, table: dict) -> dict | None:
     """The columns of *table* that *ds* holds (name -> 1-D array), or None where it holds no such table."""
     if next(iter(table)) not in ds.attrs:
@@ -137,7 +153,8 @@ def join_tables(ds, groups: dict):
     for group, (_, table) in TABLE_GROUPS.items():
         if group in groups:
             found = groups[group]
-            ds = ds.assign_attrs(table_attrs(table, {n: found[n].values for n in _columns(table) if n in found}))
+            columns = {n: found[n].values for n in _columns(table) if n in found}
+            ds = ds.assign_attrs(table_attrs(_held(table, columns), columns))
     return ds
 
 
@@ -180,8 +197,9 @@ def kernel_executions(ds):
     """The kernels that ran on the GPU during a PM sampling session (``gpuscope.sample(kernels=True)``), one row
     per execution, with GPU start and end times on the samples' clock.
 
-    The table is the Dataset's execution table: the attrs ``exec_kernel``, ``exec_symbol``, ``exec_start_ns``,
-    ``exec_end_ns``, ``exec_stream`` and ``exec_correlation``, one array per column (:data:`EXEC_TABLE`).
+    The table is the Dataset's execution table: the attrs ``exec_kernel``, ``exec_kernel_qualname``,
+    ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation``, one array per
+    column (:data:`EXEC_TABLE`).
 
     Parameters
     ----------
@@ -192,8 +210,9 @@ def kernel_executions(ds):
     Returns
     -------
     pandas.DataFrame
-        Index ``execution``; columns ``kernel`` (readable name, as the ``kernel`` coordinate of range results),
-        ``symbol`` (as the driver has it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
+        Index ``execution``; columns ``kernel`` (its name, as the ``kernel`` coordinate of range results and PC
+        samples of the same process), ``kernel_qualname`` (``module.function``), ``symbol`` (as the driver has
+        it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
         from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
         ``correlation`` (CUPTI's id of the launch call). Sorted by start. Of a combined Dataset, also ``rank``
         or ``device`` (which one ran the kernel; times from ``attrs["time_origin_ns"]``).
@@ -219,7 +238,8 @@ def kernel_executions(ds):
     table["duration_ns"] = table["end_ns"] - table["start_ns"]
     table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
     table.index.name = "execution"
-    first = ["kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]
+    first = ["kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
+             "correlation"]
     return table[first + [c for c in table.columns if c not in first]]
 
 
@@ -374,9 +394,13 @@ def upgrade(ds):
     the dims ``span`` and ``execution`` (:data:`SPAN_TABLE`, :data:`EXEC_TABLE`) and each sample's span index as
     the coordinate ``span_index``. Versions 1 to 3 indexed range results by path (``range`` repeated ``name``,
     not unique); version 4 indexes them by row number (:func:`index`). Version 5 holds the tables as Dataset
-    attrs, one 1-D array per column, so that every variable lies along the samples. The conversion is exact: the
-    values move, none is recomputed except the per-sample span index of version 1, which is derived as
-    :func:`gpuscope._results.build.sampling_dataset` derives it, and the row numbers of range results. Metric
+    attrs, one 1-D array per column, so that every variable lies along the samples. Version 6 names each
+    execution's kernel as range results do (``fma``) in ``exec_kernel`` and keeps the qualified name
+    (``module.fma``, the ``exec_kernel`` of versions 2 to 5) in ``exec_kernel_qualname``. The conversion is exact:
+    the values move, none is recomputed except the per-sample span index of version 1, which is derived as
+    :func:`gpuscope._results.build.sampling_dataset` derives it, the row numbers of range results, and the names
+    of version 6, given within the file as a process gives them (:class:`~gpuscope._schema.names.KernelNames`:
+    short where that is unambiguous). Metric
     units written by an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected
     with :func:`gpuscope._gpu.catalog.units_of`.
     """
@@ -403,8 +427,9 @@ def upgrade(ds):
 
 
 def _upgrade_tables(ds):
-    """The span and execution tables of PM samples of schema version 1 to 4 as version 5 holds them (attrs of
-    1-D arrays); those of version 5 as arrays where a reader gave lists (netCDF attrs)."""
+    """The span and execution tables of PM samples of schema version 1 to 5 as version 6 holds them (attrs of
+    1-D arrays; the execution table with :data:`QUALNAME`); those of version 5 and 6 as arrays where a reader gave
+    lists (netCDF attrs)."""
     if "span" in ds.variables and ds["span"].dims != ("span",):  # version 2: each sample's span index
         ds = ds.rename_vars({"span": SPAN_INDEX})
     if any(name in ds.data_vars for name in SPAN_VARS):  # version 1: the span table as data variables
@@ -417,14 +442,23 @@ def _upgrade_tables(ds):
     for dim, table in TABLE_GROUPS.values():
         if any(name in ds.variables for name in table):  # versions 3 and 4: coordinates along the table's dim
             columns = {name: ds[name].values for name in _columns(table) if name in ds.variables}
-            ds = ds.drop_dims(dim).assign_attrs(table_attrs(table, columns))
+            ds = ds.drop_dims(dim).assign_attrs(table_attrs(_held(table, columns), columns))
         elif any(not isinstance(ds.attrs[name], np.ndarray) for name in table if name in ds.attrs):
             # version 2 (list attrs), or version 5 read by a netCDF reader that gives lists
             columns = {name: _as_list(ds.attrs.get(name, [])) for name in _columns(table)
-                       if name in ds.attrs or name in table}
-            ds = ds.assign_attrs(table_attrs(table, columns))
+                       if name in ds.attrs or (name in table and name != QUALNAME)}
+            ds = ds.assign_attrs(table_attrs(_held(table, columns), columns))
     if SPAN_INDEX in ds.variables and ds.attrs.get("gpuscope_schema", 1) != SCHEMA_VERSION:
         ds[SPAN_INDEX].attrs = {**ds[SPAN_INDEX].attrs, **SAMPLE_SPAN_ATTRS}
+    executions = table_columns(ds, EXEC_TABLE)
+    if executions is not None and QUALNAME not in executions:  # versions 1 to 5: exec_kernel held qualified names
+        from gpuscope._schema.names import KernelNames
+
+        names = KernelNames()
+        qualnames = [str(q) for q in executions["exec_kernel"]]
+        columns = {**executions, "exec_kernel": [names.name(q) for q in qualnames], QUALNAME: qualnames}
+        ds.attrs = {k: v for k, v in ds.attrs.items() if k not in executions}  # the columns in the table's order
+        ds = ds.assign_attrs(table_attrs(EXEC_TABLE, columns))
     return ds
 
 

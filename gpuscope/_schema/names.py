@@ -14,8 +14,10 @@ them: the toolchain's, libstdc++'s ``__cxa_demangle`` (the text ``c++filt`` prin
 * Anything else comes back unchanged.
 
 What a user calls a kernel is shorter: :func:`short_name` is the function's own name (``fma``), and
-:class:`KernelNames` names the kernels of one session with it, or, where two kernels share it, with as much of
-their qualified names as tells them apart (``helper.<locals>.fma``).
+:class:`KernelNames` names kernels with it, or, where two kernels share it, with as much of their qualified names
+as tells them apart (``helper.<locals>.fma``). One table names the kernels of every Dataset a process makes
+(:func:`kernel_names`: range results, PC samples, fast Top-Down, PM kernel executions), so a kernel has one name in
+all of them and they join on it; each also keeps the qualified name in a column of its own (``kernel_qualname``).
 
 Where libstdc++ cannot be loaded (no C++ runtime on the machine), a small parser of the name part of the Itanium
 grammar stands in: nested names, ABI tags, template arguments with builtin, pointer, reference, cv-qualified,
@@ -29,10 +31,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import re
 import threading
 
-__all__ = ["demangle", "demangled_text", "short_name", "numba_path", "KernelNames", "match_kernel"]
+__all__ = ["demangle", "demangled_text", "short_name", "numba_path", "KernelNames", "kernel_names", "kernel_name",
+           "match_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,7 +444,8 @@ def _endings(qualname: str) -> list[str]:
 
 
 class KernelNames:
-    """The names of the kernels of one session: short where that is unambiguous, longer only where needed.
+    """Names of kernels (a process's: :func:`kernel_names`): short where that is unambiguous, longer only where
+    needed.
 
     A kernel (told apart by its qualified name) is called by its short name unless another kernel has that name
     already; then by the shortest ending of its qualified name that no other kernel has (``helper.<locals>.fma``
@@ -473,6 +478,28 @@ class KernelNames:
                 self._given[qualname], self._owner[given] = given, qualname
             return given
 
+
+_process_names = KernelNames()
+
+
+def kernel_names() -> KernelNames:
+    """The kernel names of this process: every collector names the kernels of its Dataset with this one table, so
+    that a kernel has the same name in range results, PC samples, fast Top-Down and PM kernel executions, and two
+    kernels never share a name in any of them."""
+    return _process_names
+
+
+def kernel_name(symbol: str) -> str:
+    """The name of the kernel *symbol* (as the driver or CUPTI reports it) in this process (:func:`kernel_names`);
+    ``""`` for ``""``."""
+    return _process_names.name(demangle(symbol)) if symbol else ""
+
+
+def _fresh_lock_in_child() -> None:  # a thread of the parent may have held the table's lock at the fork
+    _process_names._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def match_kernel(name: str, names, symbols=None) -> str | None:

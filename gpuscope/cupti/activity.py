@@ -161,7 +161,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def _before_detach() -> None:
     """Flush what CUPTI still holds before :func:`_api.detach` (refuses while records are collected)."""
     if _sink is not None:
-        raise RuntimeError("kernel activity records are being collected")
+        raise RuntimeError("kernel activity records are being collected (gpuscope.sample(kernels=True))")
     if _registered:
         _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
 

@@ -209,10 +209,12 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _before_detach() -> None:
-    """Unsubscribe for :func:`_api.detach` (refuses while a launch listener or module watcher is open)."""
+    """Unsubscribe for :func:`_api.detach` (refuses while a launch recorder, paused or not, or a module watcher is
+    open)."""
     with _lock:
-        if _listening or _module_watchers:
-            raise RuntimeError(f"{len(_listening)} launch listener(s) and {len(_module_watchers)} module watcher(s) "
+        if _open or _module_watchers:  # a paused recorder (iteration mode between iterations) resumes on this one
+            raise RuntimeError(f"{len(_open)} launch recorder(s) (a gpuscope.Profiler session in kernel, iteration "
+                               f"or auto mode, or a pc_sample block) and {len(_module_watchers)} module watcher(s) "
                                "are open")
         if _subscription:
             _f.cuptiUnsubscribe(_subscription[0])

@@ -69,7 +69,8 @@ def initialize() -> None:
 
 def _before_detach() -> None:
     if _init_count:
-        raise RuntimeError(f"the CUPTI profiler is initialised for {_init_count} session(s)")
+        raise RuntimeError(f"{_init_count} user(s) of the CUPTI profiler are open (cuptiProfilerInitialize): a "
+                           "gpuscope.Profiler or gpuscope.sample session not yet closed")
 
 
 def deinitialize() -> None:

@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _kernel_names_of_a_fresh_process(monkeypatch):
+    """Each test names kernels as a fresh process does: gpuscope names them with one table per process, so a kernel
+    of another module with the same name, profiled by an earlier test, would lengthen this test's names."""
+    from gpuscope._schema import names
+
+    monkeypatch.setattr(names, "_process_names", names.KernelNames())
+
+
+@pytest.fixture(autouse=True)
 def _give_the_counters_back():
     """After each test, release the range profiler gpuscope keeps between sessions: the counters are the GPU's,
     and tests that start other processes (or query availability) need them free."""

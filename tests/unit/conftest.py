@@ -46,3 +46,12 @@ def child_checks(monkeypatch):
     monkeypatch.setattr(_images, "_check_in_child", check)
     monkeypatch.setattr(_images, "_verdicts", {})
     return asked
+
+
+@pytest.fixture(autouse=True)
+def _kernel_names_of_a_fresh_process(monkeypatch):
+    """Each test names kernels as a fresh process does: gpuscope names them with one table per process
+    (gpuscope._schema.names.kernel_names), so a kernel named by an earlier test would change later tests' names."""
+    from gpuscope._schema import names
+
+    monkeypatch.setattr(names, "_process_names", names.KernelNames())

@@ -162,7 +162,8 @@ def test_executions_become_a_table_on_the_samples_clock(monkeypatch):
     with_exec = _results.with_executions(ts, {"records": records, "dropped": 2, "errors": [], "other_devices": 4})
     attrs = with_exec.attrs
     table = gs.kernel_executions(with_exec)
-    assert table["kernel"].tolist() == ["fma", "__main__.stream"]
+    assert table["kernel"].tolist() == ["fma", "stream"]  # as range results and PC samples name them
+    assert table["kernel_qualname"].tolist() == ["fma", "__main__.stream"]
     assert table["start"].tolist() == [1000, 2000] and table["duration_ns"].tolist() == [500, 3000]
     assert table["correlation"].tolist() == [10, 11]
     assert attrs["kernel_records_incomplete"] == 1 and attrs["kernel_records_dropped"] == 2

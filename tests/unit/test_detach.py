@@ -1,11 +1,17 @@
 """Detaching CUPTI before PC sampling (gpuscope._gpu.keep.detach_cupti, gpuscope.cupti._api.detach), without a GPU:
-CUPTI's cuptiFinalize is replaced by a recorder."""
+CUPTI's cuptiFinalize, cuptiProfilerInitialize and cuptiProfilerDeInitialize are replaced by a recorder; the CUPTI
+profiler's reference count, the keeper and the callback bookkeeping are gpuscope's own."""
+
+import threading
+import warnings
 
 import pytest
 
 from gpuscope._gpu import keep as _keep
 from gpuscope._gpu import modules as _modules
 from gpuscope.cupti import _api, activity, callbacks, profiler
+
+from .test_keep import FakeContext, FakeProfiler
 
 
 class FakeCupti:
@@ -36,9 +42,44 @@ def cupti(monkeypatch):
     monkeypatch.delenv(_keep.DETACH_ENV, raising=False)  # on by default
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
     monkeypatch.setattr(callbacks, "_subscription", [])
+    monkeypatch.setattr(callbacks, "_open", set())
+    monkeypatch.setattr(callbacks, "_listening", ())
+    monkeypatch.setattr(callbacks, "_module_watchers", ())
     monkeypatch.setattr(activity, "_registered", [])
+    monkeypatch.setattr(activity, "_sink", None)
+    monkeypatch.setattr(_modules, "_watcher", None)
     monkeypatch.setattr(_keep, "_hosts", {})
+    monkeypatch.setattr(_keep, "_kept", {})
+    monkeypatch.setattr(_keep, "_listeners", {})
+    monkeypatch.setattr(_keep, "_start_listener", lambda device: None)  # no rendezvous (tests/unit/test_keep.py)
+    monkeypatch.setenv("GPUSCOPE_KEEP", "inf")  # no idle timer unless a test asks for one
+    monkeypatch.setattr(profiler, "_init_count", 0)
+    monkeypatch.setattr(profiler, "params", lambda cls, **fields: None)
+    for name in ("cuptiProfilerInitialize", "cuptiProfilerDeInitialize"):
+        monkeypatch.setattr(profiler._f, name, lambda p, name=name: fake.calls.append(name))
     return fake
+
+
+def keep_a_profiler(prof=None, device=0) -> _keep.Kept:
+    """What a range session that closed cleanly leaves behind: the CUPTI profiler initialised for it (the session's
+    cuptiProfilerInitialize, handed over with the profiler), its range profiler kept."""
+    profiler.initialize()
+    kept = _keep.Kept(("ctx", ("m",)), 7, FakeContext(), prof or FakeProfiler(), "config", "image")
+    _keep.keep(device, kept)
+    return kept
+
+
+class SlowProfiler(FakeProfiler):
+    """A kept range profiler whose disable takes a while (cuptiRangeProfilerDisable: 13 ms to 0.5 s on the H100)."""
+
+    def __init__(self):
+        super().__init__()
+        self.closing, self.finish = threading.Event(), threading.Event()
+
+    def close(self):
+        self.closing.set()
+        self.finish.wait(10)
+        self.closed += 1
 
 
 def _host():
@@ -63,17 +104,105 @@ def test_detach_finalizes_and_forgets_hosts_and_subscription(cupti, monkeypatch)
 
 
 def test_an_open_session_refuses_and_nothing_is_dropped(cupti, monkeypatch):
-    monkeypatch.setattr(profiler, "_init_count", 1)
+    profiler.initialize()  # a gpuscope.Profiler made, not yet closed
+    keep_a_profiler(device=1)  # given back, though the detach is then refused
     host, setup = _host()
     _keep._hosts[(0, "GH100", ("m",))] = setup
-    why = _keep.detach_cupti()
-    assert why.startswith("a gpuscope session is open") and "initialised" in why
-    assert cupti.calls == [] and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
+    assert _keep.detach_cupti() == (
+        "gpuscope is using CUPTI: 1 user(s) of the CUPTI profiler are open (cuptiProfilerInitialize): a "
+        "gpuscope.Profiler or gpuscope.sample session not yet closed")
+    assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
+    assert _keep.kept_devices() == [] and profiler._init_count == 1
+
+
+def test_a_kept_profiler_is_released_and_never_counted_as_an_open_session(cupti):
+    """What an iteration-mode session, then a kernel-mode one, leave (issue 33 item 5): the later session's kept
+    profiler, holding the CUPTI profiler initialised. The detach gives it back, then detaches; it used to say "a
+    gpuscope session is open (the CUPTI profiler is initialised for 1 session(s))"."""
+    first = keep_a_profiler()
+    second = keep_a_profiler()  # the kernel-mode session's replaces the iteration-mode one's
+    assert first.profiler.closed == 1 and profiler._init_count == 1
+    assert _keep.detach_cupti() == "detached"
+    assert second.profiler.closed == 1 and second.context.closed == 1 and _keep.kept_devices() == []
+    assert profiler._init_count == 0
+    assert cupti.calls == ["cuptiProfilerInitialize", "cuptiProfilerDeInitialize", "cuptiFinalize"]
+
+
+def test_a_release_under_way_on_the_idle_timer_is_waited_for(cupti, monkeypatch):
+    """The idle timer takes the kept profiler out and disables it on its own thread (up to 0.5 s). A detach meanwhile
+    found nothing kept, the CUPTI profiler still initialised, and refused with the false reason "a gpuscope session
+    is open" (issue 36 item 4)."""
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0.01")
+    kept = keep_a_profiler(SlowProfiler())
+    assert kept.profiler.closing.wait(5)  # the timer's release has begun: nothing kept, the disable under way
+    assert _keep.kept_devices() == [] and profiler._init_count == 1
+    threading.Timer(0.2, kept.profiler.finish.set).start()
+    assert _keep.detach_cupti() == "detached"
+    assert kept.profiler.closed == 1 and kept.context.closed == 1 and profiler._init_count == 0
+    assert cupti.calls[-1] == "cuptiFinalize"
+
+
+def test_a_release_that_never_ends_is_the_reason_given(cupti, monkeypatch):
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0.01")
+    monkeypatch.setattr(_keep, "RELEASE_WAIT_S", 0.2)
+    kept = keep_a_profiler(SlowProfiler())
+    assert kept.profiler.closing.wait(5)
+    try:
+        assert _keep.detach_cupti() == ("the kept profiler of device(s) [0] was still being released after 0.2 s "
+                                        "(cuptiRangeProfilerDisable did not return)")
+        assert "cuptiFinalize" not in cupti.calls
+    finally:
+        kept.profiler.finish.set()
+    kept.timer.join(5)
+    assert _keep.detach_cupti() == "detached"
+
+
+@pytest.mark.parametrize("failing", ["close", "make_current"])
+def test_a_release_that_fails_half_way_gives_back_the_rest_and_the_detach_goes_on(cupti, failing):
+    """A failed disable (or a context that cannot be made current) used to skip cuptiProfilerDeInitialize and the
+    context's release: every later detach was refused, and later PC blocks got no samples for kernels that ran under
+    range profiling (issue 36 item 4)."""
+    kept = keep_a_profiler()
+
+    def refuse():
+        raise RuntimeError("CUPTI said no")
+
+    setattr(kept.profiler if failing == "close" else kept.context, failing, refuse)
+    with pytest.warns(Warning, match="releasing the kept range profiler failed: CUPTI said no"):
+        assert _keep.detach_cupti() == "detached"
+    assert profiler._init_count == 0 and kept.context.closed == 1
+    assert kept.profiler._finalizer.detached  # a profiler that could not be disabled is never touched again
+    assert cupti.calls == ["cuptiProfilerInitialize", "cuptiProfilerDeInitialize", "cuptiFinalize"]
 
 
 def test_an_open_launch_listener_refuses(cupti, monkeypatch):
-    monkeypatch.setattr(callbacks, "_listening", (object(),))
-    assert "launch listener" in _keep.detach_cupti()
+    monkeypatch.setattr(callbacks, "_open", {object()})
+    monkeypatch.setattr(callbacks, "_listening", tuple(callbacks._open))
+    assert "launch recorder" in _keep.detach_cupti()
+    assert cupti.calls == []
+
+
+def test_a_paused_launch_recorder_refuses(cupti, monkeypatch):
+    """An iteration-mode session between iterations has paused its recorder: it resumes on the subscription a
+    detach would have dropped. It used to pass the check (only listening recorders counted)."""
+    monkeypatch.setattr(callbacks, "_open", {object()})
+    monkeypatch.setattr(callbacks, "_subscription", [0xABC, object()])
+    assert _keep.detach_cupti() == (
+        "gpuscope is using CUPTI: 1 launch recorder(s) (a gpuscope.Profiler session in kernel, iteration or auto "
+        "mode, or a pc_sample block) and 0 module watcher(s) are open")
+    assert cupti.calls == [] and callbacks._subscription[0] == 0xABC
+
+
+def test_a_module_watcher_other_than_gpuscopes_refuses(cupti, monkeypatch):
+    monkeypatch.setattr(callbacks, "_module_watchers", (object(),))
+    assert "1 module watcher(s) are open" in _keep.detach_cupti()
+    assert cupti.calls == []
+
+
+def test_kernel_activity_records_being_collected_refuse(cupti, monkeypatch):
+    monkeypatch.setattr(activity, "_sink", object())
+    assert _keep.detach_cupti() == ("gpuscope is using CUPTI: kernel activity records are being collected "
+                                    "(gpuscope.sample(kernels=True))")
     assert cupti.calls == []
 
 

@@ -9,16 +9,21 @@ import gpuscope as gs
 from gpuscope._pc_sampling import fast as _fast
 from gpuscope.metrics import topdown as td
 
+from gpuscope._gpu import keep as _keep
+
+from .test_detach import cupti  # noqa: F401 (fixture)
 from .test_pc_fixtures import _ncu_dataset, recorded  # noqa: F401 (fixture)
 
 FAST = [td.IPC_EXECUTED, td.IPC_ISSUED, td.THREADS_PER_INST]
 
 
 class Half:
-    """A session that calls nothing on a GPU and hands back a recorded Dataset."""
+    """A session that calls nothing on a GPU and hands back a recorded Dataset (a PC block counts *launches*)."""
 
-    def __init__(self, dataset, calls, **kwargs):
-        self.dataset, self.kwargs, self.calls = dataset, kwargs, calls
+    passes = 1
+
+    def __init__(self, dataset, calls, launches=None, **kwargs):
+        self.dataset, self.kwargs, self.calls, self.launches = dataset, kwargs, calls, launches
         calls.append(self)
 
     def __enter__(self):
@@ -42,13 +47,14 @@ def _range_pass(ncu, names, launches=3):
                       attrs={"kind": "range", "compute_capability": "9.0", "mode": "kernel"})
 
 
-def _run(pc, ranges, work=None, **options):
+def _run(pc, ranges, work=None, launches=None, **options):
     calls = []
     ran = []
+    counted = {"_Z6streamPf": 3, "_Z3fmaPf": 3} if launches is None else launches
     result = gs.profile_fast_topdown(
         work or (lambda n: (ran.append(n), calls.append("work"))), 7,
-        pc_sampler=lambda **kw: Half(pc, calls, **kw), profiler=lambda *a, **kw: Half(ranges, calls, set=a, **kw),
-        **options)
+        pc_sampler=lambda **kw: Half(pc, calls, launches=counted, **kw),
+        profiler=lambda *a, **kw: Half(ranges, calls, set=a, **kw), **options)
     return result, calls, ran
 
 
@@ -58,12 +64,13 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
     ranges = _range_pass(ncu, ncu["kernel"].values)
     result, calls, ran = _run(pc, ranges, period=2**12)
     assert ran == [7, 7]  # the work ran twice: under PC sampling, then as the range pass
-    prof, pcs = (c for c in calls if isinstance(c, Half))
-    assert prof.kwargs == {"set": ("fast-topdown",), "mode": "iteration", "device": 0}
+    pcs, prof = (c for c in calls if isinstance(c, Half))
+    # the image sized from the 6 launches the PC block counted: no sizing iteration
+    assert prof.kwargs == {"set": ("fast-topdown",), "mode": "iteration", "device": 0, "max_ranges": 16}
     assert pcs.kwargs == {"period": 2**12, "device": 0}
-    # one iteration-mode session; PC sampling over its first (sizing) iteration, the range pass on the second
+    # PC sampling first, with no session open (it detaches CUPTI), then the range pass in an iteration-mode session
     assert [c if isinstance(c, str) else "session" for c in calls] == [
-        "session", "enter", "step", "session", "enter", "work", "exit", "step", "work", "exit"]
+        "session", "enter", "work", "exit", "session", "enter", "step", "work", "exit"]
     expected = _fast.fast_topdown(pc, ncu[FAST])
     for node in expected.data_vars:
         np.testing.assert_allclose(result[node].sel(kernel=expected["kernel"]), expected[node], rtol=1e-12)
@@ -80,13 +87,14 @@ def test_one_call_joins_the_pc_samples_and_the_range_pass(recorded):  # noqa: F8
 def test_short_names_are_matched_and_kernels_only_one_half_saw_are_named(recorded):  # noqa: F811
     _, pc = recorded
     ncu = _ncu_dataset()
-    names = np.array(["fma", "unrelated_kernel"])  # a decorated name and a kernel PC sampling never saw
+    names = np.array(["fma", "unrelated_kernel"])  # a kernel both halves saw and one PC sampling never saw
     ranges = _range_pass(ncu.isel(kernel=[0, 0]), names, launches=2)
     with pytest.warns(gs.GpuscopeWarning, match=r"No PC samples for unrelated_kernel \(2 launches\).*left out"):
         result, _, _ = _run(pc, ranges)
-    assert result["kernel"].values.tolist() == ["benchmarks.bench_pc_sampling.fma"]
+    assert result["kernel"].values.tolist() == ["fma"]
+    assert result["kernel_qualname"].values.tolist() == ["benchmarks.bench_pc_sampling.fma"]
     assert result.attrs["kernels_without_pc_samples"] == ["unrelated_kernel"]
-    assert result.attrs["kernels_without_ipc"] == ["benchmarks.bench_pc_sampling.stream"]
+    assert result.attrs["kernels_without_ipc"] == ["stream"]
 
 
 def test_nothing_in_common_and_bad_input_say_what_to_do(recorded):  # noqa: F811
@@ -102,3 +110,79 @@ def test_nothing_in_common_and_bad_input_say_what_to_do(recorded):  # noqa: F811
     assert ran == []  # refused before any work
     with pytest.raises(TypeError, match="callable"):
         gs.profile_fast_topdown(pc)
+
+
+def test_where_the_pc_block_counted_no_launches_a_first_iteration_sizes_the_image(recorded):  # noqa: F811
+    _, pc = recorded
+    ncu = _ncu_dataset()
+    result, calls, ran = _run(pc, _range_pass(ncu, ncu["kernel"].values), launches={})
+    assert ran == [7, 7, 7]
+    prof = [c for c in calls if isinstance(c, Half)][1]
+    assert "max_ranges" not in prof.kwargs
+    assert [c for c in calls if c in ("step", "work")] == ["work", "step", "work", "step", "work"]
+    assert result["kernel"].values.tolist() == ["fma", "stream"]
+
+
+class HoldingSession(Half):
+    """A range session that holds CUPTI as gpuscope.Profiler does: the CUPTI profiler initialised from when it is
+    made, a launch recorder while open; a clean close keeps its profiler (gpuscope._gpu.keep)."""
+
+    def __init__(self, dataset, calls, **kwargs):
+        from gpuscope.cupti import profiler
+
+        super().__init__(dataset, calls, **kwargs)
+        profiler.initialize()
+        self.recorder = object()
+
+    def __enter__(self):
+        from gpuscope.cupti import callbacks
+
+        callbacks._open.add(self.recorder)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from gpuscope._gpu import keep as _keep
+        from gpuscope.cupti import callbacks
+
+        from .test_keep import FakeContext, FakeProfiler
+
+        callbacks._open.discard(self.recorder)
+        _keep.keep(0, _keep.Kept(("ctx", self.kwargs.get("mode")), 7, FakeContext(), FakeProfiler(), "c", "i"))
+        return super().__exit__(*exc)
+
+
+class DetachingBlock(Half):
+    """A pc_sample block as far as CUPTI's state goes: it detaches CUPTI when it starts."""
+
+    def __enter__(self):
+        from gpuscope._gpu import keep as _keep
+
+        self.cupti_detach = _keep.detach_cupti()
+        return super().__enter__()
+
+
+@pytest.mark.parametrize("before", [["iteration", "kernel"], ["iteration"]])
+def test_fast_topdown_after_counter_sessions_detaches_cupti(recorded, cupti, before):  # noqa: F811
+    """Issue 33 item 5: in a fresh process, an iteration-mode session, then a kernel-mode one, then
+    profile_fast_topdown: 265 of 265 PC samples unattributed (in a PyTorch process after one iteration-mode session,
+    2 kernels without samples). The fast Top-Down's own session was open when its PC block started, so CUPTI could
+    not be detached, and kernels that ran under the earlier sessions got no PC records."""
+    _, pc = recorded
+    ncu = _ncu_dataset()
+    calls = []
+    for mode in before:  # the sessions before it, each closing cleanly: the last one's profiler stays kept
+        with HoldingSession(None, calls, mode=mode):
+            pass
+    assert _keep.kept_devices() == [0]
+    blocks = []
+
+    def pc_sampler(**kw):
+        blocks.append(DetachingBlock(pc, calls, launches={"_Z6streamPf": 3, "_Z3fmaPf": 3}, **kw))
+        return blocks[-1]
+
+    result = gs.profile_fast_topdown(lambda n: None, 7, pc_sampler=pc_sampler,
+                                     profiler=lambda *a, **kw: HoldingSession(
+                                         _range_pass(ncu, ncu["kernel"].values), calls, **kw))
+    assert blocks[0].cupti_detach == "detached"
+    assert cupti.calls.count("cuptiFinalize") == 1
+    assert result["kernel"].values.tolist() == ["fma", "stream"]

@@ -104,7 +104,7 @@ def test_release_one_device_or_all(kept_state):
     assert _keep.kept_devices() == []
 
 
-def test_release_failure_is_a_warning(kept_state):
+def test_release_failure_is_a_warning_and_the_rest_is_released(kept_state):
     k = kept()
 
     def refuse():
@@ -115,6 +115,7 @@ def test_release_failure_is_a_warning(kept_state):
     with pytest.warns(Warning, match="releasing the kept range profiler failed: CUPTI said no"):
         assert _keep.release() == 1
     assert _keep.kept_devices() == []
+    assert kept_state == [1] and k.context.closed == 1  # de-initialised and let go of all the same
 
 
 def test_env_switches_keeping_off(monkeypatch):
@@ -223,13 +224,20 @@ def test_accessor_is_there_when_xarray_came_first():
 
 
 def test_threads_share_the_keeper_safely(kept_state):
-    errors = []
+    """Every profiler handed to the keeper is taken back once or released once, never both, never neither."""
+    errors, made, taken = [], [], []
+    start = threading.Barrier(4)
 
     def churn(device):
+        start.wait()
         try:
             for _ in range(200):
-                _keep.keep(device, kept())
-                _keep.take(device, kept().key, 7)
+                k = kept()
+                made.append(k)
+                _keep.keep(device, k)
+                back = _keep.take(device, k.key, 7)
+                if back is not None:
+                    taken.append(back)
         except Exception as exc:  # pragma: no cover - the failure being tested for
             errors.append(exc)
 
@@ -238,7 +246,53 @@ def test_threads_share_the_keeper_safely(kept_state):
         t.start()
     for t in threads:
         t.join()
+    _keep.release()
     assert not errors
+    ids = [id(k) for k in taken]
+    assert len(set(ids)) == len(ids)  # none taken twice
+    back = set(ids)
+    assert all((k.profiler.closed, id(k) in back) in ((1, False), (0, True)) for k in made)
+    assert len(kept_state) == len(made) - len(taken)  # one cuptiProfilerDeInitialize per release
+
+
+def test_a_late_timer_leaves_alone_what_is_kept_after_its_profiler(kept_state, monkeypatch):
+    """A timer that fires after its profiler was taken back (and another kept) must not release the newer one."""
+    first, second = kept(), kept()
+    _keep.keep(0, first)
+    assert _keep.take(0, first.key, 7) is first
+    _keep.keep(0, second)
+    _keep._expire(0, first)  # the first one's timer, firing late
+    assert _keep.kept_devices() == [0] and second.profiler.closed == 0 and kept_state == []
+
+
+class SlowProfiler(FakeProfiler):
+    """A disable that takes a while (13 ms to 0.5 s on the H100), on the idle timer's thread."""
+
+    def __init__(self):
+        super().__init__()
+        self.closing, self.finish = threading.Event(), threading.Event()
+
+    def close(self):
+        self.closing.set()
+        self.finish.wait(10)
+        self.closed += 1
+
+
+@pytest.mark.parametrize("call", ["release", "release(0)", "take"])
+def test_release_and_take_wait_for_the_idle_timers_release(kept_state, monkeypatch, call):
+    """While the timer disabled the kept profiler, release() returned 0 at once and take() None: a new session
+    could enable a profiler on the same context, and PC sampling could start, beside the one still enabled."""
+    monkeypatch.setenv("GPUSCOPE_KEEP", "0.01")
+    k = kept(context_id=7)
+    k.profiler = SlowProfiler()
+    _keep.keep(0, k)
+    assert k.profiler.closing.wait(5) and _keep.kept_devices() == []
+    threading.Timer(0.2, k.profiler.finish.set).start()
+    if call == "take":
+        assert _keep.take(0, k.key, 7) is None
+    else:
+        assert _keep.release(0 if call == "release(0)" else None) == 1
+    assert k.profiler.closed == 1 and k.context.closed == 1 and kept_state == [1]  # returned once it ended
 
 
 def without_launchers(monkeypatch):

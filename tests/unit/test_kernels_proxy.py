@@ -58,7 +58,7 @@ def test_misuse_messages():
         _kernels.profile(add_one).dataset
 
 
-def test_two_kernels_with_one_name_are_told_apart_in_a_session(monkeypatch):
+def test_two_kernels_with_one_name_are_told_apart_and_keep_their_names_in_the_process(monkeypatch):
     @cuda.jit
     def add_one(x):  # another kernel called add_one, defined inside this function
         i = cuda.grid(1)
@@ -68,7 +68,7 @@ def test_two_kernels_with_one_name_are_told_apart_in_a_session(monkeypatch):
     fake, other = FakeSession(), FakeSession()
     monkeypatch.setattr(_session, "active_session", lambda device=None: fake)
     module_level, local = _kernels.profile(globals()["add_one"]), _kernels.profile(add_one)
-    here = "test_two_kernels_with_one_name_are_told_apart_in_a_session"
+    here = "test_two_kernels_with_one_name_are_told_apart_and_keep_their_names_in_the_process"
     assert local.kernel_qualname.endswith(f".{here}.<locals>.add_one")
     x = np.zeros(16, np.float32)
     module_level[1, 16](x)
@@ -76,5 +76,5 @@ def test_two_kernels_with_one_name_are_told_apart_in_a_session(monkeypatch):
     module_level[1, 16](x)
     assert [k for k, _, _ in fake.launches] == ["add_one", f"{here}.<locals>.add_one", "add_one"]
     monkeypatch.setattr(_session, "active_session", lambda device=None: other)
-    local[1, 16](x)  # alone in another session: its own name
-    assert other.launches == [("add_one", 1, 16)] and x.tolist() == [22.0] * 16
+    local[1, 16](x)  # alone in another session: the name the process gave it, as in every Dataset
+    assert other.launches == [(f"{here}.<locals>.add_one", 1, 16)] and x.tolist() == [22.0] * 16

@@ -1,6 +1,8 @@
-"""Schema 5: the span and execution tables of PM samples as Dataset attrs (one 1-D array per column), so that
+"""Schema 6: the span and execution tables of PM samples as Dataset attrs (one 1-D array per column), so that
 every variable lies along the samples and ``ds.to_dataframe()`` has one row per sample; saved files hold the tables
-as netCDF groups; files of schemas 2 to 4 (tables in list attrs, or as coordinates along their own dims) converted
+as netCDF groups; each execution's kernel named as range results and PC samples of the process name it
+(``exec_kernel``), its qualified name beside it (``exec_kernel_qualname``). Files of schemas 2 to 5 (tables in list
+attrs, or as coordinates along their own dims; ``exec_kernel`` qualified) converted
 exactly on load; the tables and the long format. Merges of the tables: test_ranks and test_multi_sampling."""
 
 from pathlib import Path
@@ -40,9 +42,20 @@ def _with_executions(ts, n=5):
     return _results.with_executions(ts, {"records": _records(ts, n), "dropped": 1, "errors": [], "other_devices": 2})
 
 
+def as_schema5(ds):
+    """*ds* (schema 6) as gpuscope wrote schemas 2 to 5: ``exec_kernel`` held the qualified name, and nothing
+    beside it."""
+    old = ds.copy()
+    old.attrs = {**ds.attrs, "gpuscope_schema": 5}
+    if "exec_kernel_qualname" in ds.attrs:
+        old.attrs["exec_kernel"] = old.attrs.pop("exec_kernel_qualname")
+    return old
+
+
 def as_schema2(ds):
-    """*ds* (schema 5) laid out as gpuscope wrote schema 2: the tables as list attrs, the sample's span as the
-    coordinate ``span``."""
+    """*ds* (schema 6) laid out as gpuscope wrote schema 2: the tables as list attrs (``exec_kernel`` qualified),
+    the sample's span as the coordinate ``span``."""
+    ds = as_schema5(ds)
     attrs = {k: (v.tolist() if k in _dataset.TABLE_ATTRS else v) for k, v in ds.attrs.items()}
     attrs["gpuscope_schema"] = 2
     old = ds.rename_vars({"span_index": "span"})
@@ -52,8 +65,9 @@ def as_schema2(ds):
 
 
 def as_schema4(ds):
-    """*ds* (schema 5) laid out as gpuscope wrote schemas 3 and 4: the tables as coordinates along ``span`` and
-    ``execution``, with the column attrs of the schema."""
+    """*ds* (schema 6) laid out as gpuscope wrote schemas 3 and 4: the tables as coordinates along ``span`` and
+    ``execution`` (``exec_kernel`` qualified), with the column attrs of the schema."""
+    ds = as_schema5(ds)
     coords = {}
     for dim, table in _dataset.TABLE_GROUPS.values():
         for name in (n for n in ds.attrs if n in _dataset.TABLE_ATTRS and n.startswith(next(iter(table))[:5])):
@@ -90,7 +104,8 @@ def test_the_tables_are_attrs_of_one_array_per_column(series):
         column = ts.attrs[name]
         assert isinstance(column, np.ndarray) and column.dtype == dtype and column.ndim == 1
     assert ts.attrs["span_path"].tolist() == ["stream", "fma", "divergent"]
-    assert ts.attrs["exec_kernel"].tolist()[:2] == ["fma", "__main__.stream"]
+    assert ts.attrs["exec_kernel"].tolist()[:2] == ["fma", "stream"]
+    assert ts.attrs["exec_kernel_qualname"].tolist()[:2] == ["fma", "__main__.stream"]
     assert ts.attrs["kernel_records_incomplete"] == 1 and ts.attrs["kernel_records_other_devices"] == 2
     assert ts["span_index"].dims == ("time",) and ts["span_index"].attrs == _dataset.SAMPLE_SPAN_ATTRS
     # a sample's span_index is a row of the span table: the span's path is the sample's range
@@ -119,7 +134,8 @@ def test_spans_and_executions_keep_their_frames(series):
     assert (table["start"] == table["start_ns"] - ts.attrs["session_start_ns"]).all()
     runs = gs.kernel_executions(ts)
     assert runs.index.name == "execution" and runs.columns.tolist() == [
-        "kernel", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream", "correlation"]
+        "kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
+        "correlation"]
     assert runs["start"].tolist() == [0, 1000, 2000, 3000, 4000] and (runs["duration_ns"] == 600).all()
     assert runs["stream"].tolist() == [7, 8, 7, 8, 7] and runs["correlation"].tolist() == [100, 101, 102, 103, 104]
     # the phases of the samples carry the tables: by="kernels" finds the executions
@@ -199,7 +215,7 @@ def test_schema2_recordings_convert_exactly(tmp_path, name):
 
 
 @pytest.mark.parametrize("executions", [0, 1, 5])
-def test_a_schema2_file_with_executions_converts_to_what_schema5_writes(tmp_path, monkeypatch, series, executions):
+def test_a_schema2_file_with_executions_converts_to_what_schema6_writes(tmp_path, monkeypatch, series, executions):
     ts = _with_executions(series.isel(time=slice(0, 3000)), executions)
     old = as_schema2(ts)
     with monkeypatch.context() as m:  # list attrs as schema 2 stored them (gpuscope_attr_types), no groups
@@ -221,7 +237,7 @@ def test_a_schema2_file_with_executions_converts_to_what_schema5_writes(tmp_path
 
 
 @pytest.mark.parametrize("executions", [0, 5])
-def test_a_schema4_file_converts_to_what_schema5_writes(tmp_path, series, executions):
+def test_a_schema4_file_converts_to_what_schema6_writes(tmp_path, series, executions):
     ts = _with_executions(series.isel(time=slice(0, 3000)), executions)
     old = as_schema4(ts)
     assert old.sizes == {"time": 3000, "span": 3, "execution": executions}
@@ -229,6 +245,22 @@ def test_a_schema4_file_converts_to_what_schema5_writes(tmp_path, series, execut
     with xr.open_dataset(tmp_path / "v4.nc", engine="h5netcdf") as raw:
         assert raw["span_path"].dims == ("span",) and raw.attrs["gpuscope_schema"] == 4
     xr.testing.assert_identical(gs.open_dataset(tmp_path / "v4.nc"), ts)
+
+
+@pytest.mark.parametrize("executions", [0, 1, 5])
+def test_a_schema5_file_names_its_kernels_as_schema6_does(tmp_path, series, executions):
+    """Schemas 2 to 5 held each execution's qualified name (``__main__.stream``) where range results said
+    ``stream``: the qualified name moves to ``exec_kernel_qualname``, and the kernels are named within the file as a
+    process names them."""
+    ts = _with_executions(series.isel(time=slice(0, 3000)), executions)
+    gs.save_dataset(as_schema5(ts), tmp_path / "v5.nc")
+    with xr.open_dataset(tmp_path / "v5.nc", engine="h5netcdf") as raw:
+        assert raw.attrs["gpuscope_schema"] == 5
+    with xr.open_dataset(tmp_path / "v5.nc", engine="h5netcdf", group="executions") as raw:
+        assert "exec_kernel" in raw.variables and "exec_kernel_qualname" not in raw.variables
+    back = gs.open_dataset(tmp_path / "v5.nc")
+    xr.testing.assert_identical(back, ts)
+    assert gs.kernel_executions(back)["kernel"].tolist() == ["fma", "stream", "fma", "stream", "fma"][:executions]
 
 
 def test_schema2_datasets_in_memory_are_read_and_left_as_they_were(series):
@@ -240,6 +272,10 @@ def test_schema2_datasets_in_memory_are_read_and_left_as_they_were(series):
     xr.testing.assert_identical(old, before)
     assert old.attrs == before.attrs and old["span"].attrs == V2_SPAN
     xr.testing.assert_identical(_dataset.upgrade(ts), ts)  # the current schema: as it is
+    five = as_schema5(ts)
+    assert gs.kernel_executions(five).equals(gs.kernel_executions(ts))
+    xr.testing.assert_identical(_dataset.upgrade(five), ts)
+    assert "exec_kernel_qualname" not in five.attrs and five.attrs["gpuscope_schema"] == 5  # left as it was
     four = as_schema4(ts)
     assert gs.spans(four).equals(gs.spans(ts)) and gs.kernel_executions(four).equals(gs.kernel_executions(ts))
     xr.testing.assert_identical(_dataset.upgrade(four), ts)
