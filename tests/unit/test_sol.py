@@ -288,7 +288,7 @@ def test_device_info_records_the_sm_limits(monkeypatch):
         def cuDeviceTotalMem(self, dev):
             return (0, 1 << 30)
 
-    monkeypatch.setattr(_device, "_driver", lambda: Fake())
+    monkeypatch.setattr(_device, "bindings", lambda: Fake())
     monkeypatch.setattr(_device, "_device", lambda index: 0)
     info = _device.device_info(0)
     assert set(info.sm_limits) == set(SM_LIMIT_ATTRS)
