@@ -117,9 +117,21 @@ def _round_up(value: int, unit: int) -> int:
 
 
 def driver_shared_memory(need: int, limits: SMLimits) -> int:
-    """The shared memory (bytes per SM) the driver configures for a launch whose resident blocks need *need* bytes:
-    the smallest of the SM's sizes that holds them, no less than :data:`DRIVER_MIN_SHARED_MEMORY`; the largest
-    where none does."""
+    """The shared memory (bytes per SM) the driver configures for a launch, as estimated from what it needs.
+
+    Parameters
+    ----------
+    need : int
+        Bytes the blocks that the other limits let an SM hold take, reserved bytes and allocation unit included.
+    limits : SMLimits
+        The SM's sizes (``shared_memory_sizes``, up to ``shared_memory``).
+
+    Returns
+    -------
+    int
+        The smallest size that holds *need*, no less than :data:`DRIVER_MIN_SHARED_MEMORY`; the largest where none
+        does (the blocks then are limited by shared memory).
+    """
     sizes = sorted({s for s in limits.shared_memory_sizes if s <= limits.shared_memory} | {limits.shared_memory})
     return next((s for s in sizes if s >= max(need, DRIVER_MIN_SHARED_MEMORY)), limits.shared_memory)
 
