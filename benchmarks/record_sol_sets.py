@@ -244,6 +244,7 @@ def section_values(name: str, row: dict) -> dict:
                 "block_limit shared_memory": _get(row, "launch__occupancy_limit_shared_mem"),
                 "block_limit warps": _get(row, "launch__occupancy_limit_warps"),
                 "block_limit blocks": _get(row, "launch__occupancy_limit_blocks"),
+                "shared_memory_config": _get(row, "launch__shared_mem_config_size"),
                 "waves_per_sm": _get(row, "launch__waves_per_multiprocessor")}
     return {f"pipe_utilization {p}": _get(row, f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active")
             for p in ("alu", "fma", "fmaheavy", "fp64", "lsu", "xu", "adu", "cbu", "uniform")} | {
@@ -279,6 +280,7 @@ def analysed(name: str, ds, registers, shared) -> list[dict]:
         return [{"theoretical_occupancy": float(oc.theoretical_occupancy[i]),
                  "achieved_occupancy": float(oc.achieved_occupancy[i]),
                  **{f"block_limit {k}": float(oc.block_limit.sel(limit=k)[i]) for k in oc["limit"].values},
+                 "shared_memory_config": float(oc.shared_memory_config[i]),
                  "waves_per_sm": float(oc.waves_per_sm[i]), "limited_by": str(oc.limited_by.values[i])}
                 for i in range(n)]
     im = gs.instruction_mix(ds)

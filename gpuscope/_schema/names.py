@@ -35,8 +35,8 @@ import os
 import re
 import threading
 
-__all__ = ["demangle", "demangled_text", "short_name", "numba_path", "KernelNames", "kernel_names", "kernel_name",
-           "match_kernel"]
+__all__ = ["demangle", "demangled_text", "short_name", "brief_name", "numba_path", "KernelNames", "kernel_names",
+           "kernel_name", "match_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -432,6 +432,18 @@ def short_name(name: str) -> str:
     if "::" in name or "." not in name:
         return name
     return name.rsplit(".", 1)[-1]
+
+
+def brief_name(name: str) -> str:
+    """A kernel's name short enough for a legend or a title: :func:`short_name`, and of a C++ name the function
+    alone, without its scope and template arguments.
+
+    >>> brief_name("cub::detail::reduce::DeviceReduceKernel<cub::detail::reduce::policy_hub<float>, float*>")
+    'DeviceReduceKernel'
+    """
+    name = short_name(name)
+    last = _split_top(name, "::")[-1]
+    return last.split("<", 1)[0] or name
 
 
 def _endings(qualname: str) -> list[str]:

@@ -102,6 +102,10 @@ class Architecture:
         Parts of another reason (:data:`SUB_REASONS`) that chips of the family list; not collected.
     smsp_per_sm : int
         Warp schedulers (SM sub-partitions) per SM, each issuing one warp instruction per cycle: ``IPC_MAX``.
+    shared_memory_kib : tuple of int
+        The shared-memory sizes (KiB per SM) the driver can configure an SM's unified L1/shared memory with for a
+        launch, smallest first (the CUDA C++ Programming Guide, per compute capability); the occupancy's
+        shared-memory block limit is counted against the one it picks.
     tegra : bool
         An integrated (Jetson / DRIVE / DGX Spark class) part: its memory counters are the memory controller's
         (``mcc__*``) or absent, it has no PCIe counters.
@@ -116,6 +120,7 @@ class Architecture:
     optional_stall_reasons: tuple[str, ...] = ()
     sub_reasons: tuple[str, ...] = ()
     smsp_per_sm: int = 4
+    shared_memory_kib: tuple[int, ...] = ()
     tegra: bool = False
     source: str = "smsp__warp_issue_stalled_* metrics of the host API, CUPTI 13.1"
 
@@ -158,29 +163,39 @@ class Architecture:
         return f"{STALL_PARENT[parent]}_{parent}"
 
 
+# The shared-memory sizes an SM can be configured with, KiB (CUDA C++ Programming Guide, compute capabilities)
+_VOLTA_SMEM = (0, 8, 16, 32, 64, 96)
+_SMEM_100 = (0, 8, 16, 32, 64, 100)  # CC 8.6, 8.9, 12.x
+_SMEM_164 = (*_SMEM_100, 132, 164)  # CC 8.0, 8.7
+_SMEM_228 = (*_SMEM_164, 196, 228)  # CC 9.0, 10.x, 11.0
+
 #: The tables, oldest first. Within a family the stall reasons are the same on every chip; only the
 #: sub-reasons (parts of another reason) differ, and they are not collected.
 ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture("Volta", ("GV100", "GV11B"), ((7, 0), (7, 2)), _WITH_IMC,
+    Architecture("Volta", ("GV100", "GV11B"), ((7, 0), (7, 2)), _WITH_IMC, shared_memory_kib=_VOLTA_SMEM,
                  source="host API of CUPTI 12.6-12.9 (CUDA 13 dropped Volta; CUPTI lists GV11B, Xavier, but cannot "
                         "profile it)"),
     Architecture("Turing", ("TU102", "TU104", "TU106", "TU116", "TU117"), ((7, 5),), _WITH_IMC,
-                 sub_reasons=("mio_throttle_pipe_mio",)),
-    Architecture("Ampere GA100", ("GA100",), ((8, 0),), _WITH_IMC),
+                 shared_memory_kib=(32, 64), sub_reasons=("mio_throttle_pipe_mio",)),
+    Architecture("Ampere GA100", ("GA100",), ((8, 0),), _WITH_IMC, shared_memory_kib=_SMEM_164),
     Architecture("Ampere GA10x", ("GA102", "GA103", "GA104", "GA106", "GA107"), ((8, 6),), _WITH_IMC,
-                 sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
-    Architecture("Ampere Tegra (Orin)", ("GA10B",), ((8, 7),), _WITH_IMC,
+                 shared_memory_kib=_SMEM_100, sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
+    Architecture("Ampere Tegra (Orin)", ("GA10B",), ((8, 7),), _WITH_IMC, shared_memory_kib=_SMEM_164,
                  sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio"), tegra=True),
     Architecture("Ada", ("AD102", "AD103", "AD104", "AD106", "AD107"), ((8, 9),), _WITH_IMC,
-                 sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
+                 shared_memory_kib=_SMEM_100, sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
     Architecture("Hopper", ("GH100",), ((9, 0),), _WITH_IMC, optional_stall_reasons=("gmma",),
+                 shared_memory_kib=_SMEM_228,
                  source="host API of CUPTI 13.1; verified on H100 and H200 hardware against Nsight Compute"),
-    Architecture("Blackwell GB10x", ("GB100", "GB102", "GB110", "GB112"), ((10, 0), (10, 3)), _COMMON),
-    Architecture("Blackwell Tegra (Thor)", ("GB10B",), ((11, 0), (10, 1)), _COMMON, tegra=True),
+    Architecture("Blackwell GB10x", ("GB100", "GB102", "GB110", "GB112"), ((10, 0), (10, 3)), _COMMON,
+                 shared_memory_kib=_SMEM_228),
+    Architecture("Blackwell Tegra (Thor)", ("GB10B",), ((11, 0), (10, 1)), _COMMON, shared_memory_kib=_SMEM_228,
+                 tegra=True),
     Architecture("Blackwell GB20x", ("GB202", "GB203", "GB205", "GB206", "GB207"), ((12, 0),), _COMMON,
-                 sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
+                 shared_memory_kib=_SMEM_100, sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio")),
     Architecture("Blackwell Tegra (GB20B, GB20C)", ("GB20B", "GB20C"), ((12, 1),), _COMMON,
-                 sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio"), tegra=True),
+                 shared_memory_kib=_SMEM_100, sub_reasons=("long_scoreboard_pipe_l1tex", "mio_throttle_pipe_mio"),
+                 tegra=True),
 )
 
 _BY_CHIP = {chip: arch for arch in ARCHITECTURES for chip in arch.chips}

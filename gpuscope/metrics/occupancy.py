@@ -13,14 +13,19 @@ holds are the fewest that four limits allow:
     register file: ``floor(floor(R_sm / P / ceil(32 r, 256)) * P / W)`` for ``r`` registers per thread and ``P``
     sub-partitions; 0 when the block's ``ceil(32 r, 256) * ceil(W, P)`` registers exceed a block's limit.
 ``shared_memory``
-    ``floor(S_sm / ceil(s + reserved, unit))`` for ``s`` bytes per block (static and dynamic), the bytes the system
+    ``floor(C / ceil(s + reserved, unit))`` for ``s`` bytes per block (static and dynamic), the bytes the system
     reserves per block (1 KiB from compute capability 8.0) and the allocation unit (128 bytes from CC 8.0, 256
-    before). ``S_sm`` is the most shared memory an SM can be configured with; the driver may configure less where
-    that does not cost occupancy, so ncu's "Block Limit Shared Mem" (from the configured size) can be smaller
-    while the occupancy is the same.
+    before). ``C`` is the shared memory the driver configured the SM with for the launch (ncu's
+    ``launch__shared_mem_config_size``), one of the sizes the architecture allows (0, 8, 16, 32, 64, 100, ... 228
+    KiB on Hopper). Given as ``shared_memory_config``, it is used as is; otherwise it is estimated as the driver
+    picks it: the smallest size that holds the blocks the other three limits allow, and no less than
+    :data:`DRIVER_MIN_SHARED_MEMORY`. That is ncu's "Block Limit Shared Mem" (CUDA's calculator counts the largest
+    size instead, which never changes the occupancy but shows 228 blocks for a kernel without shared memory).
 
-``limited_by`` names the limits that give the minimum (several where they tie, in that order). The theoretical
-occupancy is ``blocks x W / max_warps``; the achieved one is ``sm__warps_active.avg.pct_of_peak_sustained_active``.
+``limited_by`` names the limits that give the minimum (several where they tie, in that order); shared memory only
+where it holds fewer blocks than the other limits allow, or no more even at the SM's largest size (the driver sizes
+it to the others where it can). The theoretical occupancy is ``blocks x W / max_warps``; the achieved one is
+``sm__warps_active.avg.pct_of_peak_sustained_active``.
 A *wave* is ``blocks per SM x SMs`` blocks: ``waves_per_sm = grid / wave``; a last, partial wave of ``tail_blocks``
 takes as long as a full one if blocks take equal time, so it is ``tail_share`` = 1 / ceil(waves) of the runtime
 (ncu's tail-effect rule), run at ``tail_utilization`` of the GPU's block slots.
@@ -28,9 +33,10 @@ takes as long as a full one if blocks take equal time, so it is ``tail_share`` =
 Limits come from the Dataset: the warps and blocks an SM holds from the ``occupancy`` set's own counters
 (``sm__warps_active.avg.peak_sustained``, ``sm__ctas_active.avg.peak_sustained``), the register file, shared memory
 and SM count from the device attrs a session records (:data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`,
-``sm_count``), the sub-partitions from the chip's table (:mod:`gpuscope.metrics.architectures`); ``limits=``
-overrides any of them. The registers and shared memory of each kernel come from the caller: Numba's
-``kernel.get_regs_per_thread()`` and ``get_shared_mem_per_block()``, CuPy's ``kernel.attributes``.
+``sm_count``), the sub-partitions and shared-memory sizes from the chip's table
+(:mod:`gpuscope.metrics.architectures`); ``limits=`` overrides any of them. The registers and shared memory of
+each kernel come from the caller: Numba's ``kernel.get_regs_per_thread()`` and ``get_shared_mem_per_block()``,
+CuPy's ``kernel.attributes``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ from gpuscope._util import validate as _validate
 from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import architectures as _arch
 
-__all__ = ["LIMITERS", "SMLimits", "sm_limits", "theoretical_occupancy", "occupancy"]
+__all__ = ["LIMITERS", "DRIVER_MIN_SHARED_MEMORY", "SMLimits", "sm_limits", "driver_shared_memory",
+           "theoretical_occupancy", "occupancy"]
 
 #: The limits on blocks per SM, in the order ties are named.
 LIMITERS = ("registers", "shared_memory", "warps", "blocks")
@@ -59,6 +66,11 @@ SM_ACTIVE, SM_ELAPSED = "sm__cycles_active.avg", "sm__cycles_elapsed.avg"
 WARP_SIZE = 32
 #: Registers are given to a warp in units of this many (every architecture CUPTI profiles).
 REGISTER_UNIT = 256
+#: The least shared memory (bytes per SM) the driver configures for a launch, what it needs or not: the CUDA 13.0
+#: driver on an H200 configured 32 KiB for every launch of tests/fixtures/sol that needed 8 or 9 KiB (ncu's
+#: launch__shared_mem_config_size), not the 8 or 16 KiB Hopper allows. Other drivers may configure less; pass the
+#: size a launch got as ``shared_memory_config``.
+DRIVER_MIN_SHARED_MEMORY = 32 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +95,9 @@ class SMLimits:
         SM sub-partitions, each with its part of the register file.
     sm_count : int
         SMs of the GPU (for waves); 0 where unknown.
+    shared_memory_sizes : tuple of int
+        Every size (bytes) an SM's shared memory can be configured with for a launch, smallest first; empty where
+        unknown (then only *shared_memory*).
     """
 
     max_warps: int
@@ -94,46 +109,81 @@ class SMLimits:
     shared_memory_unit: int = 128
     sub_partitions: int = 4
     sm_count: int = 0
+    shared_memory_sizes: tuple[int, ...] = ()
 
 
 def _round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 
-def theoretical_occupancy(threads: int, registers: int, shared_memory: int, limits: SMLimits) -> dict:
+def driver_shared_memory(need: int, limits: SMLimits) -> int:
+    """The shared memory (bytes per SM) the driver configures for a launch, as estimated from what it needs.
+
+    Parameters
+    ----------
+    need : int
+        Bytes the blocks that the other limits let an SM hold take, reserved bytes and allocation unit included.
+    limits : SMLimits
+        The SM's sizes (``shared_memory_sizes``, up to ``shared_memory``).
+
+    Returns
+    -------
+    int
+        The smallest size that holds *need*, no less than :data:`DRIVER_MIN_SHARED_MEMORY`; the largest where none
+        does (the blocks then are limited by shared memory).
+    """
+    sizes = sorted({s for s in limits.shared_memory_sizes if s <= limits.shared_memory} | {limits.shared_memory})
+    return next((s for s in sizes if s >= max(need, DRIVER_MIN_SHARED_MEMORY)), limits.shared_memory)
+
+
+def _register_limit(warps: int, registers: int, limits: SMLimits) -> int:
+    per_warp = _round_up(registers * WARP_SIZE, REGISTER_UNIT)
+    if per_warp == 0:
+        return limits.max_blocks
+    if per_warp * _round_up(warps, limits.sub_partitions) > limits.block_registers:
+        return 0  # the block cannot launch
+    return (limits.registers // limits.sub_partitions) // per_warp * limits.sub_partitions // warps
+
+
+def theoretical_occupancy(threads: int, registers: int, shared_memory: int, limits: SMLimits,
+                          shared_memory_config: int | None = None) -> dict:
     """Blocks per SM and theoretical occupancy of a block of *threads* threads using *registers* registers per
-    thread and *shared_memory* bytes of shared memory (static + dynamic), CUDA's occupancy calculator's way.
+    thread and *shared_memory* bytes of shared memory (static + dynamic), as CUDA's occupancy calculator and
+    Nsight Compute count them.
+
+    *shared_memory_config* is the shared memory (bytes per SM) the driver configured for the launch; without it,
+    the driver's choice is estimated (:func:`driver_shared_memory`).
 
     Returns
     -------
     dict
         ``limits`` (limiter -> blocks per SM it allows), ``blocks`` (the minimum), ``limiter`` (the limits that give
-        it, joined by ``"+"``), ``warps`` (resident warps per SM) and ``occupancy`` (percent of ``max_warps``).
+        it, joined by ``"+"``), ``warps`` (resident warps per SM), ``occupancy`` (percent of ``max_warps``) and
+        ``shared_memory_config`` (the configured size the shared-memory limit counts).
 
     Raises
     ------
     ValueError
-        *threads* is not positive, or *registers* or *shared_memory* is negative.
+        *threads* is not positive, or *registers*, *shared_memory* or *shared_memory_config* is negative.
     """
-    if threads <= 0 or registers < 0 or shared_memory < 0:
+    if threads <= 0 or registers < 0 or shared_memory < 0 or (shared_memory_config or 0) < 0:
         raise ValueError(f"threads must be positive and registers, shared memory not negative; got threads={threads}, "
-                         f"registers={registers}, shared_memory={shared_memory}")
+                         f"registers={registers}, shared_memory={shared_memory}, "
+                         f"shared_memory_config={shared_memory_config}")
     warps = -(-threads // WARP_SIZE)
-    by = {"warps": limits.max_warps // warps, "blocks": limits.max_blocks}
-    per_warp = _round_up(registers * WARP_SIZE, REGISTER_UNIT)
-    if per_warp == 0:
-        by["registers"] = limits.max_blocks
-    elif per_warp * _round_up(warps, limits.sub_partitions) > limits.block_registers:
-        by["registers"] = 0
-    else:
-        per_partition = (limits.registers // limits.sub_partitions) // per_warp
-        by["registers"] = per_partition * limits.sub_partitions // warps
+    by = {"warps": limits.max_warps // warps, "blocks": limits.max_blocks,
+          "registers": _register_limit(warps, registers, limits)}
+    others = min(by.values())
     per_block = _round_up(shared_memory + limits.reserved_shared_memory, limits.shared_memory_unit)
-    by["shared_memory"] = limits.shared_memory // per_block if per_block else limits.max_blocks
+    config = driver_shared_memory(others * per_block, limits) if shared_memory_config is None else shared_memory_config
+    by["shared_memory"] = config // per_block if per_block else limits.max_blocks
     ordered = {k: int(by[k]) for k in LIMITERS}
     blocks = min(ordered.values())
-    return {"limits": ordered, "blocks": blocks, "limiter": "+".join(k for k in LIMITERS if ordered[k] == blocks),
-            "warps": blocks * warps, "occupancy": 100.0 * blocks * warps / limits.max_warps}
+    # the driver sizes shared memory to the other limits where it can: a tie there is not shared memory's doing
+    smem_limits = per_block > 0 and (by["shared_memory"] < others or limits.shared_memory // per_block <= blocks)
+    limiter = "+".join(k for k in LIMITERS if ordered[k] == blocks and (k != "shared_memory" or smem_limits))
+    return {"limits": ordered, "blocks": blocks, "limiter": limiter, "warps": blocks * warps,
+            "occupancy": 100.0 * blocks * warps / limits.max_warps, "shared_memory_config": int(config)}
 
 
 def sm_limits(ds: xr.Dataset, limits=None) -> SMLimits:
@@ -181,6 +231,7 @@ def sm_limits(ds: xr.Dataset, limits=None) -> SMLimits:
     if table is not None:
         found["sub_partitions"] = table.smsp_per_sm
         found["shared_memory_unit"] = 128 if table.cc_min >= (8, 0) else 256
+        found["shared_memory_sizes"] = tuple(kib << 10 for kib in table.shared_memory_kib)
     found = {k: v for k, v in found.items() if v is not None}
     found.update(given)
     missing = [f.name for f in dataclasses.fields(SMLimits) if f.default is dataclasses.MISSING and f.name not in found]
@@ -218,7 +269,8 @@ def _shape(ds: xr.Dataset, what: str, dim: str) -> np.ndarray | None:
     return np.where(size > 0, size, np.nan)
 
 
-def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim: str = "range") -> xr.Dataset:
+def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim: str = "range",
+              shared_memory_config=None) -> xr.Dataset:
     """Theoretical and achieved occupancy, waves and tail of each launch.
 
     Parameters
@@ -234,11 +286,16 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
         The SM's limits, or some of them (field names of :class:`SMLimits`) over what the Dataset records.
     dim : str
         The dimension of the ranges.
+    shared_memory_config : int, mapping or DataArray, optional
+        The shared memory (bytes per SM) the driver configured for each launch (ncu's
+        ``launch__shared_mem_config_size``), given as *registers* is; by default estimated as the driver picks it
+        (:func:`driver_shared_memory`).
 
     Returns
     -------
     xarray.Dataset
-        Along *dim*: ``threads_per_block``, ``grid_blocks``, ``registers``, ``shared_memory``, ``block_limit``
+        Along *dim*: ``threads_per_block``, ``grid_blocks``, ``registers``, ``shared_memory``,
+        ``shared_memory_config``, ``block_limit``
         (and along ``limit``: :data:`LIMITERS`), ``blocks_per_sm``, ``limited_by``, ``theoretical_warps``,
         ``theoretical_occupancy``, ``achieved_warps`` and ``achieved_occupancy`` (NaN without the ``occupancy``
         set), ``sm_active`` (percent of elapsed SM cycles that were active), ``waves_per_sm``, ``tail_blocks``,
@@ -265,6 +322,8 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     n = ds.sizes[dim]
     regs = _per_row(registers, ds, dim, "registers")
     smem = _per_row(shared_memory, ds, dim, "shared_memory")
+    config = np.full(n, np.nan) if shared_memory_config is None else _per_row(
+        shared_memory_config, ds, dim, "shared_memory_config")
     threads = _shape(ds, "block", dim)
     threads = np.full(n, np.nan) if threads is None else threads
     grid = _shape(ds, "grid", dim)
@@ -273,13 +332,16 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     grid = np.full(n, np.nan) if grid is None else grid
     table = np.full((n, len(LIMITERS)), np.nan)
     blocks, warps, occ = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    configured = np.full(n, np.nan)
     limiter = np.full(n, "", dtype=object)
     for i in range(n):
         if not (np.isfinite(threads[i]) and np.isfinite(regs[i]) and np.isfinite(smem[i])):
             continue
-        t = theoretical_occupancy(int(threads[i]), int(regs[i]), int(smem[i]), lim)
+        given = int(config[i]) if np.isfinite(config[i]) else None
+        t = theoretical_occupancy(int(threads[i]), int(regs[i]), int(smem[i]), lim, shared_memory_config=given)
         table[i] = [t["limits"][k] for k in LIMITERS]
         blocks[i], warps[i], occ[i], limiter[i] = t["blocks"], t["warps"], t["occupancy"], t["limiter"]
+        configured[i] = t["shared_memory_config"]
     with np.errstate(divide="ignore", invalid="ignore"):
         wave = blocks * lim.sm_count if lim.sm_count else np.full(n, np.nan)
         waves = grid / wave
@@ -306,6 +368,8 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
         "grid_blocks": row_var(grid, "block", "blocks in the grid"),
         "registers": row_var(regs, "register/thread", "registers per thread"),
         "shared_memory": row_var(smem, "byte/block", "shared memory per block, static and dynamic"),
+        "shared_memory_config": row_var(configured, "byte", "shared memory the driver configured an SM with for the "
+                                        "launch (given, or estimated as the driver picks it)"),
         "block_limit": xr.DataArray(table, dims=(dim, "limit"), coords={"limit": list(LIMITERS)},
                                     attrs={"units": "block", "description": "blocks per SM each limit allows"}),
         "blocks_per_sm": row_var(blocks, "block", "blocks resident per SM: the smallest limit"),

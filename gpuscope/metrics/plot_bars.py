@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import xarray as xr
 
+from gpuscope._schema.names import brief_name
 from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import topdown as _td
 from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, _pyplot
@@ -45,6 +46,19 @@ def _bar_labels(td: xr.Dataset, dim: str) -> list[str]:
             return [f"{v}#{int(k)}" for v, k in zip(values, np.asarray(td["launch"]), strict=True)]
         return [f"{v}#{i}" for i, v in enumerate(values)]
     return values
+
+
+def _brief(label: str) -> str:
+    """A row label with the kernel's :func:`~gpuscope._schema.names.brief_name` (a ``#launch`` suffix kept)."""
+    head, sep, launch = label.rpartition("#")
+    return brief_name(head) + sep + launch if sep and launch.isdigit() else brief_name(label)
+
+
+def _brief_labels(labels: list[str]) -> list[str]:
+    """Labels for a legend: each one :func:`_brief`, and in full where two would read alike (C++ kernels that
+    differ only in their scope or template arguments)."""
+    brief = [_brief(v) for v in labels]
+    return [b if brief.count(b) == 1 else v for v, b in zip(labels, brief, strict=True)]
 
 
 def _time_share(td: xr.Dataset, dim: str) -> tuple[np.ndarray | None, str]:

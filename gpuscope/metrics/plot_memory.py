@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from gpuscope.metrics import memory_workload as _mw
-from gpuscope.metrics.plot_bars import _bar_labels
+from gpuscope.metrics.plot_bars import _bar_labels, _brief, _brief_labels
 from gpuscope.metrics.plot_colors import _pyplot
 from gpuscope.metrics.plot_roofline import si
 
@@ -49,6 +49,8 @@ def _row(mw: xr.Dataset, row: str, select) -> tuple[xr.Dataset, str]:
         index = int(select)
     elif str(select) in labels:
         index = labels.index(str(select))
+    elif str(select) in _brief_labels(labels):  # a C++ kernel by its function's name
+        index = _brief_labels(labels).index(str(select))
     else:
         raise ValueError(f"select={select!r} is neither a position nor a label of the rows along {row!r}: {labels}")
     return mw.isel({row: index}), labels[index]
@@ -103,8 +105,8 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
         Range results holding the ``memory`` set, or the output of
         :func:`gpuscope.metrics.memory_workload.memory_workload`.
     select : str or int, optional
-        Which row: a label (the kernel name, or the range path with ``by=None``) or a position; needed when there
-        is more than one.
+        Which row: a label (the kernel name, a C++ kernel's function name alone, or the range path with
+        ``by=None``) or a position; needed when there is more than one.
     by : str or None
         Combine the ranges per value of this coordinate (``"kernel"``, default) first; None keeps every range.
         Ignored when *ds* is already a memory workload.
@@ -179,7 +181,7 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     _edge(ax, "L2", "system", *traffic("system", requests=False))
     share = float(one["busiest_share"]) if "busiest_share" in one else np.nan
     headline = f"busiest: {busiest}, {share:.1f} % of its peak" if busiest else "no unit's peak known"
-    ax.set_title(title if title is not None else f"Memory chart: {label} ({headline})", fontsize=10)
+    ax.set_title(title if title is not None else f"Memory chart: {_brief(label)} ({headline})", fontsize=10)
     ax.text(0.2, 0.45, "green: logical memory spaces; blue: hardware units. Upper arrow: read (towards the SM), "
             "lower: written. inst = warp instructions, req = requests, B = bytes.", fontsize=7, color="0.35")
     return ax

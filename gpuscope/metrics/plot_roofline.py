@@ -4,8 +4,9 @@ points, as Nsight Compute draws it (``ds.gpuscope.plot.roofline()``).
 matplotlib is imported inside the function, never at import time. Each kernel (or range) has one colour and one
 point per memory level, all at its achieved FLOP/s: a point's distance below the sloped ceiling of its level, at
 its intensity, is what better locality at that level could gain. The ceilings are drawn at the median peak of the
-rows (the peaks scale with the clocks measured in each range). Two legends: the kernels (colours), and the levels
-and ceilings (markers and lines), placed outside the axes so that no point is hidden.
+rows that did work of the precision (the peaks scale with the clocks measured in each range; a tensor peak is that
+of the paths that ran). Two legends: the kernels (colours), and the levels and ceilings (markers and lines), placed
+outside the axes so that no point is hidden.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from gpuscope.metrics import roofline as _rl
-from gpuscope.metrics.plot_bars import _bar_labels
+from gpuscope.metrics.plot_bars import _bar_labels, _brief_labels
 from gpuscope.metrics.plot_colors import _pyplot
 
 __all__ = ["roofline", "si"]
@@ -97,7 +98,7 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
         fig, ax = plt.subplots(figsize=(9.5, 5.2))
         fig.subplots_adjust(left=0.15, right=0.63, bottom=0.11, top=0.92)
     levels = [str(lv) for lv in rl["level"].values]
-    peak = float(np.nanmedian(one["peak_flop_rate"]))
+    peak = float(np.nanmedian(np.asarray(one["peak_flop_rate"], dtype=float)[worked]))  # tensor: the paths that ran
     bandwidth = {lv: float(np.nanmedian(rl["peak_bandwidth"].sel(level=lv))) for lv in levels}
     intensity = one["intensity"].transpose(row, "level")
     shown = np.asarray(intensity)[worked]
@@ -124,7 +125,7 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     ax.axhline(peak, color="black", linewidth=1.6)
     ax.annotate(f"{_PRECISION_TEXT.get(precision, precision)} peak {si(peak, 'FLOP/s')}", (hi, peak),
                 xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=8)
-    labels = _bar_labels(rl, row)
+    labels = _brief_labels(_bar_labels(rl, row))
     colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     kernel_handles = []
     for i in np.flatnonzero(worked):
@@ -137,8 +138,9 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
                 ax.plot([xv], [rate[i]], marker=_MARKERS.get(lv, "o"), color=color, markersize=7,
                         markeredgecolor="black", markeredgewidth=0.5, linestyle="none")
         bound = str(one["bound"].values[i])
+        sep = "\n" if len(labels[i]) > 24 else ": "  # a long name on a line of its own, to stay in the figure
         kernel_handles.append(plt.Line2D([], [], color=color, marker="o", linestyle="none", markersize=7,
-                                         label=f"{labels[i]}: {si(rate[i], 'FLOP/s')}, {bound}-bound"))
+                                         label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, {bound}-bound"))
     ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
     ax.set_xlabel("Arithmetic intensity [FLOP/byte]")
     ax.set_ylabel(f"Performance ({_PRECISION_TEXT.get(precision, precision)})")
@@ -153,6 +155,6 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     first = ax.legend(handles=kernel_handles, title="kernel (achieved, bound)", loc="upper left",
                       bbox_to_anchor=(1.02, 1.0), fontsize=8, title_fontsize=8, frameon=False)
     ax.add_artist(first)
-    ax.legend(handles=level_handles, title="ceilings; marker: intensity at", loc="lower left", bbox_to_anchor=(1.02, 0.0), fontsize=8,
-              title_fontsize=8, frameon=False)
+    ax.legend(handles=level_handles, title="ceilings; marker: intensity at", loc="lower left",
+              bbox_to_anchor=(1.02, 0.0), fontsize=8, title_fontsize=8, frameon=False)
     return ax

@@ -275,6 +275,16 @@ def test_short_names_are_what_the_user_calls_the_kernel():
     assert short_name("cupy_add") == "cupy_add"
 
 
+def test_brief_names_for_legends():
+    # the H200 recording's CUB kernel: the function alone, its scope and template arguments left out
+    cub = ("cub::CUB_300102_SM_750_800_860_890_900_1000_1200::detail::reduce::DeviceReduceKernel<cub::CUB_300102_"
+           "SM_750_800_860_890_900_1000_1200::detail::reduce::policy_hub<float, unsigned int, cuda::std::__4::plus"
+           "<void> >::Policy1000, float*, unsigned int, cuda::std::__4::plus<void>, float, cuda::std::__4::identity>")
+    assert _names.brief_name(cub) == "DeviceReduceKernel"
+    assert _names.brief_name("__main__.main.<locals>.fma") == "fma"
+    assert _names.brief_name("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT")[-4:] == "_NNT"  # extern "C": as is
+
+
 def test_kernel_names_disambiguate_only_when_needed():
     names = KernelNames()
     assert names.name("__main__.main.<locals>.fma") == "fma"

@@ -1,6 +1,8 @@
 """Roofline, memory workload, occupancy and instruction mix: every formula on range Datasets shaped as an H100
 session records them (tests/unit/sol_data.py), with answers worked out by hand."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -14,8 +16,10 @@ from gpuscope.metrics import occupancy as oc
 
 from .sol_data import GEMM, H100, INSTRUCTIONS, OCCUPANCY, STREAM, STREAM_MEMORY, T, recorded
 
+HOPPER_SMEM_KIB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
 H100_LIMITS = oc.SMLimits(max_warps=64, max_blocks=32, registers=65536, block_registers=65536, shared_memory=233472,
-                          reserved_shared_memory=1024, shared_memory_unit=128, sub_partitions=4, sm_count=132)
+                          reserved_shared_memory=1024, shared_memory_unit=128, sub_partitions=4, sm_count=132,
+                          shared_memory_sizes=tuple(k << 10 for k in HOPPER_SMEM_KIB))
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +192,32 @@ def test_theoretical_occupancy_as_cuda_calculates_it(threads, registers, shared,
     assert out["warps"] == blocks * -(-threads // 32)
 
 
+@pytest.mark.parametrize("threads, registers, shared, config, limit", [
+    (256, 16, 0, 32, 32),  # 8 blocks of 1 KiB need 8 KiB: the driver configures no less than 32 KiB
+    (256, 32, 44, 32, 28),  # 8 blocks of 1152 bytes: 32 KiB holds 28
+    (256, 16, 6 << 10, 64, 9),  # 8 x 7 KiB = 56 KiB: 64 KiB holds 9
+    (384, 168, 213188, 228, 1),  # 209 KiB (+1 KiB) for one block: only the largest size holds it
+    (128, 40, 48 << 10, 228, 4),  # 12 blocks of 49 KiB fit in no size: the largest holds 4
+])
+def test_shared_memory_limit_counts_what_the_driver_configures(threads, registers, shared, config, limit):
+    out = oc.theoretical_occupancy(threads, registers, shared, H100_LIMITS)
+    assert (out["shared_memory_config"], out["limits"]["shared_memory"]) == (config << 10, limit)
+    # CUDA's calculator counts the largest size: never fewer blocks, so the same occupancy
+    largest = dataclasses.replace(H100_LIMITS, shared_memory_sizes=())
+    assert out["blocks"] == oc.theoretical_occupancy(threads, registers, shared, largest)["blocks"]
+
+
+def test_shared_memory_limit_of_a_given_configuration():
+    # the size a launch got (ncu's launch__shared_mem_config_size) is used as is, and limits where it holds fewer
+    given = oc.theoretical_occupancy(256, 16, 6 << 10, H100_LIMITS, shared_memory_config=32 << 10)
+    assert (given["limits"]["shared_memory"], given["blocks"], given["limiter"]) == (4, 4, "shared_memory")
+    # a tie the driver made by sizing shared memory to the other limits is not shared memory's doing
+    tie = oc.theoretical_occupancy(32, 16, 0, H100_LIMITS)
+    assert (tie["limits"]["shared_memory"], tie["limits"]["blocks"], tie["limiter"]) == (32, 32, "blocks")
+    with pytest.raises(ValueError, match="shared_memory_config=-1"):
+        oc.theoretical_occupancy(256, 16, 0, H100_LIMITS, shared_memory_config=-1)
+
+
 def test_theoretical_occupancy_turing_allocates_shared_memory_by_256_bytes():
     turing = oc.SMLimits(max_warps=32, max_blocks=16, registers=65536, block_registers=65536, shared_memory=65536,
                          reserved_shared_memory=0, shared_memory_unit=256, sub_partitions=4)
@@ -212,6 +242,7 @@ def test_occupancy_of_launches_waves_and_tail():
     np.testing.assert_allclose(out.tail_share, [1 / 63, 1 / 6])
     np.testing.assert_allclose(out.tail_utilization, [100 * 64 / 1056, 100 * 136 / 792])
     np.testing.assert_allclose(out.threads_per_block, [256, 256])
+    np.testing.assert_allclose(out.shared_memory_config, [32 << 10, 32 << 10])  # 8 and 6 KiB needed
     # the same from a DataArray per launch, and shared memory that limits the second launch
     regs = xr.DataArray([16, 40], dims="range")
     smem = xr.DataArray([0, 100_000], dims="range")
