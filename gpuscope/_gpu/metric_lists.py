@@ -12,7 +12,7 @@ import functools
 from collections.abc import Iterable, Sequence
 
 from gpuscope._gpu.catalog import MetricKind, _chip_metrics, _kind
-from gpuscope._gpu.chips import _check_chip
+from gpuscope._gpu.chips import resolve_chip
 from gpuscope.errors import UnknownMetricError
 from gpuscope.metrics import catalog as _sets
 
@@ -91,7 +91,7 @@ def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str 
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     if not names:
         raise ValueError("No metrics given.")
-    cm = _chip_metrics(_check_chip(chip), kind)
+    cm = _chip_metrics(resolve_chip(chip), kind)
     sets = _sets.all_sets()
     out: list[str] = []
     substituted: dict = {}
@@ -205,7 +205,7 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     from gpuscope._gpu import pass_plan
     from gpuscope.cupti import host
 
-    cm = _chip_metrics(_check_chip(chip), MetricKind.RANGE)
+    cm = _chip_metrics(resolve_chip(chip), MetricKind.RANGE)
     stored = _stored_plans().get(cm.chip, {}).get("|".join(metrics))
     if stored is not None:
         # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
@@ -288,7 +288,7 @@ def count_passes(metrics, chip: str | None = None, kind: str | None = None, coun
     """
     from gpuscope.cupti import host
 
-    chip = _check_chip(chip)
+    chip = resolve_chip(chip)
     if kind is None:
         metrics, kind = expand(metrics)
     names = resolve(metrics, chip, kind)
@@ -315,6 +315,6 @@ def max_metrics_per_pass(chip: str | None = None, kind: str = "range", counter_a
     from gpuscope.cupti import host
     from gpuscope.cupti._types import ProfilerType
 
-    chip = _check_chip(chip)
+    chip = resolve_chip(chip)
     ptype = ProfilerType.RANGE_PROFILER if _kind(kind) is MetricKind.RANGE else ProfilerType.PM_SAMPLING
     return host.max_metrics_per_pass(chip, ptype, counter_availability)

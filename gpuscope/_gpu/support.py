@@ -87,7 +87,7 @@ def chip_support(chip: str) -> ChipSupport:
     """
     from gpuscope.cupti import _api
 
-    chip = _chips._check_chip(_chips.canonical_chip(chip))
+    chip = _chips.resolve_chip(chip)
     try:
         arch = architectures.for_chip(chip)
         family, ccs, smsp, ipc = arch.name, arch.cc_text, arch.smsp_per_sm, arch.ipc_max

@@ -42,6 +42,11 @@ def test_chip_names_any_case_and_products(capsys, name, chip):
     assert code == 0 and f"({chip}, range profiler" in out
 
 
+def test_an_unknown_product_names_the_closest(capsys):
+    code, _, err = run(capsys, "metrics", "--chip", "RTX 9999", "--passes", "launch")
+    assert code == cli.EXIT_USAGE and "Closest: rtx 5090 (GB202), rtx 4090 (AD102)" in err
+
+
 def test_unknown_chip_is_usage_error(capsys):
     code, _, err = run(capsys, "metrics", "--chip", "XX100", "--passes", "launch")
     assert code == cli.EXIT_USAGE and "is not supported by the loaded CUPTI" in err
