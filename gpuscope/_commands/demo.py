@@ -222,9 +222,8 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
     launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
     gs.save_dataset(launches, launches_nc)
     gs.save_dataset(series, series_nc)
-    ax = per_kernel.gpuscope.plot.topdown(level=2)
-    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
-    fig = ax.figure
+    fig = per_kernel.gpuscope.plot.topdown(level=2)
+    fig.axes[0].set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
     fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)])

@@ -322,7 +322,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     if opts.trace and size:
         from gpuscope._results.trace import to_perfetto
 
-        to_perfetto(opts.trace, *parts)
+        to_perfetto(*parts, path=opts.trace)
         print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
     if size == 0:
         what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"

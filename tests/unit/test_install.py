@@ -109,7 +109,7 @@ per_kernel = gs.aggregate(td, by="kernel")
 report = gs.report(launches)
 diff = gs.compare(launches, launches)
 ph = gs.phases(series)
-per_kernel.gpuscope.plot.topdown(level=2).figure.savefig(out / "topdown.png")
+per_kernel.gpuscope.plot.topdown(level=2).savefig(out / "topdown.png")
 gs.save_dataset(td, out / "td.nc")
 
 
