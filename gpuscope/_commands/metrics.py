@@ -61,7 +61,9 @@ def _metrics(args) -> int:
             return EXIT_OK
         own = _lists.count_passes(names, chip, kind, plan=False)
         schedule = f"; gpuscope's pass plan, CUPTI's own schedule: {own}" if own != passes else ""
-        print(f"{passes} pass{'es' if passes != 1 else ''} for {len(names)} metrics ({where(chip)}, CUPTI {version}"
+        from gpuscope._results.report_table import _count
+
+        print(f"{_count(passes, 'pass')} for {_count(len(names), 'metric')} ({where(chip)}, CUPTI {version}"
               f"{schedule})")
         multi = {m: n for m, n in per.items() if n > 1}
         if multi:

@@ -92,6 +92,9 @@ def check_options(opts: RunOptions) -> None:
             raise RunError(f"--kernel-times records the kernels of one device; --device {_device_text(opts.device)} "
                            "names several: give one index.")
     if opts.sample is not None:
+        from gpuscope._gpu.metric_lists import expand
+
+        expand(opts.sample[0], "sampling")  # a misspelt set is refused here, before the GPU is looked for
         if opts.metrics is not None:
             raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
                            "cannot hold the GPU's counters at the same time (CUPTI reports HARDWARE_BUSY). Run the "

@@ -19,11 +19,12 @@ def _open(path: str):
 
     try:
         ds = open_dataset(path)
-    except (FileNotFoundError, NotGpuscopeDataError):
+    except (FileNotFoundError, IsADirectoryError, NotGpuscopeDataError):  # their messages say it all
         raise
     except (OSError, ValueError) as exc:
-        raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
-                                   "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
+        raise NotGpuscopeDataError(
+            f"{path} is not a netCDF file that gpuscope can read ({str(exc).rstrip('.')}). gpuscope writes its "
+            "results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
     try:
         _kind(ds)
     except NotGpuscopeDataError as exc:

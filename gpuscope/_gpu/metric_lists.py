@@ -167,12 +167,19 @@ def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | l
     Raises
     ------
     ValueError
-        No names, or sets of both kinds, or a set of the other kind than *kind*.
+        No names, a name that is neither a metric (``unit__...``) nor a set (a typo such as ``topdwn``: the
+        message names the closest sets), sets of both kinds, or a set of the other kind than *kind*.
     """
     names = split_list(items)
     if not names:
         raise ValueError("No metrics given: name metrics or metric sets, separated by commas.")
     sets = _sets.all_sets()
+    for name in names:
+        if name not in sets and "__" not in name:  # every CUPTI metric is unit__name: this is a set's name
+            try:
+                _sets.get_set(name)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
     kinds = {sets[n].kind for n in names if n in sets}
     if len(kinds) > 1:
         raise ValueError("Those sets mix range profiling and PM sampling metrics: "
