@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if __package__:  # imported as benchmarks.bench_replay_modes
     from benchmarks import workloads  # noqa: E402
-else:  # python3 benchmarks/bench_replay_modes.py, or beside it (probe_replay.py): benchmarks/ is on sys.path
+else:  # python3 benchmarks/bench_replay_modes.py, or from probes/probe_replay.py: benchmarks/ is on sys.path
     import workloads  # noqa: E402
 
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum", "dram__bytes_read.sum"]

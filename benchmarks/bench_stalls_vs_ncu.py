@@ -5,7 +5,7 @@ not gpuscope dependencies):
 
     source tests/gpu/device_env.sh; python3 benchmarks/bench_stalls_vs_ncu.py --out $OUT/stalls
 
-The workload is :class:`probe_pass_consistency.Work`: a PyTorch training step (MLP block, bf16 autocast, fused
+The workload is :class:`probe_pass_consistency.Work` (``benchmarks/probes/``): a PyTorch training step (MLP block, bf16 autocast, fused
 AdamW), CuPy 1 M-element elementwise kernels, a reduction and a small GEMM, and two long Numba kernels; ``--reps``
 steps after two warm-up steps. gpuscope collects the ``topdown`` set in kernel mode and in iteration mode, each with
 its consistent pass plan (the default) and with CUPTI's own schedule (``pass_groups="cupti"``, what gpuscope did
@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # its workload is the probe's
 
 from probe_pass_consistency import PCT, REASONS, ImageTap, Work, run_ncu  # noqa: E402
 

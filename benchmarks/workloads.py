@@ -29,9 +29,9 @@ Kernels (``@cuda.jit``, no line info; gpuscope calls them by their names):
 These stay with their scripts: ``bench_pc_sampling.py``'s ``stream`` and ``fma`` (line info, other arguments; the
 PC-sampling fixtures in ``tests/fixtures/pc`` carry their module, file and line numbers); ``bench_fast_topdown.py``'s
 validation kernels (line info, other arguments; PC sampling finds their cubins through their module); the line-info
-FMA kernels of ``bench_session_cost.py``, ``probe_session_keep.py`` and ``tests/gpu/test_session_keep.py`` (some
+FMA kernels of ``bench_session_cost.py``, ``probes/probe_session_keep.py`` and ``tests/gpu/test_session_keep.py`` (some
 must be first seen by CUPTI inside a PC-sampling block, which a shared kernel cannot promise; the first two time
-the import of Numba); the ``gsync`` kernels of ``probe_session_keep.py`` (its cubin is the fixture
+the import of Numba); the ``gsync`` kernels of ``probes/probe_session_keep.py`` (its cubin is the fixture
 ``tests/fixtures/cubins/numba_gridsync_sm90.cubin.gz``, named ``case_cubins.<locals>.gsync``) and
 ``bench_replay_modes.py``; the script that ``bench_session_cost.py`` runs as a user's own program (under
 ``python3``, ``gpuscope run`` and ``ncu``); kernels used once; and the demo's kernels (``gpuscope._commands.demo``,

@@ -30,6 +30,7 @@ from gpuscope._commands.compare import _compare
 # the exit statuses, readable as cli.EXIT_* as before
 from gpuscope._commands.exits import (  # noqa: F401
     EXIT_BROKEN_PIPE,
+    EXIT_CHANGED,
     EXIT_FILE,
     EXIT_INTERRUPTED,
     EXIT_NO_COUNTERS,
@@ -177,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Top-Down nodes (default 0.02: 2%% of the base, 2 points of peak)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
     c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
+    c.add_argument("--fail-on", choices=("slower", "change"),
+                   help="exit with status 7 when a kernel's GPU time per launch went up beyond noise (slower) or "
+                        "when any row changed beyond noise (change); for CI gates (default: status 0)")
     c.set_defaults(func=_compare)
 
     m = sub.add_parser(

@@ -116,7 +116,7 @@ def main():
     except ImportError as exc:
         print(f"netCDF not written ({exc}); pip install h5netcdf")
     trace = out.with_suffix(".trace.json")
-    gs.to_perfetto(trace, prof.dataset, ts, ph)  # open in https://ui.perfetto.dev
+    gs.to_perfetto(prof.dataset, ts, ph, path=trace)  # open in https://ui.perfetto.dev
     print(f"wrote {out}, {topdown_png}, {trace}")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpuscope._commands.exits import EXIT_OK
+import sys
+
+from gpuscope._commands.exits import EXIT_CHANGED, EXIT_OK
 from gpuscope._commands.show import _open
 
 
@@ -22,4 +24,11 @@ def _compare(args) -> int:
         print(result)
     if args.csv:
         result.to_csv(args.csv)
+    if args.fail_on:
+        flagged = result.flagged(args.fail_on)
+        if flagged:
+            rows = ", ".join(f"{k} {q}" for k, q in flagged[:5]) + (" ..." if len(flagged) > 5 else "")
+            print(f"gpuscope compare: --fail-on {args.fail_on}: {len(flagged)} difference(s) beyond noise "
+                  f"({rows}); status {EXIT_CHANGED}", file=sys.stderr)
+            return EXIT_CHANGED
     return EXIT_OK

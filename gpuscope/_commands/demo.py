@@ -1,12 +1,13 @@
 """``gpuscope demo``: gpuscope's main job on a built-in workload.
 
-A Numba workload with three distinct phases — a streaming kernel (memory-bound), a long FMA chain (core-bound)
-and the same chain run by one thread of each warp (divergence-bound) — is profiled twice on the GPU:
+A Numba workload of three kernels — a streaming kernel (memory-bound), a long FMA chain (core-bound) and the same
+chain run by one thread of each warp (divergence-bound) — is profiled in two runs on the GPU:
 
 1. per launch with the ``topdown`` metric set (the range profiler replays each launch for its 7 passes), then
    analysed with the Top-Down method, aggregated per kernel;
-2. over time with PM sampling (``pm-default``) while the phases run inside ``gpuscope.range`` blocks, then split
-   into phases by change-point detection.
+2. over time with PM sampling (``pm-default``) while each kernel runs for 0.6 s inside a ``gpuscope.range`` block,
+   then split into phases by change-point detection. PM counters count warp instructions, so the FMA chain and
+   its divergent twin look alike and the three ranges make two distinct phases; the report says so.
 
 It prints a compact report and writes two figures and two netCDF files. On a machine without a GPU it runs the
 same analysis on recordings made with this command on an H100, shipped in ``gpuscope/data/``, and says so.
@@ -199,6 +200,8 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
     per_launch = td.topdown(launches)
     per_kernel = td.aggregate(per_launch, by="kernel")
     per_kernel_report = report(launches)
+    w(f"Run 1, per launch: each kernel launched {per_kernel_report['launches'].max():.0f} times under the range "
+      "profiler, which replays every launch once per pass; gpu_time_ms is their total.", "\n")
     table("Top-Down per kernel\n", per_kernel_report)
     verdicts = dict(zip(per_kernel_report.index, per_kernel_report["bound_by"]))
 
@@ -206,19 +209,24 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
     ph = gs.phases(series, label_tolerance=2.0)
     n_phases = int(ph["phase"].max()) + 1 if ph.sizes.get("time") else 0
     segments_table, segments = _segments(series, ph, n_phases)
+    seconds = float(series["time"].values[-1] - series["time"].values[0]) / 1e9
+    w(f"Run 2, over time: a separate run of the same three kernels, each launched again and again for 0.6 s "
+      f"inside a user range ({', '.join(PHASES)}), sampled with PM sampling for {seconds:.1f} s; the times below "
+      "are milliseconds since sampling began.", "\n")
     table("", segments_table)
     per_phase = gs.dynamic(per_launch, phases=ph)  # each phase: the Top-Down of the work in it
+    w("Both runs joined: each phase of run 2 gets the Top-Down of run 1's launches of the kernels that ran in it "
+      "(by user range and kernel name).", "\n")
     table("Top-Down per phase\n", report(per_phase))
 
     launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
     gs.save_dataset(launches, launches_nc)
     gs.save_dataset(series, series_nc)
-    ax = per_kernel.gpuscope.plot.topdown(level=2)
-    ax.set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
-    fig = ax.figure
+    fig = per_kernel.gpuscope.plot.topdown(level=2)
+    fig.axes[0].set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
     fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)][:6])
+    fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)])
     fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
     fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
     plt.close(fig)

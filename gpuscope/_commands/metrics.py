@@ -21,11 +21,11 @@ def _metrics(args) -> int:
     if args.support:
         from gpuscope._gpu import support as _support
 
-        info = _support.chip_support(args.chip or _chips._check_chip(None))
+        info = _support.chip_support(args.chip or _chips.resolve_chip(None))
         print(json.dumps(info.as_dict(), indent=2) if args.json else _support.format_support(info))
         return EXIT_OK
     if args.sets and args.chip:
-        return _sets_on_chip(args, _chips.canonical_chip(args.chip))
+        return _sets_on_chip(args, _chips.resolve_chip(args.chip))
     if args.sets:
         sets = _lists.metric_sets()
         if args.json:
@@ -40,14 +40,14 @@ def _metrics(args) -> int:
 
     explicit = "sampling" if args.sampling else args.kind
     kind = explicit or "range"
-    chip = _chips.canonical_chip(args.chip) if args.chip else None
+    chip = _chips.resolve_chip(args.chip) if args.chip else None
     where = lambda c: f"{c}, {'PM sampling' if kind == 'sampling' else 'range profiler'}"  # noqa: E731
 
     if args.passes is not None:
         if not _lists.split_list(args.passes):
             raise ValueError("--passes needs metric names or metric-set names, e.g. --passes topdown,launch")
         metrics, kind = _lists.expand(args.passes, explicit)  # a set's kind needs no --sampling
-        chip = chip or _chips._check_chip(None)
+        chip = chip or _chips.resolve_chip(None)
         names = _lists.resolve(metrics, chip, kind)
         passes = _lists.count_passes(names, chip, kind)
         per = {m: _lists.count_passes([m], chip, kind) for m in names}
@@ -61,7 +61,9 @@ def _metrics(args) -> int:
             return EXIT_OK
         own = _lists.count_passes(names, chip, kind, plan=False)
         schedule = f"; gpuscope's pass plan, CUPTI's own schedule: {own}" if own != passes else ""
-        print(f"{passes} pass{'es' if passes != 1 else ''} for {len(names)} metrics ({where(chip)}, CUPTI {version}"
+        from gpuscope._results.report_table import _count
+
+        print(f"{_count(passes, 'pass')} for {_count(len(names), 'metric')} ({where(chip)}, CUPTI {version}"
               f"{schedule})")
         multi = {m: n for m, n in per.items() if n > 1}
         if multi:

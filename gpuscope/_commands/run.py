@@ -92,6 +92,9 @@ def check_options(opts: RunOptions) -> None:
             raise RunError(f"--kernel-times records the kernels of one device; --device {_device_text(opts.device)} "
                            "names several: give one index.")
     if opts.sample is not None:
+        from gpuscope._gpu.metric_lists import expand
+
+        expand(opts.sample[0], "sampling")  # a misspelt set is refused here, before the GPU is looked for
         if opts.metrics is not None:
             raise RunError("--sample and --set/--metrics cannot be used together: range profiling and PM sampling "
                            "cannot hold the GPU's counters at the same time (CUPTI reports HARDWARE_BUSY). Run the "
@@ -322,7 +325,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     if opts.trace and size:
         from gpuscope._results.trace import to_perfetto
 
-        to_perfetto(opts.trace, *parts)
+        to_perfetto(*parts, path=opts.trace)
         print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
     if size == 0:
         what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"

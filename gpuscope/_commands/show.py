@@ -19,11 +19,12 @@ def _open(path: str):
 
     try:
         ds = open_dataset(path)
-    except (FileNotFoundError, NotGpuscopeDataError):
+    except (FileNotFoundError, IsADirectoryError, NotGpuscopeDataError):  # their messages say it all
         raise
     except (OSError, ValueError) as exc:
-        raise NotGpuscopeDataError(f"{path} is not a netCDF file that gpuscope can read ({exc}). gpuscope writes "
-                                   "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
+        raise NotGpuscopeDataError(
+            f"{path} is not a netCDF file that gpuscope can read ({str(exc).rstrip('.')}). gpuscope writes its "
+            "results with gpuscope run -o FILE.nc or gpuscope.save_dataset.") from None
     try:
         _kind(ds)
     except NotGpuscopeDataError as exc:
@@ -67,8 +68,10 @@ def _show(args) -> int:
         raise ValueError("--by groups the rows of the details page; --page raw lists every row as it was recorded")
     options = {"by": args.by} if args.by else {}
     tables = {}
-    for path in args.files:
+    for number, path in enumerate(args.files):
         parts = each_device(_open(path))  # a file of several devices: each device's report
+        if len(args.files) > 1:  # several files: each report under its file's name
+            print(f"{'' if number == 0 else chr(10)}== {path} ==")
         for part in parts:
             _check_dims(path, part)
             if len(parts) > 1:

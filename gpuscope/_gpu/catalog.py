@@ -19,7 +19,7 @@ import functools
 import re
 import threading
 
-from gpuscope._gpu.chips import _check_chip
+from gpuscope._gpu.chips import resolve_chip
 from gpuscope._schema.units import split_name, units_of
 from gpuscope.errors import CuptiNotSupportedError, UnknownMetricError, UnsupportedChipError
 
@@ -216,7 +216,7 @@ def list_metrics(chip: str | None = None, kind: str = "range", metric_type: str 
     ------
     UnsupportedChipError, NoGpuError, CuptiNotFoundError
     """
-    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    cm = _chip_metrics(resolve_chip(chip), _kind(kind))
     wanted = None if metric_type is None else metric_type.upper()
     if wanted is not None and wanted not in _EXAMPLE_SUFFIX:
         raise ValueError(f"metric_type={metric_type!r}: use 'counter', 'ratio' or 'throughput'.")
@@ -251,7 +251,7 @@ def descriptions(chip: str | None = None, kind: str = "range") -> dict[str, str]
 
     from gpuscope.cupti import _api
 
-    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    cm = _chip_metrics(resolve_chip(chip), _kind(kind))
     with cm._lock:
         cached = getattr(cm, "_descriptions", None)
     if cached is not None:
@@ -297,7 +297,7 @@ def search_metrics(pattern: str, chip: str | None = None, kind: str = "range", *
     ------
     UnsupportedChipError, NoGpuError, CuptiNotFoundError
     """
-    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    cm = _chip_metrics(resolve_chip(chip), _kind(kind))
     if any(ch in pattern for ch in "*?["):
         rx = re.compile(fnmatch.translate(pattern), re.IGNORECASE)
         match = lambda text: bool(rx.match(text))  # noqa: E731
@@ -319,12 +319,12 @@ def describe_metric(name: str, chip: str | None = None, kind: str = "range") -> 
     UnknownMetricError
         The chip has no such metric; the message names the closest ones.
     """
-    return _chip_metrics(_check_chip(chip), _kind(kind)).info(name)
+    return _chip_metrics(resolve_chip(chip), _kind(kind)).info(name)
 
 
 def sub_metrics(name: str, chip: str | None = None, kind: str = "range") -> list[str]:
     """All complete names for a base metric (base + each valid suffix)."""
-    cm = _chip_metrics(_check_chip(chip), _kind(kind))
+    cm = _chip_metrics(resolve_chip(chip), _kind(kind))
     base, _ = split_name(name)
     if base not in cm.types:
         cm.check(base)

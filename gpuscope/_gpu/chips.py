@@ -1,7 +1,7 @@
 """Chip names: the chips the loaded CUPTI profiles, product names for them, and the chip of a device.
 
-Chip names are CUPTI's (``"GH100"`` for the H100); :func:`canonical_chip` reads any case or a product name
-(``--chip h100``).
+Chip names are CUPTI's (``"GH100"`` for the H100); :func:`resolve_chip`, the one resolver of ``chip=`` and
+``--chip``, reads any case or a product name (``h100``) and names the closest matches of an unknown one.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import functools
 
 from gpuscope.errors import NoGpuError, UnsupportedChipError
 
-__all__ = ["CHIP_ALIASES", "list_chips", "canonical_chip"]
+__all__ = ["CHIP_ALIASES", "list_chips", "canonical_chip", "resolve_chip"]
 
 
 def list_chips() -> list[str]:
@@ -36,36 +36,57 @@ CHIP_ALIASES = {
 }
 
 
+def _plain(chip: str) -> str:
+    """A chip or product name in lower case, without "NVIDIA", "GeForce" and repeated spaces."""
+    return " ".join(chip.strip().lower().replace("geforce", "").replace("nvidia", "").split())
+
+
 def canonical_chip(chip: str) -> str:
     """A chip name as CUPTI spells it, from any case or a product name (``"h100"`` -> ``"GH100"``).
 
-    Names that are neither a chip nor a known product come back unchanged (:func:`list_metrics` and friends then
-    say which chips exist).
+    Names that are neither a chip nor a known product come back unchanged (:func:`resolve_chip` refuses them).
     """
-    text = " ".join(chip.strip().lower().replace("geforce", "").replace("nvidia", "").split())
+    text = _plain(chip)
     for c in list_chips():
         if c.lower() == text:
             return c
     return CHIP_ALIASES.get(text, chip)
 
 
-def _check_chip(chip: str | None, device: int = 0) -> str:
+def resolve_chip(chip: str | None, device: int = 0) -> str:
+    """The CUPTI chip name for *chip*, the one resolver of the API (``chip=``) and the command line (``--chip``).
+
+    Parameters
+    ----------
+    chip : str or None
+        A CUPTI chip name or a product name, in any case (``"GH100"``, ``"gh100"``, ``"h100"``,
+        ``"GeForce RTX 4090"``); None: the chip of GPU *device* (initialises CUPTI's profiler on it).
+    device : int
+        The GPU whose chip None stands for.
+
+    Raises
+    ------
+    UnsupportedChipError
+        The loaded CUPTI cannot profile the chip; the message names the closest chips and products.
+    NoGpuError
+        *chip* is None and there is no GPU.
+    """
     if chip is None:
         return _device_chip(device)
     chips = list_chips()
-    if chip in chips:
-        return chip
-    hint = ""
-    upper = [c for c in chips if c.lower() == chip.lower()]
-    if upper:
-        hint = f" Chip names are case-sensitive: did you mean {upper[0]!r}?"
-    elif chip.strip().lower() in CHIP_ALIASES:
-        hint = f" {chip} is a product; its chip is {CHIP_ALIASES[chip.strip().lower()]!r}."
+    name = canonical_chip(chip)
+    if name in chips:
+        return name
+    text = _plain(chip)
+    if text in CHIP_ALIASES:
+        hint = f" {chip} is a product; its chip {CHIP_ALIASES[text]} is not among them."
     else:
-        close = difflib.get_close_matches(chip.upper(), chips, n=3, cutoff=0.5)
-        if close:
-            hint = " Closest: " + ", ".join(close) + "."
-    raise UnsupportedChipError(f"Chip {chip!r} is not supported by the loaded CUPTI.{hint} Supported: {', '.join(chips)}.")
+        lowered = {c.lower(): c for c in chips}
+        close = difflib.get_close_matches(text, [*lowered, *CHIP_ALIASES], n=3, cutoff=0.5)
+        named = [lowered[c] if c in lowered else f"{c} ({CHIP_ALIASES[c]})" for c in close]
+        hint = " Closest: " + ", ".join(named) + "." if named else ""
+    raise UnsupportedChipError(f"Chip {chip!r} is not supported by the loaded CUPTI.{hint} Supported: "
+                               f"{', '.join(chips)} (or a product name: h100, rtx 4090, ...).")
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,7 +98,8 @@ def _device_chip(device: int) -> str:
 
         _device.device_count()
     except NoGpuError as exc:
-        raise NoGpuError(f"{exc} Pass chip= (e.g. chip='GH100'); gpuscope metrics --chips lists them.") from None
+        raise NoGpuError(f"{exc} Name a chip (chip= in Python, --chip on the command line): GH100, or a product "
+                         "such as h100; gpuscope metrics --chips lists them.") from None
     profiler.initialize()
     try:
         return profiler.chip_name(device)

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Iterable, Sequence
 
 from gpuscope._gpu.catalog import MetricKind, _chip_metrics, _kind
-from gpuscope._gpu.chips import _check_chip
+from gpuscope._gpu.chips import resolve_chip
 from gpuscope.errors import UnknownMetricError
 from gpuscope.metrics import catalog as _sets
 
@@ -91,7 +91,7 @@ def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str 
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     if not names:
         raise ValueError("No metrics given.")
-    cm = _chip_metrics(_check_chip(chip), kind)
+    cm = _chip_metrics(resolve_chip(chip), kind)
     sets = _sets.all_sets()
     out: list[str] = []
     substituted: dict = {}
@@ -167,12 +167,19 @@ def expand(items: str | Iterable[str], kind: str | None = None) -> tuple[str | l
     Raises
     ------
     ValueError
-        No names, or sets of both kinds, or a set of the other kind than *kind*.
+        No names, a name that is neither a metric (``unit__...``) nor a set (a typo such as ``topdwn``: the
+        message names the closest sets), sets of both kinds, or a set of the other kind than *kind*.
     """
     names = split_list(items)
     if not names:
         raise ValueError("No metrics given: name metrics or metric sets, separated by commas.")
     sets = _sets.all_sets()
+    for name in names:
+        if name not in sets and "__" not in name:  # every CUPTI metric is unit__name: this is a set's name
+            try:
+                _sets.get_set(name)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
     kinds = {sets[n].kind for n in names if n in sets}
     if len(kinds) > 1:
         raise ValueError("Those sets mix range profiling and PM sampling metrics: "
@@ -205,7 +212,7 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     from gpuscope._gpu import pass_plan
     from gpuscope.cupti import host
 
-    cm = _chip_metrics(_check_chip(chip), MetricKind.RANGE)
+    cm = _chip_metrics(resolve_chip(chip), MetricKind.RANGE)
     stored = _stored_plans().get(cm.chip, {}).get("|".join(metrics))
     if stored is not None:
         # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
@@ -288,7 +295,7 @@ def count_passes(metrics, chip: str | None = None, kind: str | None = None, coun
     """
     from gpuscope.cupti import host
 
-    chip = _check_chip(chip)
+    chip = resolve_chip(chip)
     if kind is None:
         metrics, kind = expand(metrics)
     names = resolve(metrics, chip, kind)
@@ -315,6 +322,6 @@ def max_metrics_per_pass(chip: str | None = None, kind: str = "range", counter_a
     from gpuscope.cupti import host
     from gpuscope.cupti._types import ProfilerType
 
-    chip = _check_chip(chip)
+    chip = resolve_chip(chip)
     ptype = ProfilerType.RANGE_PROFILER if _kind(kind) is MetricKind.RANGE else ProfilerType.PM_SAMPLING
     return host.max_metrics_per_pass(chip, ptype, counter_availability)

@@ -4,7 +4,7 @@ CUPTI schedules a metric list into passes as it likes: for the ``topdown`` set o
 ``smsp__warps_active`` (the denominator of every ``*_per_warp_active.pct`` stall share) in one pass and the 18
 stall counters in the others, so 17 of the 18 shares divide counts of different executions. On kernels of a few
 microseconds the executions differ. Under CUPTI kernel replay, the active warps of kernels under 10 us, pass by
-pass against ncu's (``benchmarks/probe_pass_position.py``, H200): 1.59 times in the first pass (the launch as the
+pass against ncu's (``benchmarks/probes/probe_pass_position.py``, H200): 1.59 times in the first pass (the launch as the
 program made it), 1.20 in the second, then 1.00, 0.99, 0.96 and 0.91-0.92; on longer kernels 1.24, 1.09, then 1.00.
 The shares summed to 40-80% of warp-active cycles instead of 100%.
 

@@ -87,7 +87,7 @@ def chip_support(chip: str) -> ChipSupport:
     """
     from gpuscope.cupti import _api
 
-    chip = _chips._check_chip(_chips.canonical_chip(chip))
+    chip = _chips.resolve_chip(chip)
     try:
         arch = architectures.for_chip(chip)
         family, ccs, smsp, ipc = arch.name, arch.cc_text, arch.smsp_per_sm, arch.ipc_max
@@ -104,8 +104,11 @@ def format_support(s: ChipSupport) -> str:
     lines = [f"{s.chip}: {s.family}" + (f", compute capability {s.compute_capabilities}" if s.compute_capabilities
                                           else "") + f" (CUPTI {s.cupti})"]
     if s.ipc_max is not None:
+        optional = architectures.for_chip(s.chip).optional_stall_reasons
         lines.append(f"  Top-Down: {s.schedulers_per_sm} warp schedulers per SM, IPC_MAX {s.ipc_max:g}; "
-                     f"{len(s.stall_reasons)} stall reasons")
+                     f"{len(s.stall_reasons) - len(optional)} stall reasons"
+                     + (f" + optional {', '.join(optional)}" if optional else "")
+                     + ", and the states selected and not_selected (not stalls)")
     lines.append("  verified: " + (f"on hardware: {s.hardware}" if s.hardware else
                                    "offline only (CUPTI host API: metrics resolve, passes counted, config images "
                                    "built); not run on this GPU"))

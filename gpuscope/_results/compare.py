@@ -24,7 +24,8 @@ __all__ = ["compare"]
 
 def _quantities(ds) -> tuple[dict[str, np.ndarray], dict[str, str], set[str]]:
     """Per-range values of every comparable quantity, their units, and which of them are Top-Down nodes (changes
-    in points of peak, not relative)."""
+    in points of peak, not relative): GPU time per launch, the Top-Down nodes of levels 1 to 3, and every metric
+    as recorded (a halved stall share shows in its own row and in its level-3 node, not only in level 2)."""
     from gpuscope.metrics import topdown as td
 
     out: dict[str, np.ndarray] = {}
@@ -34,14 +35,15 @@ def _quantities(ds) -> tuple[dict[str, np.ndarray], dict[str, str], set[str]]:
     nodes: set[str] = set()
     result = topdown_per_launch(ds)
     if result is not None:
-        for name in dict.fromkeys(td.level_cut(1) + td.level_cut(2)):
+        for name in dict.fromkeys(td.level_cut(1) + td.level_cut(2) + td.level_cut(3)):
             if name in result[0]:
                 out[name], units[name] = np.asarray(result[0][name].values, dtype=float), "%"
                 nodes.add(name)
     for m in ds.data_vars:
-        if ds[m].dims == ("range",) and ".pct_of_peak" in m:
+        if m != GPU_TIME and ds[m].dims == ("range",) and np.issubdtype(ds[m].dtype, np.number):
             short = SHORT_NAMES.get(m, m)
-            out[short], units[short] = np.asarray(ds[m].values, dtype=float), "%"
+            out[short] = np.asarray(ds[m].values, dtype=float)
+            units[short] = "%" if ".pct_of_peak" in m else str(ds[m].attrs.get("units", ""))
     return out, units, nodes
 
 
@@ -76,8 +78,8 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         A DataFrame with one row per (kernel, quantity): ``base``, ``new`` (means) and ``change`` (new - base) in
         the row's ``unit``, ``relative`` (change / base, in percent), ``ci_low``/``ci_high`` (confidence interval
         of the change), ``p_value``, ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities:
-        ``gpu_time_us`` per launch (us), Top-Down level 1 and 2 nodes in percent of peak, throughput metrics in
-        percent of peak. Kernels found in one run only get one row with the other side empty. NaN and inf values
+        ``gpu_time_us`` per launch (us), Top-Down nodes of levels 1 to 3 in percent of peak, and every metric of
+        the Datasets in its own unit (throughput metrics by their short names, in percent of peak). Kernels found in one run only get one row with the other side empty. NaN and inf values
         are no data: left out of the means and tests (``n_base``/``n_new`` count the values used) and counted in a
         note. ``print()`` shows the time rows and every significant row, fitted to the terminal; ``to_csv``
         writes every row.
@@ -152,6 +154,9 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
     return Comparison(out).__finalize__(out)
 
 
+#: What ``gpuscope compare --fail-on`` can fail on (:meth:`Comparison.flagged`).
+FAIL_ON = ("slower", "change")
+
 #: The columns a narrow terminal keeps, most important first.
 _PRIORITY = ("base", "new", "unit", "relative", "significant", "p_value", "ci_low", "ci_high", "n_base", "n_new",
              "change")
@@ -163,6 +168,24 @@ class Comparison(Report):
     @property
     def _constructor(self):
         return Comparison
+
+    def flagged(self, what: str = "change") -> list[tuple[str, str]]:
+        """The (kernel, quantity) rows that changed beyond noise: every significant row (*what* ``"change"``) or
+        the kernels whose GPU time per launch went up (``"slower"``), as ``gpuscope compare --fail-on`` judges.
+
+        Raises
+        ------
+        ValueError
+            *what* is neither ``"change"`` nor ``"slower"``.
+        """
+        if what not in FAIL_ON:
+            raise ValueError(f"what must be one of {', '.join(map(repr, FAIL_ON))}, not {what!r}")
+        frame = pd.DataFrame(self)
+        hit = frame["significant"].to_numpy(bool)
+        if what == "slower":
+            quantities = frame.index.get_level_values("quantity")
+            hit = hit & (quantities == "gpu_time_us") & (frame["change"].to_numpy(float) > 0)
+        return [tuple(map(str, k)) for k in frame.index[hit]]
 
     def to_text(self, width: int | None = None, all_rows: bool = False) -> str:
         """The table as text no wider than *width* (see :meth:`Report.to_text`): time rows and significant rows,

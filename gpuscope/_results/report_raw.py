@@ -86,4 +86,6 @@ def _raw_value(x) -> str:
         return str(bool(x))
     if np.issubdtype(type(x), np.integer):
         return f"{int(x):,}"
-    return f"{float(x):,.6g}"
+    x = float(x)
+    # a million and more as whole numbers (1,164,760 beside 157,616, not 1.16476e+06); others to 6 digits
+    return f"{x:,.0f}" if np.isfinite(x) and 1e6 <= abs(x) < 1e15 else f"{x:,.6g}"

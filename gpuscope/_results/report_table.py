@@ -8,6 +8,7 @@ make one with :func:`_new`.
 
 from __future__ import annotations
 
+import functools
 import html
 import shutil
 import textwrap
@@ -69,7 +70,8 @@ class Report(pd.DataFrame):
             if units.get(col) == "%":
                 out[col] = _percent
             elif pd.api.types.is_float_dtype(self[col].dtype):
-                out[col] = _number
+                largest = float(np.nanmax(np.abs(self[col].to_numpy(float)), initial=0.0))
+                out[col] = functools.partial(_number, noise=largest * NOISE)
         return out
 
     def to_text(self, width: int | None = None) -> str:
@@ -140,10 +142,18 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
     return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [""]
 
 
-def _number(v) -> str:
+#: A value this much smaller than the largest of its column is float rounding (a difference of equal numbers,
+#: 3.62e-14 beside 45.4): it prints as 0.
+NOISE = 1e-12
+
+
+def _number(v, noise: float = 0.0) -> str:
+    """3 significant digits, thousands separated; 0 for values within *noise* of 0."""
     if pd.isna(v):
         return "-"
     a = abs(v)
+    if a <= noise:
+        return "0"
     if a == 0 or 0.01 <= a < 1e6:
         return f"{v:,.3g}" if a < 100 else f"{v:,.0f}"
     return f"{v:.3g}"
@@ -174,8 +184,9 @@ def _shorten(label: str, width: int) -> str:
 def _layout(frame: pd.DataFrame, formatters: dict, priority, width: int) -> tuple[list[str], list, bool]:
     """The table's lines within *width*, the columns left out to fit, and whether row labels were shortened.
 
-    Columns are taken in order of importance (*priority*, then the frame's order) while they fit; the row labels
-    get at least half the width (or what they need), and whatever the chosen columns leave over.
+    Columns are taken in order of importance (*priority*, then the frame's order) until one does not fit: a less
+    important column never takes the place of a more important one that is left out. The row labels get at least
+    half the width (or what they need), and whatever the chosen columns leave over.
     """
     levels = [[_text(v) for v in frame.index.get_level_values(i)] for i in range(frame.index.nlevels)]
     for i in range(len(levels) - 1):  # a MultiIndex prints each outer label once, as pandas does
@@ -190,9 +201,10 @@ def _layout(frame: pd.DataFrame, formatters: dict, priority, width: int) -> tupl
     used = sum(label_w) + len(_SEP) * (len(levels) - 1)
     chosen = set()
     for c in [c for c in priority if c in cells] + [c for c in cells if c not in priority]:
-        if used + len(_SEP) + col_w[c] <= width:
-            chosen.add(c)
-            used += len(_SEP) + col_w[c]
+        if used + len(_SEP) + col_w[c] > width:
+            break
+        chosen.add(c)
+        used += len(_SEP) + col_w[c]
     for i, w in enumerate(natural):  # what the columns leave over goes to the row labels
         grow = min(width - used, w - label_w[i])
         label_w[i] += grow

@@ -240,7 +240,7 @@ def _write(trace: dict, path) -> None:
             json.dump(trace, f)
 
 
-def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
+def to_perfetto(*datasets, path: str | os.PathLike | None = None) -> dict:
     """Write one Perfetto / Chrome trace of a run from any mix of range, PM sampling and phases Datasets.
 
     Every Dataset is placed on the CUPTI clock (``start_ns``/``end_ns`` of ranges and samples, the PM session's
@@ -272,10 +272,11 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
 
     Parameters
     ----------
+    *datasets : xarray.Dataset
+        One or more Datasets of the run, in any order. The older form, the path first
+        (``to_perfetto("run.json", launches, ts)``), still works: a first argument that is not a Dataset is the path.
     path : str, PathLike or None
         Where to write the JSON; None writes nothing (the trace is still returned).
-    *datasets : xarray.Dataset
-        One or more Datasets of the run, in any order.
 
     Returns
     -------
@@ -291,19 +292,26 @@ def to_perfetto(path: str | os.PathLike | None, *datasets) -> dict:
     gpuscope.errors.NotGpuscopeDataError
         A Dataset that is neither range results, PM samples nor phases.
     TypeError
-        *path* is not a str, PathLike or None.
+        *path* is not a str, PathLike or None, or a path is given both first and as ``path=``.
 
     Examples
     --------
     >>> launches = gpuscope.open_dataset("launches.nc")            # doctest: +SKIP
     >>> ts = gpuscope.open_dataset("series.nc")                    # doctest: +SKIP
-    >>> gpuscope.to_perfetto("run.json", launches, ts, gpuscope.phases(ts))   # doctest: +SKIP
+    >>> gpuscope.to_perfetto(launches, ts, gpuscope.phases(ts), path="run.json")   # doctest: +SKIP
     """
+    import xarray as xr
+
+    if datasets and not isinstance(datasets[0], xr.Dataset):  # the older form: the path first
+        if path is not None:
+            raise TypeError(f"to_perfetto got a path twice: {datasets[0]!r} first and path={path!r}; pass the "
+                            "Datasets and path= (to_perfetto(launches, ts, path='run.json'))")
+        path, datasets = datasets[0], datasets[1:]
     if path is not None:
         _validate.path(path, "path")
     if not datasets:
-        raise ValueError("to_perfetto needs at least one Dataset after the path: range results, PM samples "
-                         "or phases, e.g. gpuscope.to_perfetto('run.json', launches, ts, gpuscope.phases(ts))")
+        raise ValueError("to_perfetto needs at least one Dataset: range results, PM samples or phases, e.g. "
+                         "gpuscope.to_perfetto(launches, ts, gpuscope.phases(ts), path='run.json')")
     kinds = [_trace_kind(ds, f"dataset {i + 1}") for i, ds in enumerate(datasets)]
     if all(k == "pc_sampling" for k in kinds):
         raise ValueError("PC samples have no times of their own: pass them with the range results or PM samples "

@@ -56,7 +56,8 @@ class GpuscopeAccessor:
 
     @property
     def plot(self) -> PlotNamespace:
-        """Plots: ``topdown``, ``timeline``, ``hierarchy``, ``roofline``, ``memory_chart``."""
+        """Plots: ``topdown``, ``timeline``, ``phase_topdown``, ``hierarchy``, ``roofline``, ``memory_chart``; each
+        returns its ``matplotlib.figure.Figure``."""
         return PlotNamespace(self._ds)
 
 
@@ -73,6 +74,11 @@ class PlotNamespace:
     def timeline(self, metrics=None, **kwargs):
         """:func:`gpuscope.metrics.plot.timeline` (metrics over time, phases shaded, range bands)."""
         return _plot.timeline(self._ds, metrics, **kwargs)
+
+    def phase_topdown(self, per_phase, level=1, **kwargs):
+        """:func:`gpuscope.metrics.plot.phase_topdown` of these phases (the result of ``gs.phases``) and
+        *per_phase* (``gs.dynamic(td, phases=...)``): phase bands over time, a Top-Down bar per phase."""
+        return _plot.phase_topdown(self._ds, per_phase, level, **kwargs)
 
     def hierarchy(self, **kwargs):
         """:func:`gpuscope.metrics.plot.hierarchy` (icicle chart of the tree)."""

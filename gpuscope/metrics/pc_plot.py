@@ -120,7 +120,9 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
+        The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
+        (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
     """
     import matplotlib.pyplot as plt
     import matplotlib.ticker
@@ -150,7 +152,7 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     ax.set_xlabel("PC samples")
     ax.set_title(f"{data.attrs.get('kernel', '')}: stalls per source line")
     _legend_beside(ax, by)
-    return ax
+    return ax.figure
 
 
 def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True, ax=None):
@@ -159,7 +161,9 @@ def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = T
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
+        The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
+        (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
     """
     import matplotlib.pyplot as plt
 
@@ -178,4 +182,4 @@ def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = T
     ax.set_xlabel("% of PC samples" if normalize else "PC samples")
     ax.set_title("Warp states per kernel (PC sampling)")
     _legend_beside(ax, by)
-    return ax
+    return ax.figure

@@ -9,6 +9,9 @@ The plots are :mod:`gpuscope.metrics.plot_bars` (Top-Down bars and the hierarchy
 :mod:`gpuscope.metrics.plot_timeline` (metrics over time, Top-Down per phase), :mod:`gpuscope.metrics.plot_roofline`
 (the hierarchical roofline) and :mod:`gpuscope.metrics.plot_memory` (the memory chart), their colours
 :mod:`gpuscope.metrics.plot_colors`; this module gathers their public names (``ds.gpuscope.plot`` binds them).
+
+Every plot returns its ``matplotlib.figure.Figure``, whether it draws one panel or several and whether it made the
+figure or drew into a given ``ax``/``fig``: ``fig.savefig(...)`` saves any of them, ``fig.axes`` holds the panels.
 """
 
 from __future__ import annotations

@@ -105,8 +105,9 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
 
     Returns
     -------
-    matplotlib.axes.Axes or numpy.ndarray of Axes
-        One Axes per level (an array when several levels are drawn).
+    matplotlib.figure.Figure
+        The figure drawn into, one Axes per level in ``fig.axes`` (``ax``'s figure when *ax* is given): every
+        gpuscope plot returns its Figure (``fig.savefig`` saves it).
 
     Raises
     ------
@@ -165,7 +166,7 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         axis.set_xlabel(textwrap.fill(xlabel, int(9 * axis.figure.get_figwidth())), fontsize="small")
         axis.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
     axes[0].figure.tight_layout()
-    return axes[0] if len(axes) == 1 else axes
+    return axes[0].figure
 
 
 def hierarchy(ds: xr.Dataset, *, ax=None):
@@ -183,7 +184,9 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
+        The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
+        (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
 
     Raises
     ------
@@ -235,4 +238,4 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     ax.set_xlabel(f"% of the SM's peak issue rate (IPC_MAX = {ipc_max:g} warp instructions per cycle)")
     ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""))
     ax.figure.tight_layout()
-    return ax
+    return ax.figure

@@ -117,7 +117,9 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
+        The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
+        (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
 
     Raises
     ------
@@ -184,4 +186,4 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     ax.set_title(title if title is not None else f"Memory chart: {_brief(label)} ({headline})", fontsize=10)
     ax.text(0.2, 0.45, "green: logical memory spaces; blue: hardware units. Upper arrow: read (towards the SM), "
             "lower: written. inst = warp instructions, req = requests, B = bytes.", fontsize=7, color="0.35")
-    return ax
+    return ax.figure

@@ -69,7 +69,9 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
+        The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
+        (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
 
     Raises
     ------
@@ -157,4 +159,4 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     ax.add_artist(first)
     ax.legend(handles=level_handles, title="ceilings; marker: intensity at", loc="lower left",
               bbox_to_anchor=(1.02, 0.0), fontsize=8, title_fontsize=8, frameon=False)
-    return ax
+    return ax.figure

@@ -263,7 +263,9 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
     check : {"warn", "raise", "ignore"}
         What to do when a level does not sum to 100 or a node is negative beyond
         :data:`LEVEL_TOLERANCE` (:func:`check_levels`), and when the collected warp states miss 100% by more
-        than :data:`COVERAGE_TOLERANCE` points (warn only).
+        than :data:`COVERAGE_TOLERANCE` points while an optional stall reason is missing (warn only). Passes that
+        disagree raise no warning: the coordinates ``warp_state_coverage`` and ``consistent`` say which ranges
+        they touch.
 
     Returns
     -------

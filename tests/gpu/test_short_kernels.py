@@ -13,7 +13,7 @@ import gpuscope as gs
 
 pytest.importorskip("torch")
 pytest.importorskip("cupy")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
 
 from probe_pass_consistency import PCT, REASONS, Work, run_ncu  # noqa: E402
 

@@ -95,10 +95,18 @@ def test_set_of_the_other_kind():
         _lists.resolve("pm-default", "GH100", "range")
 
 
-@pytest.mark.parametrize("chip,hint", [("gh100", "did you mean 'GH100'"), ("GH200", "GH100"), ("XX100", "Closest")])
+@pytest.mark.parametrize("chip,hint", [("XX100", r"Closest: h100 \(GH100\)"), ("GB2O2", "Closest: GB202"),
+                                       ("RTX 9999", r"Closest: rtx 5090 \(GB202\)")])
 def test_bad_chip(chip, hint):
     with pytest.raises(UnsupportedChipError, match=hint):
         gs.list_metrics(chip=chip)
+
+
+@pytest.mark.parametrize("chip", ["GH100", "gh100", "h100", "H200", "NVIDIA H100 80GB HBM3"[:11]])
+def test_the_api_reads_chip_names_as_the_cli_does(chip):
+    """Issue 37, item 7: one resolver for chip= and --chip (any case, product names)."""
+    assert gs.count_passes("topdown", chip=chip) == gs.count_passes("topdown", chip="GH100")
+    assert gs.list_metrics(chip=chip) == gs.list_metrics(chip="GH100")
 
 
 def test_other_chip_and_sampling_lists():
@@ -122,8 +130,9 @@ def test_no_chip_without_gpu_says_pass_chip():
 
     if _lib.driver_available():
         pytest.skip("this machine has a driver")
-    with pytest.raises(NoGpuError, match="chip="):
+    with pytest.raises(NoGpuError, match=r"chip= in Python, --chip on the command line\): GH100") as info:
         gs.list_metrics()
+    assert "chip='GH100'" not in str(info.value)  # no Python syntax where the command line shows it
 
 
 @pytest.mark.parametrize(

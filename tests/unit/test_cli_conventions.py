@@ -42,6 +42,11 @@ def test_chip_names_any_case_and_products(capsys, name, chip):
     assert code == 0 and f"({chip}, range profiler" in out
 
 
+def test_an_unknown_product_names_the_closest(capsys):
+    code, _, err = run(capsys, "metrics", "--chip", "RTX 9999", "--passes", "launch")
+    assert code == cli.EXIT_USAGE and "Closest: rtx 5090 (GB202), rtx 4090 (AD102)" in err
+
+
 def test_unknown_chip_is_usage_error(capsys):
     code, _, err = run(capsys, "metrics", "--chip", "XX100", "--passes", "launch")
     assert code == cli.EXIT_USAGE and "is not supported by the loaded CUPTI" in err
@@ -129,18 +134,44 @@ def test_compare_command(capsys, tmp_path):
     slow["gpu__time_duration.sum"].values[slow["kernel"].values == "stream"] *= 1.25
     gs.save_dataset(slow, tmp_path / "slow.nc")
     code, out, _ = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_LAUNCHES))
-    assert code == 0 and "0 of 33 differences" in out
+    assert code == 0 and "0 of 153 differences" in out
     code, out, _ = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(tmp_path / "slow.nc"),
                        "--csv", str(tmp_path / "diff.csv"))
-    assert code == 0 and "1 of 33 differences" in out
+    assert code == 0 and "1 of 153 differences" in out
     line = next(x for x in out.splitlines() if x.startswith("stream"))
     assert "25.0%" in line and line.rstrip().endswith("True")
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "diff.csv")
-    assert len(table) == 33 and table["significant"].sum() == 1
+    assert len(table) == 153 and table["significant"].sum() == 1
     code, _, err = run(capsys, "compare", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_SERIES))
     assert code == cli.EXIT_USAGE and "range-profiling results" in err
+
+
+def test_compare_fails_on_a_regression_for_ci(capsys, tmp_path):
+    """Issue 37, item 12: --fail-on gives status 7 when a kernel got slower (or anything changed) beyond noise."""
+    ds = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    slow, fast = ds.copy(deep=True), ds.copy(deep=True)
+    slow["gpu__time_duration.sum"].values[slow["kernel"].values == "stream"] *= 1.25
+    fast["gpu__time_duration.sum"].values[fast["kernel"].values == "stream"] *= 0.75
+    gs.save_dataset(slow, tmp_path / "slow.nc")
+    gs.save_dataset(fast, tmp_path / "fast.nc")
+    base = str(_demo.RECORDED_LAUNCHES)
+    assert cli.EXIT_CHANGED == 7
+    code, _, err = run(capsys, "compare", base, str(tmp_path / "slow.nc"), "--fail-on", "slower")
+    assert code == cli.EXIT_CHANGED and "stream gpu_time_us" in err
+    assert run(capsys, "compare", base, str(tmp_path / "fast.nc"), "--fail-on", "slower")[0] == cli.EXIT_OK
+    assert run(capsys, "compare", base, str(tmp_path / "fast.nc"), "--fail-on", "change")[0] == cli.EXIT_CHANGED
+    assert run(capsys, "compare", base, base, "--fail-on", "change")[0] == cli.EXIT_OK
+    assert run(capsys, "compare", base, str(tmp_path / "slow.nc"))[0] == cli.EXIT_OK  # no gate asked for
+
+
+def test_show_names_each_of_several_files(capsys, tmp_path):
+    code, out, _ = run(capsys, "show", str(_demo.RECORDED_LAUNCHES), str(_demo.RECORDED_SERIES))
+    assert code == 0
+    assert f"== {_demo.RECORDED_LAUNCHES} ==" in out and f"== {_demo.RECORDED_SERIES} ==" in out
+    assert out.index(str(_demo.RECORDED_LAUNCHES)) < out.index("15 launches") < out.index(str(_demo.RECORDED_SERIES))
+    assert "== " not in run(capsys, "show", str(_demo.RECORDED_LAUNCHES))[1]
 
 
 def test_demo_to_an_unwritable_folder(capsys):

@@ -118,3 +118,18 @@ def test_nan_and_inf_are_no_data_not_values(launches):
             empty[v].values[:] = value
         with pytest.raises(ValueError, match="the new Dataset: This Dataset holds no measurement"):
             compare(launches, empty)
+
+
+def test_a_halved_stall_shows_in_its_level3_node_and_its_raw_metric(launches):
+    """Issue 37, item 12: halving long_scoreboard showed only in level 2; now its level-3 node and the metric
+    itself (in its own unit) are rows too."""
+    metric = "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct"
+    c = compare(launches, slowed(launches, "stream", 0.5, metric))
+    stream = c.loc["stream"]
+    assert stream.loc["backend_memory_long_scoreboard", "significant"]
+    assert stream.loc[metric, "significant"] and stream.loc[metric, "unit"] == "percent"
+    assert stream.loc[metric, "relative"] == pytest.approx(-50)
+    assert stream.loc["sm__cycles_elapsed.max", "unit"] == "gpc_cycle"
+    assert c.flagged("slower") == [] and ("stream", metric) in c.flagged("change")
+    with pytest.raises(ValueError, match="'slower'"):
+        c.flagged("worse")

@@ -79,3 +79,45 @@ def test_a_gpu_without_numba_shows_the_recordings_and_names_the_extra(tmp_path, 
     out = capsys.readouterr().out
     assert "Numba is not installed" in out and "pip install '.[cu13]' in a gpuscope checkout" in out
     assert "Not measured on this machine" in out and (tmp_path / "topdown.png").exists()
+
+
+def test_recorded_demo_is_warning_free_and_tells_its_story(tmp_path, monkeypatch):
+    """Issue 37, item 9: no raw GpuscopeWarning, the two tables say they come from two runs, the three kernels
+    make two phases, and the timeline keeps every varying metric (PCIe included)."""
+    import warnings
+
+    from gpuscope.metrics import plot as _plot
+
+    drawn = []
+    timeline = _plot.timeline
+    monkeypatch.setattr(_plot, "timeline", lambda ds, metrics=None, **kw: drawn.append(metrics) or
+                        timeline(ds, metrics, **kw))
+    out = io.StringIO()
+    launches = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    series = gs.open_dataset(_demo.RECORDED_SERIES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _demo.analyse(launches, series, tmp_path, recorded=True, out=out, width=80)
+        gs.topdown(launches)
+    text = " ".join(out.getvalue().split())
+    assert "Run 1, per launch" in text and "Run 2, over time: a separate run" in text
+    assert "2 distinct phases" in text and "three phases" not in text
+    assert "three phases" not in _demo.__doc__
+    assert {"pcie__read_bytes.sum.per_second", "pcie__write_bytes.sum.per_second"} <= set(drawn[0])
+
+
+def test_coverage_warns_only_when_the_user_can_act():
+    """Passes that disagree are in the coordinate `consistent`; a missing optional stall reason still warns."""
+    import warnings
+
+    from gpuscope.metrics import topdown as td
+
+    launches = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = td.topdown(launches)
+    assert not out["consistent"].values.all()
+    gmma = td.stall_metric("gmma")
+    assert gmma in launches
+    with pytest.warns(gs.GpuscopeWarning, match="gmma"):
+        td.topdown(launches.drop_vars(gmma))

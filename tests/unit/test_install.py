@@ -109,7 +109,7 @@ per_kernel = gs.aggregate(td, by="kernel")
 report = gs.report(launches)
 diff = gs.compare(launches, launches)
 ph = gs.phases(series)
-per_kernel.gpuscope.plot.topdown(level=2).figure.savefig(out / "topdown.png")
+per_kernel.gpuscope.plot.topdown(level=2).savefig(out / "topdown.png")
 gs.save_dataset(td, out / "td.nc")
 
 
@@ -190,3 +190,19 @@ def test_the_demo_kernels_compile_to_ptx_without_a_gpu():
     assert set(rows) == {"stream", "fma", "divergent"}
     for target, entries, locs in rows.values():
         assert target == "True" and entries == "1" and int(locs) > 0  # one kernel for sm_90, with line info
+
+
+def test_the_demo_writes_where_git_does_not_track():
+    """Issue 37, item 10: ``gpuscope demo`` in a checkout writes gpuscope-demo/ (as the README says), which git
+    ignores and does not track."""
+    import inspect
+
+    from gpuscope._commands import demo
+
+    assert inspect.signature(demo.main).parameters["outdir"].default == "gpuscope-demo"
+    assert "`gpuscope-demo/{topdown,timeline}.png`" in (ROOT / "README.md").read_text()
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    git = ["git", "-C", str(ROOT)]
+    assert subprocess.run([*git, "ls-files", "gpuscope-demo"], capture_output=True, text=True).stdout == ""
+    assert subprocess.run([*git, "check-ignore", "-q", "gpuscope-demo/topdown.png"]).returncode == 0

@@ -11,17 +11,18 @@ import gpuscope as gs
 from gpuscope._schema import dataset as gs_dataset
 
 DATA = Path(gs.__file__).parent / "data"
+SCHEMA1 = Path(__file__).parents[1] / "fixtures" / "schema1"  # the recordings as first shipped
 
 
-def raw(name):
-    with xr.open_dataset(DATA / name, engine="h5netcdf") as ds:
+def raw(name, folder=SCHEMA1):
+    with xr.open_dataset(folder / name, engine="h5netcdf") as ds:
         return ds.load()
 
 
 def test_schema1_launches_convert_exactly():
     old = raw("demo_launches.nc")
-    assert old.sizes == {"range": 15, "xyz": 3}  # the shipped file is schema 1
-    ds = gs.open_dataset(DATA / "demo_launches.nc")
+    assert old.sizes == {"range": 15, "xyz": 3}  # schema 1
+    ds = gs.open_dataset(SCHEMA1 / "demo_launches.nc")
     assert ds.sizes == {"range": 15} and ds.attrs["gpuscope_schema"] == gs_dataset.SCHEMA_VERSION
     for what in ("grid", "block"):
         for i, axis in enumerate("xyz"):
@@ -37,7 +38,7 @@ def test_schema1_launches_convert_exactly():
 def test_schema1_series_convert_exactly():
     old = raw("demo_timeseries.nc")
     assert old.sizes == {"time": 18019, "span": 3}
-    ds = gs.open_dataset(DATA / "demo_timeseries.nc")
+    ds = gs.open_dataset(SCHEMA1 / "demo_timeseries.nc")
     assert ds.sizes == {"time": 18019} and ds.attrs["gpuscope_schema"] == gs_dataset.SCHEMA_VERSION
     assert list(ds.data_vars) == list(old.data_vars)[:8]
     assert len(ds.to_dataframe()) == 18019  # one row per sample (54,057 in schemas 1 to 4)
@@ -53,6 +54,14 @@ def test_schema1_series_convert_exactly():
     # per execution of a range: the streaming range reads DRAM far more than the FMA range
     dram = ds["dram__read_throughput.avg.pct_of_peak_sustained_elapsed"].groupby("span_index").mean()
     assert dram.sel(span_index=0) > 10 * dram.sel(span_index=1)
+
+
+@pytest.mark.parametrize("name", ["demo_launches.nc", "demo_timeseries.nc"])
+def test_shipped_recordings_are_the_current_schema_and_the_first_recordings_converted(name):
+    """Issue 37, item 10: plain xr.open_dataset sees the layout docs/design.md describes (attr gpuscope_schema),
+    and the files hold exactly what the schema-1 recordings convert to."""
+    assert raw(name, DATA).attrs["gpuscope_schema"] == gs_dataset.SCHEMA_VERSION
+    xr.testing.assert_identical(gs.open_dataset(DATA / name), gs.open_dataset(SCHEMA1 / name))
 
 
 @pytest.mark.parametrize("name", ["demo_launches.nc", "demo_timeseries.nc"])

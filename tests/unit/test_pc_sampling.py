@@ -172,9 +172,9 @@ def test_plots_draw(tmp_path):
 
     matplotlib.use("Agg")
     ds = _dataset()
-    ax = pc_plot.plot_line_stalls(ds, "kernel")
+    ax = pc_plot.plot_line_stalls(ds, "kernel").axes[0]
     assert [t.get_text().split()[0] for t in ax.get_yticklabels()] == ["1", "2"]
-    ax2 = pc_plot.plot_kernel_stalls(ds)
+    ax2 = pc_plot.plot_kernel_stalls(ds).axes[0]
     assert len(ax2.patches) == 2 * ds.category.to_series().nunique() or len(ax2.patches) > 0
     ax2.figure.savefig(tmp_path / "k.png")
 

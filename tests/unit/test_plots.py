@@ -52,7 +52,7 @@ def test_accessor_delegates_and_stores_only_the_dataset():
 
 def test_topdown_bars_stack_to_100_percent(tmp_path):
     ds = range_dataset()
-    axes = ds.gpuscope.plot.topdown(level=[1, 2, 3])
+    axes = ds.gpuscope.plot.topdown(level=[1, 2, 3]).axes
     assert len(axes) == 3
     nodes = td.topdown(ds)
     for ax, level in zip(axes, (1, 2, 3)):
@@ -70,7 +70,7 @@ def test_topdown_bars_stack_to_100_percent(tmp_path):
 def test_topdown_bars_per_kernel_in_percent():
     ds = range_dataset(stalls=(STALLS_0, STALLS_1, STALLS_1), ipc=(0.5, 0.1, 0.3), issued=(0.55, 0.1, 0.3),
                        threads=(24.0, 32.0, 32.0), kernels=("fma", "stream", "fma"), launches=(0, 0, 1))
-    ax = plot.topdown(ds, level=1, by="kernel")
+    ax = plot.topdown(ds, level=1, by="kernel").axes[0]
     np.testing.assert_allclose(_stack_heights(ax), [100.0, 100.0])
     retire = [p.get_height() for p in ax.patches[:2]]  # the first series drawn is retire
     np.testing.assert_allclose(retire, [(1.5 + 1.2) / 2 * 25, 0.4 * 25])
@@ -79,7 +79,7 @@ def test_topdown_bars_per_kernel_in_percent():
 
 
 def test_hierarchy_rows_fill_100_percent():
-    ax = range_dataset().gpuscope.plot.hierarchy()
+    ax = range_dataset().gpuscope.plot.hierarchy().axes[0]
     rows = {}
     for patch in ax.patches:
         rows.setdefault(round(patch.get_y() + patch.get_height() / 2), []).append(patch.get_width())
@@ -138,7 +138,7 @@ def _distinct(colors, min_distance=0.08):
 
 
 def test_documented_topdown_levels_on_real_launches(launches):
-    axes = launches.gpuscope.plot.topdown(level=[1, 2])
+    axes = launches.gpuscope.plot.topdown(level=[1, 2]).axes
     assert len(axes) == 2
     for ax in axes:
         np.testing.assert_allclose(_stack_heights(ax), 100.0, atol=2.5)  # one bar per launch, each sums to 100%
@@ -151,7 +151,7 @@ def test_documented_topdown_levels_on_real_launches(launches):
 
 
 def test_dynamic_bars_on_real_launches(nodes):
-    ax = gs.dynamic(nodes, "stream").gpuscope.plot.topdown()
+    ax = gs.dynamic(nodes, "stream").gpuscope.plot.topdown().axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [f"stream#{i}" for i in (0, 3, 6, 9, 12)]
     retire = ax.containers[0]
     assert retire.get_label() == "retire" and all(27.5 < p.get_height() < 35 for p in retire)
@@ -159,7 +159,7 @@ def test_dynamic_bars_on_real_launches(nodes):
 
 def test_per_kernel_bars_sorted_by_time_share_and_distinct_colours(nodes):
     agg = gs.aggregate(nodes, by="kernel")
-    ax = agg.gpuscope.plot.topdown(level=3)
+    ax = agg.gpuscope.plot.topdown(level=3).axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
     share = (agg["weight"] / agg["weight"].sum()).to_series()
     assert labels == share.sort_values(ascending=False, kind="stable").index.tolist()
@@ -172,7 +172,7 @@ def test_per_kernel_bars_sorted_by_time_share_and_distinct_colours(nodes):
 
 def test_hierarchy_on_per_kernel_aggregates(nodes):
     agg = gs.aggregate(nodes, by="kernel")
-    ax = agg.gpuscope.plot.hierarchy()
+    ax = agg.gpuscope.plot.hierarchy().axes[0]
     level1 = [p.get_width() for p in ax.patches if round(p.get_y() + p.get_height() / 2) == -1]
     assert sum(level1) == pytest.approx(100.0, abs=1.25)
     # the cycle-weighted whole-run retire equals the weighted mean of the groups
@@ -295,17 +295,17 @@ def test_timeline_leaves_out_non_finite_samples_and_says_which_metric_has_none()
 def test_topdown_bars_explain_their_labels_and_axis(nodes):
     """The demo's topdown.png: "47%" above a bar is its share of the SM cycles; the x axis says what the bars are,
     also when the caller replaces the title."""
-    ax = gs.aggregate(nodes, by="kernel").gpuscope.plot.topdown(level=2)
+    ax = gs.aggregate(nodes, by="kernel").gpuscope.plot.topdown(level=2).axes[0]
     ax.set_title("Top-Down level 2 per kernel (RECORDED, GH100)")  # as gpuscope demo does
     assert [t.get_text() for t in ax.texts] == ["47%", "47%", "6%"]
     assert ax.get_xlabel().replace("\n", " ") == "kernel; the number above a bar is its share of all the SM cycles"
-    per_launch = nodes.gpuscope.plot.topdown()
+    per_launch = nodes.gpuscope.plot.topdown().axes[0]
     assert per_launch.get_xlabel().startswith("kernel launch or user range; the number above a bar")
 
 
 def test_hierarchy_names_every_visible_node_in_a_legend(nodes):
     agg = gs.aggregate(nodes, by="kernel")
-    ax = agg.gpuscope.plot.hierarchy()
+    ax = agg.gpuscope.plot.hierarchy().axes[0]
     whole = gs.aggregate(agg, by=None, weight="weight", dim="kernel")
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     listed = [n for n in td.NODES if n.name in whole and float(whole[n.name]) >= plot.NEGLIGIBLE]
@@ -323,7 +323,7 @@ def test_pc_stall_legends_sit_beside_the_bars():
     from .test_trace import _pc_recording
 
     pc = _pc_recording()
-    axes = [pc_plot.plot_line_stalls(pc, k) for k in pc.kernel.values.tolist()] + [pc_plot.plot_kernel_stalls(pc)]
+    axes = [pc_plot.plot_line_stalls(pc, k).axes[0] for k in pc.kernel.values.tolist()] + [pc_plot.plot_kernel_stalls(pc).axes[0]]
     for ax in axes:
         renderer = _drawn(ax.figure)
         assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
@@ -331,3 +331,37 @@ def test_pc_stall_legends_sit_beside_the_bars():
         assert ax.get_xlim()[1] > max(p.get_x() + p.get_width() for p in ax.patches)  # the longest bar ends inside
     stream = next(ax for ax in axes if ax.get_title().split(":")[0].endswith("stream"))
     assert "100k" in [t.get_text() for t in stream.get_xticklabels()]  # not 350000 running into its neighbours
+
+
+def test_every_plot_returns_its_figure(tmp_path):
+    """Issue 37, item 8: one kind of result, whatever the call: a matplotlib Figure (ax= draws into ax.figure)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from gpuscope.metrics import pc_plot
+
+    nodes = range_dataset()
+    assert isinstance(nodes.gpuscope.plot.topdown(level=1), Figure)
+    assert len(nodes.gpuscope.plot.topdown(level=[1, 2]).axes) == 2
+    assert isinstance(nodes.gpuscope.plot.hierarchy(), Figure)
+    fig, ax = plt.subplots()
+    assert nodes.gpuscope.plot.topdown(ax=ax) is fig and nodes.gpuscope.plot.hierarchy(ax=ax) is fig
+    for name in ("plot_line_stalls", "plot_kernel_stalls"):
+        assert "matplotlib.figure.Figure" in getattr(pc_plot, name).__doc__
+    for name in ("roofline", "memory_chart", "timeline", "phase_topdown"):
+        assert "matplotlib.figure.Figure" in getattr(plot, name).__doc__
+    plt.close("all")
+
+
+def test_every_plot_the_docs_name_is_on_the_accessor():
+    """Issue 37, item 8: docs/index.md named plot.phase_topdown where no such name was; ds.gpuscope.plot has every
+    plot of gpuscope.metrics.plot, and index.md names only real ones."""
+    import re
+    from pathlib import Path
+
+    from gpuscope.metrics.accessor import PlotNamespace
+
+    assert {n for n in plot.__all__ if n != "short_label"} <= set(dir(PlotNamespace))
+    index = (Path(__file__).parents[2] / "docs" / "index.md").read_text()
+    named = set(re.findall(r"\.gpuscope\.plot\.(\w+)\(", index)) | set(re.findall(r"`plot\.(\w+)", index))
+    assert named and named <= set(dir(PlotNamespace)) and "`plot." not in index

@@ -41,7 +41,7 @@ def test_si_prefixes():
 
 
 def test_roofline_draws_the_ceilings_and_a_point_per_level(launches, tmp_path):
-    ax = launches.gpuscope.plot.roofline("fp32")
+    ax = launches.gpuscope.plot.roofline("fp32").axes[0]
     rl = gs.roofline(launches, by="kernel")
     peak = float(rl.peak_flop_rate.sel(precision="fp32").median())
     lines = ax.get_lines()
@@ -70,10 +70,10 @@ def test_roofline_draws_the_ceilings_and_a_point_per_level(launches, tmp_path):
 
 
 def test_roofline_picks_the_precision_with_the_most_work(launches):
-    ax = plot.roofline(launches)  # the GEMM's 400 G tensor operations outweigh 8 G fp32 ones
+    ax = plot.roofline(launches).axes[0]  # the GEMM's 400 G tensor operations outweigh 8 G fp32 ones
     assert ax.get_title() == "Roofline, Tensor (NVIDIA H100 80GB HBM3)"
     rl = gs.roofline(launches, by=None)
-    ax = plot.roofline(rl, "fp32")  # a computed roofline, one point per launch
+    ax = plot.roofline(rl, "fp32").axes[0]  # a computed roofline, one point per launch
     assert len([ln for ln in ax.get_lines() if ln.get_marker() == "o" and len(ln.get_xdata()) == 1]) == 3
     with pytest.raises(ValueError, match="no row did fp64 work"):
         plot.roofline(launches, "fp64")
@@ -82,7 +82,7 @@ def test_roofline_picks_the_precision_with_the_most_work(launches):
 
 
 def test_memory_chart_puts_the_numbers_on_the_diagram(launches, tmp_path):
-    ax = launches.gpuscope.plot.memory_chart("stream")
+    ax = launches.gpuscope.plot.memory_chart("stream").axes[0]
     mw = gs.memory_workload(launches, by="kernel").sel(kernel="stream")
     texts = _texts(ax)
     # two stream launches combined: 2 x 2 GB read at L1/TEX, the hit rates and busy shares of the units
@@ -106,5 +106,5 @@ def test_memory_chart_asks_which_row(launches):
         plot.memory_chart(launches)
     with pytest.raises(ValueError, match="neither a position nor a label"):
         plot.memory_chart(launches, "nope")
-    ax = plot.memory_chart(launches, 0, by=None)  # the first launch on its own
+    ax = plot.memory_chart(launches, 0, by=None).axes[0]  # the first launch on its own
     assert "ld 15 M inst" in _texts(ax)

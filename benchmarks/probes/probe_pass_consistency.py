@@ -3,7 +3,7 @@
 Run on the GPU machine from the repository root (PyTorch and CuPy installed there; neither is a gpuscope
 dependency):
 
-    source tests/gpu/device_env.sh; python3 benchmarks/probe_pass_consistency.py --out $OUT/probe
+    source tests/gpu/device_env.sh; python3 benchmarks/probes/probe_pass_consistency.py --out $OUT/probe
 
 The workload (``workload()``) is one PyTorch training step of a small MLP block (bf16 autocast, fused AdamW: about
 30 launches of 2-50 us), five CuPy launches on 1 M elements (elementwise, a reduction, a small GEMM) and the two
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REASONS = ("no_instruction", "barrier", "membar", "branch_resolving", "sleeping", "misc", "dispatch_stall",

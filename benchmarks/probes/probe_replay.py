@@ -4,8 +4,8 @@ Per range and per pass with auto ranges + user replay (``breakdown``: Start, Sto
 unprofiled launches (``floor``, ``sfloor``), and kernel replay per process kind (the kinds and kernels of
 ``bench_replay_modes.py``). Each case runs in its own process (a CuPy module, once loaded, stays loaded)::
 
-    python3 benchmarks/probe_replay.py all --cases base:breakdown,base:floor,base:sfloor --out probe.json
-    python3 benchmarks/probe_replay.py case cupy_cg               # one case, in this process
+    python3 benchmarks/probes/probe_replay.py all --cases base:breakdown,base:floor,base:sfloor --out probe.json
+    python3 benchmarks/probes/probe_replay.py case cupy_cg               # one case, in this process
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 from bench_replay_modes import setup, workload  # noqa: E402  (the same kernels and process states)
 
 

@@ -3,8 +3,8 @@
 Drives the ctypes shim by hand (no gpuscope session policy), each case in its own fresh process under a
 watchdog, and prints one JSON object per case::
 
-    python3 benchmarks/probe_session_keep.py all --out keep.json
-    python3 benchmarks/probe_session_keep.py case keep          # one case, in this process
+    python3 benchmarks/probes/probe_session_keep.py all --out keep.json
+    python3 benchmarks/probes/probe_session_keep.py case keep          # one case, in this process
 
 Cases:
 
@@ -39,7 +39,8 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_session_cost import Calls  # noqa: E402  (CUPTI calls timed through the shim's observer)
 

@@ -2,7 +2,7 @@
 in the same process? Each case runs in a fresh process and prints the samples each kernel got, CUPTI's
 non-user (unattributed) count and the total.
 
-    python3 benchmarks/probe_pc_after_ranges.py [--out rows.json]
+    python3 benchmarks/probes/probe_pc_after_ranges.py [--out rows.json]
 
 Cases:
   range-then-pc          stream under a kernel-mode range session; PC block of stream + fma (the known loss)
@@ -21,11 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _CASE = r"""
 import json, sys, time, ctypes
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpuscope as gs
 from gpuscope.cupti import _api, callbacks, activity
 from bench_fast_topdown import Pair

@@ -2,7 +2,7 @@
 ``tests/gpu/test_pc_sampling.py``): which cubin CRCs the second block's records carry, against the CRCs of the
 cubins gpuscope knows (each block's fresh dispatchers), and which source lines each block resolves.
 
-    python3 benchmarks/probe_pc_between.py [--out between.json]
+    python3 benchmarks/probes/probe_pc_between.py [--out between.json]
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 
 
 def main():
@@ -172,7 +173,7 @@ def steps(orders=("fresh_block",)):
     rows = []
     for order in orders:
         proc = subprocess.run([sys.executable, "-c", STEPS, order], capture_output=True, text=True, timeout=240,
-                              cwd=Path(__file__).resolve().parents[1])
+                              cwd=Path(__file__).resolve().parents[2])
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         row = {"order": order, "lookups": json.loads(line[-1][7:]) if line else proc.stderr[-1500:]}
         print(json.dumps(row), flush=True)

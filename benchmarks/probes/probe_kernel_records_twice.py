@@ -5,7 +5,7 @@ every thread's native stack.
 On 2026-11-23 no variant hung (each passed in a fresh process, ``demo_rounds`` in three rounds), and gpuscope's
 refusal of kernel replay after ``kernels=True`` was lifted; the probe stays to check other drivers.
 
-    python3 -X faulthandler benchmarks/probe_kernel_records_twice.py [--timeout 40] [--variant NAME]
+    python3 -X faulthandler benchmarks/probes/probe_kernel_records_twice.py [--timeout 40] [--variant NAME]
 
 Variants (each then runs a kernel-mode ``gs.Profiler("launch")`` over two launches):
 
@@ -33,11 +33,12 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 
 if __package__:  # imported as benchmarks.probe_kernel_records_twice
     from benchmarks import workloads  # noqa: E402
-else:  # python3 benchmarks/probe_kernel_records_twice.py: benchmarks/ is on sys.path
+else:  # python3 benchmarks/probes/probe_kernel_records_twice.py: benchmarks/ is on sys.path
     import workloads  # noqa: E402
 
 VARIANTS = ("none", "register", "records", "sample", "sample_nokernels", "records_thread", "sample_topdown",
@@ -144,7 +145,7 @@ def drive(timeout: float, variants) -> list[dict]:
     for name in variants:
         child = subprocess.Popen([sys.executable, "-X", "faulthandler", __file__, "--variant", name],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 cwd=Path(__file__).resolve().parents[1])
+                                 cwd=Path(__file__).resolve().parents[2])
         try:
             out, err = child.communicate(timeout=timeout)
             row = {"variant": name, "rc": child.returncode, "hung": False}

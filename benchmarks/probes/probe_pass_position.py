@@ -2,7 +2,7 @@
 
 Run on the GPU machine from the repository root:
 
-    source tests/gpu/device_env.sh; python3 benchmarks/probe_pass_position.py --out $OUT/position
+    source tests/gpu/device_env.sh; python3 benchmarks/probes/probe_pass_position.py --out $OUT/position
 
 The ``topdown`` set's consistent pass plan (``gpuscope._gpu.pass_plan``) with one more group, holding only
 ``smsp__warps_active.sum``, put at position k = 0..7 of the pass list: that counter is collected in that pass only,
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: workloads, the benchmarks reused
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probe_pass_consistency import Work, run_ncu, session  # noqa: E402
