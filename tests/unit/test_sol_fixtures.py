@@ -299,7 +299,7 @@ def _legend_texts(ax) -> list[str]:
 def test_roofline_chart_of_the_recording(tmp_path):
     ds = recording("roofline")[0]
     rl = gs.roofline(ds, by="kernel")
-    ax = ds.gpuscope.plot.roofline()  # the tensor chart: the GEMM did the most work
+    ax = ds.gpuscope.plot.roofline().axes[0]  # the tensor chart: the GEMM did the most work
     gemm = rl.isel(kernel=list(rl["kernel"].values).index(str(ds["kernel"].values[GEMM])))
     peak = float(gemm.peak_flop_rate.sel(precision="tensor"))  # the fp16 path at the GEMM's 1.54 GHz: 1.66 PFLOP/s
     assert any(len(ln.get_ydata()) == 2 and np.allclose(ln.get_ydata(), peak) for ln in ax.get_lines())
@@ -309,10 +309,10 @@ def test_roofline_chart_of_the_recording(tmp_path):
                                  f"{KERNELS[GEMM]}\n749 TFLOP/s, L2-bound"]
     assert ax.get_title() == "Roofline, Tensor (NVIDIA H200)"
     ax.figure.savefig(tmp_path / "roofline_tensor.png")
-    ax = ds.gpuscope.plot.roofline("fp64")
+    ax = ds.gpuscope.plot.roofline("fp64").axes[0]
     assert set(_legend_texts(ax)) >= {"fma: 7.13 TFLOP/s, compute-bound", "stream: 533 GFLOP/s, DRAM-bound",
                                       "FP64 peak 33.4 TFLOP/s"}
-    ax = ds.gpuscope.plot.roofline("fp32")
+    ax = ds.gpuscope.plot.roofline("fp32").axes[0]
     assert set(_legend_texts(ax)) >= {"DeviceReduceKernel: 1.08 TFLOP/s, DRAM-bound",
                                       "DeviceReduceSingleTileKernel\n1.57 GFLOP/s, L2-bound"}
     ax.figure.canvas.draw()
@@ -325,12 +325,12 @@ def test_roofline_chart_of_the_recording(tmp_path):
 
 def test_memory_chart_of_the_recording(tmp_path):
     ds = recording("memory")[0]
-    ax = ds.gpuscope.plot.memory_chart("stream")
+    ax = ds.gpuscope.plot.memory_chart("stream").axes[0]
     texts = [t.get_text() for t in ax.texts]
     assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 68.2 % of its peak)"
     assert {"ld 1.05 M inst", "st 524 k inst", "201 MB", "1.57 M req\nread 134 MB", "write 67.1 MB",
             "hit 0.0 %\nbusy 14.7 % of peak", "hit 33.3 %\nbusy 31.3 % of peak", "busy 68.2 % of peak"} <= set(texts)
     ax.figure.savefig(tmp_path / "memory_stream.png")
-    ax = ds.gpuscope.plot.memory_chart("DeviceReduceKernel")  # a C++ kernel by its function's name
+    ax = ds.gpuscope.plot.memory_chart("DeviceReduceKernel").axes[0]  # a C++ kernel by its function's name
     assert ax.get_title() == "Memory chart: DeviceReduceKernel (busiest: DRAM, 88.8 % of its peak)"
     assert "read 268 MB" in [t.get_text() for t in ax.texts]
