@@ -50,7 +50,7 @@ def _metrics(args) -> int:
         chip = chip or _chips.resolve_chip(None)
         names = _lists.resolve(metrics, chip, kind)
         passes = _lists.count_passes(names, chip, kind)
-        per = {m: _lists.count_passes([m], chip, kind) for m in names}
+        per = {m: _lists.count_passes([m], chip, kind, plan=False) for m in names}  # each on its own
         from gpuscope.cupti import _api
 
         version = "%d.%d" % _api.version()

@@ -29,6 +29,7 @@ def test_passes_of_the_papers_topdown_metrics(capsys):
     if _api.version() == (13, 1):
         assert out.startswith("8 passes for 21 metrics (GH100, range profiler, CUPTI 13.1; gpuscope's pass plan, "
                               "CUPTI's own schedule: 7)")
+    assert "several passes on their own" not in out  # each stall share alone is one pass (not a plan of two)
 
 
 def test_passes_json_for_a_set(capsys):
