@@ -326,6 +326,19 @@ class PerLaunchModes:
         if result.all_passes_submitted:
             self._collect_iterations()
 
+    def _note_graph_launches(self, count: int) -> None:
+        """Count the CUDA graph launches of the session, and say what became of their kernels: CUPTI's launch
+        callbacks and kernel replay do not see a graph's kernel nodes; a user range around the graph launch does."""
+        if not count:
+            return
+        self._notes["graph_launches"] = self._notes.get("graph_launches", 0) + int(count)
+        if self.mode_used is not Mode.USER:
+            _warn(f"{count} CUDA graph launch(es) (cuGraphLaunch: torch.cuda.CUDAGraph.replay, torch.compile "
+                  f"mode='reduce-overhead', CuPy graphs) ran in this {self.mode_used.value}-mode session and were not "
+                  "profiled: CUPTI's kernel replay and launch callbacks do not see the kernels inside a graph. Put a "
+                  "gpuscope.range around each graph launch in mode='user' to profile it as one row "
+                  "(docs/range-profiling.md, 'CUDA graphs').")
+
     def _graph_error(self, graphs: int):
         from gpuscope.errors import GpuscopeError
 
