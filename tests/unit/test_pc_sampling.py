@@ -287,6 +287,8 @@ def test_launch_recorders_share_the_callbacks(monkeypatch):
     monkeypatch.setattr(callbacks, "_subscription", [1, None])
     monkeypatch.setattr(callbacks, "_listening", ())
     monkeypatch.setattr(callbacks, "_open", set())
+    unsubscribed = []
+    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", lambda handle: unsubscribed.append(handle))
     heard = []
     a = callbacks.LaunchRecorder(lambda launch: heard.append("a"))
     b = callbacks.LaunchRecorder(lambda launch: heard.append("b"))
@@ -300,6 +302,7 @@ def test_launch_recorders_share_the_callbacks(monkeypatch):
     a.close()
     b.close()
     assert calls == [1, 0, 1, 0] and callbacks._listening == () and not callbacks._open
+    assert unsubscribed == [1] and callbacks._subscription == []  # the last close gives the subscriber back
 
 
 def test_the_message_says_whether_cupti_was_detached_when_the_block_started():
