@@ -20,8 +20,12 @@ __all__ = ["NEGLIGIBLE", "hierarchy", "topdown"]
 
 _LABEL_COORDS = ("name", "kernel")
 _DIM_LABEL = {"range": "kernel launch or user range", "phase_id": "phase"}
-#: Level-3 nodes below this many percent of IPC_MAX in every bar are drawn as one grey "other" segment.
+#: Level-3 nodes below this many percent of IPC_MAX in every bar are drawn as one grey "other" segment; a segment
+#: below it in every bar has no visible bar, and no legend entry.
 NEGLIGIBLE = 0.5
+#: Default figure width (inches, a two-column paper figure) and resolution of the saved PNG; every text is at least
+#: FONT points at that size.
+WIDTH, DPI, FONT = 7.0, 150, 8
 
 
 def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
@@ -129,8 +133,8 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         td = td.isel({dim: np.argsort(-share, kind="stable")})
         share, what = _time_share(td, dim)
     axes = np.atleast_1d(ax) if ax is not None else np.atleast_1d(
-        plt.subplots(len(levels), 1, figsize=(max(6, 0.5 * td.sizes.get(dim, 1) + 3), 3.2 * len(levels)),
-                     squeeze=False)[1][:, 0]
+        plt.subplots(len(levels), 1, figsize=(max(WIDTH, 0.25 * td.sizes.get(dim, 1) + 3.5), 2.9 * len(levels)),
+                     squeeze=False, dpi=DPI)[1][:, 0]
     )
     ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
     labels = _bar_labels(td, dim) if dim else ["all"]
@@ -143,28 +147,35 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         colors = _node_colors(drawn)
         bottom = np.zeros(len(x))
         width = 0.8 if len(x) < 60 else 1.0
+        shown = []  # the segments with a visible bar, bottom-up
         for name in drawn + (["other"] if small else []):
             # Small negative values (replay from different passes) would stack downwards; draw them as 0.
             parts = [name] if name != "other" else small
             height = sum(np.clip(np.atleast_1d(np.asarray(td[n], dtype=float)), 0, None) for n in parts)
             label = name if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:g}% each)"
-            axis.bar(x, height, bottom=bottom, color=colors.get(name, _OTHER_COLOR), label=label, width=width)
+            bars = axis.bar(x, height, bottom=bottom, color=colors.get(name, _OTHER_COLOR), label=label, width=width)
+            if np.nanmax(np.nan_to_num(height), initial=0) >= NEGLIGIBLE:
+                shown.append(bars)
             bottom += np.nan_to_num(height)
         if share is not None and len(x) <= 60:
             for xi, top, sh in zip(x, bottom, share, strict=True):
                 axis.text(xi, top, f"{sh:.0%}" if sh >= 0.01 else f"{sh:.1%}", ha="center", va="bottom",
-                          fontsize="x-small")
-        axis.set_xticks(x, labels, rotation=45 if len(x) > 6 else 0, ha="right" if len(x) > 6 else "center")
+                          fontsize=FONT)
+        axis.set_xticks(x, labels, rotation=45 if len(x) > 6 else 0, ha="right" if len(x) > 6 else "center",
+                        rotation_mode="anchor" if len(x) > 6 else "default")
         if len(x) > 60:
             axis.set_xticks(x[:: len(x) // 20 + 1], [labels[i] for i in x[:: len(x) // 20 + 1]])
+        axis.tick_params(labelsize=FONT)
         axis.set_ylim(0, _td.FULL_SCALE * 1.1)
-        axis.set_ylabel(f"% of peak issue rate (IPC_MAX {ipc_max:g})")
-        axis.set_title(f"Top-Down level {lv}")
+        axis.set_ylabel(f"% of peak issue rate\n(IPC_MAX {ipc_max:g})", fontsize=FONT + 1)
+        axis.set_title(f"Top-Down level {lv}", fontsize=FONT + 2)
         xlabel = _DIM_LABEL.get(dim, dim or "")
         if share is not None and len(x) <= 60:
             xlabel += f"; the number above a bar is its share of all the {what}"
-        axis.set_xlabel(textwrap.fill(xlabel, int(9 * axis.figure.get_figwidth())), fontsize="small")
-        axis.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
+        axis.set_xlabel(textwrap.fill(xlabel, int(13 * axis.figure.get_figwidth())), fontsize=FONT)
+        # top entry = top segment: the legend reads bottom-up as the stack builds
+        axis.legend(shown[::-1], [b.get_label() for b in shown[::-1]], loc="center left", bbox_to_anchor=(1.0, 0.5),
+                    fontsize=FONT, frameon=False)
     axes[0].figure.tight_layout()
     return axes[0].figure
 
@@ -207,9 +218,11 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     values = {n: max(float(td[n]), 0.0) for n in names}
     colors = _node_colors(names)
     if ax is None:
-        ax = plt.subplots(figsize=(13, 4.5))[1]
+        ax = plt.subplots(figsize=(WIDTH * 1.3, 3.6), dpi=DPI)[1]
     # Lay children out inside their parent's span, left to right, in hierarchy order.
     cursor = {"": 0.0}  # where the next child of each node starts
+    parents = {node.parent for node in _td.NODES if node.name in values}
+    deepest = max((node.level for node in _td.NODES if node.name in values), default=1)
     handles, labels, small = [], [], 0
     for node in _td.NODES:
         if node.name not in values:
@@ -217,11 +230,14 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
         start, width = cursor.get(node.parent, 0.0), values[node.name]
         cursor[node.parent] = start + width
         cursor[node.name] = start
-        bar = ax.barh(-node.level, width, left=start, height=0.9, color=colors[node.name], edgecolor="white")
+        # A node without children (retire) reaches down to the deepest row: no blank space under it.
+        rows = 1 + (deepest - node.level if node.name not in parents else 0)
+        middle = -(node.level + node.level + rows - 1) / 2
+        bar = ax.barh(middle, width, left=start, height=rows - 0.1, color=colors[node.name], edgecolor="white")
         if width > 6:  # narrower boxes (percent) cannot hold a readable label: the legend names them
             text = f"{width:.0f}%"
             label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
-            ax.text(start + width / 2, -node.level, f"{label}\n{text}", ha="center", va="center", fontsize="x-small")
+            ax.text(start + width / 2, middle, f"{label}\n{text}", ha="center", va="center", fontsize=FONT)
         if width >= NEGLIGIBLE:
             handles.append(bar)
             labels.append(f"{node.name}  {width:.1f}%")
@@ -230,12 +246,14 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     if small:
         handles.append(plt.Rectangle((0, 0), 1, 1, color="white"))
         labels.append(f"({small} nodes < {NEGLIGIBLE:g}% each not listed)")
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small", frameon=False,
-              ncol=2 if len(handles) > 16 else 1, title="node, % of peak issue rate",
-              title_fontsize="x-small")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=FONT, frameon=False,
+              ncol=2 if len(handles) > 16 else 1, title="node, % of peak issue rate", title_fontsize=FONT)
     ax.set_xlim(0, _td.FULL_SCALE)
-    ax.set_yticks([-1, -2, -3], ["level 1", "level 2", "level 3"])
-    ax.set_xlabel(f"% of the SM's peak issue rate (IPC_MAX = {ipc_max:g} warp instructions per cycle)")
-    ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""))
+    ax.set_ylim(-deepest - 0.5, -0.5)
+    ax.set_yticks(list(range(-1, -deepest - 1, -1)), [f"level {lv}" for lv in range(1, deepest + 1)])
+    ax.tick_params(labelsize=FONT)
+    ax.set_xlabel(f"% of the SM's peak issue rate (IPC_MAX = {ipc_max:g} warp instructions per cycle)", fontsize=FONT)
+    ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""),
+                 fontsize=FONT + 2)
     ax.figure.tight_layout()
     return ax.figure

@@ -1,10 +1,12 @@
-"""Colours of the plots: a colour family per Top-Down branch, shades per node, one palette for ranges and phases.
+"""Colours of the plots: a colour family per Top-Down branch, shades per node; ranges in greys, phases in colour.
 
 Every level-2 node has its own colour family (retire green, divergence orange, frontend fetch blue, decode grey,
 backend core red, backend memory purple) and level-3 nodes take shades of their parent's family spread as far
-apart as the family allows, so levels can be compared by colour. Ranges and phases share one palette: a phase
-that lies mostly in one user range takes that range's colour. matplotlib is imported on first use (:func:`_pyplot`),
-never at import time.
+apart as the family allows, so levels can be compared by colour. A level-1 node that has children takes a colour
+none of them has (backend magenta, frontend navy, divergence dark brown): ``backend`` is core *and* memory, so it
+must not wear ``backend_core``'s red. The timeline's range strip is drawn in greys and the phases in a colour
+palette, so a range is never read as a phase. matplotlib is imported on first use (:func:`_pyplot`), never at
+import time.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from gpuscope._schema.labels import string_labels
 from gpuscope.metrics import topdown as _td
 
 _FAMILY = {
@@ -20,8 +21,14 @@ _FAMILY = {
     "frontend": "Blues", "frontend_fetch": "Blues", "frontend_decode": "Greys",
     "backend": "Reds", "backend_core": "Reds", "backend_memory": "Purples",
 }
+#: Level-1 nodes with children: (colour map, position) of a colour no child of theirs takes.
+_PARENT = {"backend": ("RdPu", 0.75), "frontend": ("Blues", 0.95), "divergence": ("Oranges", 0.95)}
 _OTHER_COLOR = (0.88, 0.88, 0.85, 1.0)
 _PALETTE = "tab10"
+#: Phases: a palette of its own, none of whose colours is a grey of the range strip.
+_PHASE_PALETTE = "Dark2"
+#: The range strip: alternating greys (each range is also named in its stretch of the strip).
+_RANGE_GREYS = (0.55, 0.75, 0.65, 0.85)
 
 
 def _pyplot():
@@ -46,6 +53,9 @@ def _node_colors(names: list[str]) -> dict[str, tuple]:
     for n in names:
         groups.setdefault(_family(n), []).append(n)
     for family, members in groups.items():
+        if family in _PARENT and members == [family]:
+            colors[family] = matplotlib.colormaps[_PARENT[family][0]](_PARENT[family][1])
+            continue
         name = _FAMILY[family]
         cmap = matplotlib.colormaps[name.removesuffix("_light")]
         top = 0.35 if name.endswith("_light") else 0.85  # a light family stays apart from its dark sibling
@@ -62,24 +72,15 @@ def _label_colors(labels) -> dict:
     return {v: cmap(i % cmap.N) for i, v in enumerate(seen)}
 
 
-def _phase_colors(ds: xr.Dataset, dim: str, range_colors: dict) -> dict:
-    """Colour per phase: the colour of the user range holding most of its samples, when no larger phase took
-    it; otherwise the next palette colour no range uses."""
-    plt = _pyplot()
-    cmap = plt.get_cmap(_PALETTE)
-    phase = np.asarray(ds["phase"])
-    ranges = string_labels(ds["range"]) if "range" in ds.coords and ds["range"].dims == (dim,) else None
-    ids = [int(p) for p in np.asarray(ds["phase_id"])]
-    sizes = {p: int(np.sum(phase == p)) for p in ids}
-    colors, taken = {}, set()
-    for p in sorted(ids, key=lambda p: -sizes[p]):
-        if ranges is not None and sizes[p]:
-            names, counts = np.unique(ranges[phase == p], return_counts=True)
-            best = names[np.argmax(counts)]
-            if best in range_colors and counts.max() > sizes[p] / 2 and best not in taken:
-                colors[p] = range_colors[best]
-                taken.add(best)
-    free = (cmap(i % cmap.N) for i in range(len(range_colors), len(range_colors) + len(ids)))
-    for p in ids:
-        colors.setdefault(p, next(free))
-    return colors
+def _range_colors(labels) -> dict:
+    """Grey per range label (range path), in order of first appearance, "" (no range) left white: the strip's
+    text names each range, and greys keep the strip apart from the phases' colours."""
+    seen = [v for v in dict.fromkeys(labels) if v != ""]
+    return {v: (g, g, g, 1.0) for v, g in zip(seen, (_RANGE_GREYS[i % len(_RANGE_GREYS)] for i in range(len(seen))),
+                                              strict=True)}
+
+
+def _phase_colors(ds: xr.Dataset) -> dict:
+    """Colour per phase id, in id order, from the phase palette (never a colour of the range strip)."""
+    cmap = _pyplot().get_cmap(_PHASE_PALETTE)
+    return {int(p): cmap(i % cmap.N) for i, p in enumerate(np.asarray(ds["phase_id"]))}

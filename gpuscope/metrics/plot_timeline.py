@@ -16,7 +16,7 @@ from gpuscope._schema.labels import string_labels
 from gpuscope.errors import GpuscopeWarning
 from gpuscope.metrics import topdown as _td
 from gpuscope.metrics.plot_bars import topdown
-from gpuscope.metrics.plot_colors import _label_colors, _phase_colors, _pyplot
+from gpuscope.metrics.plot_colors import _label_colors, _phase_colors, _pyplot, _range_colors
 
 __all__ = ["BAND", "MAX_PANELS", "phase_topdown", "short_label", "timeline"]
 
@@ -189,9 +189,9 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     line_colors = _label_colors(list(lines)) if len(lines) > 1 else {"": "black"}
     bands = "range" in ds.coords and ds["range"].dims == (dim,) and dim != "range"
     range_values = string_labels(ds["range"]) if bands else np.array([], dtype=str)
-    range_colors = _label_colors(range_values)
+    range_colors = _range_colors(range_values)
     phased = "segment_first" in ds
-    phase_colors = _phase_colors(ds, dim, range_colors) if phased else {}
+    phase_colors = _phase_colors(ds) if phased else {}
     caption = "\n".join(textwrap.fill(text, 200) for text in skipped)
     if fig is None:
         fig = plt.figure(figsize=(10, 1.6 + 1.3 * len(names) + 0.12 * caption.count("\n")))
@@ -293,8 +293,7 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     else:
         _metric_names(phases, "time", [metric])
     x, xlabel, _, _ = _sample_axis(phases, "time")
-    ranges = string_labels(phases["range"]) if "range" in phases.coords else np.array([], dtype=str)
-    colors = _phase_colors(phases, "time", _label_colors(ranges))
+    colors = _phase_colors(phases)
     if fig is None:
         fig = plt.figure(figsize=(10, 6.5))
     fig.clear()

@@ -34,6 +34,11 @@ def _stack_heights(ax) -> np.ndarray:
     return np.array([totals[k] for k in sorted(totals)])
 
 
+def _row_cover(ax, row) -> float:
+    """How much of a row of the icicle chart its boxes cover (a box may span several rows)."""
+    return sum(p.get_width() for p in ax.patches if p.get_y() < row < p.get_y() + p.get_height())
+
+
 def test_importing_the_analysis_does_not_import_matplotlib():
     code = ("import sys, gpuscope.metrics.accessor, gpuscope.metrics.plot, gpuscope.metrics.phases; "
             "assert 'matplotlib' not in sys.modules")
@@ -57,11 +62,13 @@ def test_topdown_bars_stack_to_100_percent(tmp_path):
     nodes = td.topdown(ds)
     for ax, level in zip(axes, (1, 2, 3)):
         np.testing.assert_allclose(_stack_heights(ax), [100.0, 100.0])
-        assert ax.get_ylabel() == "% of peak issue rate (IPC_MAX 4)"
+        assert ax.get_ylabel().replace("\n", " ") == "% of peak issue rate (IPC_MAX 4)"
         cut = td.level_cut(level, nodes.data_vars)
         small = [n for n in cut if td._BY_NAME[n].level == 3 and float(abs(nodes[n]).max()) < plot.NEGLIGIBLE]
-        texts = [t.get_text() for t in ax.get_legend().get_texts()]
-        assert texts == [n for n in cut if n not in small] + ([f"other ({len(small)} nodes < 0.5% each)"] if small else [])
+        stack = [n for n in cut if n not in small] + ([f"other ({len(small)} nodes < 0.5% each)"] if small else [])
+        assert [c.get_label() for c in ax.containers] == stack  # bottom-up
+        visible = [c.get_label() for c in ax.containers if max(p.get_height() for p in c) >= plot.NEGLIGIBLE]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == visible[::-1]
     assert [t.get_text() for t in axes[0].get_xticklabels()] == ["fma", "stream"]
     axes[0].figure.savefig(tmp_path / "topdown.png")
     assert (tmp_path / "topdown.png").stat().st_size > 0
@@ -80,11 +87,9 @@ def test_topdown_bars_per_kernel_in_percent():
 
 def test_hierarchy_rows_fill_100_percent():
     ax = range_dataset().gpuscope.plot.hierarchy().axes[0]
-    rows = {}
-    for patch in ax.patches:
-        rows.setdefault(round(patch.get_y() + patch.get_height() / 2), []).append(patch.get_width())
-    assert sum(rows[-1]) == pytest.approx(100.0)  # level 1 covers IPC_MAX
-    assert sum(rows[-2]) == pytest.approx(100.0 - 0.95 * 25)  # level 2 under divergence, frontend, backend
+    assert _row_cover(ax, -1) == pytest.approx(100.0)  # level 1 covers IPC_MAX
+    assert _row_cover(ax, -2) == pytest.approx(100.0)  # level 2 too: retire (no children) reaches down
+    assert _row_cover(ax, -3) == pytest.approx(100.0)
 
 
 def test_timeline_shades_phases_and_ranges(tmp_path):
@@ -173,8 +178,7 @@ def test_per_kernel_bars_sorted_by_time_share_and_distinct_colours(nodes):
 def test_hierarchy_on_per_kernel_aggregates(nodes):
     agg = gs.aggregate(nodes, by="kernel")
     ax = agg.gpuscope.plot.hierarchy().axes[0]
-    level1 = [p.get_width() for p in ax.patches if round(p.get_y() + p.get_height() / 2) == -1]
-    assert sum(level1) == pytest.approx(100.0, abs=1.25)
+    assert _row_cover(ax, -1) == pytest.approx(100.0, abs=1.25)
     # the cycle-weighted whole-run retire equals the weighted mean of the groups
     expected = float((agg["retire"] * agg["weight"]).sum() / agg["weight"].sum())
     assert ax.patches[0].get_width() == pytest.approx(expected)
@@ -196,15 +200,15 @@ def test_timeline_on_real_series():
         assert len(r.lines[0].get_xdata()) <= 1000  # one point per pixel column, not 18,019
         assert len(r.collections) == 1  # the min-max band
     assert rows[3].get_ylabel() == "dram read throughput (% of peak)"
-    # each range has one colour; the phase that fills the stream range takes that colour
+    # each range has one shade of grey; the phases take colours of their own palette, none a range's (issue 37)
     band_colors = {t.get_text(): None for t in band.texts}
     assert list(band_colors) == ["stream", "fma", "divergent"]
     range_rgb = [matplotlib.colors.to_rgb(p.get_facecolor()) for p in band.patches]
     assert _distinct(range_rgb)
-    phase = out["phase"].values
-    stream_phase = int(np.bincount(phase[out["range"].values == "stream"]).argmax())
-    first = rows[0].patches[int(np.flatnonzero(out["segment_phase"].values == stream_phase)[0])]
-    assert matplotlib.colors.to_rgb(first.get_facecolor()) == pytest.approx(range_rgb[0])
+    phase_rgb = [matplotlib.colors.to_rgb(p.get_facecolor()) for p in rows[0].patches]
+    assert all(r == g == b for r, g, b in range_rgb)  # greys
+    assert all(max(c) - min(c) > 0.2 for c in phase_rgb)  # colours
+    assert _distinct(range_rgb + list(dict.fromkeys(phase_rgb)), 0.15)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -365,3 +369,51 @@ def test_every_plot_the_docs_name_is_on_the_accessor():
     index = (Path(__file__).parents[2] / "docs" / "index.md").read_text()
     named = set(re.findall(r"\.gpuscope\.plot\.(\w+)\(", index)) | set(re.findall(r"`plot\.(\w+)", index))
     assert named and named <= set(dir(PlotNamespace)) and "`plot." not in index
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Plots as a paper's reader sees them (issue 37, item 11)
+
+
+def _texts(fig):
+    _drawn(fig)
+    return [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+
+
+def test_topdown_bars_are_legible_at_their_saved_size(launches, tmp_path):
+    fig = launches.gpuscope.plot.topdown(level=[1, 2])
+    assert fig.get_figwidth() <= 7.5  # a two-column paper figure, printed at its own size
+    small = {t.get_text(): t.get_fontsize() for t in _texts(fig) if t.get_fontsize() < 8}
+    assert not small, small
+    fig.savefig(tmp_path / "t.png")
+    from PIL import Image
+
+    with Image.open(tmp_path / "t.png") as image:
+        assert image.size[0] >= 1000  # not 705x369
+
+
+def test_topdown_legend_lists_the_visible_bars_in_stack_order(launches, nodes):
+    figs = [launches.gpuscope.plot.topdown(level=[1, 2]), gs.aggregate(nodes, by="kernel").gpuscope.plot.topdown(level=3)]
+    for ax in [ax for fig in figs for ax in fig.axes]:
+        visible = [c.get_label() for c in ax.containers
+                   if max(p.get_height() for p in c) >= plot.NEGLIGIBLE]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == visible[::-1]  # the top entry is the top segment
+    level2 = figs[0].axes[1]
+    assert "divergence_replay" in [c.get_label() for c in level2.containers]  # drawn, near 0 everywhere
+    assert "divergence_replay" not in [t.get_text() for t in level2.get_legend().get_texts()]
+
+
+def test_backend_and_backend_core_do_not_share_a_colour(launches):
+    fig = launches.gpuscope.plot.topdown(level=[1, 2])
+    colour = {c.get_label(): matplotlib.colors.to_rgb(c.patches[0].get_facecolor())
+              for ax in fig.axes for c in ax.containers}
+    assert _distinct(list(colour.values()), 0.15), colour
+    assert colour["backend"] != colour["backend_core"]
+
+
+def test_hierarchy_leaves_no_blank_space_under_a_leaf(nodes):
+    ax = gs.aggregate(nodes, by="kernel").gpuscope.plot.hierarchy().axes[0]
+    for row in (-1, -2, -3):
+        assert _row_cover(ax, row) == pytest.approx(100.0, abs=1.5), row
+    assert not [t.get_text() for t in _texts(ax.figure) if t.get_fontsize() < 8]
