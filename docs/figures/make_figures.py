@@ -1,0 +1,67 @@
+"""Render the figures of the docs from the H100 recordings shipped with gpuscope.
+
+    python docs/figures/make_figures.py [OUT_DIR]     # default: docs/figures
+
+Writes the PNGs that docs/topdown.md and docs/phases.md show (FIGURES names them); tests/unit/test_docs_pngs.py
+runs this script into a temporary folder and checks that every figure the pages reference is made.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import gpuscope as gs  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's own dependency)
+
+DATA = Path(gs.__file__).parent / "data"
+#: file name -> the page that shows it
+FIGURES = {
+    "topdown_levels.png": "topdown.md",
+    "topdown_per_kernel.png": "topdown.md",
+    "hierarchy.png": "topdown.md",
+    "timeline.png": "phases.md",
+    "phase_topdown.png": "phases.md",
+}
+
+
+def figures():
+    """(file name, Figure) for every figure of the docs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)  # the recording's coverage warning
+        ds = gs.open_dataset(DATA / "demo_launches.nc")
+        td = gs.topdown(ds)
+        per_kernel = gs.aggregate(td, by="kernel")
+        yield "topdown_levels.png", td.gpuscope.plot.topdown(level=[1, 2])
+        yield "topdown_per_kernel.png", per_kernel.gpuscope.plot.topdown(level=3)
+        yield "hierarchy.png", per_kernel.gpuscope.plot.hierarchy()
+        ts = gs.open_dataset(DATA / "demo_timeseries.nc")
+        yield "timeline.png", gs.phases(ts, label_tolerance=2).gpuscope.plot.timeline()
+        ph = gs.phases(ts)  # as docs/phases.md joins them
+        yield "phase_topdown.png", ph.gpuscope.plot.phase_topdown(gs.dynamic(td, phases=ph), level=2)
+
+
+def main(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures():
+        path = out / name
+        fig.savefig(path, dpi=min(fig.dpi, 150), bbox_inches="tight")
+        plt.close(fig)
+        # a 64-colour palette: tens of KB, not hundreds (the plots use few colours)
+        with Image.open(path) as image:
+            small = image.convert("RGB").quantize(64, method=Image.Quantize.MEDIANCUT)
+        small.save(path, optimize=True)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent):
+        print(p)
