@@ -68,7 +68,8 @@ from gpuscope.metrics.architectures import (
     stall_metric,
 )
 from gpuscope.metrics.topdown_aggregate import WEIGHT_METRICS, aggregate
-from gpuscope.metrics.topdown_checks import COVERAGE_TOLERANCE, LEVEL_TOLERANCE, _check_coverage, check_levels
+from gpuscope.metrics.topdown_checks import (COVERAGE_TOLERANCE, LEVEL_TOLERANCE, _check_coverage, check_levels,
+                                             warp_state_coverage)
 from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, FULL_SCALE, NODES, UNITS, Node, level_cut
 
 __all__ = [
@@ -208,18 +209,16 @@ def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.Variable | float
     return v
 
 
-def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variable]:
-    """Per range: how far the collected warp states miss 100% of warp-active cycles (``warp_state_coverage``), the
-    lost issue slots that the stall nodes cannot place because of it (``topdown_uncertainty``, percent of peak), and
-    ``consistent``.
+def _quality(covered: xr.Variable | None, arch: Architecture, v: dict) -> dict[str, xr.Variable]:
+    """Per range, from *covered* (:func:`warp_state_coverage`): the collected warp states (``warp_state_coverage``),
+    the lost issue slots that the stall nodes cannot place because of it (``topdown_uncertainty``, percent of peak),
+    and ``consistent``.
 
     Every active warp-cycle is in exactly one warp state, so the states of one execution add up to 100%. Shares
     whose counters come from passes that ran differently do not (docs/topdown.md): the stall nodes divide
     ``IPC_MAX - issued IPC`` by shares that are off by about as much as the sum is."""
-    reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
-    if not all(stall_metric(r) in ds for r in NOT_STALLS):
+    if covered is None:
         return {}
-    covered = sum(ds[m].variable.astype(float) for r in reasons if (m := stall_metric(r)) in ds)
     stall = (arch.ipc_max - v["ipc_issued"]).clip(min=0)
     miss = abs(covered - 100.0)
     coverage = covered.copy()
@@ -229,7 +228,7 @@ def _quality(ds: xr.Dataset, arch: Architecture, v: dict) -> dict[str, xr.Variab
     uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "the share of peak issue slots the "
                          "stall nodes cannot place: (IPC_MAX - issued IPC) / IPC_MAX * |warp_state_coverage - 100%|; "
                          "frontend/backend nodes and their children are uncertain by up to this much"}
-    consistent = (abs(covered - 100.0) <= COVERAGE_TOLERANCE)
+    consistent = miss <= COVERAGE_TOLERANCE
     consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%: the stall "
                         "breakdown can be trusted; where False, no verdict is given"}
     return {"warp_state_coverage": coverage, "topdown_uncertainty": uncertainty, "consistent": consistent}
@@ -309,7 +308,8 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
             "description": node.description,
         }
         out[node.name] = da
-    coords = _quality(ds, table, v)  # coordinates: data_vars stay the nodes
+    covered = warp_state_coverage(ds, table)
+    coords = _quality(covered, table, v)  # coordinates: data_vars stay the nodes
     coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {
@@ -319,6 +319,6 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         "topdown_architecture": table.name,
     }
     if check != "ignore":
-        _check_coverage(ds, table, COVERAGE_TOLERANCE)
+        _check_coverage(ds, table, COVERAGE_TOLERANCE, covered)
         check_levels(result, on_error=check)
     return result.drop_vars([n for n in out if n in _BY_NAME and _BY_NAME[n].level not in wanted])

@@ -23,17 +23,25 @@ COVERAGE_TOLERANCE = 5.0
 LEVEL_TOLERANCE = 2.0
 
 
-def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float) -> None:
+def warp_state_coverage(ds: xr.Dataset, arch: Architecture) -> xr.Variable | None:
+    """The collected warp states of every range as a share of its warp-active cycles (%), or None where ``ds``
+    lacks ``selected`` and ``not_selected`` (the states that are no stall)."""
+    if not all(stall_metric(r) in ds for r in NOT_STALLS):
+        return None
+    reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
+    return sum(ds[m].variable.astype(float) for r in reasons if (m := stall_metric(r)) in ds)
+
+
+def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float, covered=None) -> None:
     """Warn when the collected warp states miss ~100% of warp-active cycles and an optional stall reason was not
     collected: then the user can act (collect it). Passes that disagree are no call to act: the Top-Down's
     coordinates ``warp_state_coverage`` and ``consistent`` say which ranges they touch, and the report leaves those
-    out with a note."""
+    out with a note. *covered* is :func:`warp_state_coverage` where the caller has it."""
     absent = [stall_metric(r) for r in arch.optional_stall_reasons if stall_metric(r) not in ds]
-    if not absent or not all(stall_metric(r) in ds for r in NOT_STALLS):
+    if covered is None and absent:
+        covered = warp_state_coverage(ds, arch)
+    if not absent or covered is None:
         return
-    reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
-    present = [stall_metric(r) for r in reasons if stall_metric(r) in ds]
-    covered = sum(ds[m].astype(float) for m in present)
     worst = float(np.nanmax(np.abs(np.asarray(covered) - 100.0), initial=0.0))
     if worst > tolerance:
         warnings.warn(
