@@ -19,7 +19,7 @@ from gpuscope._util import validate as _validate
 from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import catalog as _catalog
 
-__all__ = ["DURATION", "combine", "metric", "require", "kind_of", "plain"]
+__all__ = ["DURATION", "along", "combine", "metric", "require", "kind_of", "plain"]
 
 #: The duration of a range: the time base of every rate and the weight of rates when rows are combined.
 DURATION = "gpu__time_duration.sum"
@@ -41,6 +41,11 @@ def plain(da: xr.DataArray) -> xr.DataArray:
     out = da.copy(deep=False)
     out.attrs = {}
     return out
+
+
+def along(value, like: xr.DataArray) -> xr.DataArray:
+    """*value* (a DataArray, or a number or None where the chip left a counter out: NaN) along the rows of *like*."""
+    return plain(value) if isinstance(value, xr.DataArray) else xr.full_like(like, value, dtype=float)
 
 
 def metric(ds: xr.Dataset, name: str, metric_set: str | None = None) -> xr.DataArray | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from gpuscope.metrics.combine import combine, metric, plain, require
+from gpuscope.metrics.combine import along, combine, metric, plain, require
 
 __all__ = ["PIPES", "SUB_PIPES", "CLASSES", "instruction_mix"]
 
@@ -49,10 +49,6 @@ _ATTRS = {
     "class_instructions": ("instruction", "thread instructions of the class, predicate true"),
     "class_share": ("percent", "the class's thread instructions of those the classes count"),
 }
-
-
-def _along(value, like: xr.DataArray) -> xr.DataArray:
-    return plain(value) if isinstance(value, xr.DataArray) else xr.full_like(like, np.nan, dtype=float)
 
 
 def instruction_mix(ds: xr.Dataset, by: str | None = None, dim: str = "range") -> xr.Dataset:
@@ -91,7 +87,7 @@ def instruction_mix(ds: xr.Dataset, by: str | None = None, dim: str = "range") -
     executed, active = plain(core["smsp__inst_executed.sum"]), plain(core[_ACTIVE])
 
     def m(name):
-        return _along(metric(ds, name, _SET), executed)
+        return along(metric(ds, name, _SET), executed)
 
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = xr.concat([m(f"smsp__inst_executed_pipe_{p}.sum") for p in PIPES], xr.DataArray(list(PIPES),

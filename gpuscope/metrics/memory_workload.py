@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from gpuscope.metrics.combine import DURATION, combine, metric, plain, require
+from gpuscope.metrics.combine import DURATION, along, combine, metric, plain, require
 
 __all__ = ["LEVELS", "SPACES", "memory_workload"]
 
@@ -75,14 +75,9 @@ def _add(*values):
     return sum(values[1:], values[0])
 
 
-def _along(value, like: xr.DataArray) -> xr.DataArray:
-    """*value* (a DataArray, or NaN where the chip left a counter out) along the rows of *like*."""
-    return plain(value) if isinstance(value, xr.DataArray) else xr.full_like(like, value, dtype=float)
-
-
 def _per_level(values: dict, like: xr.DataArray) -> xr.DataArray:
     """One DataArray along (row, level) from level -> value, NaN for the levels not given."""
-    parts = [_along(values.get(level, np.nan), like) for level in LEVELS]
+    parts = [along(values.get(level, np.nan), like) for level in LEVELS]
     return xr.concat(parts, xr.DataArray(list(LEVELS), dims="level"), coords="minimal")
 
 
@@ -138,7 +133,7 @@ def memory_workload(ds: xr.Dataset, by: str | None = None, dim: str = "range") -
                  "DRAM": m("dram__bytes_write.sum"),
                  "system": m("lts__t_sectors_aperture_sysmem_op_write.sum") * sector}
         read_bytes, write_bytes = _per_level(read, seconds), _per_level(write, seconds)
-        shared_bytes = _along(m("smsp__sass_data_bytes_mem_shared.sum"), seconds)
+        shared_bytes = along(m("smsp__sass_data_bytes_mem_shared.sum"), seconds)
         total = (read_bytes + write_bytes).where(read_bytes["level"] != "shared", shared_bytes)
         requests = _per_level({
             "L1/TEX": _add(*(m(_L1.format("requests", s, o)) for s in ("global", "local") for o in ("ld", "st"))),
@@ -165,12 +160,12 @@ def memory_workload(ds: xr.Dataset, by: str | None = None, dim: str = "range") -
     busiest = busy.fillna(-np.inf).argmax("level")
     busiest_level = xr.DataArray(np.asarray(LEVELS)[busiest.values], dims=busiest.dims, coords=busiest.coords)
     spaces = xr.DataArray(list(SPACES), dims="space")
-    loads = xr.concat([_along(m(_INST.format(s, "ld")), seconds) for s in SPACES], spaces, coords="minimal")
-    stores = xr.concat([_along(m(_INST.format(s, "st")), seconds) for s in SPACES], spaces, coords="minimal")
+    loads = xr.concat([along(m(_INST.format(s, "ld")), seconds) for s in SPACES], spaces, coords="minimal")
+    stores = xr.concat([along(m(_INST.format(s, "st")), seconds) for s in SPACES], spaces, coords="minimal")
     through_l1 = [s for s in SPACES if s != "shared"]  # shared memory does not go through the L1/TEX cache's tags
-    l1_requests = xr.concat([_along(_add(*(m(_L1.format("requests", s, o)) for o in ("ld", "st"))), seconds)
+    l1_requests = xr.concat([along(_add(*(m(_L1.format("requests", s, o)) for o in ("ld", "st"))), seconds)
                              for s in through_l1], xr.DataArray(through_l1, dims="space"), coords="minimal")
-    l1_bytes = xr.concat([_along(_add(*(m(_L1.format("bytes", s, o)) for o in ("ld", "st"))), seconds)
+    l1_bytes = xr.concat([along(_add(*(m(_L1.format("bytes", s, o)) for o in ("ld", "st"))), seconds)
                           for s in through_l1], xr.DataArray(through_l1, dims="space"), coords="minimal")
     out = xr.Dataset({
         "read_bytes": read_bytes, "write_bytes": write_bytes, "bytes": total, "bandwidth": bandwidth,
@@ -178,9 +173,9 @@ def memory_workload(ds: xr.Dataset, by: str | None = None, dim: str = "range") -
         "busiest_level": busiest_level.where(known, "").astype(str), "busiest_share": busy.max("level"),
         "load_instructions": loads, "store_instructions": stores,
         "l1_requests": l1_requests.reindex(space=list(SPACES)), "l1_bytes": l1_bytes.reindex(space=list(SPACES)),
-        "shared_wavefronts": _along(wavefronts, seconds),
-        "shared_bank_conflicts": _along(_add(*(m(n) for n in _BANK_CONFLICTS)), seconds),
-        "sector_bytes": _along(sector, seconds),
+        "shared_wavefronts": along(wavefronts, seconds),
+        "shared_bank_conflicts": along(_add(*(m(n) for n in _BANK_CONFLICTS)), seconds),
+        "sector_bytes": along(sector, seconds),
     })
     out = out.assign_coords({n: c for n, c in ds.coords.items() if c.dims == (row,)}).transpose(row, ...)
     for name, (units, description) in _ATTRS.items():
