@@ -66,7 +66,7 @@ def fixture(work, metrics, pass_groups, path):
         ds = prof.dataset
     plan = prof._plan
     np.savez_compressed(path, image=tap.images[-1], config=np.asarray(prof._config),
-                        metrics=np.array(metrics), collected=np.array(prof._collected),
+                        metrics=np.array(metrics), collected=np.array(plan.collected if plan else metrics),
                         kernels=np.array([str(k) for k in ds["kernel"].values]),
                         values=np.array([[float(ds[m].values[i]) for m in metrics] for i in range(ds.sizes["range"])]),
                         groups=np.array(["|".join(g) for g in (plan.groups if plan else prof._groups)]))

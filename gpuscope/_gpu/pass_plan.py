@@ -137,7 +137,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         with that one group).
     """
     metrics = list(dict.fromkeys(metrics))
-    stalls = {m: _STALL.match(m).group(1) for m in metrics if _STALL.match(m)}
+    stalls = {m: found.group(1) for m in metrics if (found := _STALL.match(m))}
     if not stalls or not has(ANCHOR):
         return None
     derived: list[tuple[str, str, str, float]] = []
@@ -155,7 +155,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         elif (pc := _PER_CYCLE.match(m)) and has(f"{pc.group(1)}.sum") and has(CYCLES):
             derived.append((m, f"{pc.group(1)}.sum", CYCLES, 1.0))
             counts.append(f"{pc.group(1)}.sum")
-            items.insert(0, CYCLES)
+            items.append(CYCLES)  # the sort below puts it in the first stall pass
         elif m == _THREAD_RATIO[0] and has(_THREAD_RATIO[1]) and has(_THREAD_RATIO[2]):
             derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
             counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]

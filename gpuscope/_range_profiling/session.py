@@ -216,7 +216,6 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._groups = _lists.checked_groups(pass_groups, self.metrics)
             if self._plan is not None:
                 self.metrics = list(self._plan.requested)  # with the per-pass clocks, so that the Dataset has them
-            self._collected = list(self._plan.collected) if self._plan is not None else self.metrics
 
             def make():
                 h = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
@@ -342,7 +341,8 @@ class Profiler(UserRanges, PerLaunchModes):
             def enable():  # all or nothing: tried again once other processes gave the counters back
                 rp = range_profiler.RangeProfiler(self._context.handle)
                 try:
-                    image = rp.counter_data_image(self._collected, ranges)
+                    collected = self.metrics if self._plan is None else list(self._plan.collected)
+                    image = rp.counter_data_image(collected, ranges)
                     rp.set_config(self._config, image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
                 except BaseException:
                     rp.close()
