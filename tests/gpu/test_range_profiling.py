@@ -96,7 +96,9 @@ def test_cupy_kernels():
     assert float(s) == 3.0 * N
     ds = prof.dataset
     kernels = list(ds.kernel.values)
-    assert kernels[:3] == ["twice", "plus_one", "total"]
+    assert kernels[:2] == ["twice", "plus_one"]
+    # CuPy may split a reduction in two kernels, named total_pass1 and total_pass2 (it did on the H100)
+    assert kernels[2] == "total" or kernels[2].startswith("total_pass")
     assert (int(ds.grid_x[0]), int(ds.grid_y[0]), int(ds.grid_z[0])) == (N // 256, 1, 1)
     assert ds["sm__ctas_launched.sum"].values[0] == N // 256
     assert int(ds.grid_x[1]) > 0  # CuPy chose it; the driver callback recorded it
