@@ -48,11 +48,17 @@ def collect(work, reps, metrics, mode, pass_groups):
     ds = prof.dataset
     wall = time.perf_counter() - t0
     rows = [{"kernel": str(k)} for k in ds["kernel"].values]
-    for m in metrics:
+    anchors = [a for a in ds.attrs.get("pass_anchors", []) if a in ds and a not in metrics]
+    for m in [*metrics, *anchors]:
         for row, v in zip(rows, ds[m].values):
             row[m] = float(v)
+    td = gs.topdown(ds, check="ignore")
+    for c in ("pass_spread", "consistent"):
+        if c in td.coords:
+            for row, v in zip(rows, td[c].values):
+                row[c] = float(v)
     return {"rows": rows, "wall_s": wall, "passes": prof.passes, "pass_plan": ds.attrs.get("pass_plan", ""),
-            "launches": len(rows)}
+            "launches": len(rows), "pass_anchors": anchors}
 
 
 def fixture(work, metrics, pass_groups, path):
@@ -65,6 +71,7 @@ def fixture(work, metrics, pass_groups, path):
             work.step()
         ds = prof.dataset
     plan = prof._plan
+    metrics = list(plan.requested) if plan else metrics  # with the pass anchors
     np.savez_compressed(path, image=tap.images[-1], config=np.asarray(prof._config),
                         metrics=np.array(metrics), collected=np.array(plan.collected if plan else metrics),
                         kernels=np.array([str(k) for k in ds["kernel"].values]),
@@ -110,6 +117,7 @@ def compare(results, metrics):
         verdict = verdicts(rows, metrics)
         dur_n = dur[:n]
         entry = {"launches": len(rows), "wall_s": res["wall_s"], "ms_per_launch": 1e3 * res["wall_s"] / len(rows)}
+        consistent = np.array([bool(r.get("consistent", True)) for r in rows])
         for label, lo, hi in BUCKETS:
             sel = (dur_n >= lo) & (dur_n < hi)
             if sel.any():
@@ -118,6 +126,14 @@ def compare(results, metrics):
                                 "sum_within_5": float(np.mean(np.abs(total[sel] - 100) <= 5)),
                                 "verdict_agrees": float(np.mean([verdict[i] == ref_verdict[i]
                                                                  for i in np.flatnonzero(sel)]))}
+                if "consistent" in rows[0]:  # the launches gpuscope gives a verdict for, and the others
+                    ok, bad = sel & consistent, sel & ~consistent
+                    entry[label].update(
+                        consistent=int(ok.sum()),
+                        median_max_diff_consistent=float(np.median(diff[ok])) if ok.any() else None,
+                        median_max_diff_inconsistent=float(np.median(diff[bad])) if bad.any() else None,
+                        verdict_agrees_consistent=float(np.mean([verdict[i] == ref_verdict[i]
+                                                                 for i in np.flatnonzero(ok)])) if ok.any() else None)
         table[name] = entry
     return table
 
@@ -132,6 +148,15 @@ def print_table(table):
             if b:
                 print(f"| {name} | {label} | {b['n']} | {b['median_max_diff']:.1f} | {b['max_max_diff']:.1f} | "
                       f"{b['sum_median']:.1f} | {100 * b['sum_within_5']:.0f}% | {100 * b['verdict_agrees']:.0f}% |")
+    print("launches gpuscope calls consistent (pass_spread <= 10%, shares within 100 +/- 5%), and the others:")
+    for name, entry in table.items():
+        for label, _, _ in BUCKETS:
+            b = entry.get(label)
+            if b and "consistent" in b:
+                fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+                print(f"  {name} {label}: {b['consistent']} of {b['n']} consistent, median max diff "
+                      f"{fmt(b['median_max_diff_consistent'])} (the others {fmt(b['median_max_diff_inconsistent'])})"
+                      f", verdict = ncu_1 on consistent {fmt(100 * b['verdict_agrees_consistent'] if b['verdict_agrees_consistent'] is not None else None)}%")
     print("cost (wall of the whole session / launches):")
     for name, entry in table.items():
         if "ms_per_launch" in entry:

@@ -218,7 +218,8 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
         # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
         # pass); one config of all groups then checks that each is still one pass under the loaded CUPTI
         groups = [frozenset(g) for g in stored]
-        found = pass_plan.plan(metrics, cm.has, lambda names: any(set(names) <= g for g in groups))
+        found = pass_plan.plan(metrics, cm.has, lambda names: any(set(names) <= g for g in groups),
+                               cm.chip in pass_plan.SPREAD_CHIPS)
         if found is not None and [set(g) for g in found.groups] == [set(g) for g in stored] and \
                 host.num_passes(grouped_config_image(found.groups, cm.chip)) == len(found.groups):
             return found
@@ -226,7 +227,7 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     def one_pass(names) -> bool:
         return host.num_passes(config_image(list(names), cm.chip, "range")) == 1
 
-    return pass_plan.plan(metrics, cm.has, one_pass)
+    return pass_plan.plan(metrics, cm.has, one_pass, cm.chip in pass_plan.SPREAD_CHIPS)
 
 
 @functools.cache

@@ -14,8 +14,9 @@ A :class:`PassPlan` collects instead, for the same requested metrics:
   cycle counts): the launch as the program made it;
 * a **second lead group**: instruction counts (``smsp__inst_executed.sum``, ``smsp__inst_issued.sum``,
   ``smsp__thread_inst_executed.sum``), which do not depend on how an execution went;
-* **stall groups**, one pass each: a few ``smsp__warps_issue_stalled_<reason>.sum`` counters with the anchor
-  ``sm__warps_active.sum``, and ``smsp__cycles_active.sum`` in one of them.
+* **stall groups**, one pass each: a few ``smsp__warps_issue_stalled_<reason>.sum`` counters, the largest reasons
+  first; the first also holds the anchor ``sm__warps_active.sum`` (the denominator of every share) and
+  ``smsp__cycles_active.sum``, the next ones each a warp-active counter of their own (:data:`SPREAD_ANCHORS`).
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
 (:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass. The
@@ -26,10 +27,21 @@ probe's kernels, which the Top-Down's normalisation over stall reasons cancels),
 ``smsp__<x>.avg.per_cycle_active = smsp__<x>.sum / smsp__cycles_active.sum`` and
 ``smsp__thread_inst_executed_per_inst_executed.ratio = smsp__thread_inst_executed.sum / smsp__inst_executed.sum``.
 
-CUPTI evaluates a counter collected in several groups to one value, so the anchor is one pass's: the shares agree
-because the stall passes ran alike, not because each has its own denominator (CUPTI gives no per-pass value of a
-counter). The check is in the data: ``warp_state_coverage`` (the collected warp states as a share of warp-active
-cycles) must be 100 +/- 5%, and rows where it is not are flagged (:func:`gpuscope.metrics.topdown.topdown`).
+**Per-pass denominators.** CUPTI evaluates a counter collected in several groups to one value, so one counter cannot
+give each pass its own denominator. GH100 has several counters of active warp-cycles, though, which agree when
+collected in one pass (``sm__warps_active_realtime`` and ``sm__warps_active_shader_cs_realtime`` equal
+``sm__warps_active`` to 0.1% at the median, within 1.3% on 2 us kernels; ``tpc__warps_active_shader_cs_realtime``
+within 0.8%: ``benchmarks/probes/probe_anchors.py``, H100). One of them in each of the second to fourth stall
+passes measures how alike the passes ran: their spread, ``pass_spread`` of :func:`gpuscope.metrics.topdown.topdown`,
+is 0.5% (median) on kernels of 50 us and more and 11% under 10 us, and it ranks the launches whose shares
+disagree with ncu's (Spearman 0.71): under 10 us, the launches it passes (23 of 66) differ from ncu by 1.1 points
+(median of the largest share difference), the others by 4.3. Dividing each pass's counts by its own pass's counter was measured too and agrees with
+ncu no better (median largest difference 2.6 against 2.7 points under 10 us) while its sums scatter more (80%
+within 100 +/- 5% against 92%): the stall counts of the later passes follow the first pass's anchor better than
+their own counters, so every share divides by the first stall pass's ``sm__warps_active.sum`` and the other
+anchors are the check. The Dataset holds them (``pass_anchors`` attr), and the check is in the data:
+``warp_state_coverage`` must be 100 +/- 5% and ``pass_spread`` at most 10%, and rows where they are not are
+flagged (``consistent``).
 """
 
 from __future__ import annotations
@@ -40,11 +52,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["ANCHOR", "CYCLES", "PassPlan", "plan"]
+__all__ = ["ANCHOR", "CYCLES", "SPREAD_ANCHORS", "PassPlan", "plan"]
 
 #: The denominator collected with every stall group: active warp-cycles, counted per SM (it fits beside three stall
 #: counters on GH100 where ``smsp__warps_active`` fits beside two, so the plan needs no more passes than CUPTI's).
 ANCHOR = "sm__warps_active.sum"
+#: Counters of active warp-cycles that CUPTI collects as counters of their own, one in each stall pass after the
+#: first, in this order: the spread of their values over the anchor's is the spread of the passes' executions.
+SPREAD_ANCHORS = ("sm__warps_active_realtime.sum", "sm__warps_active_shader_cs_realtime.sum",
+                  "tpc__warps_active_shader_cs_realtime.sum")
+#: The chips on which the :data:`SPREAD_ANCHORS` were checked to count what ``sm__warps_active`` counts, in one pass
+#: (``sm__warps_active_shader_cs`` counts half of it on GH100: a counter of the same name need not agree elsewhere).
+SPREAD_CHIPS = frozenset({"GH100"})
 #: The denominator of the per-cycle-active rates (IPC): cycles in which an SMSP had a warp active.
 CYCLES = "smsp__cycles_active.sum"
 #: Collected in the second lead group when no instruction count is asked for: a pass that holds no ratio.
@@ -75,12 +94,16 @@ class PassPlan:
         The pass groups, lead group first; each is one pass.
     derived : tuple of (str, str, str, float)
         ``(requested, numerator, denominator, scale)``: ``requested = scale * numerator / denominator``.
+    anchors : tuple of str
+        The warp-active counters of the stall passes, in pass order (:data:`ANCHOR` first); also requested, so
+        that the Dataset holds them.
     """
 
     requested: tuple[str, ...]
     collected: tuple[str, ...]
     groups: tuple[tuple[str, ...], ...]
     derived: tuple[tuple[str, str, str, float], ...]
+    anchors: tuple[str, ...] = ()
 
     def __post_init__(self):
         where = {m: i for i, m in enumerate(self.collected)}
@@ -118,11 +141,12 @@ class PassPlan:
 
     def attrs(self) -> dict:
         """Dataset attrs that record the plan: the groups, one string per pass, lead first."""
-        return {"pass_plan": "consistent", "pass_groups": [", ".join(g) for g in self.groups]}
+        return {"pass_plan": "consistent", "pass_groups": [", ".join(g) for g in self.groups],
+                "pass_anchors": list(self.anchors)}
 
 
-def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[[Sequence[str]], bool]
-         ) -> PassPlan | None:
+def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[[Sequence[str]], bool],
+         spread: bool = False) -> PassPlan | None:
     """The consistent plan for *metrics*, or None where CUPTI's own schedule is as good (no stall shares asked
     for, or the chip lacks the counters).
 
@@ -135,6 +159,8 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     one_pass : callable
         ``one_pass(names)``: whether *names* fit in one pass on their own (the host API's pass count of a config
         with that one group).
+    spread : bool
+        Collect the :data:`SPREAD_ANCHORS` (on the chips of :data:`SPREAD_CHIPS`).
     """
     metrics = list(dict.fromkeys(metrics))
     stalls = {m: found.group(1) for m in metrics if (found := _STALL.match(m))}
@@ -159,7 +185,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         elif m == _THREAD_RATIO[0] and has(_THREAD_RATIO[1]) and has(_THREAD_RATIO[2]):
             derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
             counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]
-        else:
+        elif m != ANCHOR and not (spread and m in SPREAD_ANCHORS):  # those the stall passes collect anyway
             rest.append(m)
     for m in rest:  # in the first pass where they fit, else in the stall passes
         if one_pass([*first, m]):
@@ -183,6 +209,19 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             if not one_pass([ANCHOR, item]):
                 return None  # a metric that needs several passes on its own: CUPTI schedules the list
             groups.append([item])
-    all_groups = (tuple(first), tuple(counts), *(tuple([ANCHOR, *g]) for g in groups))
+    stall_groups, anchors = [], []
+    for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
+        anchor = ANCHOR if k == 0 else (SPREAD_ANCHORS[k - 1] if spread and k <= len(SPREAD_ANCHORS) else None)
+        if anchor is not None and k > 0 and not (has(anchor) and one_pass([anchor, *g])):
+            anchor = None
+        stall_groups.append(tuple(g) if anchor is None else (anchor, *g))
+        anchors += [anchor] if anchor is not None else []
+    for m in metrics:  # a requested anchor that no stall pass took (fewer stall passes than anchors)
+        if m in SPREAD_ANCHORS and m not in anchors:
+            if not one_pass([*first, m]):
+                return None
+            first.append(m)
+    all_groups = (tuple(first), tuple(counts), *stall_groups)
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
-    return PassPlan(tuple(metrics), collected, all_groups, tuple(derived))
+    requested = tuple(metrics) + tuple(a for a in anchors if a not in metrics)
+    return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors))

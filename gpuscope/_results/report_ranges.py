@@ -112,10 +112,17 @@ def _range_report(ds, *, by: str | None = None) -> Report:
                 if k in frame.index:
                     frame.loc[k, "bound_by"] = "inconsistent"
             cover = nodes["warp_state_coverage"].values[inconsistent]
+            why = [f"warp states covering {np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active cycles "
+                   "(not 100 +/- 5%)"] if (np.abs(cover - 100) > 5).any() else []
+            if "pass_spread" in nodes.coords:
+                spread = nodes["pass_spread"].values[inconsistent]
+                if (spread > 10).any():
+                    why.append(f"stall passes whose active warp-cycles differ by up to {np.nanmax(spread):.0f}% "
+                               "(pass_spread over 10%)")
             notes.append(
-                f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: their warp states cover "
-                f"{np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active cycles, not 100 +/- 5%, so the passes "
-                "that collected them disagree and no verdict is given (column consistent of gpuscope.topdown"
+                f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: "
+                + " or ".join(why or ["passes that disagree"])
+                + ", so no verdict is given for them (column consistent of gpuscope.topdown"
                 + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + ").")
     throughput = [m for m in ds.data_vars if ds[m].dims == ("range",) and ".pct_of_peak" in m]
     for m in throughput:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import xarray as xr
 
 from gpuscope.errors import MissingMetricsError
@@ -68,8 +69,8 @@ from gpuscope.metrics.architectures import (
     stall_metric,
 )
 from gpuscope.metrics.topdown_aggregate import WEIGHT_METRICS, aggregate
-from gpuscope.metrics.topdown_checks import (COVERAGE_TOLERANCE, LEVEL_TOLERANCE, _check_coverage, check_levels,
-                                             warp_state_coverage)
+from gpuscope.metrics.topdown_checks import (COVERAGE_TOLERANCE, LEVEL_TOLERANCE, SPREAD_TOLERANCE, _check_coverage,
+                                             check_levels, pass_spread, warp_state_coverage)
 from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, FULL_SCALE, NODES, UNITS, Node, level_cut
 
 __all__ = [
@@ -209,14 +210,17 @@ def _inputs(ds: xr.Dataset, arch: Architecture) -> dict[str, xr.Variable | float
     return v
 
 
-def _quality(covered: xr.Variable | None, arch: Architecture, v: dict) -> dict[str, xr.Variable]:
-    """Per range, from *covered* (:func:`warp_state_coverage`): the collected warp states (``warp_state_coverage``),
-    the lost issue slots that the stall nodes cannot place because of it (``topdown_uncertainty``, percent of peak),
-    and ``consistent``.
+def _quality(covered: xr.Variable | None, spread: xr.Variable | None, arch: Architecture, v: dict
+             ) -> dict[str, xr.Variable]:
+    """Per range, from *covered* (:func:`warp_state_coverage`) and *spread* (:func:`pass_spread`): the collected
+    warp states (``warp_state_coverage``), how differently the stall passes ran (``pass_spread``), the lost issue
+    slots that the stall nodes cannot place because of either (``topdown_uncertainty``, percent of peak), and
+    ``consistent``.
 
     Every active warp-cycle is in exactly one warp state, so the states of one execution add up to 100%. Shares
     whose counters come from passes that ran differently do not (docs/topdown.md): the stall nodes divide
-    ``IPC_MAX - issued IPC`` by shares that are off by about as much as the sum is."""
+    ``IPC_MAX - issued IPC`` by shares that are off by about as much as the sum is, or as the passes' warp-active
+    cycles differ."""
     if covered is None:
         return {}
     stall = (arch.ipc_max - v["ipc_issued"]).clip(min=0)
@@ -224,14 +228,23 @@ def _quality(covered: xr.Variable | None, arch: Architecture, v: dict) -> dict[s
     coverage = covered.copy()
     coverage.attrs = {"units": "%", "description": "collected warp states as a share of warp-active cycles "
                       "(100% when every stall share comes from executions that agree)"}
-    uncertainty = stall * miss / arch.ipc_max  # percent of peak, as the nodes: (stall / IPC_MAX * 100) * miss / 100
-    uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "the share of peak issue slots the "
-                         "stall nodes cannot place: (IPC_MAX - issued IPC) / IPC_MAX * |warp_state_coverage - 100%|; "
-                         "frontend/backend nodes and their children are uncertain by up to this much"}
+    out = {"warp_state_coverage": coverage}
+    off, rule = miss, "|warp_state_coverage - 100%|"
     consistent = miss <= COVERAGE_TOLERANCE
-    consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%: the stall "
-                        "breakdown can be trusted; where False, no verdict is given"}
-    return {"warp_state_coverage": coverage, "topdown_uncertainty": uncertainty, "consistent": consistent}
+    if spread is not None:
+        out["pass_spread"] = spread
+        off = xr.Variable(miss.dims, np.fmax(np.asarray(miss), np.nan_to_num(np.asarray(spread), nan=0.0)))
+        rule = f"max({rule}, pass_spread)"
+        consistent = consistent & ~(spread > SPREAD_TOLERANCE)
+    uncertainty = stall * off / arch.ipc_max  # percent of peak, as the nodes: (stall / IPC_MAX * 100) * off / 100
+    uncertainty.attrs = {"units": UNITS, "ipc_max": arch.ipc_max, "description": "the share of peak issue slots the "
+                         f"stall nodes cannot place: (IPC_MAX - issued IPC) / IPC_MAX * {rule}; "
+                         "frontend/backend nodes and their children are uncertain by up to this much"}
+    consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%"
+                        + (f" and pass_spread at most {SPREAD_TOLERANCE:g}%" if spread is not None else "")
+                        + ": the stall breakdown can be trusted; where False, no verdict is given"}
+    out.update(topdown_uncertainty=uncertainty, consistent=consistent)
+    return out
 
 
 def _weight(ds: xr.Dataset) -> dict[str, xr.DataArray]:
@@ -309,7 +322,7 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         }
         out[node.name] = da
     covered = warp_state_coverage(ds, table)
-    coords = _quality(covered, table, v)  # coordinates: data_vars stay the nodes
+    coords = _quality(covered, pass_spread(ds), table, v)  # coordinates: data_vars stay the nodes
     coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {

@@ -11,11 +11,16 @@ from gpuscope.errors import GpuscopeWarning
 from gpuscope.metrics.architectures import NOT_STALLS, Architecture, stall_metric
 from gpuscope.metrics.topdown_nodes import _BY_NAME, FULL_SCALE, level_cut
 
-__all__ = ["COVERAGE_TOLERANCE", "LEVEL_TOLERANCE", "check_levels"]
+__all__ = ["COVERAGE_TOLERANCE", "LEVEL_TOLERANCE", "SPREAD_TOLERANCE", "check_levels", "pass_spread"]
 
 #: Percentage points by which the collected warp states may miss (or exceed) 100% before gpuscope warns.
 #: Values from different replay passes do not add up exactly, so this cannot be tight.
 COVERAGE_TOLERANCE = 5.0
+
+#: Percent by which the active warp-cycles of the stall passes (:func:`pass_spread`) may differ before a range's
+#: stall breakdown is called inconsistent. Under it, short kernels' shares agreed with ncu's within about a point
+#: (docs/measurements.md); each share is uncertain by about this fraction of itself.
+SPREAD_TOLERANCE = 10.0
 
 #: Percentage points (of IPC_MAX) by which a level cut may miss 100, or a node may go below zero, before
 #: :func:`check_levels` complains. Replay (issued - executed) is a small difference of numbers from different
@@ -30,6 +35,25 @@ def warp_state_coverage(ds: xr.Dataset, arch: Architecture) -> xr.Variable | Non
         return None
     reasons = (*arch.stall_reasons, *arch.optional_stall_reasons, *NOT_STALLS)
     return sum(ds[m].variable.astype(float) for r in reasons if (m := stall_metric(r)) in ds)
+
+
+def pass_spread(ds: xr.Dataset) -> xr.Variable | None:
+    """How differently the stall passes of every range ran (%): the spread (max - min) of the warp-active counters
+    that gpuscope's pass plan collects one per stall pass (Dataset attr ``pass_anchors``, the first pass's first)
+    over the first one's value. None where ``ds`` holds fewer than two of them (CUPTI's own schedule, PM samples,
+    chips without the counters)."""
+    names = ds.attrs.get("pass_anchors", ())
+    names = [n for n in ([names] if isinstance(names, str) else list(names)) if n in ds.data_vars]
+    if len(names) < 2:
+        return None
+    values = np.stack([np.asarray(ds[n].values, dtype=float) for n in names])
+    first = values[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.where(first > 0, 100.0 * (values.max(axis=0) - values.min(axis=0)) / first, np.nan)
+    return xr.Variable(ds[names[0]].dims, spread, {
+        "units": "%", "anchors": names,
+        "description": "spread of the active warp-cycles the stall passes counted, one counter per pass "
+                       f"({', '.join(names)}), over the first's: how differently the passes ran"})
 
 
 def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float, covered=None) -> None:

@@ -36,10 +36,22 @@ def test_topdown_plan_keeps_every_rate_out_of_the_first_two_passes_with_one_pass
     first, counts = plan.groups[:2]
     assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max"}
     assert all(m.endswith(".sum") and "inst" in m for m in counts)  # counts, the same in every execution
-    for group in plan.groups[2:]:
-        assert group[0] == pass_plan.ANCHOR
-        assert all("stalled" in m or m == pass_plan.CYCLES for m in group[1:])
-    assert plan.requested == TOPDOWN
+    anchors = (pass_plan.ANCHOR, *pass_plan.SPREAD_ANCHORS)
+    assert plan.anchors == anchors  # a warp-active counter of its own in each of the first four stall passes
+    for k, group in enumerate(plan.groups[2:]):
+        stalls = group[1:] if k < len(anchors) else group
+        assert k >= len(anchors) or group[0] == anchors[k]
+        assert all("stalled" in m or (k == 0 and m == pass_plan.CYCLES) for m in stalls)
+    assert plan.requested == TOPDOWN + anchors  # the Dataset holds the anchors
+    assert plan.attrs()["pass_anchors"] == list(anchors)
+
+
+def test_spread_anchors_only_on_chips_where_they_were_checked():
+    for chip in ("GA100", "AD102"):
+        found = lists.consistent_plan(tuple(lists.resolve("topdown", chip)), chip)
+        if found is not None:
+            assert found.anchors == (pass_plan.ANCHOR,)
+            assert found.requested == tuple(lists.resolve("topdown", chip)) + (pass_plan.ANCHOR,)
 
 
 def test_values_divide_each_count_by_the_anchor():
@@ -99,7 +111,7 @@ def _live_plans() -> dict:
 
         for name, mset in lists.metric_sets("range").items():
             metrics = tuple(lists.resolve(name, chip))
-            found = pass_plan.plan(metrics, cm.has, one_pass)
+            found = pass_plan.plan(metrics, cm.has, one_pass, chip in pass_plan.SPREAD_CHIPS)
             if found is not None:
                 out.setdefault(chip, {})["|".join(metrics)] = [list(g) for g in found.groups]
     return out
