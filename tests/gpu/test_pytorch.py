@@ -110,3 +110,28 @@ def test_after_torch_profiler_gpuscope_names_it_and_user_mode_works():
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused:" in proc.stdout and "torch.profiler" in proc.stdout and "user rows 1" in proc.stdout, proc.stdout
+
+
+def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
+    """`gpuscope run` on a PyTorch training step (transformer encoder layer, bf16 autocast, fused AdamW), 3 warm-up
+    steps then 24: auto mode finds the step as the loop and profiles every launch of the steps but those of the last
+    pass group, which has fewer steps than the set has passes (benchmarks/bench_auto_pytorch.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_auto_pytorch import SCRIPT
+
+    script = tmp_path / "train_step.py"
+    script.write_text(SCRIPT)
+    warmup, steps = 3, 24
+    done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--set", "topdown", "--no-report", "-o",
+                           str(tmp_path / "auto.nc"), str(script), str(warmup), str(steps)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ds = gs.open_dataset(tmp_path / "auto.nc")
+    period, passes = int(ds.attrs["repetition_period"]), int(ds.attrs["passes"])
+    assert 40 <= period <= 120  # the launches of one step (69 on the H100), not a repetition inside it
+    seen, profiled = int(ds.attrs["launches_seen"]), int(ds.attrs["launches_profiled"])
+    warm = seen - steps * period
+    assert warm > 0
+    # at most the last pass group's steps go unprofiled after the warm-up (and the launch that showed the loop)
+    assert profiled - warm >= (steps - passes) * period - 2, dict(ds.attrs)
+    assert ds["launch"].values.min() >= 0 and ds["launch"].values.max() < seen  # the process's launch IDs
