@@ -452,8 +452,9 @@ def detach_cupti() -> str:
     activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first.
     What gpuscope can give back is given back first: kept profilers and samplers (a release under way on another
     thread is waited for), host objects, the callback subscription, the module watcher (resumed after). Nothing
-    happens if CUPTI is not attached, if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``: its state would
-    be lost), or while gpuscope uses CUPTI for something it cannot give back (an open session, a launch recorder,
+    happens if CUPTI is not attached, if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``) or another
+    client of the process holds CUPTI's subscriber (:func:`gpuscope.cupti.callbacks.other_client`; torch.profiler's
+    Kineto keeps it from its first profile on): their state would be lost; or while gpuscope uses CUPTI for something it cannot give back (an open session, a launch recorder,
     kernel activity records). Returns ``"detached"``, ``"not attached"`` or why it did not detach.
     """
     from gpuscope._gpu import modules as _modules
@@ -465,6 +466,12 @@ def detach_cupti() -> str:
         return f"off ({DETACH_ENV}=0)"
     if os.environ.get("CUDA_INJECTION64_PATH"):
         return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
+    from gpuscope.cupti import callbacks as _callbacks
+
+    other = _callbacks.other_client()  # before anything is given back: a refusal then changes nothing
+    if other is not None:
+        return (f"another CUPTI client of this process holds CUPTI's subscriber{f' ({other})' if other else ''}, "
+                "torch.profiler's Kineto for one: cuptiFinalize would wipe its state")
 
     def drop_hosts():  # host objects belong to the CUPTI that is going away
         from gpuscope._gpu import metric_lists as _lists

@@ -132,6 +132,24 @@ def _dispatch(userdata, domain, cbid, address):
         recorder._on_callback(cbid, address)
 
 
+def _try_subscribe() -> tuple[int, str, int, object]:
+    """``cuptiSubscribe_v2`` (``cuptiSubscribe`` before CUPTI 13.0): (status, the incumbent's name where CUPTI gives
+    it, the handle, the C callback)."""
+    callback = _CALLBACK(_dispatch)
+    handle = c_void_p()
+    who = ""
+    if _f.has("cuptiSubscribe_v2"):
+        old = ctypes.create_string_buffer(256)
+        p = _SubscriberParams(ctypes.sizeof(_SubscriberParams), b"gpuscope", ctypes.addressof(old), len(old))
+        status = _f.cuptiSubscribe_v2(ctypes.byref(handle), callback, None, ctypes.byref(p))
+        who = old.value.decode(errors="replace").strip()
+        if "not provided" in who:  # CUPTI's placeholder for a client that gave no name (Kineto)
+            who = ""
+    else:
+        status = _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
+    return status, who, handle.value, callback
+
+
 def _subscribe() -> None:
     """``cuptiSubscribe`` while gpuscope listens (with _lock held): CUPTI allows one subscriber per process, so
     gpuscope holds it only while a recorder or watcher is open (:func:`_release_if_idle`).
@@ -145,22 +163,27 @@ def _subscribe() -> None:
         return
     from gpuscope.errors import cupti_error
 
-    callback = _CALLBACK(_dispatch)
-    handle = c_void_p()
-    who = ""
-    if _f.has("cuptiSubscribe_v2"):
-        old = ctypes.create_string_buffer(256)
-        p = _SubscriberParams(ctypes.sizeof(_SubscriberParams), b"gpuscope", ctypes.addressof(old), len(old))
-        status = _f.cuptiSubscribe_v2(ctypes.byref(handle), callback, None, ctypes.byref(p))
-        who = old.value.decode(errors="replace").strip()
-        if "not provided" in who:  # CUPTI's placeholder for a client that gave no name (Kineto)
-            who = ""
-    else:
-        status = _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
+    status, who, handle, callback = _try_subscribe()
     if status:
         raise cupti_error(status, "cuptiSubscribe", _api.error_message(status),
                           OTHER_CLIENT_HELP.format(who=f" ({who})" if who else ""))
-    _subscription[:] = [handle.value, callback]
+    _subscription[:] = [handle, callback]
+
+
+def other_client() -> str | None:
+    """Whether another CUPTI client of this process (torch.profiler's Kineto keeps it from its first profile on)
+    holds CUPTI's one callback subscriber: its name where CUPTI gives it, ``""`` where not, None where none does.
+    Asks by subscribing and, where that succeeds, unsubscribing at once; no CUPTI call while gpuscope holds the
+    subscriber itself (then no one else does)."""
+    with _lock:
+        if _subscription:
+            return None
+        status, who, handle, callback = _try_subscribe()
+        if status:
+            return who
+        _retired.append(callback)  # a C callback CUPTI once held is never freed
+        _f.cuptiUnsubscribe(handle)
+        return None
 
 
 def _release_if_idle() -> None:

@@ -112,6 +112,30 @@ def test_after_torch_profiler_gpuscope_names_it_and_user_mode_works():
     assert "refused:" in proc.stdout and "torch.profiler" in proc.stdout and "user rows 1" in proc.stdout, proc.stdout
 
 
+def test_pc_sampling_after_torch_profiler_leaves_kinetos_cupti_alone():
+    """PC sampling detaches CUPTI (cuptiFinalize) before it starts; with torch.profiler's Kineto holding CUPTI's
+    subscriber that would wipe Kineto's state (issue 36 item 5): gpuscope does not detach, says who holds CUPTI, and
+    torch.profiler records GPU events afterwards."""
+    proc = _run("""
+        import torch, gpuscope as gs
+        from gpuscope._gpu import keep
+        """, PROFILE, """
+        assert gpu_events() >= 5
+        print("detach:", keep.detach_cupti())
+        x = torch.randn(512, 512, device="cuda")
+        try:
+            with gs.pc_sample():
+                x @ x
+                torch.cuda.synchronize()
+        except gs.ProfilerBusyError as exc:
+            print("refused:", exc)
+        print("events after", gpu_events())
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "detach: another CUPTI client of this process holds CUPTI's subscriber" in proc.stdout, proc.stdout
+    assert int(proc.stdout.split("events after")[1]) >= 5, proc.stdout
+
+
 def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
     """`gpuscope run` on a PyTorch training step (transformer encoder layer, bf16 autocast, fused AdamW), 3 warm-up
     steps then 24: auto mode finds the step as the loop and profiles every launch of the steps but those of the last

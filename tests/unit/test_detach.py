@@ -45,6 +45,10 @@ def cupti(monkeypatch):
     monkeypatch.setattr(callbacks, "_open", set())
     monkeypatch.setattr(callbacks, "_listening", ())
     monkeypatch.setattr(callbacks, "_module_watchers", ())
+    free = Subscriber()  # no other CUPTI client holds the subscriber (tests below change that)
+    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
+    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", free.subscribe)
+    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", free.unsubscribe)
     monkeypatch.setattr(activity, "_registered", [])
     monkeypatch.setattr(activity, "_sink", None)
     monkeypatch.setattr(_modules, "_watcher", None)
@@ -254,3 +258,50 @@ def test_every_cupti_call_marks_cupti_attached(monkeypatch):
     bound._fn = lambda *args: 0
     bound()
     assert _api.attached()
+
+
+class Subscriber:
+    """CUPTI's one callback subscriber: cuptiSubscribe_v2 refused while *holder* holds it."""
+
+    def __init__(self, holder=None):
+        self.holder, self.calls = holder, []
+
+    def subscribe(self, handle, callback, userdata, params):
+        import ctypes
+
+        self.calls.append("cuptiSubscribe_v2")
+        if self.holder is None:
+            return 0
+        p = ctypes.cast(params, ctypes.POINTER(callbacks._SubscriberParams)).contents
+        ctypes.memmove(p.oldSubscriberName, self.holder.encode() + b"\0", len(self.holder) + 1)
+        return 39  # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+
+    def unsubscribe(self, handle):
+        self.calls.append("cuptiUnsubscribe")
+        return 0
+
+
+@pytest.mark.parametrize("holder, said", [("kineto", "(kineto)"), ("not provided", "subscriber, ")])
+def test_another_cupti_client_of_the_process_stops_the_detach_before_anything_is_given_back(cupti, monkeypatch,
+                                                                                           holder, said):
+    """torch.profiler's Kineto keeps CUPTI's subscriber: cuptiFinalize would wipe its subscriber and activity buffers
+    (issue 36 item 5). The refusal comes before gpuscope gives anything back."""
+    sub = Subscriber(holder)
+    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
+    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", sub.subscribe)
+    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", sub.unsubscribe)
+    kept = keep_a_profiler()
+    text = _keep.detach_cupti()
+    assert text.startswith("another CUPTI client of this process holds CUPTI's subscriber") and said in text
+    assert "cuptiFinalize" not in cupti.calls and _api.attached()
+    assert sub.calls == ["cuptiSubscribe_v2"] and kept.profiler.closed == 0  # nothing given back for nothing
+
+
+def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti, monkeypatch):
+    sub = Subscriber()
+    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
+    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", sub.subscribe)
+    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", sub.unsubscribe)
+    assert _keep.detach_cupti() == "detached"
+    assert sub.calls == ["cuptiSubscribe_v2", "cuptiUnsubscribe"] and callbacks._subscription == []
+    assert cupti.calls == ["cuptiFinalize"]
