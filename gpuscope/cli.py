@@ -73,7 +73,10 @@ def _run(args) -> int:
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
         kernel_times=args.kernel_times, force=args.force,
     )
-    return _run.run_script(opts)
+    code = _run.run_script(opts)
+    global _ran_script
+    _ran_script = True
+    return code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -237,6 +240,20 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
+_ran_script = False  # `gpuscope run` ran a script: the program's exit may skip the teardown (entry)
+
+
+def entry() -> None:
+    """The ``gpuscope`` program (console script, ``python -m gpuscope``): :func:`main`, then the exit; after
+    ``gpuscope run`` without the teardown the OS does anyway (:func:`gpuscope._commands.exits.quick_exit`)."""
+    code = main()
+    if _ran_script:
+        from gpuscope._commands.exits import quick_exit
+
+        quick_exit(code)
+    sys.exit(code)
+
+
 def main(argv=None) -> int:
     """Run the ``gpuscope`` command; return its exit status (errors in the user's input never show a traceback)."""
     args = build_parser().parse_args(argv)
@@ -258,4 +275,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
