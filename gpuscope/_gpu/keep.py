@@ -6,18 +6,14 @@ Measured on an H100 with CUPTI 13.0 (``benchmarks/probes/probe_session_keep.py``
   counter-data image, 1.3 s with 1,024 ranges and 4.6 s with 4,096, and ``Disable`` 13 ms to 0.5 s the same way;
 * on a profiler kept enabled with the same config and image, a whole one-range session (re-initialised image,
   Start, range, Stop, decode, evaluate) costs 4.5 ms;
-* ``SetConfig`` with *another* config on a profiler that has already collected made the next ``Start`` fail
-  (``CUPTI_ERROR_UNKNOWN``) and a later session crash, in a probe that freed each earlier config's counter-data
-  image and changed modes and metrics at once; re-enabling with a counter-data image made by an earlier profiler
-  object crashes too. How a kept profiler is switched to another configuration, and what it falls back to, is
-  :mod:`gpuscope._range_profiling.configure`'s (``benchmarks/probes/probe_config_switch.py`` asks which change
-  CUPTI takes);
+* ``SetConfig`` with *another* config on a profiler that has already collected makes the next ``Start`` fail
+  (``CUPTI_ERROR_UNKNOWN``) and a later session crash; re-enabling with a counter-data image made by an earlier
+  profiler object crashes too;
 * a range profiler kept enabled makes PM sampling fail (``HARDWARE_BUSY``) and PC sampling deliver no records.
 
-So a session that ends cleanly hands its profiler, config and counter-data images here (:func:`keep`); the next
-session on the same device and context with the same configuration takes them back (:func:`take`), as does one
-with another configuration the caller can switch it to (``switch``), and anything else releases them first. A
-release may be under way on another thread (the idle timer's or the
+So a session that ends cleanly hands its profiler, config and counter-data image here (:func:`keep`); the next
+session on the same device and context with exactly the same configuration takes them back (:func:`take`), and
+anything else releases them first. A release may be under way on another thread (the idle timer's or the
 rendezvous listener's: a ``Disable`` takes up to 0.5 s); :func:`take`, :func:`release` and :func:`detach_cupti`
 wait for it, so nothing enables a profiler, PC sampling or a detach beside one still being disabled. A release
 tries every step (disable, ``cuptiProfilerDeInitialize``, the context) whatever fails before: a half-released
@@ -129,9 +125,6 @@ class Kept:
     config: object
     image: object
     timer: object = None  # releases it when idle too long
-    #: a range profiler's counter-data images by configuration key, the current one's included: CUPTI may still
-    #: point at an earlier configuration's, so they live as long as the profiler, and a switch back reuses them
-    images: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -158,15 +151,13 @@ def host_for(device: int, chip: str, metrics: tuple, make) -> HostSetup:
     return setup
 
 
-def take(device: int, key: tuple, context_id: int, switch=None) -> Kept | None:
-    """The kept profiler of *device* if its configuration is *key* on the same live context, or one whose key
-    ``switch(kept.key, key)`` accepts there (the caller changes its configuration: compare ``kept.key``), else None
-    (whatever was kept is released first). Returns only once no release is under way on *device*: a profiler being
-    disabled there must not meet one being enabled."""
+def take(device: int, key: tuple, context_id: int) -> Kept | None:
+    """The kept profiler of *device* if its configuration is *key* on the same live context, else None (whatever
+    was kept is released first: CUPTI does not let an enabled profiler change its configuration). Returns only once
+    no release is under way on *device*: a profiler being disabled there must not meet one being enabled."""
     with _lock:
         kept = _kept.pop(device, None)
-        same = kept is not None and kept.context_id == context_id and (
-            kept.key == key or (switch is not None and bool(switch(kept.key, key))))
+        same = kept is not None and kept.key == key and kept.context_id == context_id
         if kept is not None and not same:
             _under_way.append((device, threading.get_ident()))
     if kept is not None and kept.timer is not None:
@@ -179,12 +170,12 @@ def take(device: int, key: tuple, context_id: int, switch=None) -> Kept | None:
     return kept if same else None
 
 
-def reuse(device: int, key: tuple, context_id: int, switch=None) -> Kept | None:
+def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
     """:func:`take`, for a session that holds its own context and profiler initialisation: the kept ones are
     released, the profiler and images are the session's. None when keeping is off."""
     if not enabled():
         return None
-    kept = take(device, key, context_id, switch)
+    kept = take(device, key, context_id)
     if kept is not None:
         from gpuscope.cupti import profiler
 

@@ -278,7 +278,6 @@ class Profiler(UserRanges, PerLaunchModes):
         self._open_rows: list[_Row] = []
         self._launch = 0
         self._recorder = self._rp = self._collector = None
-        self._images = {}  # the profiler's counter-data images by configuration key (configure.py)
         self._pending = threading.local()  # decorated kernel name of the launch about to happen
         self._other_threads = weakref.WeakSet()  # threads warned about (an ended thread leaves it)
         self._iter_path = None
@@ -320,48 +319,37 @@ class Profiler(UserRanges, PerLaunchModes):
 
     def _configure(self, range_mode, replay_mode, ranges: int, depth: int = 1) -> None:
         """Make ``self._rp`` a stopped range profiler with this configuration and ``self._image`` its counter-data
-        image: the session's own or the one kept from an earlier session (see :mod:`gpuscope._gpu.keep`), as it is
-        or switched to this configuration, else a new one (:mod:`gpuscope._range_profiling.configure`). The
-        Dataset's attrs count what was reused (``profiler_reused``, ``profiler_switched``) and say why a switch
-        was refused (``profiler_switch_refused``)."""
+        image: the one kept from an earlier session when it matches (see :mod:`gpuscope._gpu.keep`), else a new one.
+
+        CUPTI cannot change an enabled profiler's configuration once it has collected, so a profiler this session
+        already has is disabled first.
+        """
         from gpuscope._gpu import keep as _keep
-        from gpuscope._range_profiling import configure as _configure
         from gpuscope.cupti import range_profiler
 
-        key = (self._context.handle, tuple(self.metrics), self._groups, int(range_mode), int(replay_mode), int(ranges),
-               int(depth))
+        key = (self._context.handle, tuple(self.metrics), self._groups, int(range_mode), int(replay_mode), int(ranges), int(depth))
         if key == self._key:
             return
-        collected = tuple(self.metrics if self._plan is None else self._plan.collected)
-        wanted = _configure.Wanted(key, self._config, collected, int(range_mode), int(replay_mode), int(ranges),
-                                   int(depth))
-        rp, old, self._rp = self._rp, self._key, None
-        if rp is None:
-            kept = _keep.reuse(self.device, key, self._context_id, switch=_configure.switchable)
-            if kept is not None:
-                rp, old, self._images = kept.profiler, kept.key, kept.images or {kept.key: kept.image}
-
-        def enable():  # all or nothing: tried again once other processes gave the counters back
-            def attempt():
+        if self._rp is not None:
+            rp, self._rp = self._rp, None
+            rp.close()
+        kept = _keep.reuse(self.device, key, self._context_id)
+        if kept is not None:
+            self._rp, self._image = kept.profiler, kept.image
+            self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
+        else:
+            def enable():  # all or nothing: tried again once other processes gave the counters back
                 rp = range_profiler.RangeProfiler(self._context.handle)
                 try:
+                    collected = self.metrics if self._plan is None else list(self._plan.collected)
                     image = rp.counter_data_image(collected, ranges)
-                    wanted.set_config(rp, image)
+                    rp.set_config(self._config, image, range_mode, replay_mode, ranges, depth, 1, 0, 1)
                 except BaseException:
                     rp.close()
                     raise
                 return rp, image
 
-            return _keep.retry_when_busy(self.device, attempt, _keep.RANGE_SESSION)
-
-        self._key = None  # until configured: a failure below leaves no profiler, and no key to match
-        self._rp, self._image, how = _configure.configure(rp, old, self._images, wanted, enable)
-        if how == _configure.KEPT:
-            self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
-        elif how == _configure.SWITCHED:
-            self._notes["profiler_switched"] = self._notes.get("profiler_switched", 0) + 1
-        elif how != _configure.ENABLED:
-            self._notes["profiler_switch_refused"] = how
+            self._rp, self._image = _keep.retry_when_busy(self.device, enable, _keep.RANGE_SESSION)
         self._key, self.max_ranges = key, int(ranges)
         if self._collector is not None:
             self._collector.rp = self._rp
@@ -498,7 +486,7 @@ class Profiler(UserRanges, PerLaunchModes):
         rp, self._rp = getattr(self, "_rp", None), None
         if rp is not None and keep and not started and _keep.enabled():
             _keep.keep(self.device, _keep.Kept(self._key, self._context_id, self._context, rp, self._config,
-                                               self._image, images=getattr(self, "_images", {})))
+                                               self._image))
         else:
             if rp is not None:
                 try:

@@ -54,49 +54,6 @@ def one_range(x, metrics=ONE_PASS):
     return prof.dataset
 
 
-
-def alternate(x):
-    """Kernel Top-Down, iteration Top-Down and a 2-counter user range, twice: the Datasets."""
-    out = []
-    for _ in range(2):
-        with gs.Profiler("topdown", mode="kernel") as k:
-            launch(x)
-        with gs.Profiler("topdown", mode="iteration") as it:
-            for _ in range(it.passes + 1):
-                with gs.range("step"):
-                    launch(x)
-        out += [k.dataset, it.dataset, one_range(x)]
-    return out
-
-
-def test_alternating_configurations_switch_the_kept_profiler_and_give_the_same_values(x, monkeypatch):
-    from gpuscope._range_profiling import configure as _configure
-
-    launch(x)
-    cuda.synchronize()
-    gs.release()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", gs.GpuscopeWarning)
-        switched = alternate(x)
-        monkeypatch.setenv(_configure.SWITCH_ENV, "0")
-        gs.release()
-        plain = alternate(x)
-    gs.release()
-    for ds in switched[1:]:  # each later session switched the kept profiler, or says why CUPTI refused
-        assert ds.attrs.get("profiler_switched") == 1 or "profiler_switch_refused" in ds.attrs, dict(ds.attrs)
-    assert not any("profiler_switch_refused" in ds.attrs for ds in switched[3:])  # a refused kind is not retried
-    assert not any("profiler_switched" in ds.attrs or "profiler_switch_refused" in ds.attrs for ds in plain)
-    for a, b in zip(switched, plain):
-        for m in ONE_PASS:  # instruction and CTA counts of the same launch are exact, switched or not
-            if m in a:
-                assert float(a[m][0]) == float(b[m][0]) > 0
-        if "smsp__inst_executed.avg.per_cycle_active" in a:
-            ipc_a = float(a["smsp__inst_executed.avg.per_cycle_active"][0])
-            ipc_b = float(b["smsp__inst_executed.avg.per_cycle_active"][0])
-            assert abs(ipc_a - ipc_b) / ipc_b < 0.05
-            td_a, td_b = gs.topdown(a), gs.topdown(b)
-            assert max(abs(float(td_a[v][0]) - float(td_b[v][0])) for v in td_a.data_vars) < 2.0
-
 def test_sessions_of_every_mode_in_a_row_give_the_same_values(x):
     launch(x)
     cuda.synchronize()
