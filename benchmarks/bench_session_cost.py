@@ -15,13 +15,22 @@ Modes: ``user`` (2 counters, one range), ``kernel1`` / ``kernel`` (one-pass set 
 launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, 8 one-launch
 iterations: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
 ``pm_thread`` (the same, evaluated in threads, not worker processes), ``fast`` (``profile_fast_topdown`` of one
-launch). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown --launch-count 3`` inside its
+launch), and ``alternate`` (``kernel``, ``iteration``, ``user``, ``kernel``, ... one after another in one process: each
+session changes the configuration, so the range profiler kept from the one before is disabled and a new one
+enabled; CUPTI does not let an enabled profiler change configuration, ``benchmarks/probes/probe_config_switch.py``).
+The first three sessions are cold (the first of each configuration) and the rest warm; each row says how its
+profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown --launch-count 3`` inside its
 process (before the script, the script, after it, CUPTI calls). ``--process mixed`` runs them in a process that also imported
 CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 
 ``--run`` adds whole processes: a script of 30 steps x 3 Numba kernels run plainly, under ``gpuscope run --set
 topdown`` (``--launch-count 3`` and every launch), and under ``ncu`` with the same metrics (``-c 3`` and every
 launch), all in this run; costs are each process minus the plain one.
+
+The cold/warm table of docs/measurements.md, with the alternating and PM rows and ncu in the same run::
+
+    python3 benchmarks/bench_session_cost.py --sessions 9 --modes user,kernel,iteration,alternate,pm,pm_thread,fast \
+        --run --steps 30 --repeat 2 --cases plain,count3,ncu3 --out session_cost.json
 """
 
 from __future__ import annotations
@@ -40,7 +49,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
-MODES = ["user", "kernel1", "kernel", "iteration1", "iteration", "pm", "pm_thread", "pc", "fast"]
+MODES = ["user", "kernel1", "kernel", "iteration1", "iteration", "pm", "pm_thread", "pc", "fast", "alternate"]
+#: The configurations the alternating modes go through, one per session: Top-Down by kernel replay, Top-Down over 8
+#: iterations, a 2-counter user range.
+ALTERNATE = ("kernel", "iteration", "user")
 
 SCRIPT = '''
 import numpy as np
@@ -193,6 +205,9 @@ def session(mode: str, launch, sync) -> dict:
     rows = ds.sizes.get("range", ds.sizes.get("time", ds.sizes.get("kernel", ds.sizes.get("pc", 0))))
     t = {k: round(v, 4) for k, v in t.items()}
     t["rows"] = int(rows)
+    setup = [f"{k}={ds.attrs[k]}" for k in ("profiler_reused",) if k in ds.attrs]
+    if mode in ALTERNATE:
+        t["config"], t["setup"] = mode, ", ".join(setup) or "enabled"
     if analysis is not None:
         t["topdown_vars"] = len(analysis.data_vars)
     return t
@@ -213,7 +228,7 @@ def child(mode: str, sessions: int, process: str, hold: int) -> dict:
     calls = Calls()
     for i in range(sessions):
         try:
-            r = session(mode, launch, sync)
+            r = session(ALTERNATE[i % len(ALTERNATE)] if mode.startswith("alternate") else mode, launch, sync)
         except Exception as exc:
             r = {"error": f"{type(exc).__name__}: {exc}"[:400]}
         r["calls"] = calls.take()
@@ -361,17 +376,27 @@ def summary(results: dict) -> str:
         if not ss:
             lines.append(f"| {r.get('process')} | {r['mode']} | | error: {r.get('error') or r.get('sessions') or r.get('stderr', '')[-200:]} | | |")
             continue
-        cold, warm = ss[0], ss[1:]
-        wt = statistics.median(s["total_s"] for s in warm) if warm else float("nan")
-        big = {k: v for k, v in (warm[-1]["calls"] if warm else {}).items() if v >= 20}
-        lines.append(f"| {r['process']} | {r['mode']} | {r['import_gpuscope_s']:.2f} | {cold['total_s']:.3f} "
-                     f"({cold['enter_s']:.2f}/{cold['exit_s']:.2f}/{cold['dataset_s'] + cold['analysis_s']:.2f}) | "
-                     f"{wt:.3f} | {big} |")
+        if r["mode"].startswith("alternate"):  # a row per configuration: its first session, and the later ones
+            for config in ALTERNATE:
+                mine = [s for s in ss if s.get("config") == config]
+                if mine:
+                    lines.append(_summary_row(r, f"{r['mode']}: {config}", mine[0], mine[1:]))
+            continue
+        lines.append(_summary_row(r, r["mode"], ss[0], ss[1:]))
     for w in results.get("processes", []):
         lines.append(f"whole process, {w['steps']} steps: {w['case']}: {w['wall_s']} s, over plain {w['over_plain_s']} s "
                      f"(rc {w['rc']}; rows {w.get('rows', '-')}, {w.get('ms_per_row', '-')} ms/row, mode "
                      f"{w.get('mode', '-')}, found by {w.get('iterations_found_by', '-')})")
     return "\n".join(lines)
+
+
+def _summary_row(r: dict, label: str, cold: dict, warm: list) -> str:
+    wt = statistics.median(s["total_s"] for s in warm) if warm else float("nan")
+    big = {k: v for k, v in (warm[-1]["calls"] if warm else {}).items() if v >= 20}
+    how = f" [{warm[-1]['setup']}]" if warm and "setup" in warm[-1] else ""
+    return (f"| {r['process']} | {label} | {r['import_gpuscope_s']:.2f} | {cold['total_s']:.3f} "
+            f"({cold['enter_s']:.2f}/{cold['exit_s']:.2f}/{cold['dataset_s'] + cold['analysis_s']:.2f}) | "
+            f"{wt:.3f}{how} | {big} |")
 
 
 def main():

@@ -99,7 +99,7 @@ class RangeProfiler:
         _f.cuptiRangeProfilerEnable(p)
         self.ctx = ctx
         self._handle = p.pRangeProfilerObject
-        self._keep = []  # buffers CUPTI holds pointers to (config image, counter data)
+        self._keep = {}  # id -> every buffer given to SetConfig (config images, counter data), until Disable
         self._finalizer = weakref.finalize(self, _disable, self._handle)
 
     @property
@@ -109,7 +109,7 @@ class RangeProfiler:
     def close(self) -> None:
         """``cuptiRangeProfilerDisable`` (safe to call twice)."""
         self._finalizer()
-        self._keep = []
+        self._keep = {}
 
     def __enter__(self):
         return self
@@ -124,6 +124,15 @@ class RangeProfiler:
 
     def counter_data_image(self, metrics, max_ranges: int, max_tree_nodes: int | None = None) -> np.ndarray:
         """A counter-data image for *metrics* and up to *max_ranges* ranges, sized and initialized by CUPTI."""
+        image = np.zeros(self.counter_data_size(metrics, max_ranges, max_tree_nodes), dtype=np.uint8)
+        self.initialize_counter_data(image)
+        return image
+
+    def counter_data_size(self, metrics, max_ranges: int, max_tree_nodes: int | None = None) -> int:
+        """``cuptiRangeProfilerGetCounterDataSize``: bytes of a counter-data image for *metrics* and *max_ranges*.
+
+        ``CounterDataImageInitialize`` takes no metric list: it lays an image out for the metrics and sizes of this
+        object's last ``GetCounterDataSize``, so call this again before initialising an image of other metrics."""
         metrics = list(metrics)
         names = (c_char_p * len(metrics))(*[m.encode() for m in metrics])
         p = params(
@@ -135,9 +144,7 @@ class RangeProfiler:
             maxNumRangeTreeNodes=max_tree_nodes or max_ranges,
         )
         _f.cuptiRangeProfilerGetCounterDataSize(p)
-        image = np.zeros(p.counterDataSize, dtype=np.uint8)
-        self.initialize_counter_data(image)
-        return image
+        return int(p.counterDataSize)
 
     def initialize_counter_data(self, image: np.ndarray) -> None:
         """``cuptiRangeProfilerCounterDataImageInitialize`` on an image of the size CUPTI asked for."""
@@ -162,7 +169,9 @@ class RangeProfiler:
         pass_index: int = 0,
         target_nesting_level: int = 1,
     ) -> None:
-        """``cuptiRangeProfilerSetConfig``. CUPTI keeps pointers to both buffers; this object keeps them alive."""
+        """``cuptiRangeProfilerSetConfig``. CUPTI keeps pointers to both buffers; this object keeps them, and those of
+        every earlier SetConfig (CUPTI may still point at those after a change of configuration), alive until
+        :meth:`close`."""
         p = params(
             T.CUpti_RangeProfiler_SetConfig_Params,
             pRangeProfilerObject=self._h(),
@@ -179,7 +188,7 @@ class RangeProfiler:
             targetNestingLevel=target_nesting_level,
         )
         _f.cuptiRangeProfilerSetConfig(p)
-        self._keep = [config, counter_data]
+        self._keep.update({id(config): config, id(counter_data): counter_data})
 
     def start(self) -> None:
         """``cuptiRangeProfilerStart``: begin a pass."""
