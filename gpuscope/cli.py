@@ -1,7 +1,7 @@
 """The ``gpuscope`` command.
 
 ``gpuscope run``      profile an unmodified Python script (kernel mode: every launch), print the report, save it
-``gpuscope show``     print the report of a saved file (range, PM or PC sampling data)
+``gpuscope show``     print the report of a saved file (range, PM or PC sampling data), or its details page
 ``gpuscope compare``  per-kernel differences between two saved runs, flagged where larger than run-to-run noise
 ``gpuscope metrics``  list, search and describe a chip's metrics, the named sets, and pass counts (works offline)
 ``gpuscope check``    is this machine ready: CUPTI, driver, GPU, chip, profiler support, counter permission
@@ -162,12 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print the report of saved results (range, PM or PC sampling)")
     s.add_argument("files", nargs="+", metavar="FILE.nc")
     s.add_argument("--by", help="group by this coordinate (range data) or by 'range' / 'phase' (PM data)")
-    s.add_argument("--page", choices=("details", "raw"), default="details",
-                   help="details (default): the report, fitted to the terminal; raw: every value of every row with "
-                        "its unit")
+    s.add_argument("--page", choices=("summary", "details", "raw"), default="summary",
+                   help="summary (default): the report, one row per kernel, fitted to the terminal; details: per "
+                        "kernel, speed of light (roofline), memory workload, occupancy and instructions as far as "
+                        "the file's metrics allow (range results); raw: every value of every row with its unit")
     s.add_argument("--csv", metavar="FILE", help="also write the whole table as CSV: every column of the report, its "
-                                                 "unit in the header, or with --page raw every value with its unit "
-                                                 "(gpuscope.to_dataframe)")
+                                                 "unit in the header; with --page details one row per kernel, "
+                                                 "section and quantity with its unit; with --page raw every value "
+                                                 "with its unit (gpuscope.to_dataframe)")
     s.set_defaults(func=_show)
 
     c = sub.add_parser("compare", help="per-kernel differences between two saved runs, with their significance",
@@ -177,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("new", metavar="NEW.nc")
     c.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
     c.add_argument("--min-change", type=float, default=0.02,
-                   help="smallest change flagged, as a fraction: of the base for times and metrics, of peak for "
-                        "Top-Down nodes (default 0.02: 2%% of the base, 2 points of peak)")
+                   help="smallest change flagged, as a fraction: of the base for times, metrics and rates, points "
+                        "for Top-Down nodes and speed-of-light percentages (default 0.02: 2%% of the base, 2 points)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
     c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
     c.add_argument("--fail-on", choices=("slower", "change"),

@@ -1,4 +1,5 @@
-"""``gpuscope show``: the report of each saved file, or every value in it (``--page raw``).
+"""``gpuscope show``: the report of each saved file, its details page (``--page details``), or every value in it
+(``--page raw``).
 
 A saved file is opened and checked here (:func:`_open`) for ``gpuscope compare`` too.
 """
@@ -65,7 +66,8 @@ def _show(args) -> int:
     from gpuscope._schema.dataset import to_dataframe
 
     if args.page == "raw" and args.by:
-        raise ValueError("--by groups the rows of the details page; --page raw lists every row as it was recorded")
+        raise ValueError("--by groups the rows of the summary and details pages; --page raw lists every row as it "
+                         "was recorded")
     options = {"by": args.by} if args.by else {}
     tables = {}
     for number, path in enumerate(args.files):
@@ -82,7 +84,7 @@ def _show(args) -> int:
                 print(raw_text(part))
                 tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
             else:
-                table = report(part, **options)
+                table = report(part, page=args.page, **options)
                 print(table)
                 tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
     if args.csv and tables:  # one table: with several files or devices, each row says which

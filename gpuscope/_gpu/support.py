@@ -184,6 +184,9 @@ def support_markdown() -> str:
             if st.error:
                 cells.append("not profilable")
                 continue
+            if _lists.metric_set(st.name).sets:  # a set of sets changes what they change, in their columns
+                cells.append(f"{st.passes}p {st.status}" + (" as its sets" if st.status == "reduced" else ""))
+                continue
             text = f"{st.passes}p complete" if st.status == "complete" else f"{st.passes}p reduced:"
             notes = [f"{_short(k)} -> {', '.join(_short(m) for m in v)}" for k, v in st.substituted.items()]
             notes += [f"-{_short(m)}" for m in st.left_out]

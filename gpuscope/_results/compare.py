@@ -4,8 +4,11 @@ Each kernel's launches (or each user range's executions) are the samples: for ev
 launch, Top-Down nodes in percent of peak, throughput metrics) the two runs' per-launch values are compared with
 Welch's t-test (:func:`gpuscope._util.stats.welch`, as ``scipy.stats.ttest_ind(equal_var=False)``) and its
 confidence interval of the difference of means. A difference is *significant* when the test rejects "same mean"
-at ``alpha`` **and** the change is larger than ``min_change`` (relative, for times and metrics; in points of peak,
-for Top-Down nodes), so that a statistically real but negligible shift over thousands of launches is not flagged.
+at ``alpha`` **and** the change is larger than ``min_change`` (relative, for times, metrics and rates; in points,
+for Top-Down nodes and the speed-of-light percentages: hit rates, busy shares, pipe utilisation), so that a
+statistically real but negligible shift over thousands of launches is not flagged. The speed-of-light quantities
+(FLOP/s by precision, bandwidths, hit rates, busy shares, pipe utilisation) are those of
+:mod:`gpuscope._results.sol_quantities`, where the Datasets hold the sets they come from.
 """
 
 from __future__ import annotations
@@ -17,15 +20,17 @@ from gpuscope._results.report_inputs import SHORT_NAMES, _finite, _kind
 from gpuscope._results.report_ranges import GPU_TIME, group_key
 from gpuscope._results.report_table import Report, _count, _new
 from gpuscope._results.report_topdown import topdown_per_launch
+from gpuscope._results.sol_quantities import per_launch
 from gpuscope._util.stats import welch
 
 __all__ = ["compare"]
 
 
 def _quantities(ds) -> tuple[dict[str, np.ndarray], dict[str, str], set[str]]:
-    """Per-range values of every comparable quantity, their units, and which of them are Top-Down nodes (changes
-    in points of peak, not relative): GPU time per launch, the Top-Down nodes of levels 1 to 3, and every metric
-    as recorded (a halved stall share shows in its own row and in its level-3 node, not only in level 2)."""
+    """Per-range values of every comparable quantity, their units, and which of them change in points, not
+    relative (Top-Down nodes, speed-of-light percentages): GPU time per launch, the Top-Down nodes of levels 1 to
+    3, the speed-of-light quantities (roofline, memory workload, instructions), and every metric as recorded (a
+    halved stall share shows in its own row and in its level-3 node, not only in level 2)."""
     from gpuscope.metrics import topdown as td
 
     out: dict[str, np.ndarray] = {}
@@ -39,6 +44,10 @@ def _quantities(ds) -> tuple[dict[str, np.ndarray], dict[str, str], set[str]]:
             if name in result[0]:
                 out[name], units[name] = np.asarray(result[0][name].values, dtype=float), "%"
                 nodes.add(name)
+    sol, sol_units, percent = per_launch(ds)
+    out.update(sol)
+    units.update(sol_units)
+    nodes |= percent
     for m in ds.data_vars:
         if m != GPU_TIME and ds[m].dims == ("range",) and np.issubdtype(ds[m].dtype, np.number):
             short = SHORT_NAMES.get(m, m)
@@ -69,8 +78,8 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
     alpha : float
         Significance level of Welch's t-test; the confidence interval is ``1 - alpha``.
     min_change : float
-        Smallest change worth flagging: relative to the base mean for times and metrics (0.02 = 2%), in points of
-        peak for Top-Down nodes (0.02 = 2 points).
+        Smallest change worth flagging: relative to the base mean for times, metrics and rates (0.02 = 2%), in
+        points for Top-Down nodes and the speed-of-light percentages (0.02 = 2 points).
 
     Returns
     -------
@@ -78,8 +87,11 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         A DataFrame with one row per (kernel, quantity): ``base``, ``new`` (means) and ``change`` (new - base) in
         the row's ``unit``, ``relative`` (change / base, in percent), ``ci_low``/``ci_high`` (confidence interval
         of the change), ``p_value``, ``n_base``/``n_new`` (launches), ``significant`` (bool). Quantities:
-        ``gpu_time_us`` per launch (us), Top-Down nodes of levels 1 to 3 in percent of peak, and every metric of
-        the Datasets in its own unit (throughput metrics by their short names, in percent of peak). Kernels found in one run only get one row with the other side empty. NaN and inf values
+        ``gpu_time_us`` per launch (us), Top-Down nodes of levels 1 to 3 in percent of peak, the speed-of-light
+        quantities where the sets allow them (``roofline.flop_rate.fp32`` in FLOP/second, ``memory.hit_rate.L2``
+        in percent, ``instructions.pipe_utilization.fma``, ...: :mod:`gpuscope._results.sol_quantities`), and
+        every metric of the Datasets in its own unit (throughput metrics by their short names, in percent of
+        peak). Kernels found in one run only get one row with the other side empty. NaN and inf values
         are no data: left out of the means and tests (``n_base``/``n_new`` count the values used) and counted in a
         note. ``print()`` shows the time rows and every significant row, fitted to the terminal; ``to_csv``
         writes every row.
@@ -128,7 +140,7 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
             p, lo, hi = _welch(a, b, 1 - alpha)
             change = mb - ma
             relative = 100 * change / ma if ma else np.nan
-            size = abs(change) if q in nodes else abs(relative)  # points of peak, or percent of the base
+            size = abs(change) if q in nodes else abs(relative)  # points, or percent of the base
             rows.append({"kernel": k, "quantity": q, "unit": units[q], "base": ma, "new": mb, "change": change,
                          "relative": relative, "ci_low": lo, "ci_high": hi, "p_value": p, "n_base": int(a.size),
                          "n_new": int(b.size), "significant": bool(np.isfinite(p) and p < alpha
@@ -144,9 +156,9 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
         notes.append(f"only one run has {', '.join(missing)}: not compared.")
     flagged = int(frame["significant"].sum())
     notes.insert(0, f"{flagged} of {len(frame)} differences are larger than run-to-run noise (Welch t-test, "
-                    f"p < {alpha:g}, and a change over {100 * min_change:g}%: of the base for times and metrics, "
-                    "points of peak for Top-Down nodes); base, new, change and ci (the confidence interval of new - "
-                    "base) in each row's unit.")
+                    f"p < {alpha:g}, and a change over {100 * min_change:g}%: of the base for times, metrics and "
+                    "rates, points for Top-Down nodes and speed-of-light percentages); base, new, change and ci (the "
+                    "confidence interval of new - base) in each row's unit.")
     title = (f"gpuscope compare: {_count(len(kernels), 'kernel')}; base {_count(base.sizes['range'], 'range')} "
              f"({base.attrs.get('created', '?')}), new {_count(new.sizes['range'], 'range')} "
              f"({new.attrs.get('created', '?')})")

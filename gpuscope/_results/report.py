@@ -12,13 +12,15 @@ The verdict ``bound_by`` is the level-2 node (level-1 ``retire`` excluded) that 
 This module picks the table for the Dataset; the tables are built in :mod:`gpuscope._results.report_ranges`,
 :mod:`gpuscope._results.report_pm` and :mod:`gpuscope._results.report_pc` (Top-Down columns and advice:
 :mod:`gpuscope._results.report_topdown`), laid out by :mod:`gpuscope._results.report_table`; ``gpuscope show --page
-raw`` is :mod:`gpuscope._results.report_raw`.
+raw`` is :mod:`gpuscope._results.report_raw`, ``--page details`` (per kernel: speed of light, memory workload,
+occupancy, instructions) :mod:`gpuscope._results.report_details`.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from gpuscope._results.report_details import Details, details
 from gpuscope._results.report_inputs import _device_line, _kind
 from gpuscope._results.report_pc import _pc_report
 from gpuscope._results.report_pm import _phase_topdown_report, _pm_report
@@ -27,10 +29,13 @@ from gpuscope._results.report_raw import raw_text
 from gpuscope._results.report_table import Report, _new
 from gpuscope._results.report_topdown import topdown_per_launch
 
-__all__ = ["Report", "report", "raw_text", "GPU_TIME", "group_key", "topdown_per_launch"]
+__all__ = ["GPU_TIME", "PAGES", "Details", "Report", "group_key", "raw_text", "report", "topdown_per_launch"]
+
+#: The pages :func:`report` gives (``gpuscope show --page``; its ``raw`` page is :func:`raw_text`).
+PAGES = ("summary", "details")
 
 
-def report(ds, **options) -> Report:
+def report(ds, page: str = "summary", **options) -> Report:
     """A readable per-kernel (or per-range, per-phase) summary of any gpuscope Dataset.
 
     Parameters
@@ -39,12 +44,25 @@ def report(ds, **options) -> Report:
         Range results (``Profiler.dataset``), a PM sampling series (``Sampler.dataset``, or its
         :func:`gpuscope.phases`), PC samples (``PCSampler.dataset``) or a Top-Down per phase
         (``gpuscope.dynamic(td, phases=ph)``), live or loaded with :func:`gpuscope.open_dataset`.
+    page : {"summary", "details"}
+        ``"summary"`` (default): one row per kernel, range or phase, as below. ``"details"`` (range results only):
+        per kernel, the sections Nsight Compute's ``--page details`` shows, as far as the Dataset's metrics allow:
+        launch, speed of light (roofline position: FLOP/s and bandwidths against their peaks, arithmetic
+        intensity, bound), memory workload (bandwidth, busy share and hit rate per level), occupancy (achieved;
+        theoretical with ``registers=``) and instructions (pipe utilisation, instruction classes); a note names
+        each section the Dataset cannot give and the set that collects it. A :class:`Details` indexed by
+        (kernel, section, quantity) with columns ``value`` and ``unit``: the values of :func:`gpuscope.roofline`,
+        :func:`gpuscope.memory_workload`, :func:`gpuscope.occupancy` and :func:`gpuscope.instruction_mix` with
+        ``by="kernel"``.
     by : str, optional
         Range results: a coordinate to group by (default: ``kernel`` for launches, ``name`` for user ranges).
         PM sampling: ``"range"`` (default when user ranges were open) or ``"phase"`` (default for a
         :func:`gpuscope.phases` result, whose labels it uses; otherwise the phases are found first).
     top : int, optional
         PC sampling: how many stall reasons to show per kernel (default 3).
+    registers, shared_memory : optional
+        Details page: registers per thread and shared memory per block, as :func:`gpuscope.occupancy` takes them
+        (a number, ``{kernel: value}`` or one value per launch), for the theoretical occupancy.
 
     Returns
     -------
@@ -65,7 +83,8 @@ def report(ds, **options) -> Report:
     gpuscope.errors.NotGpuscopeDataError
         *ds* is not a gpuscope Dataset.
     ValueError
-        An unknown option or ``by`` value; a Dataset of several devices (report each
+        An unknown page, option or ``by`` value; the details page of data other than range results; a Dataset of
+        several devices (report each
         :func:`gpuscope.select_device`); a Dataset whose metrics are all NaN or inf (nothing to report).
 
     Examples
@@ -73,7 +92,11 @@ def report(ds, **options) -> Report:
     >>> ds = gpuscope.open_dataset("out.nc")
     >>> print(gpuscope.report(ds))
     >>> gpuscope.report(ds)["bound_by"]
+    >>> print(gpuscope.report(ds, page="details"))
     """
+    if page not in PAGES:
+        raise ValueError(f"page must be one of {', '.join(map(repr, PAGES))}, not {page!r} (every value of every "
+                         "row: gpuscope.to_dataframe(ds), or gpuscope show --page raw).")
     kind = _kind(ds)
     if "device" in ds.dims:
         held = ds["device"].values.tolist() if "device" in ds.coords else list(range(ds.sizes["device"]))
@@ -81,10 +104,15 @@ def report(ds, **options) -> Report:
                          f"gpuscope.report(gpuscope.select_device(ds, {held[0]})) (gpuscope show does each).")
     builders = {"range": (_range_report, {"by"}), "pm_sampling": (_pm_report, {"by"}),
                 "pc_sampling": (_pc_report, {"top"}), "topdown_by_phase": (_phase_topdown_report, set())}
+    if page == "details":
+        if kind != "range":
+            raise ValueError(f"the details page is per kernel launch or user range: range results only, not {kind} "
+                             "data (its report is the summary page, the default).")
+        builders["range"] = (details, {"by", "registers", "shared_memory"})
     build, allowed = builders[kind]
     unknown = set(options) - allowed
     if unknown:
-        raise ValueError(f"report() of a {kind} Dataset takes {sorted(allowed)}, not {sorted(unknown)}.")
+        raise ValueError(f"report(page={page!r}) of a {kind} Dataset takes {sorted(allowed)}, not {sorted(unknown)}.")
     if kind == "range" and options.get("by") and options["by"] not in ds.coords:
         raise ValueError(f"by={options['by']!r} is not a coordinate of the Dataset; coordinates: {list(ds.coords)}")
     if kind == "range" and ds.sizes.get("range", 0) == 0:

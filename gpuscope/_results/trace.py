@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from gpuscope._results.io import _dataset_arg
+from gpuscope._results.sol_quantities import per_launch
 from gpuscope._schema import dataset as _dataset
 from gpuscope._util import validate as _validate
 
@@ -161,6 +162,7 @@ def _range_events(trace: _Trace, ds) -> None:
     metrics = [m for m in _dataset._as_list(ds.attrs.get("metrics", [])) if m in ds.data_vars]
     values = {m: ds[m].values.tolist() for m in metrics}
     td = _range_topdown(ds) or {}
+    sol = per_launch(ds)[0]  # roofline, memory workload and instructions, where the set has them
     extra = [c for c in ("launch", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "pass_group")
              if c in ds.coords]
     coords = {c: ds[c].values.tolist() for c in extra}
@@ -176,6 +178,7 @@ def _range_events(trace: _Trace, ds) -> None:
         args = {"path": name[i], **{c: coords[c][i] for c in extra}}
         args.update({m: _number(values[m][i]) for m in metrics})
         args.update({f"topdown.{node}": _number(v[i]) for node, v in td.items()})
+        args.update({name: _number(v[i]) for name, v in sol.items()})
         dur = int(end[i] - start[i]) / 1e3
         if kernel[i]:
             args.update(trace.hot_args(kernel[i]))
@@ -250,7 +253,9 @@ def to_perfetto(*datasets, path: str | os.PathLike | None = None) -> dict:
     * range results (kind ``range``, kernel / iteration / user mode): a ``kernels`` track with one slice per
       launch, named by kernel, and a ``ranges`` track with one slice per user range (nested by path). A slice's
       args hold its path, launch index, grid and block, every metric of the set, and ``topdown.retire`` ...
-      ``topdown.backend`` (Top-Down level 1, percent of peak) when the set allows Top-Down. A launch slice lasts the
+      ``topdown.backend`` (Top-Down level 1, percent of peak) when the set allows Top-Down, and the speed-of-light
+      quantities the set allows (``roofline.flop_rate.fp32``, ``memory.hit_rate.L2``,
+      ``instructions.pipe_utilization.fma``, ...: :mod:`gpuscope._results.sol_quantities`). A launch slice lasts the
       kernel's GPU time (``gpu__time_duration.sum``) from the launch when the set has it; otherwise it spans
       the launch to the end of its profiling, kernel-replay passes included. ``args["duration_from"]`` says
       which, ``args["profiled_span_us"]`` holds the span.

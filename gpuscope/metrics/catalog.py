@@ -3,8 +3,9 @@
 Each set has a kind (``"range"`` for the range profiler, ``"sampling"`` for PM sampling), a description, its
 exact CUPTI metric names as GH100 spells them, what a chip without one of them collects instead (its
 *alternatives*), and the pass count CUPTI computed for it per chip and CUPTI version (checked by the tests against
-the loaded CUPTI). Pure data: nothing here loads CUPTI; :meth:`MetricSet.on_chip` takes the chip's metric list
-as a predicate.
+the loaded CUPTI). A set may instead join other sets (``full``: every range set): its metrics are theirs in order,
+without repeats, and their alternatives are its own. Pure data: nothing here loads CUPTI; :meth:`MetricSet.on_chip`
+takes the chip's metric list as a predicate.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class MetricSet:
     alternatives : dict
         Metric -> groups of metrics, tried in order on a chip that lacks it; the first group the chip has in full
         stands in for it; with none (or no groups), it is left out.
+    sets : tuple of str
+        The sets this one joins (empty for a set of its own metrics).
     """
 
     name: str
@@ -77,6 +80,7 @@ class MetricSet:
     metrics: tuple[str, ...]
     passes: dict
     alternatives: dict = dataclasses.field(default_factory=dict)
+    sets: tuple[str, ...] = ()
 
     def on_chip(self, has, fits=lambda group: True) -> SetOnChip:
         """The set as a chip collects it.
@@ -114,11 +118,18 @@ def all_sets() -> dict[str, MetricSet]:
     """Every named metric set, by name."""
     text = resources.files("gpuscope.metrics").joinpath("data/metric_sets.json").read_text()
     raw = json.loads(text)["sets"]
-    return {
+    out = {
         name: MetricSet(name, s["kind"], s["description"], tuple(s["metrics"]), s.get("passes", {}),
                         {m: tuple(tuple(g) for g in groups) for m, groups in s.get("alternatives", {}).items()})
-        for name, s in raw.items()
+        for name, s in raw.items() if "sets" not in s
     }
+    for name, s in raw.items():
+        if "sets" in s:
+            parts = [out[p] for p in s["sets"]]
+            out[name] = MetricSet(name, s["kind"], s["description"],
+                                  tuple(dict.fromkeys(m for p in parts for m in p.metrics)), s.get("passes", {}),
+                                  {m: g for p in reversed(parts) for m, g in p.alternatives.items()}, tuple(s["sets"]))
+    return {name: out[name] for name in raw}
 
 
 def set_names() -> list[str]:

@@ -417,7 +417,7 @@ def test_show_raw_page_lists_every_value_with_its_unit(capsys, monkeypatch, tmp_
 
 def test_show_raw_page_refuses_by(capsys, monkeypatch):
     code, _, err = _show(capsys, monkeypatch, "--page", "raw", "--by", "phase", _demo.RECORDED_SERIES)
-    assert code == 4 and "--by groups the rows of the details page" in err
+    assert code == 4 and "--by groups the rows of the summary and details pages" in err
 
 
 def test_a_phase_whose_topdown_is_not_a_number_says_no_data(unattributed):
