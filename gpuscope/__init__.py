@@ -97,6 +97,11 @@ _EXPORTS = {
     "profile_fast_topdown": "gpuscope._pc_sampling.fast",
     "FastTopDownError": "gpuscope._pc_sampling.fast",
     "SamplerBusyError": "gpuscope.errors",
+    # source counters (CUPTI SASS metrics) and the source view
+    "source_counters": "gpuscope._pc_sampling.counters",
+    "SourceCounters": "gpuscope._pc_sampling.counters",
+    "source": "gpuscope.metrics.source",
+    "profile_source": "gpuscope._pc_sampling.source_profile",
     # PM sampling
     "sample": "gpuscope._pm_sampling.api",
     "Sampler": "gpuscope._pm_sampling.sampler",
