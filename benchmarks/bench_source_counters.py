@@ -9,13 +9,14 @@ launch count it times, median of ``--repeats``:
 
 * ``plain``: the launches alone;
 * ``source_counters``: from entering ``gs.source_counters()`` to holding its Dataset (SASS patching at each kernel's
-  first launch in the block, the patched launches, flush, disable, the Dataset with source lines);
+  first launch in the block, the patched launches, flush, disable, the detach, the Dataset with source lines);
 * ``profile_source``: ``gs.profile_source`` (the launches twice: under PC sampling at period 2^10, then counted,
   and the join);
 * ``ncu``: the whole process of ``ncu --section SourceCounters --clock-control none --cache-control none`` on the
   same launches (this script's ``--child``), minus the same process run without ncu.
 
-Two launch counts separate the fixed cost (patching, setup) from the cost per launch. Prints a Markdown table; with
+Each case runs in processes of its own (CUPTI configures SASS metrics once per process), the kernels compiled at
+their first launch inside the timed part in every case alike. Two launch counts separate the fixed cost (patching, setup) from the cost per launch. Prints a Markdown table; with
 ``--out FILE`` also writes the numbers as JSON.
 """
 
@@ -33,58 +34,54 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _median_time(fn, repeats: int) -> float:
-    from numba import cuda
-
-    times = []
-    for _ in range(repeats):
-        cuda.synchronize()
-        began = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-def _process_time(cmd: list[str]) -> float:
+def _process(cmd: list[str]) -> tuple[float, dict]:
+    """Wall time of a whole process, and what it printed last as JSON (a gpuscope child's block time)."""
     began = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - began
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    return wall, (json.loads(lines[-1]) if lines else {})
 
 
-def child(launches: int) -> None:
-    """The workload alone, as ncu's target (and its no-ncu twin)."""
+def child(mode: str, launches: int) -> None:
+    """One process: the workload (``plain``), or the workload in a ``source_counters`` block or under
+    ``profile_source`` (CUPTI configures SASS metrics once per process); prints the block's time as JSON."""
     from numba import cuda
 
-    from benchmarks.bench_pc_sampling import Workload
-
-    Workload().run(launches)
-    cuda.synchronize()
-
-
-def measure(launches: int, repeats: int, ncu: str | None) -> dict:
     import gpuscope as gs
     from benchmarks.bench_pc_sampling import Workload
 
-    work = Workload(fresh=True)  # kernels not launched yet: the first block pays the patching as a user would
-    row = {"launches": launches}
-    row["plain_s"] = _median_time(lambda: work.run(launches), repeats)
-
-    def counted():
+    work = Workload(fresh=True)  # kernels not launched yet: the block pays the patching as a user's would
+    cuda.synchronize()
+    began = time.perf_counter()
+    out = {}
+    if mode == "source_counters":
         with gs.source_counters(kernels=list(work.kernels)) as sc:
             work.run(launches)
-        row["instructions"] = int(sc.dataset["smsp__sass_inst_executed"].sum())
+        out["instructions"] = int(sc.dataset["smsp__sass_inst_executed"].sum())
+    elif mode == "profile_source":
+        gs.profile_source(work.run, launches, kernels=list(work.kernels))
+    else:
+        work.run(launches)
+    cuda.synchronize()
+    out["block_s"] = time.perf_counter() - began
+    print(json.dumps(out))
 
-    row["source_counters_s"] = _median_time(counted, repeats)
-    row["profile_source_s"] = _median_time(
-        lambda: gs.profile_source(work.run, launches, kernels=list(work.kernels)), repeats)
+
+def measure(launches: int, repeats: int, ncu: str | None) -> dict:
+    row = {"launches": launches}
+    me = [sys.executable, os.path.abspath(__file__), "--child"]
+    for mode in ("plain", "source_counters", "profile_source"):
+        runs = [_process([*me, mode, str(launches)]) for _ in range(repeats)]
+        row[f"{mode}_process_s"] = statistics.median(w for w, _ in runs)
+        row[f"{mode}_s"] = statistics.median(r["block_s"] for _, r in runs)
+        if mode == "source_counters":
+            row["instructions"] = runs[-1][1].get("instructions")
     if ncu:
-        gs.release()
-        base = [sys.executable, os.path.abspath(__file__), "--child", str(launches)]
         profiled = [ncu, "--section", "SourceCounters", "--clock-control", "none", "--cache-control", "none",
-                    "-k", "regex:stream|fma", "--target-processes", "all", *base]
-        plain = statistics.median(_process_time(base) for _ in range(repeats))
-        row["ncu_s"] = statistics.median(_process_time(profiled) for _ in range(repeats)) - plain
+                    "-k", "regex:stream|fma", "--target-processes", "all", *me, "plain", str(launches)]
+        row["ncu_process_s"] = statistics.median(_process(profiled)[0] for _ in range(repeats))
+        row["ncu_s"] = row["ncu_process_s"] - row["plain_process_s"] + row["plain_s"]  # as a block: beyond plain
     return row
 
 
@@ -95,14 +92,16 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu",
                         help="the ncu to compare with; 'none' to skip")
     parser.add_argument("--out", help="also write the rows as JSON here")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        child(args.child)
+        child(args.child[0], int(args.child[1]))
         return []
     ncu = None if args.ncu == "none" or not os.path.exists(args.ncu) else args.ncu
     rows = [measure(n, args.repeats, ncu) for n in args.launches]
-    print(f"median of {args.repeats}; seconds end to end, and ms per launch beyond plain")
+    print(f"median of {args.repeats}, each a process of its own; seconds from entering the API to holding the "
+          "result (ncu: its whole process minus the plain one, plus the plain launches), and ms per launch beyond "
+          "plain")
     print("| launches | plain | source_counters | per launch | profile_source | per launch | ncu SourceCounters | "
           "per launch |")
     print("|---|---|---|---|---|---|---|---|")
@@ -114,6 +113,10 @@ def main(argv=None) -> list[dict]:
             else:
                 cells += ["-", "-"]
         print(f"| {r['launches']} | " + " | ".join(cells) + " |")
+    for r in rows:
+        print(f"whole processes, {r['launches']} launches: plain {r['plain_process_s']:.2f} s, source_counters "
+              f"{r['source_counters_process_s']:.2f} s, profile_source {r['profile_source_process_s']:.2f} s"
+              + (f", ncu {r['ncu_process_s']:.2f} s" if "ncu_process_s" in r else ""))
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         for key in ("source_counters_s", "ncu_s"):

@@ -8,6 +8,15 @@ end the counts are flushed (inside the enabled range, as CUPTI requires) and SAS
 unconfigured, whatever happened in the block. Counts are summed over every launch in the block. PC sampling
 cannot run at the same time (it would sample the patched code), nor a range-profiling session (it would count
 the patch's instructions): :func:`gpuscope.profile_source` runs the two one after the other.
+
+**One block per process.** CUPTI 13.0 configures SASS metrics once per process: a second
+``cuptiSassMetricsSetConfig`` fails with ``CUPTI_ERROR_OUT_OF_MEMORY``, after ``UnsetConfig``, a
+``cuptiProfilerDeInitialize`` and even a ``cuptiFinalize`` alike, and a configuration kept enabled counts nothing
+in a second enabled range (lazy patching patches a kernel once) while range profiling sees no launch and PC
+sampling no sample (measured on the H100). So a block ends by making CUPTI forget the process
+(``cuptiFinalize``, :func:`gpuscope._gpu.keep.detach_cupti`; without it the next range session gets no rows) and
+attaching it again; a second block in the process is refused with an error that says so
+(:data:`ONCE_MESSAGE`).
 """
 
 from __future__ import annotations
@@ -35,6 +44,13 @@ DEFAULT_METRICS = ("smsp__sass_inst_executed", "smsp__sass_thread_inst_executed"
 
 _active: dict[int, SourceCounters] = {}  # device index -> open block
 _active_lock = threading.Lock()
+_configured = False  # SASS metrics were configured in this process: CUPTI allows it once (module docstring)
+
+#: Why a second block in a process is refused.
+ONCE_MESSAGE = ("source_counters runs once per process: CUPTI configures SASS metrics once per process (a second "
+                "cuptiSassMetricsSetConfig fails with CUPTI_ERROR_OUT_OF_MEMORY under CUPTI 13.0, whatever was "
+                "released in between). Count in a new process (python -c, a subprocess, or the next run of the "
+                "script), with every kernel of interest in the one block.")
 
 
 def _check_free(device: int) -> None:
@@ -95,6 +111,7 @@ class SourceCounters:
         self.records = None
         self.launches: dict[str, int] | None = None
         self.notes: list[str] = []
+        self.cupti_detach = ""  # what the detach at the block's end did (module docstring)
         self.metrics: dict[int, tuple[str, str]] = {}
         self.chip = ""
         self.device_info = None
@@ -134,6 +151,8 @@ class SourceCounters:
             raise GpuscopeError("this source_counters block was already used; make a new one")
         with _active_lock:
             _check_free(self.device)
+            if _configured:
+                raise GpuscopeError(ONCE_MESSAGE)
             _active[self.device] = self
         try:
             self._setup()
@@ -181,6 +200,9 @@ class SourceCounters:
             except CuptiError:
                 raise _unknown_metric(self.chip, name) from None
             self.metrics[details.metric_id] = (name, details.description)
+        global _configured
+        with _active_lock:
+            _configured = True  # tried: a refusal (OUT_OF_MEMORY) would come back on every later try
         S.set_config(self.device, list(self.metrics))
         self._steps.append("config")
         S.enable(self._context.handle, self.lazy_patching)
@@ -217,7 +239,7 @@ class SourceCounters:
             "initialize": profiler.deinitialize,
         }
         error = None
-        steps = [*reversed(self._steps), "recorder", "context"]
+        steps = [*reversed(self._steps), "recorder", "detach", "context"]
         self._steps = []
         for step in steps:
             try:
@@ -225,6 +247,9 @@ class SourceCounters:
                     if self._recorder is not None:
                         self._recorder.close()
                         self._recorder = None
+                elif step == "detach":  # the patched kernels stay CUPTI's until it forgets the process
+                    if "config" in steps and self._context is not None:
+                        self.cupti_detach = self._detach()
                 elif step == "context":
                     if self._context is not None:
                         self._context.close()
@@ -239,6 +264,19 @@ class SourceCounters:
             if _active.get(self.device) is self:
                 del _active[self.device]
         return error
+
+    def _detach(self) -> str:
+        """Make CUPTI forget the process (the patching with it) and attach it again (:func:`_api.reattach`)."""
+        from gpuscope._gpu import keep as _keep
+        from gpuscope.cupti import _api
+
+        outcome = _keep.detach_cupti()
+        if outcome == "detached":
+            _api.reattach(self._context.handle)
+        else:
+            self.notes.append(f"CUPTI was not detached after the block ({outcome}): range-profiling sessions in this "
+                              "process may see no launch of the kernels counted here")
+        return outcome
 
     def close(self, failed: bool = False) -> None:
         """Flush the counts, disable and unconfigure SASS metrics, and build :attr:`dataset`. Safe to call twice.
@@ -304,6 +342,7 @@ class SourceCounters:
             "kernels_without_counts": ", ".join(f"{kernel_name(k)} ({n})"
                                                 for k, n in self.kernels_without_counts().items()),
             "notes": "; ".join(self.notes),
+            "cupti_detach": self.cupti_detach,
         }
         return counters_dataset(self.records, self.metrics, source_map, launches=self.launches,
                                 device_info=self.device_info, chip=self.chip, attrs=attrs)

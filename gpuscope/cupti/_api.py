@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from ctypes import POINTER, c_char_p, c_int
+from ctypes import POINTER, c_char_p, c_int, c_void_p
 
 from gpuscope.cupti import _lib
 from gpuscope.cupti._types import Version
@@ -118,6 +118,21 @@ def detach(prepare=None) -> None:
     if status != CUPTI_SUCCESS:
         raise cupti_error(status, "cuptiFinalize", error_message(status))
     _attached = False
+
+
+def reattach(context: int) -> None:
+    """Attach CUPTI to the process again after :func:`detach`, through *context* (``cuptiGetContextId``): right
+    after ``cuptiFinalize`` CUPTI 13.0 refuses ``cuptiProfilerInitialize`` (``CUPTI_ERROR_NOT_INITIALIZED``) until
+    a call that names a context has run (measured on the H100, ``gpuscope/_pc_sampling/counters.py``)."""
+    global _attached
+    fn = _cdll("cupti").cuptiGetContextId
+    fn.argtypes = [c_void_p, POINTER(ctypes.c_uint32)]
+    fn.restype = c_int
+    context_id = ctypes.c_uint32()
+    status = fn(c_void_p(context), ctypes.byref(context_id))
+    if status != CUPTI_SUCCESS:
+        raise cupti_error(status, "cuptiGetContextId", error_message(status))
+    _attached = True
 
 
 def error_message(status: int) -> str:

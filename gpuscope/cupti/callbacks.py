@@ -175,10 +175,15 @@ def other_client() -> str | None:
     holds CUPTI's one callback subscriber: its name where CUPTI gives it, ``""`` where not, None where none does.
     Asks by subscribing and, where that succeeds, unsubscribing at once; no CUPTI call while gpuscope holds the
     subscriber itself (then no one else does)."""
+    from gpuscope.errors import CuptiError
+
     with _lock:
         if _subscription:
             return None
-        status, who, handle, callback = _try_subscribe()
+        try:
+            status, who, handle, callback = _try_subscribe()
+        except CuptiError:  # CUPTI cannot say (no GPU, a broken install): nothing known of another client
+            return None
         if status:
             return who
         _retired.append(callback)  # a C callback CUPTI once held is never freed

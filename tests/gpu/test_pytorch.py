@@ -121,8 +121,11 @@ def test_pc_sampling_after_torch_profiler_leaves_kinetos_cupti_alone():
         from gpuscope._gpu import keep
         """, PROFILE, """
         assert gpu_events() >= 5
-        print("detach:", keep.detach_cupti())
         x = torch.randn(512, 512, device="cuda")
+        with gs.Profiler("launch", mode="user"):  # gpuscope attaches CUPTI (user mode needs no subscriber)
+            with gs.range("mm"):
+                x @ x
+        print("detach:", keep.detach_cupti())
         try:
             with gs.pc_sample():
                 x @ x
@@ -156,6 +159,8 @@ def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
     seen, profiled = int(ds.attrs["launches_seen"]), int(ds.attrs["launches_profiled"])
     warm = seen - steps * period
     assert warm > 0
-    # at most the last pass group's steps go unprofiled after the warm-up (and the launch that showed the loop)
-    assert profiled - warm >= (steps - passes) * period - 2, dict(ds.attrs)
+    said = {k: ds.attrs[k] for k in ds.attrs if k.startswith(("launches", "repetition"))}
+    # unprofiled after the warm-up: at most the last pass group (fewer steps than passes) and the search's end (it
+    # looks at three periods of launches, so it may run into the first steps): 8-10 of 20-24 steps measured
+    assert profiled - warm >= (steps - passes - 3) * period, said
     assert ds["launch"].values.min() >= 0 and ds["launch"].values.max() < seen  # the process's launch IDs

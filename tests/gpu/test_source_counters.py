@@ -6,9 +6,15 @@ same path, so a line's warp-level executions are a whole multiple of warps x lau
 iterations x warps x launches per extra ``ITERS`` iterations (times the SASS instructions per iteration the
 compiler put on the line, k >= 1, whatever it unrolled), and a line run by the even lanes only has exactly 16
 threads per warp-level execution.
+
+CUPTI configures SASS metrics once per process (gpuscope/_pc_sampling/counters.py), so each block runs in a process
+of its own (:func:`_in_child`: this module's ``child`` with a spec), which returns the rows the tests look at.
 """
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -73,34 +79,130 @@ def _per_warp_launch(count: int, launches: int = LAUNCHES) -> int:
     return count // (WARPS * launches)
 
 
+
+def _table_rows(table, markers, text=None) -> dict:
+    out = {}
+    for marker in markers:
+        row = _row(table, marker, text)
+        out[marker] = {v: float(row[v]) for v in table.data_vars if row[v].dims == ()}
+        out[marker]["line_text"] = str(row.line_text.item())
+        out[marker]["file"] = str(row.file.item())
+    return out
+
+
+def child(spec: dict) -> dict:
+    """One source_counters block (or profile_source run, or error sequence) as *spec* says; JSON-able results."""
+    kind = spec["kind"]
+    if kind == "numba":
+        ds, table = _counted(_fresh_divergent(), spec["iters"], warm=spec["warm"])
+        return {"rows": _table_rows(table, ("EVEN_LOOP_LINE", "BRANCH_LINE", "STORE_LINE")),
+                "launches": int(table.attrs["launches"]), "dropped": int(ds.attrs["dropped_records"]),
+                "vars": sorted(ds.data_vars), "metrics": list(gs.source_counters().metric_names),
+                "cupti_detach": ds.attrs["cupti_detach"],
+                "totals": {v: float(table[v].sum()) for v in ("smsp__sass_thread_inst_executed",
+                                                              "smsp__sass_inst_executed")},
+                "pred_on_le_threads": bool((table.smsp__sass_thread_inst_executed_pred_on
+                                            <= table.smsp__sass_thread_inst_executed).all()),
+                "predicated_off_ge_0": bool((table.predicated_off >= 0).all())}
+    if kind == "cupy":
+        cp = pytest.importorskip("cupy")
+        kernel = cp.RawKernel(CUPY_CODE, "scale_loop", options=("-lineinfo",))
+        y = cp.ones(N, dtype=cp.float32)
+        with gs.source_counters(kernels=[kernel]) as sc:
+            for _ in range(LAUNCHES):
+                kernel((BLOCKS,), (THREADS,), (y, A, B, np.int32(N), np.int32(spec["iters"])))
+        table = gs.source(sc.dataset, kernel="scale_loop")
+        rows = _table_rows(table, ("CUPY_LOOP_LINE",), CUPY_CODE)
+        # the line text of a kernel compiled from a string: pass the code under the file name the Dataset shows
+        file = os.path.basename(rows["CUPY_LOOP_LINE"]["file"])
+        again = gs.source(sc.build(sources={file: CUPY_CODE}), kernel="scale_loop")
+        return {"rows": rows, "launches": int(table.attrs["launches"]),
+                "line_text": str(_row(again, "CUPY_LOOP_LINE", CUPY_CODE).line_text.item())}
+    if kind == "profile_source":
+        kernel = _fresh_divergent()
+        out = cuda.to_device(np.ones(N, dtype=np.float32))
+
+        def work():
+            for _ in range(20):
+                kernel[BLOCKS, THREADS](out, A, B, 4 * ITERS)
+
+        tables = gs.profile_source(work, period=2**10, kernels=[kernel])
+        table = tables[next(k for k in tables if k.endswith("divergent"))]
+        loop = _row(table, "EVEN_LOOP_LINE")
+        return {"has_counters": int(table.attrs["has_counters"]), "has_pc_samples": int(table.attrs["has_pc_samples"]),
+                "loop_inst": int(loop.smsp__sass_inst_executed), "loop_samples": int(loop.samples),
+                "samples": int(table.samples.sum())}
+    if kind == "errors":
+        kernel = _fresh_divergent()
+        out = cuda.to_device(np.ones(N, dtype=np.float32))
+        said = {}
+        try:
+            gs.source_counters(metrics=["smsp__sass_no_such_metric"]).start()
+        except gs.UnknownMetricError as exc:
+            said["unknown"] = str(exc)
+        with gs.pc_sample(period=2**14):
+            try:
+                gs.source_counters().start()
+            except gs.SamplerBusyError as exc:
+                said["inside_pc"] = str(exc)
+            kernel[BLOCKS, THREADS](out, A, B, ITERS)
+        try:
+            with gs.source_counters(kernels=[kernel]):
+                kernel[BLOCKS, THREADS](out, A, B, ITERS)
+                raise KeyError("inside")
+        except KeyError:
+            said["raised"] = "KeyError"
+        try:
+            gs.source_counters().start()
+        except gs.GpuscopeError as exc:
+            said["second"] = str(exc)
+        with gs.Profiler("launch", mode="kernel") as prof:  # range profiling after the block sees the launches
+            kernel[BLOCKS, THREADS](out, A, B, ITERS)
+        said["range_rows"] = int(prof.dataset.sizes["range"])
+        with gs.pc_sample(period=2**10) as pc:
+            for _ in range(5):
+                kernel[BLOCKS, THREADS](out, A, B, 4 * ITERS)
+        said["pc_samples"] = int(pc.dataset["samples"].sum())
+        return said
+    raise ValueError(kind)
+
+
+def _in_child(**spec) -> dict:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[2]); import test_source_counters as t; "
+            "print('RESULT' + json.dumps(t.child(json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec), os.path.dirname(__file__)],
+                          capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")]
+    assert done.returncode == 0 and lines, (done.stdout[-2000:], done.stderr[-3000:])
+    return json.loads(lines[-1][len("RESULT"):])
+
+
 @pytest.mark.parametrize("warm", [True, False], ids=["run-before-the-block", "first-launch-in-the-block"])
 def test_loop_line_counts_iterations_times_warps(warm):
-    kernel = _fresh_divergent()
-    ds, once = _counted(kernel, ITERS, warm=warm)
-    _, twice = _counted(kernel, 2 * ITERS)
-    assert once.attrs["launches"] == LAUNCHES and ds.attrs["dropped_records"] == 0
-    assert set(gs.source_counters().metric_names) <= set(ds.data_vars)
-    c1 = _per_warp_launch(int(_row(once, "EVEN_LOOP_LINE").smsp__sass_inst_executed))
-    c2 = _per_warp_launch(int(_row(twice, "EVEN_LOOP_LINE").smsp__sass_inst_executed))
+    once = _in_child(kind="numba", iters=ITERS, warm=warm)
+    twice = _in_child(kind="numba", iters=2 * ITERS, warm=True)
+    assert once["launches"] == LAUNCHES and once["dropped"] == 0 and once["cupti_detach"] == "detached"
+    assert set(once["metrics"]) <= set(once["vars"])
+    c1 = _per_warp_launch(int(once["rows"]["EVEN_LOOP_LINE"]["smsp__sass_inst_executed"]))
+    c2 = _per_warp_launch(int(twice["rows"]["EVEN_LOOP_LINE"]["smsp__sass_inst_executed"]))
     k, rest = divmod(c2 - c1, ITERS)  # SASS instructions per iteration on the line (1: the FFMA)
     assert rest == 0 and 1 <= k <= 4, (c1, c2)
     assert c1 >= k * ITERS
     for marker in ("BRANCH_LINE", "STORE_LINE"):  # outside the loop: the same count for any iteration count
-        assert int(_row(once, marker).smsp__sass_inst_executed) == int(_row(twice, marker).smsp__sass_inst_executed)
+        assert once["rows"][marker]["smsp__sass_inst_executed"] == twice["rows"][marker]["smsp__sass_inst_executed"]
 
 
 def test_divergence_shows_in_thread_counts():
-    _, table = _counted(_fresh_divergent(), ITERS)
-    loop, store = _row(table, "EVEN_LOOP_LINE"), _row(table, "STORE_LINE")
+    got = _in_child(kind="numba", iters=ITERS, warm=True)
+    loop, store = got["rows"]["EVEN_LOOP_LINE"], got["rows"]["STORE_LINE"]
     # only the even lanes run the loop: 16 threads per warp-level execution, exactly
-    assert int(loop.smsp__sass_thread_inst_executed) == 16 * int(loop.smsp__sass_inst_executed) > 0
-    assert float(loop.threads_per_instruction) == 16.0
+    assert loop["smsp__sass_thread_inst_executed"] == 16 * loop["smsp__sass_inst_executed"] > 0
+    assert loop["threads_per_instruction"] == 16.0
     # after the branch every lane is active again
-    assert int(store.smsp__sass_thread_inst_executed) == 32 * int(store.smsp__sass_inst_executed) > 0
-    pred_on, threads = table.smsp__sass_thread_inst_executed_pred_on, table.smsp__sass_thread_inst_executed
-    assert bool((pred_on <= threads).all()) and bool((table.predicated_off >= 0).all())
-    assert float(threads.sum()) < 32 * float(table.smsp__sass_inst_executed.sum())
-    assert loop.line_text.item() == "acc = acc * a + b  # EVEN_LOOP_LINE"
+    assert store["smsp__sass_thread_inst_executed"] == 32 * store["smsp__sass_inst_executed"] > 0
+    assert got["pred_on_le_threads"] and got["predicated_off_ge_0"]
+    assert got["totals"]["smsp__sass_thread_inst_executed"] < 32 * got["totals"]["smsp__sass_inst_executed"]
+    assert loop["line_text"] == "acc = acc * a + b  # EVEN_LOOP_LINE"
 
 
 CUPY_CODE = r'''extern "C" __global__ void scale_loop(float* y, float a, float b, int n, int iters) {
@@ -117,58 +219,30 @@ CUPY_CODE = r'''extern "C" __global__ void scale_loop(float* y, float a, float b
 
 
 def test_cupy_raw_kernel_with_line_info():
-    cp = pytest.importorskip("cupy")
-    kernel = cp.RawKernel(CUPY_CODE, "scale_loop", options=("-lineinfo",))
-    y = cp.ones(N, dtype=cp.float32)
-    tables = {}
-    for iters in (ITERS, 2 * ITERS):
-        with gs.source_counters(kernels=[kernel]) as sc:
-            for _ in range(LAUNCHES):
-                kernel((BLOCKS,), (THREADS,), (y, A, B, np.int32(N), np.int32(iters)))
-        tables[iters] = gs.source(sc.dataset, kernel="scale_loop")
-    assert tables[ITERS].attrs["launches"] == LAUNCHES
-    loop = [_row(tables[i], "CUPY_LOOP_LINE", CUPY_CODE) for i in (ITERS, 2 * ITERS)]
-    c1, c2 = (_per_warp_launch(int(r.smsp__sass_inst_executed)) for r in loop)
+    pytest.importorskip("cupy")
+    got = [_in_child(kind="cupy", iters=i) for i in (ITERS, 2 * ITERS)]
+    assert got[0]["launches"] == LAUNCHES
+    loop = [g["rows"]["CUPY_LOOP_LINE"] for g in got]
+    c1, c2 = (_per_warp_launch(int(r["smsp__sass_inst_executed"])) for r in loop)
     k, rest = divmod(c2 - c1, ITERS)
     assert rest == 0 and 1 <= k <= 4, (c1, c2)
-    assert int(loop[0].smsp__sass_thread_inst_executed) == 32 * int(loop[0].smsp__sass_inst_executed)
-    # the line text of a kernel compiled from a string: pass the code under the file name the Dataset shows
-    file = os.path.basename(str(loop[0].file.item()))
-    again = gs.source(sc.build(sources={file: CUPY_CODE}), kernel="scale_loop")
-    assert _row(again, "CUPY_LOOP_LINE", CUPY_CODE).line_text.item() == "acc = acc * a + b;  // CUPY_LOOP_LINE"
+    assert loop[0]["smsp__sass_thread_inst_executed"] == 32 * loop[0]["smsp__sass_inst_executed"]
+    assert got[0]["line_text"] == "acc = acc * a + b;  // CUPY_LOOP_LINE"
 
 
 def test_profile_source_joins_counts_and_stalls_on_the_loop_line():
-    kernel = _fresh_divergent()
-    out = cuda.to_device(np.ones(N, dtype=np.float32))
-
-    def work():
-        for _ in range(20):
-            kernel[BLOCKS, THREADS](out, A, B, 4 * ITERS)
-
-    tables = gs.profile_source(work, period=2**10, kernels=[kernel])
-    table = tables[next(k for k in tables if k.endswith("divergent"))]
-    assert table.attrs["has_counters"] == 1 and table.attrs["has_pc_samples"] == 1
-    loop = _row(table, "EVEN_LOOP_LINE")
-    assert int(loop.smsp__sass_inst_executed) > 0
-    assert int(table.samples.sum()) > 100
-    assert int(loop.samples) >= 0.2 * int(table.samples.sum())  # the loop is where the warps spend their time
+    got = _in_child(kind="profile_source")
+    assert got["has_counters"] == 1 and got["has_pc_samples"] == 1
+    assert got["loop_inst"] > 0
+    assert got["samples"] > 100
+    assert got["loop_samples"] >= 0.2 * got["samples"]  # the loop is where the warps spend their time
 
 
-def test_errors_leave_nothing_enabled_and_the_next_block_works():
-    kernel = _fresh_divergent()
-    out = cuda.to_device(np.ones(N, dtype=np.float32))
-    with pytest.raises(KeyError), gs.source_counters(kernels=[kernel]):
-        kernel[BLOCKS, THREADS](out, A, B, ITERS)
-        raise KeyError("inside")
-    with gs.pc_sample(period=2**14):
-        with pytest.raises(gs.SamplerBusyError, match="pc_sample block is open"):
-            gs.source_counters().start()
-        kernel[BLOCKS, THREADS](out, A, B, ITERS)
-    with gs.source_counters(kernels=[kernel]) as sc:
-        with pytest.raises(gs.SamplerBusyError, match="already open"):
-            gs.source_counters().start()
-        kernel[BLOCKS, THREADS](out, A, B, ITERS)
-    assert int(sc.dataset.smsp__sass_inst_executed.sum()) > 0
-    with pytest.raises(gs.UnknownMetricError):
-        gs.source_counters(metrics=["smsp__sass_no_such_metric"]).start()
+def test_errors_leave_nothing_enabled_and_the_process_profiles_on():
+    said = _in_child(kind="errors")
+    assert "did you mean" in said["unknown"] or "smsp__sass" in said["unknown"]
+    assert "pc_sample block is open" in said["inside_pc"]
+    assert said["raised"] == "KeyError"
+    assert "once per process" in said["second"]
+    # the block's end made CUPTI forget the patched kernels: range profiling and PC sampling see them again
+    assert said["range_rows"] == 1 and said["pc_samples"] > 0

@@ -17,6 +17,7 @@ from gpuscope._pc_sampling import records as _pcrecords
 from gpuscope._pc_sampling import sampler as _sampler
 from gpuscope._pc_sampling import source as _source
 from gpuscope._pc_sampling.sass_records import counters_dataset
+from gpuscope.cupti import _api
 from gpuscope.cupti import pc_sampling as C
 from gpuscope.cupti import sass_metrics as S
 from gpuscope.errors import CuptiError
@@ -208,6 +209,9 @@ def fake_gpu(monkeypatch):
                              np.array([8, 256], np.uint64))
 
     monkeypatch.setattr(S, "flush", rec("flush", flush))
+    monkeypatch.setattr(_keep, "detach_cupti", rec("detach_cupti", "detached"))
+    monkeypatch.setattr(_api, "reattach", rec("reattach"))
+    monkeypatch.setattr(Cn, "_configured", False)  # each test its own process, as far as CUPTI's one config goes
     _Ctx.closed = False
     yield calls, state
     assert not Cn._active, "a source_counters block stayed registered"
@@ -221,7 +225,8 @@ def test_a_block_flushes_inside_the_enabled_range_then_disables_and_unconfigures
         _Recorder.last.on_enter(_Launch("_Z5otherv", context=0xD0))  # another context: not this block's
     assert calls == ["release", "synchronize", "initialize", "chip_name", "device_support", "properties",
                      "properties", "set_config", "enable", "synchronize", "data_properties", "flush", "disable",
-                     "unset_config", "deinitialize"]
+                     "unset_config", "deinitialize", "detach_cupti", "reattach"]
+    assert sc.dataset.attrs["cupti_detach"] == "detached"
     assert state["flushed"] == (0xC0, 2, 1, 2)  # a value slot per metric and instance
     ds = sc.dataset
     assert ds.smsp__sass_inst_executed.values.tolist() == [8]
@@ -235,12 +240,12 @@ def test_an_exception_in_the_block_leaves_nothing_enabled(fake_gpu):
     with pytest.raises(KeyError), gs.source_counters() as sc:
         raise KeyError("inside")
     assert "flush" not in calls
-    assert calls[-3:] == ["disable", "unset_config", "deinitialize"]
+    assert calls[-5:] == ["disable", "unset_config", "deinitialize", "detach_cupti", "reattach"]
     assert sc.dataset is None and _Ctx.closed
 
 
 @pytest.mark.parametrize("step,undone", [("set_config", ["deinitialize"]),
-                                         ("enable", ["unset_config", "deinitialize"])])
+                                         ("enable", ["unset_config", "deinitialize", "detach_cupti", "reattach"])])
 def test_a_failed_start_undoes_what_it_did(fake_gpu, step, undone):
     calls, state = fake_gpu
     state["fail"] = step
@@ -254,7 +259,7 @@ def test_a_failed_flush_raises_and_still_tears_down(fake_gpu):
     state["fail"] = "flush"
     with pytest.raises(CuptiError, match="flush"), gs.source_counters():
         pass
-    assert calls[-3:] == ["disable", "unset_config", "deinitialize"]
+    assert calls[-5:] == ["disable", "unset_config", "deinitialize", "detach_cupti", "reattach"]
 
 
 def test_unsupported_device_and_unknown_metric_say_why(fake_gpu):
@@ -304,3 +309,24 @@ def test_without_a_gpu_the_block_says_so_and_registers_nothing():
     with pytest.raises(gs.NoGpuError), gs.source_counters():
         pass
     assert not Cn._active
+
+
+def test_a_second_block_in_the_process_is_refused_with_the_reason(fake_gpu):
+    """CUPTI 13.0 configures SASS metrics once per process (a second SetConfig: CUPTI_ERROR_OUT_OF_MEMORY on the
+    H100, whatever was released between): the second block says so before any CUPTI call."""
+    calls, _ = fake_gpu
+    with gs.source_counters():
+        pass
+    before = len(calls)
+    with pytest.raises(gs.GpuscopeError, match="once per process"):
+        gs.source_counters().start()
+    assert len(calls) == before and not Cn._active
+
+
+def test_a_refused_detach_is_said_in_the_notes(fake_gpu, monkeypatch):
+    calls, _ = fake_gpu
+    monkeypatch.setattr(_keep, "detach_cupti", lambda: "gpuscope is using CUPTI: 1 user(s) of the CUPTI profiler")
+    with gs.source_counters() as sc:
+        pass
+    assert "reattach" not in calls
+    assert "CUPTI was not detached after the block" in sc.dataset.attrs["notes"]
