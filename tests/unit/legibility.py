@@ -2,7 +2,8 @@
 
 * Every text drawn is at least ``MIN_POINTS`` (8 pt) at the figure's printed size: its own size, or a page's text
   width (``PRINT_WIDTH``, 7 in) where it is wider, which shrinks every text by the same factor.
-* Every text lies inside the figure (nothing cut off at its edge) and no two texts overlap.
+* Every text lies inside the figure (nothing cut off at its edge), no two texts overlap, and a text in a plot lies
+  inside a box (bar, span, diagram box) or outside it, never across its edge.
 * Every legend entry stands for something drawn: a patch or band of its colour at least a pixel wide and high, a
   line of its colour and dash pattern, a marker of its shape. An entry without a visible handle (a white box, as
   the hierarchy's "n nodes not listed") is text and is not checked.
@@ -162,6 +163,17 @@ def problems(fig) -> list[str]:
     for (a, poly_a), (b, poly_b) in itertools.combinations(shapes, 2):
         if not _apart(poly_a, poly_b):
             out.append(f"{a.get_text()[:30]!r} overlaps {b.get_text()[:30]!r}")
+    for ax in fig.axes:
+        boxes = [p.get_window_extent() for p in ax.patches if p.get_visible() and p.get_fill()]
+        for text, poly in shapes:
+            if text.axes is not ax or text not in ax.texts:
+                continue
+            for box in boxes:
+                inside = np.all((poly >= [box.x0 - 1, box.y0 - 1]) & (poly <= [box.x1 + 1, box.y1 + 1]))
+                if not inside and not _apart(poly, np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1],
+                                                             [box.x0, box.y1]])):
+                    out.append(f"{text.get_text()[:30]!r} runs across the edge of a box")
+                    break
     for legend in {id(lg): lg for lg in fig.findobj(Legend)}.values():
         out += _legend_problems(fig, legend)
     return out

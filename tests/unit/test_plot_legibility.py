@@ -83,9 +83,40 @@ def test_the_checks_catch_what_a_reader_would():
     ax.text(0.5, 0.5, "here", fontsize=12)
     ax.text(0.5, 0.5, "there", fontsize=12)
     ax.text(1.5, 0.5, "cut off at the edge", fontsize=12, transform=ax.transAxes)
+    ax.text(100, 0, "across", fontsize=12, ha="center", va="center")  # over the end of the long bar
     found = legibility.problems(fig)
     assert any("'here'" in p and "pt when printed 7.0 in" not in p and "overlaps 'there'" in p for p in found)
     assert any(p.startswith("'0': 7.0 pt when printed 7.0 in wide") for p in found)  # a tick label, 10 pt * 0.7
     assert "'cut off at the edge': outside the figure" in found
+    assert "'across' runs across the edge of a box" in found
     assert "legend entry 'tiny bar': no patch of its colour is visible" in found
     assert "legend entry 'no such line': no line of its colour and dashes is drawn" in found
+
+
+def test_pc_categories_wear_the_colours_of_their_top_down_nodes():
+    """A reader who sees both figures matches backend_memory by its colour (issued is retire's green)."""
+    import matplotlib.colors
+
+    def legend_colours(fig):
+        legends = fig.legends or [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        return {t.get_text().split()[0]: matplotlib.colors.to_hex(h.get_facecolor())
+                for lg in legends for t, h in zip(lg.get_texts(), lg.legend_handles, strict=True)}
+
+    pc = legend_colours(pc_plot.plot_kernel_stalls(_pc()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        td = legend_colours(gs.topdown(_open(DATA / "demo_launches.nc")).gpuscope.plot.topdown(level=2))
+    assert {"issued", "frontend_decode", "backend_core", "backend_memory"} <= set(pc)
+    assert pc["issued"] == td["retire"]
+    assert all(pc[c] == td[c] for c in ("frontend_decode", "backend_core", "backend_memory"))
+
+
+def test_stalls_too_small_to_see_are_gathered_and_named_once():
+    data = pc_plot.kernel_stalls(_pc(), by="reason")
+    fig = pc_plot.plot_kernel_stalls(_pc(), by="reason")
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    longest = float(data.sum("stall_reason").max())
+    tiny = [str(r) for r in data.stall_reason.values if float(data.sel(stall_reason=r).max()) < longest / 100]
+    assert len(tiny) > 2 and not set(tiny) & set(labels)  # no entry for a segment nobody can see ...
+    assert labels[-1] == f"other: {len(tiny)} more (each < 1%)"  # ... they are one grey segment, named once
