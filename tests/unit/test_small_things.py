@@ -42,6 +42,14 @@ def test_rounding_noise_prints_as_zero_and_raw_values_in_one_notation():
     assert [_raw_value(v) for v in (157616.0, 1164760.0, 0.5)] == ["157,616", "1,164,760", "0.5"]
 
 
+def test_raw_headings_write_numbers_as_the_values_and_no_python_quotes(capsys):
+    code, out, _ = run(capsys, "show", "--page", "raw", str(_demo.RECORDED_LAUNCHES))
+    heading = " ".join(line.strip() for line in out.split("\n\n")[1].splitlines()[:4])  # the first launch, wrapped
+    assert code == 0 and "parent (none)," in heading and "''" not in out
+    assert "grid_x 65,536," in heading and "start_ns 1,795,337,037,571,677,920," in heading  # as 157,616 below
+    assert "sm__cycles_elapsed.max\n      157,616 gpc_cycle" in out  # at 80 columns each value under its name
+
+
 def test_the_warp_states_are_counted_alike(capsys):
     description = gs.metric_set("topdown").description
     assert "18 warp stall reasons" not in description and "16 + 2 on GH100" in description
