@@ -84,9 +84,7 @@ for kernel in ds.kernel.values.tolist():
         states = ", ".join(f"{k} {v / float(total.sum()):.0%}" for k, v in top.items())
         print(f"  line {int(row.line):>4}  {str(row.line_text.item())[:50]:<50}  {states}")
     fig = pc_plot.plot_line_stalls(ds, kernel)
-    fig.tight_layout()
     fig.savefig(os.path.join(out, f"pc_lines_{kernel.rsplit('.', 1)[-1]}.png"), dpi=120)
 
 fig = pc_plot.plot_kernel_stalls(ds)
-fig.tight_layout()
 fig.savefig(os.path.join(out, "pc_kernels.png"), dpi=120)

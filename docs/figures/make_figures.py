@@ -2,8 +2,10 @@
 
     python docs/figures/make_figures.py [OUT_DIR]     # default: docs/figures
 
-Writes the PNGs that docs/topdown.md and docs/phases.md show (FIGURES names them); tests/unit/test_docs_pngs.py
-runs this script into a temporary folder and checks that every figure the pages reference is made.
+Writes the PNGs that docs/topdown.md, phases.md, sol.md and pc-sampling.md show (FIGURES names them), from the
+recordings shipped with the package and those of tests/fixtures (the roofline and memory sets recorded on an H200,
+PC samples on an H100); tests/unit/test_docs_pngs.py runs this script into a temporary folder, checks that every
+figure the pages reference is made, and that a reader of the printed page finds nothing to complain about.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import gpuscope as gs  # noqa: E402
 from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 
 DATA = Path(gs.__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
 #: file name -> the page that shows it
 FIGURES = {
     "topdown_levels.png": "topdown.md",
@@ -28,6 +32,10 @@ FIGURES = {
     "hierarchy.png": "topdown.md",
     "timeline.png": "phases.md",
     "phase_topdown.png": "phases.md",
+    "roofline_fp32.png": "sol.md",
+    "memory_chart.png": "sol.md",
+    "pc_lines.png": "pc-sampling.md",
+    "pc_kernels.png": "pc-sampling.md",
 }
 
 
@@ -45,6 +53,17 @@ def figures():
         yield "timeline.png", gs.phases(ts, label_tolerance=2).gpuscope.plot.timeline()
         ph = gs.phases(ts)  # as docs/phases.md joins them
         yield "phase_topdown.png", ph.gpuscope.plot.phase_topdown(gs.dynamic(td, phases=ph), level=2)
+        sol = FIXTURES / "sol"
+        yield "roofline_fp32.png", gs.open_dataset(sol / "sol_roofline_gh100.nc").gpuscope.plot.roofline("fp32")
+        yield "memory_chart.png", gs.open_dataset(sol / "sol_memory_gh100.nc").gpuscope.plot.memory_chart("stream")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from gpuscope.metrics import pc_plot
+    from tests.fixtures.pc import recording
+
+    pc = recording.dataset()
+    yield "pc_lines.png", pc_plot.plot_line_stalls(pc, "fma")
+    yield "pc_kernels.png", pc_plot.plot_kernel_stalls(pc)
 
 
 def main(out: Path) -> list[Path]:

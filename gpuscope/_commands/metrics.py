@@ -139,8 +139,8 @@ def _sets_on_chip(args, chip: str) -> int:
               f"on {info.chip}, {st.status}): {_lists.metric_set(st.name).description}")
         for m in st.metrics:
             print(f"    {m}")
-        for original, used in st.substituted.items():
-            print(f"  substituted: {original} -> {', '.join(used)}")
+        for original in st.substituted:
+            print(f"  substituted: {st.substitution(original)}")
         for original in st.left_out:
             print(f"  left out: {original} (no equivalent on {info.chip})")
     print(f"\n{info.chip} ({info.family}): " + ("verified on hardware" if info.hardware else

@@ -7,6 +7,7 @@ checked against the chip's catalog (:mod:`gpuscope._gpu.catalog`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 from collections.abc import Iterable, Sequence
@@ -17,15 +18,15 @@ from gpuscope.errors import UnknownMetricError
 from gpuscope.metrics import catalog as _sets
 
 __all__ = [
-    "count_passes",
-    "max_metrics_per_pass",
-    "metric_sets",
-    "metric_set",
-    "resolve",
-    "resolution",
     "config_image",
-    "split_list",
+    "count_passes",
     "expand",
+    "max_metrics_per_pass",
+    "metric_set",
+    "metric_sets",
+    "resolution",
+    "resolve",
+    "split_list",
 ]
 
 
@@ -96,6 +97,7 @@ def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str 
     out: list[str] = []
     substituted: dict = {}
     left_out: list[str] = []
+    units_changed: dict = {}
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"Metric names are strings, got {name!r}.")
@@ -108,6 +110,7 @@ def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str 
                 )
             on_chip = _set_on_chip(name, cm.chip, kind)
             substituted.update(on_chip.substituted)
+            units_changed.update(on_chip.units_changed)
             left_out += [m for m in on_chip.left_out if m not in left_out]
             out += [cm.check(m) for m in on_chip.metrics if m not in out]
         elif "__" not in name and (close := difflib.get_close_matches(name, sets, n=3, cutoff=0.6)):
@@ -116,10 +119,10 @@ def resolution(metrics: str | Iterable[str], chip: str | None = None, kind: str 
                 f"Metric sets: {', '.join(sets)}.", name, tuple(close))
         elif name not in out:
             out.append(cm.check(name))
-    return _sets.SetOnChip(tuple(out), substituted, tuple(left_out))
+    return _sets.SetOnChip(tuple(out), substituted, tuple(left_out), units_changed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _set_on_chip(name: str, chip: str, kind: MetricKind):
     """A built-in set as *chip* collects it: alternatives for what the chip lacks, and in PM sampling for what
     does not fit in its one pass on its own (Turing's DRAM throughput)."""
@@ -136,7 +139,24 @@ def _set_on_chip(name: str, chip: str, kind: MetricKind):
         except CuptiError:  # CUPTI 12.6 lists GA10B's mcc__* metrics for PM sampling but cannot configure them
             return False
 
-    return _sets.get_set(name).on_chip(cm.has, fits)
+    on_chip = _sets.get_set(name).on_chip(cm.has, fits)
+    if not on_chip.substituted:
+        return on_chip
+    # the sets are named as on GH100: a substitute in other units than its original there measures something else
+    reference = _chip_metrics(_sets.REFERENCE_CHIP, kind)
+    changed = {}
+    for original, group in on_chip.substituted.items():
+        before = reference.info(original).units
+        after = sorted({cm.info(m).units for m in group})
+        if after != [before] and [_same_sectors(u) for u in after] != [_same_sectors(before)]:
+            changed[original] = (before, ", ".join(after))
+    return dataclasses.replace(on_chip, units_changed=changed)
+
+
+def _same_sectors(unit: str) -> str:
+    """The unit with the "sys" of syslts__ sectors taken off: Blackwell's system-memory L2 slices count the same
+    32-byte sectors as lts__ (unit ``sysl2_sector`` against ``l2_sector``)."""
+    return unit.removeprefix("sys")
 
 
 def split_list(items: str | Iterable[str]) -> list[str]:

@@ -33,6 +33,15 @@ class SetSupport:
     left_out: tuple[str, ...]
     passes: int | None  # None: the chip cannot be profiled for this kind by the loaded CUPTI
     error: str = ""
+    units_changed: dict = dataclasses.field(default_factory=dict)  # substituted -> (its unit, the substitute's)
+
+    def substitution(self, original: str, short=lambda m: m) -> str:
+        """``"a -> b"``, with the units where the substitute measures something else: ``"a -> b (another quantity:
+        byte/second -> percent)"``."""
+        text = f"{short(original)} -> {', '.join(short(m) for m in self.substituted[original])}"
+        if original in self.units_changed:
+            text += " (another quantity: {} -> {})".format(*self.units_changed[original])
+        return text
 
     @property
     def status(self) -> str:
@@ -69,7 +78,8 @@ def _set_support(name: str, chip: str) -> SetSupport:
         passes = _lists.count_passes(list(res.metrics), chip, mset.kind)
     except UnsupportedChipError as exc:
         return SetSupport(name, mset.kind, (), {}, (), None, str(exc))
-    return SetSupport(name, mset.kind, res.metrics, res.substituted, res.left_out, passes)
+    return SetSupport(name, mset.kind, res.metrics, res.substituted, res.left_out, passes,
+                      units_changed=res.units_changed)
 
 
 def chip_support(chip: str) -> ChipSupport:
@@ -119,8 +129,8 @@ def format_support(s: ChipSupport) -> str:
             lines.append(f"{head} {st.error}")
             continue
         lines.append(f"{head} {st.passes} pass{'es' if st.passes != 1 else ''}, {len(st.metrics)} metrics")
-        for original, used in st.substituted.items():
-            lines.append(f"        {original} -> {', '.join(used)}")
+        for original in st.substituted:
+            lines.append(f"        {st.substitution(original)}")
         for original in st.left_out:
             lines.append(f"        {original}: left out (no equivalent on {s.chip})")
     return "\n".join(lines)
@@ -188,7 +198,7 @@ def support_markdown() -> str:
                 cells.append(f"{st.passes}p {st.status}" + (" as its sets" if st.status == "reduced" else ""))
                 continue
             text = f"{st.passes}p complete" if st.status == "complete" else f"{st.passes}p reduced:"
-            notes = [f"{_short(k)} -> {', '.join(_short(m) for m in v)}" for k, v in st.substituted.items()]
+            notes = [st.substitution(k, _short) for k in st.substituted]
             notes += [f"-{_short(m)}" for m in st.left_out]
             notes = list(dict.fromkeys(notes))  # by base name: a counter and its .peak_sustained read as one
             cells.append(" ".join([text, "; ".join(notes)]).strip())

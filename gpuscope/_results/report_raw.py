@@ -60,10 +60,18 @@ def _raw_heads(ds, dim, size: int) -> list[str]:
     """Each block's heading: the position along *dim* and every coordinate along it."""
     if dim is None:
         return ["(values without a dimension)"]
-    own = np.asarray(ds[dim].values).astype(str) if dim in ds.coords else np.arange(size).astype(str)
-    others = [(c, np.asarray(ds[c].values).astype(str)) for c in ds.coords if ds[c].dims == (dim,) and c != dim]
-    return [f"{dim} {own[i]}" + "".join(f", {c} {values[i] or repr('')}" for c, values in others)
-            for i in range(size)]
+    own = _coordinate_texts(ds[dim].values) if dim in ds.coords else _coordinate_texts(np.arange(size))
+    others = [(c, _coordinate_texts(ds[c].values)) for c in ds.coords if ds[c].dims == (dim,) and c != dim]
+    return [f"{dim} {own[i]}" + "".join(f", {c} {values[i]}" for c, values in others) for i in range(size)]
+
+
+def _coordinate_texts(values) -> list[str]:
+    """A coordinate's values as the values below them are written (numbers in one notation, 1,795,337,039 as
+    157,616), an empty label as ``(none)``: a top-level range has no parent, a sample outside every range none."""
+    values = np.asarray(values)
+    if np.issubdtype(values.dtype, np.number) or values.dtype == bool:
+        return [_raw_value(v) for v in values]
+    return [str(v) or "(none)" for v in values]
 
 
 def _raw_entries(ds, name: str) -> list[tuple[str, list[str], str]]:

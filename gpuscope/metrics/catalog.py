@@ -16,7 +16,10 @@ import functools
 import json
 from importlib import resources
 
-__all__ = ["MetricSet", "SetOnChip", "get_set", "set_names", "all_sets"]
+__all__ = ["REFERENCE_CHIP", "MetricSet", "SetOnChip", "all_sets", "get_set", "set_names"]
+
+#: The chip whose names the sets use, and on which every set was checked against Nsight Compute.
+REFERENCE_CHIP = "GH100"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +34,16 @@ class SetOnChip:
         Set metric -> the chip's metrics that stand in for it.
     left_out : tuple of str
         Set metrics the chip has no equivalent for.
+    units_changed : dict
+        Substituted set metric -> (its unit, the substitute's unit) where they differ: the chip measures another
+        quantity in its place (PCIe bytes per second become percent of the link's peak on GB100), so values do not
+        compare with other chips'.
     """
 
     metrics: tuple[str, ...]
     substituted: dict
     left_out: tuple[str, ...]
+    units_changed: dict = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -44,13 +52,22 @@ class SetOnChip:
 
     def attrs(self) -> dict:
         """Dataset attrs that say what changed (empty for a complete set): ``metric_set_substituted`` as
-        ``"original -> substitute"`` strings and ``metric_set_left_out``."""
+        ``"original -> substitute"`` strings, ``metric_set_left_out``, and ``metric_set_units_changed`` as
+        ``"original (unit) -> substitute (unit)"`` strings for substitutes that measure something else."""
         out: dict = {}
         if self.substituted:
             out["metric_set_substituted"] = [f"{k} -> {', '.join(v)}" for k, v in self.substituted.items()]
         if self.left_out:
             out["metric_set_left_out"] = list(self.left_out)
+        if self.units_changed:
+            out["metric_set_units_changed"] = [self.unit_change(k) for k in self.units_changed]
         return out
+
+    def unit_change(self, original: str) -> str:
+        """``"pcie__read_bytes.sum.per_second (byte/second) -> pcie__throughput.avg.pct_of_peak_sustained_elapsed
+        (percent)"``: what a substitute in other units measures instead of *original*."""
+        before, after = self.units_changed[original]
+        return f"{original} ({before}) -> {', '.join(self.substituted[original])} ({after})"
 
 
 @dataclasses.dataclass(frozen=True)

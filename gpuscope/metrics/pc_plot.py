@@ -10,18 +10,21 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-__all__ = ["line_stalls", "kernel_stalls", "plot_line_stalls", "plot_kernel_stalls", "CATEGORY_ORDER"]
+from gpuscope.metrics import topdown as _td
+from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH
+from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors
 
-#: Order (and colours) of the Top-Down categories in the plots.
+__all__ = ["CATEGORY_ORDER", "NEGLIGIBLE", "kernel_stalls", "line_stalls", "plot_kernel_stalls", "plot_line_stalls"]
+#: Characters of a source line's text beside its bar (longer lines end in an ellipsis).
+_LINE_CHARS = 32
+
+#: Order of the Top-Down categories in the plots; each takes the colour of its Top-Down node in the Top-Down plots
+#: (issued: retire's), so that a PC-sampling figure and a Top-Down figure read alike.
 CATEGORY_ORDER = ("issued", "frontend_fetch", "frontend_decode", "backend_core", "backend_memory", "other")
-_COLORS = {
-    "issued": "#4daf4a",
-    "frontend_fetch": "#984ea3",
-    "frontend_decode": "#c994c7",
-    "backend_core": "#ff7f00",
-    "backend_memory": "#377eb8",
-    "other": "#999999",
-}
+_NODE = {"issued": "retire"}
+#: A stall whose every segment is below this percentage of the longest bar has no visible bar: it joins one grey
+#: "other" segment, and the legend counts it there.
+NEGLIGIBLE = 1.0
 
 
 def _by(samples: xr.DataArray, by: str) -> xr.DataArray:
@@ -83,26 +86,70 @@ def kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True) 
     return out
 
 
-def _colors(labels, by, categories=None):
+def _colors(labels: list[str], by: str) -> list:
+    if by == "category":
+        nodes = [_NODE.get(str(c), str(c)) for c in labels]
+        colors = _node_colors([n for n in nodes if n in _td._BY_NAME])
+        return [colors.get(n, _OTHER_COLOR) for n in nodes]
     import matplotlib
 
-    if by == "category":
-        return [_COLORS.get(str(c), "#999999") for c in labels]
     cmap = matplotlib.colormaps["tab20"]
     return [cmap(i % 20) for i in range(len(labels))]
 
 
-def _legend_beside(ax, by: str) -> None:
-    """The legend to the right of the bars, never over them."""
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-              title="Top-Down category" if by == "category" else "stall reason", title_fontsize=8)
-    ax.figure.tight_layout()
+def _blank():
+    """A legend handle that draws nothing: the entry is a line of text."""
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((0, 0), 1, 1, color="white")
+
+
+def _new_axes(height: float):
+    """Axes of a new figure WIDTH wide, laid out by matplotlib's constrained layout (which makes room for a figure
+    legend under the bars)."""
+    import matplotlib.pyplot as plt
+
+    return plt.figure(figsize=(WIDTH, height), dpi=DPI, layout="constrained").subplots()
+
+
+def _stacked_bars(ax, data: xr.DataArray, rows: str, by: str, own: bool) -> float:
+    """Horizontal bars along *rows*, stacked by the other dimension, those with no visible segment gathered in one
+    grey "other" segment; the legend names what has a visible segment, under the bars in a figure of the plot's
+    own (*own*, the bars keep the width), else beside them. Returns the longest bar."""
+    dim = next(d for d in data.dims if d != rows)
+    values = np.nan_to_num(data.transpose(rows, dim).values.astype(float))
+    longest = float(values.sum(axis=1).max(initial=0.0))
+    labels = [str(v) for v in data[dim].values]
+    shown = values.max(axis=0, initial=0.0) >= NEGLIGIBLE / 100 * longest
+    y = np.arange(data.sizes[rows])[::-1]
+    left = np.zeros(len(y))
+    for label, color, column in zip(labels, _colors(labels, by), values.T, strict=True):
+        if shown[labels.index(label)]:
+            ax.barh(y, column, left=left, color=color, label=label)
+            left += column
+    handles, names = ax.get_legend_handles_labels()
+    if not shown.all():
+        hidden = [lab for lab, s in zip(labels, shown, strict=True) if not s]
+        rest = values[:, ~shown].sum(axis=1)
+        bars = ax.barh(y, rest, left=left, color=_OTHER_COLOR)
+        what = ", ".join(hidden) if len(hidden) <= 2 else f"{len(hidden)} more"
+        if rest.max() >= NEGLIGIBLE / 100 * longest:  # together they show
+            handles.append(bars)
+            names.append(f"other: {what} (each < {NEGLIGIBLE:g}%)")
+        else:  # a line of text: nothing of theirs is visible
+            handles.append(_blank())
+            names.append(f"({what} < {NEGLIGIBLE:g}%, not visible)")
+    ax.tick_params(labelsize=FONT)
+    where = {"loc": "outside lower center", "ncol": 3} if own else {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
+    (ax.figure.legend if own else ax.legend)(handles, names, fontsize=FONT, frameon=False, title_fontsize=FONT,
+                                             title="Top-Down category" if by == "category" else "stall reason", **where)
+    return longest
 
 
 def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "category", top: int = 20, ax=None,
                      min_fraction: float = 0.0):
     """A source view: one horizontal bar per source line (its text beside it), stacked by stall; the legend sits
-    beside the bars.
+    under the bars (beside them in a given *ax*).
 
     Parameters
     ----------
@@ -124,7 +171,6 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
         The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
         (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
     """
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     data = line_stalls(ds, kernel, by=by)
@@ -135,29 +181,28 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     totals = data.sum(dim)
     chosen = np.sort(np.argsort(-totals.values, kind="stable")[:top])
     data = data.isel(source_line=chosen)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(12, 0.4 * len(chosen) + 1.5))
-    y = np.arange(len(chosen))[::-1]
-    left = np.zeros(len(chosen))
-    labels = data[dim].values.tolist()
-    for label, color in zip(labels, _colors(labels, by)):
-        values = data.sel({dim: label}).values.astype(float)
-        ax.barh(y, values, left=left, color=color, label=label)
-        left += values
-    ticks = [f"{int(n):>4}  {text[:60]}" if n else "(no line info)"
+    own = ax is None
+    if own:
+        ax = _new_axes(0.3 * len(chosen) + 0.17 * (len(keep) + 2) / 3 + 1.3)
+    longest = _stacked_bars(ax, data, "source_line", by, own)
+    ticks = [f"{int(n):>4}  {_clip(text, _LINE_CHARS)}" if n else "(no line info)"
              for n, text in zip(data["line"].values, data["line_text"].values)]
-    ax.set_yticks(y, ticks, fontfamily="monospace", fontsize=8)
-    ax.set_xlim(0, max(float(left.max(initial=0.0)), 1.0) * 1.04)  # the longest bar does not end on the frame
+    ax.set_yticks(np.arange(len(chosen))[::-1], ticks, fontfamily="monospace", fontsize=FONT)
+    ax.set_xlim(0, max(longest, 1.0) * 1.04)  # the longest bar does not end on the frame
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 350k, not 350000 running together
-    ax.set_xlabel("PC samples")
-    ax.set_title(f"{data.attrs.get('kernel', '')}: stalls per source line")
-    _legend_beside(ax, by)
+    ax.set_xlabel("PC samples", fontsize=FONT + 1)
+    ax.set_title(f"{data.attrs.get('kernel', '')}: stalls per source line", fontsize=FONT + 2)
     return ax.figure
+
+
+def _clip(text: str, n: int) -> str:
+    """*text* in at most *n* characters, an ellipsis where it was cut."""
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
 
 
 def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = True, ax=None):
     """Stacked horizontal bars, one per kernel, of its samples by Top-Down category (or stall reason); the legend
-    sits beside the bars.
+    sits under the bars (beside them in a given *ax*).
 
     Returns
     -------
@@ -165,21 +210,13 @@ def plot_kernel_stalls(ds: xr.Dataset, by: str = "category", normalize: bool = T
         The figure drawn into (``ax.figure`` when *ax* is given): every gpuscope plot returns its Figure
         (``fig.axes`` holds the panels, ``fig.savefig`` saves it).
     """
-    import matplotlib.pyplot as plt
 
     data = kernel_stalls(ds, by=by, normalize=normalize)
-    dim = data.dims[1]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.6 * data.sizes["kernel"] + 1.5))
-    y = np.arange(data.sizes["kernel"])[::-1]
-    left = np.zeros(data.sizes["kernel"])
-    labels = data[dim].values.tolist()
-    for label, color in zip(labels, _colors(labels, by)):
-        values = np.nan_to_num(data.sel({dim: label}).values.astype(float))
-        ax.barh(y, values, left=left, color=color, label=label)
-        left += values
-    ax.set_yticks(y, data["kernel"].values.tolist(), fontsize=8)
-    ax.set_xlabel("% of PC samples" if normalize else "PC samples")
-    ax.set_title("Warp states per kernel (PC sampling)")
-    _legend_beside(ax, by)
+    own = ax is None
+    if own:
+        ax = _new_axes(0.45 * data.sizes["kernel"] + 0.17 * (data.sizes[data.dims[1]] + 2) / 3 + 1.3)
+    _stacked_bars(ax, data, "kernel", by, own)
+    ax.set_yticks(np.arange(data.sizes["kernel"])[::-1], data["kernel"].values.tolist(), fontsize=FONT)
+    ax.set_xlabel("% of PC samples" if normalize else "PC samples", fontsize=FONT + 1)
+    ax.set_title("Warp states per kernel (PC sampling)", fontsize=FONT + 2)
     return ax.figure

@@ -26,6 +26,9 @@ NEGLIGIBLE = 0.5
 #: Default figure width (inches, a two-column paper figure) and resolution of the saved PNG; every text is at least
 #: FONT points at that size.
 WIDTH, DPI, FONT = 7.0, 150, 8
+#: Bars of :func:`topdown` that keep a name each (slanted 8 pt names need about 12 pt apart on the ~4.4 in of bars
+#: a WIDTH figure leaves; more bars name every n-th), and that keep their share above them (a "12%" needs ~20 pt).
+_NAMED_BARS, _SHARED_BARS = 26, 16
 
 
 def _as_topdown(ds: xr.Dataset) -> xr.Dataset:
@@ -133,8 +136,7 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         td = td.isel({dim: np.argsort(-share, kind="stable")})
         share, what = _time_share(td, dim)
     axes = np.atleast_1d(ax) if ax is not None else np.atleast_1d(
-        plt.subplots(len(levels), 1, figsize=(max(WIDTH, 0.25 * td.sizes.get(dim, 1) + 3.5), 2.9 * len(levels)),
-                     squeeze=False, dpi=DPI)[1][:, 0]
+        plt.subplots(len(levels), 1, figsize=(WIDTH, 2.9 * len(levels)), squeeze=False, dpi=DPI)[1][:, 0]
     )
     ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
     labels = _bar_labels(td, dim) if dim else ["all"]
@@ -157,20 +159,21 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
             if np.nanmax(np.nan_to_num(height), initial=0) >= NEGLIGIBLE:
                 shown.append(bars)
             bottom += np.nan_to_num(height)
-        if share is not None and len(x) <= 60:
+        if share is not None and len(x) <= _SHARED_BARS:
             for xi, top, sh in zip(x, bottom, share, strict=True):
                 axis.text(xi, top, f"{sh:.0%}" if sh >= 0.01 else f"{sh:.1%}", ha="center", va="bottom",
                           fontsize=FONT)
-        axis.set_xticks(x, labels, rotation=45 if len(x) > 6 else 0, ha="right" if len(x) > 6 else "center",
-                        rotation_mode="anchor" if len(x) > 6 else "default")
-        if len(x) > 60:
-            axis.set_xticks(x[:: len(x) // 20 + 1], [labels[i] for i in x[:: len(x) // 20 + 1]])
+        named = x[:: -(-len(x) // _NAMED_BARS)]
+        axis.set_xticks(named, [labels[i] for i in named], rotation=45 if len(x) > 6 else 0,
+                        ha="right" if len(x) > 6 else "center", rotation_mode="anchor" if len(x) > 6 else "default")
         axis.tick_params(labelsize=FONT)
         axis.set_ylim(0, _td.FULL_SCALE * 1.1)
         axis.set_ylabel(f"% of peak issue rate\n(IPC_MAX {ipc_max:g})", fontsize=FONT + 1)
         axis.set_title(f"Top-Down level {lv}", fontsize=FONT + 2)
         xlabel = _DIM_LABEL.get(dim, dim or "")
-        if share is not None and len(x) <= 60:
+        if len(named) < len(x):
+            xlabel += f" (one in {named[1] - named[0]} named)"
+        if share is not None and len(x) <= _SHARED_BARS:
             xlabel += f"; the number above a bar is its share of all the {what}"
         axis.set_xlabel(textwrap.fill(xlabel, int(13 * axis.figure.get_figwidth())), fontsize=FONT)
         # top entry = top segment: the legend reads bottom-up as the stack builds
@@ -218,12 +221,12 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     values = {n: max(float(td[n]), 0.0) for n in names}
     colors = _node_colors(names)
     if ax is None:
-        ax = plt.subplots(figsize=(WIDTH * 1.3, 3.6), dpi=DPI)[1]
+        ax = plt.subplots(figsize=(WIDTH, 3.6), dpi=DPI)[1]
     # Lay children out inside their parent's span, left to right, in hierarchy order.
     cursor = {"": 0.0}  # where the next child of each node starts
     parents = {node.parent for node in _td.NODES if node.name in values}
     deepest = max((node.level for node in _td.NODES if node.name in values), default=1)
-    handles, labels, small = [], [], 0
+    handles, labels, small, boxed = [], [], 0, []
     for node in _td.NODES:
         if node.name not in values:
             continue
@@ -234,10 +237,9 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
         rows = 1 + (deepest - node.level if node.name not in parents else 0)
         middle = -(node.level + node.level + rows - 1) / 2
         bar = ax.barh(middle, width, left=start, height=rows - 0.1, color=colors[node.name], edgecolor="white")
-        if width > 6:  # narrower boxes (percent) cannot hold a readable label: the legend names them
-            text = f"{width:.0f}%"
-            label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
-            ax.text(start + width / 2, middle, f"{label}\n{text}", ha="center", va="center", fontsize=FONT)
+        label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
+        boxed.append((ax.text(start + width / 2, middle, f"{label}\n{width:.0f}%", ha="center", va="center",
+                              fontsize=FONT), bar.patches[0]))
         if width >= NEGLIGIBLE:
             handles.append(bar)
             labels.append(f"{node.name}  {width:.1f}%")
@@ -256,4 +258,8 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""),
                  fontsize=FONT + 2)
     ax.figure.tight_layout()
+    renderer = ax.figure.canvas.get_renderer()
+    for text, box in boxed:  # a name wider than its box would run over its neighbours: the legend names it
+        if text.get_window_extent(renderer).width > box.get_window_extent(renderer).width - 2:
+            text.remove()
     return ax.figure

@@ -2,11 +2,12 @@
 Compute's (``ds.gpuscope.plot.memory_chart()``).
 
 matplotlib is imported inside the function, never at import time. Logical spaces (green, as ncu draws them): the
-kernel and the global, local and shared memory its instructions address; physical units (blue): the L1/TEX cache,
-shared memory, L2, device and system memory. An edge from the kernel carries the warp load and store instructions;
-between units, the upper arrow carries what is read (towards the SM), the lower one what is written, in bytes, and
+global, local and shared memory the kernel's instructions address, each box with the warp load and store
+instructions that address it; physical units (blue): the L1/TEX cache, shared memory, L2, device and system memory.
+Between units, the upper arrow carries what is read (towards the SM), the lower one what is written, in bytes, and
 the requests where the unit counts them. A unit's box gives its hit rate and how busy it was (percent of its peak);
-the busiest has a red frame.
+the busiest has a red frame. Every text is 8 pt in a 7 in wide figure (a page's width), and the diagram is drawn
+to scale so that an edge's labels run along it.
 """
 
 from __future__ import annotations
@@ -15,26 +16,26 @@ import numpy as np
 import xarray as xr
 
 from gpuscope.metrics import memory_workload as _mw
-from gpuscope.metrics.plot_bars import _bar_labels, _brief, _brief_labels
+from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH, _bar_labels, _brief, _brief_labels
 from gpuscope.metrics.plot_colors import _pyplot
 from gpuscope.metrics.plot_roofline import si
 
 __all__ = ["memory_chart"]
 
 _LOGICAL, _PHYSICAL = "#cfe8c6", "#cfdff2"
-#: Boxes: name -> (x, y) centre, label, colour. The diagram is laid out on a 10 x 6 canvas.
+#: Boxes: name -> (x, y) centre, label, colour; four columns (spaces, L1 and shared memory, L2, off-chip memory) on
+#: a 10 x 5.6 canvas drawn to scale (equal aspect), so that an edge's labels turn exactly as the edge does.
 _BOXES = {
-    "kernel": ((0.75, 3.0), "Kernel", _LOGICAL),
-    "global": ((2.65, 4.6), "Global", _LOGICAL),
-    "local": ((2.65, 3.0), "Local", _LOGICAL),
-    "shared_space": ((2.65, 1.2), "Shared", _LOGICAL),
-    "L1/TEX": ((4.85, 3.8), "L1/TEX Cache", _PHYSICAL),
-    "shared": ((4.85, 1.2), "Shared Memory", _PHYSICAL),
-    "L2": ((7.15, 3.8), "L2 Cache", _PHYSICAL),
-    "DRAM": ((9.3, 4.9), "Device Memory", _PHYSICAL),
-    "system": ((9.3, 2.5), "System Memory", _PHYSICAL),
+    "global": ((0.75, 4.5), "Global", _LOGICAL),
+    "local": ((0.75, 2.9), "Local", _LOGICAL),
+    "shared_space": ((0.75, 1.0), "Shared", _LOGICAL),
+    "L1/TEX": ((3.5, 3.7), "L1/TEX Cache", _PHYSICAL),
+    "shared": ((3.5, 1.0), "Shared Memory", _PHYSICAL),
+    "L2": ((6.3, 3.7), "L2 Cache", _PHYSICAL),
+    "DRAM": ((9.25, 4.8), "Device Memory", _PHYSICAL),
+    "system": ((9.25, 2.4), "System Memory", _PHYSICAL),
 }
-_W, _H = 1.3, 1.0
+_W, _H = 1.5, 1.1
 
 
 def _row(mw: xr.Dataset, row: str, select) -> tuple[xr.Dataset, str]:
@@ -63,9 +64,9 @@ def _box(ax, key: str, lines: list[str], busiest: bool):
     ax.add_patch(FancyBboxPatch((x - _W / 2, y - _H / 2), _W, _H, boxstyle="round,pad=0.02,rounding_size=0.08",
                                 facecolor=color, edgecolor="#c0392b" if busiest else "0.35",
                                 linewidth=2.2 if busiest else 0.9))
-    ax.text(x, y + _H / 2 - 0.16, title, ha="center", va="top", fontsize=9, fontweight="bold")
+    ax.text(x, y + _H / 2 - 0.1, title, ha="center", va="top", fontsize=FONT, fontweight="bold")
     if lines:
-        ax.text(x, y - 0.08, "\n".join(lines), ha="center", va="center", fontsize=7.5, linespacing=1.3)
+        ax.text(x, y - 0.12, "\n".join(lines), ha="center", va="center", fontsize=FONT, linespacing=1.2)
 
 
 def _edge(ax, a: str, b: str, above: str, below: str, both: bool = True):
@@ -74,7 +75,7 @@ def _edge(ax, a: str, b: str, above: str, below: str, both: bool = True):
     start, end = np.array([xa + _W / 2, ya]), np.array([xb - _W / 2, yb])
     normal = np.array([-(end - start)[1], (end - start)[0]])
     normal = 0.09 * normal / np.hypot(*normal)
-    style = dict(arrowstyle="-|>", mutation_scale=9, linewidth=1.0, color="0.3")
+    style = {"arrowstyle": "-|>", "mutation_scale": 9, "linewidth": 1.0, "color": "0.3"}
     mid = (start + end) / 2
     angle = float(np.degrees(np.arctan2(*(end - start)[::-1])))
     if both:
@@ -84,8 +85,8 @@ def _edge(ax, a: str, b: str, above: str, below: str, both: bool = True):
         ax.annotate("", xy=end, xytext=start, arrowprops=style)
     for text, side in ((above, 1), (below, -1)):
         if text:
-            ax.text(*(mid + side * 1.6 * normal), text, ha="center", va="bottom" if side > 0 else "top", fontsize=7,
-                    rotation=angle, rotation_mode="anchor", color="0.1", linespacing=1.15)
+            ax.text(*(mid + side * 1.4 * normal), text, ha="center", va="bottom" if side > 0 else "top",
+                    fontsize=FONT, rotation=angle, rotation_mode="anchor", color="0.1", linespacing=1.15)
 
 
 def _count(value, unit: str) -> str:
@@ -133,9 +134,10 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     row = next(d for d in mw["busy"].dims if d != "level")
     one, label = _row(mw, row, select)
     if ax is None:
-        _, ax = plt.subplots(figsize=(10.5, 5.4), layout="constrained")
+        _, ax = plt.subplots(figsize=(WIDTH, 4.7), dpi=DPI, layout="constrained")
     ax.set_xlim(0, 10)
-    ax.set_ylim(0.3, 5.8)
+    ax.set_ylim(-0.3, 5.5)
+    ax.set_aspect("equal")
     ax.set_axis_off()
 
     def value(name, level):
@@ -149,20 +151,18 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
         if np.isfinite(hit):
             lines.append(f"hit {hit:.1f} %")
         if np.isfinite(busy):
-            lines.append(f"busy {busy:.1f} % of peak")
+            lines.append(f"busy {busy:.1f} %")
         return lines
 
     loads = {s: float(one["load_instructions"].sel(space=s)) for s in _mw.SPACES}
     stores = {s: float(one["store_instructions"].sel(space=s)) for s in _mw.SPACES}
-    _box(ax, "kernel", [], False)
     for key, space in (("global", "global"), ("local", "local"), ("shared_space", "shared")):
-        _box(ax, key, [], False)
-        _edge(ax, "kernel", key, f"ld {_count(loads[space], 'inst')}", f"st {_count(stores[space], 'inst')}",
-              both=False)
+        # the kernel's warp instructions that address the space
+        _box(ax, key, [f"ld {_count(loads[space], 'inst')}", f"st {_count(stores[space], 'inst')}"], False)
     shared_lines = unit_lines("shared")
     conflicts = float(one["shared_bank_conflicts"])
     if np.isfinite(conflicts):
-        shared_lines.append(_count(conflicts, "bank conflicts"))
+        shared_lines.append(f"{_count(conflicts, 'bank')}\nconflicts")
     for level, lines in (("L1/TEX", unit_lines("L1/TEX")), ("shared", shared_lines), ("L2", unit_lines("L2")),
                          ("DRAM", unit_lines("DRAM")), ("system", unit_lines("system"))):
         _box(ax, level, lines, busiest == level)
@@ -183,7 +183,9 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     _edge(ax, "L2", "system", *traffic("system", requests=False))
     share = float(one["busiest_share"]) if "busiest_share" in one else np.nan
     headline = f"busiest: {busiest}, {share:.1f} % of its peak" if busiest else "no unit's peak known"
-    ax.set_title(title if title is not None else f"Memory chart: {_brief(label)} ({headline})", fontsize=10)
-    ax.text(0.2, 0.45, "green: logical memory spaces; blue: hardware units. Upper arrow: read (towards the SM), "
-            "lower: written. inst = warp instructions, req = requests, B = bytes.", fontsize=7, color="0.35")
+    ax.set_title(title if title is not None else f"Memory chart: {_brief(label)} ({headline})", fontsize=FONT + 2)
+    ax.text(0.0, -0.1, "green: the memory spaces the kernel's warp instructions (inst) address; blue: hardware units, "
+            "busy in\npercent of the unit's peak. Upper arrow: read (towards the SM), lower: written. req = requests, "
+            "B = bytes.",
+            fontsize=FONT, color="0.3", va="top")
     return ax.figure

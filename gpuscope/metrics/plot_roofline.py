@@ -5,8 +5,8 @@ matplotlib is imported inside the function, never at import time. Each kernel (o
 point per memory level, all at its achieved FLOP/s: a point's distance below the sloped ceiling of its level, at
 its intensity, is what better locality at that level could gain. The ceilings are drawn at the median peak of the
 rows that did work of the precision (the peaks scale with the clocks measured in each range; a tensor peak is that
-of the paths that ran). Two legends: the kernels (colours), and the levels and ceilings (markers and lines), placed
-outside the axes so that no point is hidden.
+of the paths that ran). Two legends, outside the axes so that no point is hidden: the ceilings (line styles, each
+level's bandwidth, and the marker of its points) beside the chart, the kernels (colours) under it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from gpuscope.metrics import roofline as _rl
-from gpuscope.metrics.plot_bars import _bar_labels, _brief_labels
+from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH, _bar_labels, _brief_labels
 from gpuscope.metrics.plot_colors import _pyplot
 
 __all__ = ["roofline", "si"]
@@ -34,13 +34,6 @@ def si(value: float, unit: str, digits: int = 3) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.{digits}g} {prefix}{unit}"
     return f"{value:.{digits}g} {unit}"
-
-
-def _slope_angle(ax) -> float:
-    """The on-screen angle, in degrees, of a line of slope 1 on the log-log axes as they are laid out now."""
-    x0, y0 = ax.get_xlim()[0], ax.get_ylim()[0]
-    (px0, py0), (px1, py1) = ax.transData.transform([(x0, y0), (x0 * 10, y0 * 10)])
-    return float(np.degrees(np.arctan2(py1 - py0, px1 - px0)))
 
 
 def _as_roofline(ds: xr.Dataset, by: str | None) -> tuple[xr.Dataset, str]:
@@ -96,9 +89,9 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     if not worked.any():
         raise ValueError(f"no row did {precision} work (FLOPs are 0 or missing); precisions with work: "
                          f"{[p for p in precisions if float(totals.sel(precision=p)) > 0]}")
-    if ax is None:  # a fixed layout: the slope labels' angles are measured on it
-        fig, ax = plt.subplots(figsize=(9.5, 5.2))
-        fig.subplots_adjust(left=0.15, right=0.63, bottom=0.11, top=0.92)
+    own = ax is None
+    if own:
+        ax = plt.figure(figsize=(WIDTH, 4.2 + 0.3 * worked.sum()), dpi=DPI, layout="constrained").subplots()
     levels = [str(lv) for lv in rl["level"].values]
     peak = float(np.nanmedian(np.asarray(one["peak_flop_rate"], dtype=float)[worked]))  # tensor: the paths that ran
     bandwidth = {lv: float(np.nanmedian(rl["peak_bandwidth"].sel(level=lv))) for lv in levels}
@@ -114,19 +107,13 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(bottom, peak * 3)
-    for lv in levels:
-        bw = bandwidth[lv]
-        if not bw > 0:
-            continue
-        ax.plot(x, np.minimum(x * bw, peak), color="0.25", linewidth=1.2, linestyle=_LINESTYLES.get(lv, "-"))
-        ridge = peak / bw
-        at = max(lo * 1.5, ridge / 30)  # on the slope, left of the ridge
-        if at < ridge / 2:
-            ax.annotate(f"{lv} {si(bw, 'B/s')}", (at, at * bw), xytext=(0, 3), textcoords="offset points",
-                        fontsize=8, color="0.25", rotation=_slope_angle(ax), rotation_mode="anchor")
+    for lv in levels:  # each named in the ceilings' legend, with its bandwidth
+        if bandwidth[lv] > 0:
+            ax.plot(x, np.minimum(x * bandwidth[lv], peak), color="0.25", linewidth=1.2,
+                    linestyle=_LINESTYLES.get(lv, "-"))
     ax.axhline(peak, color="black", linewidth=1.6)
     ax.annotate(f"{_PRECISION_TEXT.get(precision, precision)} peak {si(peak, 'FLOP/s')}", (hi, peak),
-                xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=8)
+                xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=FONT)
     labels = _brief_labels(_bar_labels(rl, row))
     colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     kernel_handles = []
@@ -140,23 +127,29 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
                 ax.plot([xv], [rate[i]], marker=_MARKERS.get(lv, "o"), color=color, markersize=7,
                         markeredgecolor="black", markeredgewidth=0.5, linestyle="none")
         bound = str(one["bound"].values[i])
-        sep = "\n" if len(labels[i]) > 24 else ": "  # a long name on a line of its own, to stay in the figure
+        sep = "\n" if len(labels[i]) > 40 else ": "  # a long name on a line of its own, to stay in the figure
         kernel_handles.append(plt.Line2D([], [], color=color, marker="o", linestyle="none", markersize=7,
                                          label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, {bound}-bound"))
     ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
-    ax.set_xlabel("Arithmetic intensity [FLOP/byte]")
-    ax.set_ylabel(f"Performance ({_PRECISION_TEXT.get(precision, precision)})")
+    ax.tick_params(labelsize=FONT)
+    ax.set_xlabel("Arithmetic intensity [FLOP/byte]", fontsize=FONT + 1)
+    ax.set_ylabel(f"Performance ({_PRECISION_TEXT.get(precision, precision)})", fontsize=FONT + 1)
     ax.grid(True, which="major", linewidth=0.4, alpha=0.5)
     device = ds.attrs.get("device_name") or ds.attrs.get("chip") or ""
     ax.set_title(title if title is not None else f"Roofline, {_PRECISION_TEXT.get(precision, precision)}"
-                 + (f" ({device})" if device else ""))
-    level_handles = [plt.Line2D([], [], color="0.3", marker=_MARKERS.get(lv, "o"), linestyle=_LINESTYLES.get(lv, "-"),
-                                markersize=7, label=f"{lv} ({si(bandwidth[lv], 'B/s')})") for lv in levels]
+                 + (f" ({device})" if device else ""), fontsize=FONT + 2)
+    level_handles = [plt.Line2D([], [], color="0.25", marker=_MARKERS.get(lv, "o"), linestyle=_LINESTYLES.get(lv, "-"),
+                                markersize=6, label=f"{lv} {si(bandwidth[lv], 'B/s')}") for lv in levels
+                     if bandwidth[lv] > 0]
     level_handles.append(plt.Line2D([], [], color="black", linewidth=1.6,
-                                    label=f"{_PRECISION_TEXT.get(precision, precision)} peak {si(peak, 'FLOP/s')}"))
-    first = ax.legend(handles=kernel_handles, title="kernel (achieved, bound)", loc="upper left",
-                      bbox_to_anchor=(1.02, 1.0), fontsize=8, title_fontsize=8, frameon=False)
-    ax.add_artist(first)
-    ax.legend(handles=level_handles, title="ceilings; marker: intensity at", loc="lower left",
-              bbox_to_anchor=(1.02, 0.0), fontsize=8, title_fontsize=8, frameon=False)
+                                    label=f"{_PRECISION_TEXT.get(precision, precision)} peak\n{si(peak, 'FLOP/s')}"))
+    # the ceilings beside the chart; the kernels, whose names are long, under it across the figure
+    kernels = {"handles": kernel_handles, "title": "kernel: achieved, bound", "fontsize": FONT, "title_fontsize": FONT,
+               "frameon": False, "alignment": "left", "ncol": 1 if len(kernel_handles) <= 4 else 2}
+    if own:  # constrained layout makes room for a figure legend "outside"
+        ax.figure.legend(loc="outside lower left", **kernels)
+    else:
+        ax.add_artist(ax.legend(loc="upper left", bbox_to_anchor=(-0.12, -0.13), **kernels))
+    ax.legend(handles=level_handles, title="ceiling; marker:\nintensity at", loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=FONT, title_fontsize=FONT, frameon=False)
     return ax.figure

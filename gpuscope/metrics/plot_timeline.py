@@ -6,6 +6,7 @@ the per-phase bars from :mod:`gpuscope.metrics.plot_bars`.
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 import warnings
 
@@ -15,7 +16,7 @@ import xarray as xr
 from gpuscope._schema.labels import string_labels
 from gpuscope.errors import GpuscopeWarning
 from gpuscope.metrics import topdown as _td
-from gpuscope.metrics.plot_bars import topdown
+from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH, topdown
 from gpuscope.metrics.plot_colors import _label_colors, _phase_colors, _pyplot, _range_colors
 
 __all__ = ["BAND", "MAX_PANELS", "phase_topdown", "short_label", "timeline"]
@@ -24,6 +25,10 @@ __all__ = ["BAND", "MAX_PANELS", "phase_topdown", "short_label", "timeline"]
 BAND = (25.0, 75.0)
 #: Panels :func:`timeline` draws at most when not told which metrics (a warning names the others).
 MAX_PANELS = 8
+_BAND_ALPHA, _PHASE_ALPHA = 0.25, 0.25
+#: Lines of FONT-point text: their height in inches, and the characters a caption line holds across WIDTH.
+_LINE, _CAPTION_CHARS = 1.3 * FONT / 72, 110
+_LEGEND_COLUMNS = 4
 
 
 def _sample_axis(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, str, float, float]:
@@ -42,7 +47,7 @@ def _runs(values: np.ndarray) -> list[tuple[int, int, object]]:
         return []
     change = np.flatnonzero(values[1:] != values[:-1]) + 1
     bounds = np.concatenate([[0], change, [len(values)]])
-    return [(int(a), int(b), values[a]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(int(a), int(b), values[a]) for a, b in itertools.pairwise(bounds)]
 
 
 def short_label(name: str, units: str = "") -> str:
@@ -50,7 +55,7 @@ def short_label(name: str, units: str = "") -> str:
 sustained_elapsed`` -> ``dram read throughput (% of peak)``."""
     base, _, rollup = name.partition(".")
     words = base.replace("__", " ").replace("_", " ").replace(" realtime", "")
-    if rollup.endswith("pct_of_peak_sustained_elapsed") or rollup.endswith("pct_of_peak_sustained_active"):
+    if rollup.endswith(("pct_of_peak_sustained_elapsed", "pct_of_peak_sustained_active")):
         unit = "% of peak"
     elif rollup.endswith(".per_second") and units:  # CUPTI versions write byte, byte/second or byte/second/second
         unit = units.split("/")[0] + "/s"
@@ -177,7 +182,6 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     """
     from gpuscope.metrics.phases import _sample_dim
 
-    plt = _pyplot()
     if band is not None and not (isinstance(band, (tuple, list)) and len(band) == 2
                                  and all(isinstance(b, (int, float)) for b in band) and 0 <= band[0] < band[1] <= 100):
         raise ValueError(f"band must be None or two percentiles (low, high) with 0 <= low < high <= 100, e.g. "
@@ -189,58 +193,81 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
     line_colors = _label_colors(list(lines)) if len(lines) > 1 else {"": "black"}
     bands = "range" in ds.coords and ds["range"].dims == (dim,) and dim != "range"
     range_values = string_labels(ds["range"]) if bands else np.array([], dtype=str)
-    range_colors = _range_colors(range_values)
     phased = "segment_first" in ds
     phase_colors = _phase_colors(ds) if phased else {}
-    caption = "\n".join(textwrap.fill(text, 200) for text in skipped)
+    blocks = {(name, kernel): _blocks(x[idx], columns[name][idx], max_points, band)
+              for name in names for kernel, idx in lines.items()}
+    banded = band is not None and any(np.any(hi > lo) for _, _, lo, hi in blocks.values())
+    caption = "\n".join(textwrap.fill(text, _CAPTION_CHARS) for text in skipped)
+    legend = _timeline_legend(lines, line_colors, band if banded else None, len(x) <= 60, phase_colors)
+    rows = -(-len(legend[0]) // _LEGEND_COLUMNS)
+    # the margins under the panels, in inches: the legend's rows, then the caption's lines
+    legend_h, caption_h = rows * _LINE + 0.1, (caption.count("\n") + 1) * _LINE if caption else 0.0
     if fig is None:
-        fig = plt.figure(figsize=(10, 1.6 + 1.3 * len(names) + 0.12 * caption.count("\n")))
+        fig = _pyplot().figure(figsize=(WIDTH, 1.0 + 0.4 * bands + 1.15 * len(names) + legend_h + caption_h), dpi=DPI)
     fig.clear()
     axes = fig.subplots(len(names) + bands, 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": [0.35] * bands + [1] * len(names)})[:, 0]
-    banded = False
     for axis, name in zip(axes[bands:], names, strict=True):
-        for kernel, idx in lines.items():
-            xs, mean, lo, hi = _blocks(x[idx], columns[name][idx], max_points, band)
+        for kernel in lines:
+            xs, mean, lo, hi = blocks[name, kernel]
             if band is not None and np.any(hi > lo):
-                axis.fill_between(xs, lo, hi, color=line_colors[kernel], alpha=0.25, lw=0, step="mid")
-                banded = True
+                axis.fill_between(xs, lo, hi, color=line_colors[kernel], alpha=_BAND_ALPHA, lw=0, step="mid")
             axis.plot(xs, mean, lw=0.8, color=line_colors[kernel], marker="." if len(xs) <= 60 else None)
-        axis.set_ylabel(textwrap.fill(short_label(name, ds[name].attrs.get("units", "")), 36), fontsize="x-small",
+        axis.set_ylabel(_panel_label(short_label(name, ds[name].attrs.get("units", ""))), fontsize=FONT,
                         rotation=0, ha="right", va="center")
-        axis.set_title(name, loc="left", fontsize="xx-small", pad=2)  # the full name, above the traces
+        axis.set_title(name, loc="left", fontsize=FONT, pad=2)  # the full name, above the traces
+        axis.tick_params(labelsize=FONT)
         _value_ticks(axis, columns[name])
         if phased:
             for first, stop, label in zip(ds["segment_first"].values, ds["segment_stop"].values,
                                           ds["segment_phase"].values, strict=True):
                 right = x[stop] if stop < len(x) else x[-1] + (x[-1] - x[-2] if len(x) > 1 else 1)
-                axis.axvspan(x[first], right, color=phase_colors[int(label)], alpha=0.25, lw=0)
-    handles = [plt.Line2D([], [], color=c, lw=1.5, marker="." if len(x) <= 60 else None) for c in line_colors.values()]
-    labels = list(lines) if len(lines) > 1 else ["mean per pixel column"]
-    if banded:
-        handles.append(plt.Rectangle((0, 0), 1, 1, color="0.6", alpha=0.5))
-        labels.append(f"{band[0]:g}-{band[1]:g}th percentile of its samples")
-    if phased:
-        handles += [plt.Rectangle((0, 0), 1, 1, color=phase_colors[int(p)], alpha=0.5) for p in ds["phase_id"].values]
-        labels += [f"phase {int(p)}" for p in ds["phase_id"].values]
-    axes[-1].legend(handles, labels, fontsize="x-small", ncol=min(len(handles), 6), loc="upper center",
-                    bbox_to_anchor=(0.5, -0.45), frameon=False)
+                axis.axvspan(x[first], right, color=phase_colors[int(label)], alpha=_PHASE_ALPHA, lw=0)
     if bands:
-        band_axis = axes[0]
-        for first, stop, value in _runs(range_values):
-            right = x[stop] if stop < len(x) else x[-1]
-            if value:
-                band_axis.axvspan(x[first], right, color=range_colors[value], alpha=0.6, lw=0)
-            if value and (right - x[first]) > 0.06 * (x[-1] - x[0] or 1):
-                band_axis.text((x[first] + right) / 2, 0.5, value, ha="center", va="center", fontsize="x-small")
-        band_axis.set_yticks([])
-        band_axis.set_ylabel("range", fontsize="x-small", rotation=0, ha="right", va="center")
-    axes[-1].set_xlabel(xlabel)
-    if caption:
-        fig.text(0.01, 0.005, caption, fontsize="xx-small", va="bottom")
+        _range_strip(axes[0], x, range_values, _range_colors(range_values))
+    axes[-1].set_xlabel(xlabel, fontsize=FONT + 1)
+    axes[-1].tick_params(labelsize=FONT)
     height = fig.get_figheight()
-    fig.tight_layout(rect=(0, (0.1 + 0.1 * (caption.count("\n") + 1)) / height if caption else 0, 1, 1))
+    fig.legend(*legend, fontsize=FONT, ncol=_LEGEND_COLUMNS, loc="lower center", frameon=False,
+               bbox_to_anchor=(0.5, caption_h / height))
+    if caption:
+        fig.text(0.01, 0.005, caption, fontsize=FONT, va="bottom")
+    fig.tight_layout(rect=(0, (legend_h + caption_h) / height, 1, 1))
     return fig
+
+
+def _panel_label(label: str) -> str:
+    """A panel's short label in lines of at most 20 characters, its unit on a line of its own."""
+    words, sep, unit = label.rpartition(" (")
+    return textwrap.fill(words, 20) + f"\n({unit}" if sep else textwrap.fill(label, 20)
+
+
+def _timeline_legend(lines: dict, line_colors: dict, band, markers: bool, phase_colors: dict):
+    """Handles and labels of the timeline's legend, each drawn as the plot draws what it stands for."""
+    plt = _pyplot()
+    handles = [plt.Line2D([], [], color=c, lw=0.8, marker="." if markers else None) for c in line_colors.values()]
+    labels = list(lines) if len(lines) > 1 else ["mean per pixel column"]
+    if band is not None:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=next(iter(line_colors.values())), alpha=_BAND_ALPHA, lw=0))
+        labels.append(f"{band[0]:g}-{band[1]:g}th percentile of its samples")
+    handles += [plt.Rectangle((0, 0), 1, 1, color=c, alpha=_PHASE_ALPHA, lw=0) for c in phase_colors.values()]
+    labels += [f"phase {p}" for p in phase_colors]
+    return handles, labels
+
+
+def _range_strip(axis, x: np.ndarray, values: np.ndarray, colors: dict) -> None:
+    """The open user range as grey stretches, each named where its name fits inside it."""
+    width = axis.get_position().width * axis.figure.get_figwidth() * 72  # points, before the layout: about
+    for first, stop, value in _runs(values):
+        right = x[stop] if stop < len(x) else x[-1]
+        if value:
+            axis.axvspan(x[first], right, color=colors[value], alpha=0.6, lw=0)
+        span = (right - x[first]) / ((x[-1] - x[0]) or 1) * width
+        if value and span > 0.62 * FONT * len(value) + 4:  # the name fits, with its margins
+            axis.text((x[first] + right) / 2, 0.5, value, ha="center", va="center", fontsize=FONT)
+    axis.set_yticks([])
+    axis.set_ylabel("range", fontsize=FONT, rotation=0, ha="right", va="center")
 
 
 def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric: str | None = None,
@@ -295,7 +322,7 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     x, xlabel, _, _ = _sample_axis(phases, "time")
     colors = _phase_colors(phases)
     if fig is None:
-        fig = plt.figure(figsize=(10, 6.5))
+        fig = plt.figure(figsize=(WIDTH, 6.5), dpi=DPI)
     fig.clear()
     top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1, 1.6]})
     xs, mean, lo, hi = _blocks(x, np.asarray(phases[metric], dtype=float), max_points)
@@ -305,9 +332,10 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
                                   phases["segment_phase"].values, strict=True):
         right = x[stop] if stop < len(x) else x[-1]
         top.axvspan(x[first], right, color=colors[int(label)], alpha=0.3, lw=0)
-    top.set_ylabel(short_label(metric, phases[metric].attrs.get("units", "")), fontsize="x-small")
-    top.set_xlabel(xlabel)
-    top.set_title("phases over time", fontsize="small")
+    top.set_ylabel(_panel_label(short_label(metric, phases[metric].attrs.get("units", ""))), fontsize=FONT)
+    top.set_xlabel(xlabel, fontsize=FONT + 1)
+    top.tick_params(labelsize=FONT)
+    top.set_title("phases over time", fontsize=FONT + 2)
     bars = per_phase.assign_coords(weight=("phase_id", np.asarray(per_phase["phase_duration"], dtype=float)))
     nodes = [n for n in bars.data_vars if n in _td._BY_NAME]
     topdown(bars[nodes], level, sort=False, ax=bottom)
@@ -315,10 +343,10 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
     for p in ids:
         empty = bool(np.all(np.isnan([float(bars[n].sel(phase_id=p)) for n in nodes])))
         labels.append(f"phase {p}" + ("\n(no profiled work)" if empty else ""))
-    bottom.set_xticks(np.arange(len(ids)), labels, rotation=0, fontsize="x-small")
+    bottom.set_xticks(np.arange(len(ids)), labels, rotation=0, fontsize=FONT)
     for tick, p in zip(bottom.get_xticklabels(), ids, strict=True):
         tick.set_bbox({"facecolor": colors[int(p)], "alpha": 0.4, "edgecolor": "none", "pad": 1.5})
     by = per_phase.attrs.get("topdown_by", "")
-    bottom.set_title(f"Top-Down level {level} per phase (joined by {by})", fontsize="small")
+    bottom.set_title(f"Top-Down level {level} per phase (joined by {by})", fontsize=FONT + 2)
     fig.tight_layout()
     return fig

@@ -1,5 +1,6 @@
 """The docs' figures (issue 37, item 11): docs/figures/make_figures.py renders them from the shipped H100
-recordings, every figure the pages show is one it makes, and the PNGs stay small."""
+recordings, every figure the pages show is one it makes, the PNGs stay small, and a reader of the printed page finds
+nothing to complain about (tests/unit/legibility.py)."""
 
 import re
 import runpy
@@ -7,7 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
+import pytest
 from PIL import Image
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from . import legibility
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "figures" / "make_figures.py"
@@ -28,3 +36,16 @@ def test_the_script_makes_every_figure_the_pages_show(tmp_path):
     shown = {n for page in set(figures.values()) for n in IMAGE.findall((ROOT / "docs" / page).read_text())}
     assert shown <= set(figures)  # nothing the pages show is left out of the script
     assert all((ROOT / "docs" / "figures" / n).is_file() for n in shown)  # and the checkout has them
+
+
+@pytest.fixture(scope="module")
+def doc_figures():
+    """Every figure of the docs, as the script draws it (closed after the module's tests)."""
+    made = dict(runpy.run_path(str(SCRIPT), run_name="figures")["figures"]())
+    yield made
+    plt.close("all")
+
+
+def test_every_figure_of_the_docs_reads_well_in_print(doc_figures):
+    for name, fig in doc_figures.items():
+        assert legibility.problems(fig) == [], name

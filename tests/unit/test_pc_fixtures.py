@@ -6,14 +6,14 @@ and the benchmark source as it was when recorded (line numbers refer to it).
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpuscope._pc_sampling import fast as _fast
-from gpuscope._pc_sampling import records as _pcrecords
-from gpuscope._pc_sampling import source as _source
 from gpuscope.cupti import pc_sampling as C
+from tests.fixtures.pc import recording
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "pc")
 STREAM_LINE, FMA_LINE = 30, 42
@@ -25,22 +25,12 @@ def _fixture(name):
 
 @pytest.fixture(scope="module")
 def recorded():
-    data = np.load(_fixture("pc_records.npz"))
-    records = C.PCRecords.from_dict(data)
-    registry = _source.CubinRegistry()
-    for name in ("stream0.cubin", "fma0.cubin"):
-        registry.add(_fixture(name))
-    with open(_fixture("bench_pc_sampling.py.txt")) as fh:
-        sources = {"bench_pc_sampling.py": fh.read()}
-    smap = _source.SourceMap(registry, sources=sources)
-    ds = _pcrecords.records_dataset(records, data["reason_indices"], [str(n) for n in data["reason_names"]], smap,
-                           chip="GH100", attrs={"compute_capability": "9.0"})
-    return records, ds
+    return recording.records()[0], recording.dataset()
 
 
 def test_cubin_crcs_match_the_records(recorded):
     records, _ = recorded
-    crcs = {C.cubin_crc(open(_fixture(n), "rb").read()) for n in ("stream0.cubin", "fma0.cubin")}
+    crcs = {C.cubin_crc(Path(_fixture(n)).read_bytes()) for n in ("stream0.cubin", "fma0.cubin")}
     assert crcs == {2308074808, 3676127959}
     assert set(records.cubin_crc.tolist()) == crcs
 
@@ -90,7 +80,7 @@ def test_fma_hottest_stall_is_the_math_pipe_in_its_loop(recorded):
 
 
 def test_sass_to_source_on_recorded_cubin():
-    cubin = open(_fixture("stream0.cubin"), "rb").read()
+    cubin = Path(_fixture("stream0.cubin")).read_bytes()
     records = C.PCRecords.from_dict(np.load(_fixture("pc_records.npz")))
     name = next(f for f in records.function if "stream" in f)
     loc = C.sass_to_source(cubin, name, 160)

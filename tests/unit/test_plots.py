@@ -196,10 +196,10 @@ def test_timeline_on_real_series():
     for r in rows:  # no constant panel; labels short, with a unit
         y = r.lines[0].get_ydata()
         assert np.nanmax(y) > np.nanmin(y)
-        assert len(r.get_ylabel()) < 40 and r.get_ylabel().endswith(")")
+        assert all(len(line) <= 20 for line in r.get_ylabel().split("\n")) and r.get_ylabel().endswith(")")
         assert len(r.lines[0].get_xdata()) <= 1000  # one point per pixel column, not 18,019
         assert len(r.collections) == 1  # the min-max band
-    assert rows[3].get_ylabel() == "dram read throughput (% of peak)"
+    assert rows[3].get_ylabel() == "dram read throughput\n(% of peak)"  # the unit on a line of its own
     # each range has one shade of grey; the phases take colours of their own palette, none a range's (issue 37)
     band_colors = {t.get_text(): None for t in band.texts}
     assert list(band_colors) == ["stream", "fma", "divergent"]
@@ -226,8 +226,8 @@ def test_timeline_names_metrics_above_the_traces_and_explains_line_and_band():
     renderer = _drawn(fig)
     band, *rows = fig.axes
     assert all(r.get_title(loc="left") in out.metric.values for r in rows)  # the full name above each panel
-    assert all(r.get_legend() is None for r in rows[:-1])  # nothing drawn over the traces near 100%
-    legend = rows[-1].get_legend()
+    assert all(r.get_legend() is None for r in rows)  # nothing drawn over the traces near 100%
+    (legend,) = fig.legends
     assert legend.get_window_extent(renderer).y1 <= rows[-1].get_window_extent(renderer).y0  # below the panels
     texts = [t.get_text() for t in legend.get_texts()]
     assert texts[:2] == ["mean per pixel column", "25-75th percentile of its samples"]
@@ -265,7 +265,7 @@ def test_timeline_of_launches_draws_a_line_per_kernel_and_says_what_it_leaves_ou
         assert len(r.lines) == 3  # stream, fma, divergent: no zig-zag across interleaved kernels
         xs = [line.get_xdata().tolist() for line in r.lines]
         assert xs == [[0, 3, 6, 9, 12], [1, 4, 7, 10, 13], [2, 5, 8, 11, 14]]
-    legend = rows[-1].get_legend()
+    (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == ["stream", "fma", "divergent"]
     caption = " ".join(t.get_text() for t in fig.texts)
     assert "not drawn (at most 8 panels; pass metrics= to choose)" in caption and "gpu__time_duration.sum" in caption
@@ -279,7 +279,7 @@ def test_timeline_ticks_and_units_of_rates_are_readable():
     fig = plot.timeline(series, ["pcie__read_bytes.sum.per_second"])
     _drawn(fig)
     row = fig.axes[1]
-    assert row.get_ylabel() == "pcie read bytes (byte/s)"
+    assert row.get_ylabel() == "pcie read bytes\n(byte/s)"
     assert row.yaxis.get_offset_text().get_text() == ""  # no "1e8" above the axis
     assert any(t.get_text().endswith("M") for t in row.get_yticklabels())
 
@@ -321,7 +321,10 @@ def test_hierarchy_names_every_visible_node_in_a_legend(nodes):
     assert labels[-1] == f"({small} nodes < 0.5% each not listed)"
 
 
-def test_pc_stall_legends_sit_beside_the_bars():
+def test_pc_stall_legends_stay_off_the_bars():
+    """Under the bars in a figure of the plot's own (the bars keep the page's width), beside them in a given ax."""
+    import matplotlib.pyplot as plt
+
     from gpuscope.metrics import pc_plot
 
     from .test_trace import _pc_recording
@@ -330,11 +333,16 @@ def test_pc_stall_legends_sit_beside_the_bars():
     axes = [pc_plot.plot_line_stalls(pc, k).axes[0] for k in pc.kernel.values.tolist()] + [pc_plot.plot_kernel_stalls(pc).axes[0]]
     for ax in axes:
         renderer = _drawn(ax.figure)
-        assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
-        assert ax.get_legend().get_title().get_text() == "Top-Down category"
+        (legend,) = ax.figure.legends
+        assert legend.get_window_extent(renderer).y1 <= ax.get_window_extent(renderer).y0
+        assert legend.get_title().get_text() == "Top-Down category"
         assert ax.get_xlim()[1] > max(p.get_x() + p.get_width() for p in ax.patches)  # the longest bar ends inside
+    given = pc_plot.plot_kernel_stalls(pc, ax=plt.subplots(figsize=(9, 3))[1]).axes[0]
+    renderer = _drawn(given.figure)
+    assert given.get_legend().get_window_extent(renderer).x0 >= given.get_window_extent(renderer).x1
     stream = next(ax for ax in axes if ax.get_title().split(":")[0].endswith("stream"))
-    assert "100k" in [t.get_text() for t in stream.get_xticklabels()]  # not 350000 running into its neighbours
+    ticks = [t.get_text() for t in stream.get_xticklabels()]
+    assert "250k" in ticks and all(len(t) <= 4 for t in ticks)  # not 350000 running into its neighbours
 
 
 def test_every_plot_returns_its_figure(tmp_path):

@@ -33,6 +33,10 @@ def _texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
 
 
+def _legend_texts(fig) -> list[str]:
+    return [t.get_text() for lg in fig.findobj(matplotlib.legend.Legend) for t in lg.get_texts()]
+
+
 def test_si_prefixes():
     assert si(3.2e12, "B/s") == "3.2 TB/s"
     assert si(6.7584e13, "FLOP/s") == "67.6 TFLOP/s"
@@ -54,7 +58,7 @@ def test_roofline_draws_the_ceilings_and_a_point_per_level(launches, tmp_path):
         assert len(slope) == 1
         x, y = np.asarray(slope[0].get_xdata()), np.asarray(slope[0].get_ydata())
         np.testing.assert_allclose(y, np.minimum(x * bw, peak))
-        assert any(t.startswith(level) and si(bw, "B/s") in t for t in _texts(ax))
+        assert f"{level} {si(bw, 'B/s')}" in _legend_texts(ax.figure)  # the ceilings' legend names each
     # both kernels did fp32 work: one marker per level each, at the kernel's intensity and FLOP/s
     markers = [ln for ln in lines if ln.get_marker() in ("^", "s", "o") and len(ln.get_xdata()) == 1]
     assert len(markers) == 6
@@ -62,9 +66,9 @@ def test_roofline_draws_the_ceilings_and_a_point_per_level(launches, tmp_path):
     stream = rl.sel(kernel="stream", precision="fp32")
     for level in ("L1", "L2", "DRAM"):
         assert (round(float(stream.intensity.sel(level=level)), 6), float(stream.flop_rate)) in points
-    legend = [t.get_text() for lg in (ax.get_legend(), *[a for a in ax.artists]) for t in lg.get_texts()]
+    legend = _legend_texts(ax.figure)
     assert "stream: 3 TFLOP/s, DRAM-bound" in legend and any(t.startswith("gemm:") for t in legend)
-    assert f"FP32 peak {si(peak, 'FLOP/s')}" in legend
+    assert f"FP32 peak\n{si(peak, 'FLOP/s')}" in legend
     assert ax.get_xscale() == ax.get_yscale() == "log"
     ax.figure.savefig(tmp_path / "roofline.png")
 
@@ -87,12 +91,13 @@ def test_memory_chart_puts_the_numbers_on_the_diagram(launches, tmp_path):
     texts = _texts(ax)
     # two stream launches combined: 2 x 2 GB read at L1/TEX, the hit rates and busy shares of the units
     assert "L1/TEX Cache" in texts and "Device Memory" in texts and "System Memory" in texts
-    assert "hit 25.0 %\nbusy 37.9 % of peak" in texts
-    assert "hit 50.0 %\nbusy 23.1 % of peak" in texts
-    assert "busy 78.1 % of peak" in texts
+    assert "hit 25.0 %\nbusy 37.9 %" in texts  # busy: percent of the unit's peak, as the footnote says
+    assert "hit 50.0 %\nbusy 23.1 %" in texts
+    assert "busy 78.1 %" in texts
+    assert any("busy in\npercent of the unit's peak" in t for t in texts)
     assert "30 M req\nread 3 GB" in texts and "write 2 GB" in texts  # L1/TEX <-> L2
     assert "read 3 GB" in texts and "write 2 GB" in texts  # L2 <-> DRAM
-    assert "ld 30 M inst" in texts and "st 10 M inst" in texts  # kernel -> global
+    assert "ld 30 M inst\nst 10 M inst" in texts  # the kernel's instructions that address global memory
     assert "40 M req" in texts and "6 GB" in texts  # global -> L1/TEX
     assert float(mw.busiest_share) == pytest.approx(78.125)
     assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 78.1 % of its peak)"
@@ -107,4 +112,4 @@ def test_memory_chart_asks_which_row(launches):
     with pytest.raises(ValueError, match="neither a position nor a label"):
         plot.memory_chart(launches, "nope")
     ax = plot.memory_chart(launches, 0, by=None).axes[0]  # the first launch on its own
-    assert "ld 15 M inst" in _texts(ax)
+    assert "ld 15 M inst\nst 5 M inst" in _texts(ax)

@@ -15,6 +15,7 @@ import pytest
 import xarray as xr
 
 import gpuscope as gs
+from gpuscope import cli
 from gpuscope._gpu import catalog as _catalog
 from gpuscope._gpu import metric_lists as _lists
 from gpuscope._gpu import support as _support
@@ -152,6 +153,51 @@ def test_chip_support_says_what_changed(chip):
     if chip == "GB202":
         assert statuses["topdown"] == "reduced" and "imc_miss" in text
         assert "dram__bytes_read.sum -> dram__bytes_op_read.sum" in text
+
+
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_substitute_in_other_units_is_named(chip, name):
+    """Issue 37, item 14: a set gives the same quantity on every chip, or its Dataset attrs and ``gpuscope metrics
+    --sets`` say which metric became another quantity (B200's PCIe bytes per second, percent of peak there)."""
+    kind = gs.metric_set(name).kind
+    if not _profilable(chip, kind):
+        return
+    res = _lists.resolution(name, chip, kind)
+    reference = _catalog._chip_metrics("GH100", _catalog.MetricKind(kind))
+    here = _catalog._chip_metrics(chip, _catalog.MetricKind(kind))
+    assert set(res.units_changed) <= set(res.substituted)
+    for original, group in res.substituted.items():
+        before, after = reference.info(original).units, {here.info(m).units for m in group}
+        if original in res.units_changed:
+            assert res.units_changed[original] == (before, ", ".join(sorted(after))) and after != {before}
+        else:  # the same unit (Blackwell's syslts__ sectors are lts__ sectors of the system-memory slices)
+            assert {u.removeprefix("sys") for u in after} == {before}
+    attrs = res.attrs()
+    assert len(attrs.get("metric_set_units_changed", [])) == len(res.units_changed)
+    support = next(st for st in _support.chip_support(chip).sets if st.name == name)
+    assert support.units_changed == res.units_changed
+    for original in res.units_changed:
+        before, after = res.units_changed[original]
+        assert f"({before}) -> " in attrs["metric_set_units_changed"][list(res.units_changed).index(original)]
+        assert support.substitution(original).endswith(f"(another quantity: {before} -> {after})")
+
+
+@pytest.mark.parametrize("chip", ["GB100", "GB102", "GB110", "GB112"])
+def test_pcie_traffic_of_pm_default_on_b200_is_marked_as_percent(chip, capsys):
+    if chip not in CHIPS:
+        pytest.skip(f"this CUPTI does not list {chip}")
+    res = _lists.resolution("pm-default", chip, "sampling")
+    throughput = "pcie__throughput.avg.pct_of_peak_sustained_elapsed"
+    assert res.units_changed == {f"pcie__{d}_bytes.sum.per_second": ("byte/second", "percent")
+                                 for d in ("read", "write")}
+    assert res.attrs()["metric_set_units_changed"] == [
+        f"pcie__{d}_bytes.sum.per_second (byte/second) -> {throughput} (percent)" for d in ("read", "write")]
+    assert cli.main(["metrics", "--sets", "--chip", chip]) == 0
+    out = capsys.readouterr().out
+    assert (f"  substituted: pcie__read_bytes.sum.per_second -> {throughput} (another quantity: byte/second -> "
+            f"percent)") in out
+    assert not _lists.resolution("pm-default", "GH100", "sampling").units_changed  # where the set was verified
 
 
 @pytest.mark.skipif(bool(os.environ.get("GPUSCOPE_CUPTI_LIB")), reason="runs inside the CUPTI 12 subprocess")
