@@ -313,7 +313,7 @@ class NvtxRanges:
         if kind == "destroy":
             _domains.pop(call.domain, None)
             return
-        if _ranges.emitting():  # gpuscope.range's own NVTX range: the session has it already
+        if not self._open or _ranges.emitting():  # closed (a call in flight), or gpuscope.range's own NVTX range
             return
         if getattr(self._local, "probing", False):
             self._probe_heard = True
