@@ -295,6 +295,8 @@ class NvtxRanges:
         try:
             nvtx.push_range(PROBE)
             nvtx.pop_range()
+        except Exception:  # an nvtx package gpuscope does not know: no probe, the end-of-session check remains
+            return None
         finally:
             self._local.probing = False
         return self._probe_heard

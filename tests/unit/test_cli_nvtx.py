@@ -4,6 +4,7 @@ the script starts."""
 
 import json
 import os
+import sys
 import textwrap
 
 import pytest
@@ -50,6 +51,7 @@ def run(monkeypatch, tmp_path):
     lib.write_bytes(b"")
     monkeypatch.setattr(_nvtx, "_cupti_path", lambda: str(lib))
     monkeypatch.delenv(_nvtx.INJECTION_VAR, raising=False)
+    monkeypatch.delitem(sys.modules, "nvtx.nvtx", raising=False)  # as in a fresh process: no NVTX call made yet
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SEEN))
 

@@ -492,3 +492,15 @@ def test_a_profiler_refuses_bad_nvtx_patterns_before_touching_the_gpu():
         gs.Profiler("launch", nvtx="step//forward")
     with pytest.raises(TypeError, match="strings"):
         gs.Profiler("launch", nvtx=[1])
+
+
+def test_an_nvtx_package_that_fails_the_probe_is_no_probe(monkeypatch):
+    monkeypatch.setattr(shim, "NvtxWatcher", FakeWatcher)
+
+    def push_range(message):
+        raise AttributeError("an nvtx package of another shape")
+
+    monkeypatch.setitem(sys.modules, "nvtx", types.SimpleNamespace(enabled=lambda: True, push_range=push_range))
+    taken = _nvtx.NvtxRanges(Listener(), _nvtx.NvtxFilter.build(True))
+    taken.close(report=False)
+    assert taken.probe is None and not getattr(taken._local, "probing", False)
