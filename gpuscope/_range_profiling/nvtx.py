@@ -268,12 +268,13 @@ class NvtxRanges:
                     f"NVTX ranges are already taken by {_taking[0]._session!r}; one session at a time takes them. "
                     "Close it first, or leave nvtx= out here.")
             _taking.append(self)
+        self._open = True  # before the first callback can come
         try:
             self._watcher = NvtxWatcher(self._on_call)
         except BaseException:
+            self._open = False
             _taking.remove(self)
             raise
-        self._open = True
         self.probe = self._probe()
         if self.probe is False:
             warnings.warn(
