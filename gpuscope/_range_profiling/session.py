@@ -123,9 +123,9 @@ class Profiler(UserRanges, PerLaunchModes):
         closes.
     nvtx : bool, str or list of str, optional
         Take the process's NVTX ranges (``torch.cuda.nvtx.range``, ``nvtx.annotate``) as ``gpuscope.range`` blocks
-        of the same names: True for all, or ``[domain@]glob`` patterns matched against the NVTX path ("step",
-        "*/forward", "NVTX@step"; a pattern also selects the ranges nested in what it matches). NVTX must reach
-        CUPTI: call :func:`gpuscope.enable_nvtx` at the top of the script (docs/range-profiling.md#nvtx-ranges).
+        of the same names: True for all, or ``[domain@]glob`` patterns matched against the NVTX path (``"step"``,
+        ``"*/forward"``, ``"NVTX@step"``; a pattern also selects the ranges nested in what it matches). NVTX must
+        reach CUPTI: call :func:`gpuscope.enable_nvtx` at the top of the script (docs/range-profiling.md).
     nvtx_exclude : str or list of str, optional
         NVTX ranges never taken (same patterns); given alone, every other NVTX range is taken.
     pass_groups : None, "cupti" or list of lists of str
