@@ -163,7 +163,8 @@ def _patterns(value, what: str) -> tuple:
     try:
         items = list(value)
     except TypeError:
-        raise TypeError(f"{what} takes a pattern or a list of patterns ('[domain@]range/path'), not {value!r}") from None
+        raise TypeError(f"{what} takes a pattern or a list of patterns ('[domain@]range/path'), not {value!r}"
+                        ) from None
     return tuple(NvtxPattern.parse(item, what) for item in items)
 
 
@@ -420,8 +421,8 @@ class NvtxRanges:
                   "the session's thread, or did its library (PyTorch) make its first NVTX call before "
                   f"{INJECTION_VAR} was set? {HOW}")
         elif not self.taken:
-            _warn(f"{self.heard} NVTX range(s) were heard, but none matched the NVTX filters ({self.filter.describe()});"
-                  " patterns match the NVTX path ('step/forward'), with 'domain@' for one domain (default domain: "
+            _warn(f"{self.heard} NVTX range(s) were heard, but none matched the NVTX filters "
+                  f"({self.filter.describe()}); patterns match the NVTX path ('step/forward'), with 'domain@' for one domain (default domain: "
                   f"{DEFAULT_DOMAIN!r}).")
 
 

@@ -220,7 +220,8 @@ def _before_detach() -> None:
     open)."""
     with _lock:
         if _open or _module_watchers or _nvtx_watchers:  # a paused recorder resumes on this one
-            nvtx = f" (and {len(_nvtx_watchers)} NVTX watcher(s): a session taking NVTX ranges)" if _nvtx_watchers else ""
+            nvtx = (f" (and {len(_nvtx_watchers)} NVTX watcher(s): a session taking NVTX ranges)" if _nvtx_watchers
+                    else "")
             raise RuntimeError(f"{len(_open)} launch recorder(s) (a gpuscope.Profiler session in kernel, iteration "
                                f"or auto mode, or a pc_sample block) and {len(_module_watchers)} module watcher(s) "
                                f"are open{nvtx}")

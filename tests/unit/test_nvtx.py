@@ -164,7 +164,8 @@ def test_a_failing_nvtx_callback_is_a_warning(cupti):
 
 # -- filters ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("nvtx, exclude, text", [
-    (True, None, "all"), ("step", None, "include step"), (["NVTX@step/", "*/fwd"], "x", "include NVTX@step/, */fwd; exclude x"),
+    (True, None, "all"), ("step", None, "include step"),
+    (["NVTX@step/", "*/fwd"], "x", "include NVTX@step/, */fwd; exclude x"),
     (None, ["a", "app@"], "all; exclude a, app@")])
 def test_filters_are_built_and_described(nvtx, exclude, text):
     assert _nvtx.NvtxFilter.build(nvtx, exclude).describe() == text
