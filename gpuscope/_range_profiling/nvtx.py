@@ -417,13 +417,13 @@ class NvtxRanges:
             probe = {True: "the probe range through the nvtx package did arrive, so NVTX works here: ",
                      False: "the nvtx package's NVTX started too early (a warning said so at the start); ",
                      None: ""}[self.probe]
-            _warn(f"No NVTX range was heard while the session took NVTX ranges: {probe}did the code push none on "
-                  "the session's thread, or did its library (PyTorch) make its first NVTX call before "
+            _warn(f"No NVTX range was heard while the session took NVTX ranges: {probe}did the code push none, "
+                  "or did its library (PyTorch) make its first NVTX call before "
                   f"{INJECTION_VAR} was set? {HOW}")
         elif not self.taken:
             _warn(f"{self.heard} NVTX range(s) were heard, but none matched the NVTX filters "
-                  f"({self.filter.describe()}); patterns match the NVTX path ('step/forward'), with 'domain@' for one domain (default domain: "
-                  f"{DEFAULT_DOMAIN!r}).")
+                  f"({self.filter.describe()}); patterns match the NVTX path ('step/forward'), with 'domain@' for "
+                  f"one domain (default domain: {DEFAULT_DOMAIN!r}).")
 
 
 def _warn(message: str) -> None:
