@@ -90,6 +90,8 @@ _EXPORTS = {
     "UnbalancedRangeError": "gpuscope.errors",
     "MultiPassRangeError": "gpuscope.errors",
     "SessionConflictError": "gpuscope.errors",
+    "enable_nvtx": "gpuscope._range_profiling.nvtx",
+    "NvtxUnavailableError": "gpuscope.errors",
     # PC sampling
     "pc_sample": "gpuscope._pc_sampling.sampler",
     "PCSampler": "gpuscope._pc_sampling.sampler",

@@ -72,6 +72,7 @@ def _run(args) -> int:
         sample=_run.parse_sample(args.sample) if args.sample else None,
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
         kernel_times=args.kernel_times, force=args.force,
+        nvtx=args.nvtx, nvtx_include=args.nvtx_include, nvtx_exclude=args.nvtx_exclude,
     )
     code = _run.run_script(opts)
     global _ran_script
@@ -145,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exclude", action="append", metavar="NAMES", help="never profile these kernels (same forms)")
     r.add_argument("-s", "--launch-skip", type=_counts, metavar="N", help="skip the first N matching launches")
     r.add_argument("-c", "--launch-count", type=_counts, metavar="N", help="profile at most N matching launches")
+    r.add_argument("--nvtx", action="store_true",
+                   help="take the script's NVTX ranges (torch.cuda.nvtx, nvtx.annotate) as gpuscope.range blocks: "
+                        "NVTX is routed to CUPTI before the script starts")
+    r.add_argument("--nvtx-include", action="append", metavar="PATTERN",
+                   help="take only NVTX ranges matching [domain@]glob of their NVTX path (step, */forward, "
+                        "NVTX@step), and those nested in them; repeatable; implies --nvtx")
+    r.add_argument("--nvtx-exclude", action="append", metavar="PATTERN",
+                   help="never take NVTX ranges matching this pattern, nor those nested in them; repeatable; "
+                        "implies --nvtx")
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
     r.add_argument("-f", "--force", action="store_true", help="overwrite the -o and --trace files if they exist")
     r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")

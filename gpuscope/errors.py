@@ -29,6 +29,7 @@ __all__ = [
     "UnbalancedRangeError",
     "MultiPassRangeError",
     "SessionConflictError",
+    "NvtxUnavailableError",
     "NotSinglePassError",
     "SamplerBusyError",
     "NotGpuscopeDataError",
@@ -215,6 +216,11 @@ class MultiPassRangeError(GpuscopeError, RuntimeError):
 
 class SessionConflictError(GpuscopeError, RuntimeError):
     """A second gpuscope session was opened on a device that already has one, or a session was misused."""
+
+
+class NvtxUnavailableError(GpuscopeError, RuntimeError):
+    """NVTX ranges were asked for, but this process's NVTX calls cannot reach the CUPTI gpuscope uses
+    (``NVTX_INJECTION64_PATH`` is not set, or names another tool's library)."""
 
 
 class NotSinglePassError(GpuscopeError, ValueError):

@@ -48,6 +48,9 @@ class RunOptions:
     kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
     force: bool = False  # overwrite an existing output or trace file
     module: str | None = None  # -m: a module to run as python -m runs it, instead of a script
+    nvtx: bool = False  # take the script's NVTX ranges as gpuscope ranges (NVTX routed to CUPTI before it starts)
+    nvtx_include: list | None = None  # NVTX range patterns (imply nvtx)
+    nvtx_exclude: list | None = None
 
 
 class RunError(GpuscopeError, ValueError):
@@ -104,6 +107,17 @@ def check_options(opts: RunOptions) -> None:
         if given:
             raise RunError(f"{', '.join(given)} select launches for range profiling; PM sampling (--sample) covers "
                            "the whole run.")
+        if _takes_nvtx(opts):
+            raise RunError("--nvtx, --nvtx-include and --nvtx-exclude take NVTX ranges for range profiling; PM "
+                           "sampling (--sample) records gpuscope.range blocks, not NVTX ranges.")
+    if _takes_nvtx(opts):
+        from gpuscope._range_profiling.nvtx import NvtxFilter
+
+        try:
+            NvtxFilter.build(_nvtx_kwargs(opts)["nvtx"], opts.nvtx_exclude or None)
+        except (TypeError, ValueError) as exc:
+            raise RunError(str(exc).replace("nvtx_exclude", "--nvtx-exclude").replace("nvtx:", "--nvtx-include:")
+                           ) from None
     for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
         if value is not None and value < 0:
             raise RunError(f"{name} must be 0 or more, not {value}.")
@@ -121,6 +135,18 @@ def _device_text(device) -> str:
     return device if isinstance(device, str) else ",".join(map(str, device))
 
 
+def _takes_nvtx(opts: RunOptions) -> bool:
+    return bool(opts.nvtx or opts.nvtx_include or opts.nvtx_exclude)
+
+
+def _nvtx_kwargs(opts: RunOptions) -> dict:
+    """``nvtx=`` and ``nvtx_exclude=`` for the Profiler: --nvtx-include patterns, else every NVTX range."""
+    kwargs = {"nvtx": list(opts.nvtx_include) if opts.nvtx_include else True}
+    if opts.nvtx_exclude:
+        kwargs["nvtx_exclude"] = list(opts.nvtx_exclude)
+    return kwargs
+
+
 def _profiler_kwargs(opts: RunOptions) -> dict:
     """Only the filters that were given: a Profiler without launch filters still runs a plain profile."""
     kwargs = {"mode": opts.mode}
@@ -128,6 +154,8 @@ def _profiler_kwargs(opts: RunOptions) -> dict:
         value = getattr(opts, name)
         if value is not None and value != []:
             kwargs[name] = value
+    if _takes_nvtx(opts):
+        kwargs.update(_nvtx_kwargs(opts))
     return kwargs
 
 
@@ -157,7 +185,7 @@ def _check_supported(factory, kwargs) -> None:
     missing = [k for k in kwargs if k not in params]
     if missing:
         flags = {"kernels": "-k/--kernels", "exclude": "--exclude", "launch_skip": "--launch-skip",
-                 "launch_count": "--launch-count", "mode": "--mode"}
+                 "launch_count": "--launch-count", "mode": "--mode", "nvtx": "--nvtx", "nvtx_exclude": "--nvtx-exclude"}
         raise RunError(f"This gpuscope's Profiler does not support {', '.join(flags.get(m, m) for m in missing)} "
                        "yet; run without it.")
 
@@ -268,7 +296,29 @@ def _filters(opts: RunOptions) -> str:
         parts.append(f"--launch-skip {opts.launch_skip}")
     if opts.launch_count is not None:
         parts.append(f"--launch-count {opts.launch_count}")
+    parts += [f"--nvtx-include {p}" for p in opts.nvtx_include or ()] + [
+        f"--nvtx-exclude {p}" for p in opts.nvtx_exclude or ()]
     return " ".join(parts)
+
+
+@contextlib.contextmanager
+def _nvtx_routed(opts: RunOptions):
+    """With --nvtx: NVTX goes to CUPTI from before the session and the script start (``gpuscope.enable_nvtx``);
+    the variable is as it was once the script has run, so what runs after it does not inherit it."""
+    if not _takes_nvtx(opts):
+        yield
+        return
+    from gpuscope._range_profiling.nvtx import INJECTION_VAR, enable_nvtx
+
+    saved = os.environ.get(INJECTION_VAR)
+    enable_nvtx()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(INJECTION_VAR, None)
+        else:
+            os.environ[INJECTION_VAR] = saved
 
 
 def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None, out=None) -> int:
@@ -297,17 +347,18 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
 
     out = out or sys.stdout
     check_options(opts)
-    session = _session(opts, profiler_factory, sampler_factory)
-    session.__enter__()
-    close_error = None
-    try:
-        code = execute(opts.script, opts.args, opts.module)
-    finally:
-        sys.stdout.flush()
+    with _nvtx_routed(opts):
+        session = _session(opts, profiler_factory, sampler_factory)
+        session.__enter__()
+        close_error = None
         try:
-            session.__exit__(None, None, None)
-        except GpuscopeError as exc:
-            close_error = exc
+            code = execute(opts.script, opts.args, opts.module)
+        finally:
+            sys.stdout.flush()
+            try:
+                session.__exit__(None, None, None)
+            except GpuscopeError as exc:
+                close_error = exc
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4

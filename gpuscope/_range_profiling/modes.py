@@ -118,6 +118,38 @@ class PerLaunchModes:
             self._end_after = None
             self._end_found_iteration()
 
+    def _report_selection(self) -> None:
+        tracker = self._tracker
+        if tracker is not None:
+            self._notes.setdefault("iterations_found_by", "none")
+            self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts,
+                               repetition_relocks=tracker.relocks, repetition_losses=tracker.losses)
+        if self._coverage is not None:  # auto mode followed the launch stream: what it left unprofiled, and why
+            from gpuscope._schema.names import short_name
+
+            def wanted(symbol):  # launches the name filters leave out are theirs, not auto mode's
+                return self.filter.name_matches(short_name(_readable(symbol)), symbol, _readable(symbol))
+
+            no_loop = (tracker is not None and not tracker.locked and self.mode_used is Mode.KERNEL
+                       and tracker.launches >= 30)
+            attrs, message = self._coverage.summary(self._rows, lambda s: self._kernel_names().name(_readable(s)),
+                                                    tracker.launches if tracker is not None else None, no_loop,
+                                                    wanted if self.filter.active else None)
+            self._notes.update(attrs)
+            if message:
+                _warn(message)
+        c = self._collector
+        if c is None:
+            return
+        self._notes.update(launches_left_out=c.left_out, launches_other_contexts=c.other_context)
+        if self.filter.active and not any(r.get("launch", -1) >= 0 for r in self._rows) and c.left_out:
+            _warn(f"No launch matched the kernel filters ({self.filter.describe()}); {c.left_out} launch(es) ran "
+                  "unprofiled. Kernel names are shown by gpuscope.Profiler(mode='kernel') without filters, or "
+                  "use 'regex:<pattern>'.")
+        errors = getattr(c, "errors", None)
+        if errors:
+            _warn(f"{len(errors)} launch(es) could not be left out cleanly: {errors[0]}")
+
     # -- auto mode without annotations: iterations found in the launch stream ---------------------------
     def _follow(self, launch):
         """Auto mode, no top-level range yet: kernel replay of one launch per (kernel, grid, block) while the tracker

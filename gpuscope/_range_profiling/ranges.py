@@ -14,6 +14,12 @@ stamps times). The contract::
 A listener that raises does not reach user code: its exception becomes a :class:`GpuscopeWarning` and the
 stack stays balanced. With no listener a range costs a list append, an NVTX push (a no-op unless a tool is
 attached) and their undoing.
+
+The NVTX ranges a session takes (``gpuscope.Profiler(nvtx=...)``, :mod:`gpuscope._range_profiling.nvtx`) enter
+the same stacks through :func:`push_for` and :func:`pop_for`: they name and nest like gpuscope ranges, are told
+to that session only, and emit no NVTX range of their own. gpuscope's own NVTX calls are marked (:func:`emitting`)
+so that the session hearing NVTX does not take them twice. The "gpuscope" NVTX domain is created at the first
+range, not at import: NVTX reads ``NVTX_INJECTION64_PATH`` at its first call, which may come after import.
 """
 
 from __future__ import annotations
@@ -26,16 +32,43 @@ import warnings
 
 from gpuscope.errors import GpuscopeWarning, UnbalancedRangeError
 
-try:  # NVTX is optional at run time: without it ranges are still recorded by gpuscope's listeners
-    import nvtx as _nvtx
-
-    _DOMAIN = _nvtx.get_domain("gpuscope")
-except Exception:  # pragma: no cover - depends on the environment
-    _DOMAIN = None
-
-__all__ = ["range", "Range", "add_listener", "remove_listener", "current_path", "listeners"]
+__all__ = ["range", "Range", "add_listener", "remove_listener", "current_path", "listeners", "push_for", "pop_for",
+           "discard", "emitting"]
 
 _local = threading.local()
+_UNSET = object()
+_DOMAIN = _UNSET  # the nvtx package's "gpuscope" domain, made at the first range (None: no nvtx package)
+
+
+def _domain():
+    global _DOMAIN
+    if _DOMAIN is _UNSET:
+        try:  # NVTX is optional at run time: without it ranges are still recorded by gpuscope's listeners
+            import nvtx as _nvtx
+
+            _DOMAIN = _nvtx.get_domain("gpuscope")
+        except Exception:  # pragma: no cover - depends on the environment
+            _DOMAIN = None
+    return _DOMAIN
+
+
+def emitting() -> bool:
+    """Whether the calling thread is inside one of gpuscope's own NVTX calls (a range's NVTX push or pop)."""
+    return getattr(_local, "emitting", False)
+
+
+def _emit(push: bool, path: str = "") -> None:
+    domain = _domain()
+    if domain is None:
+        return
+    _local.emitting = True
+    try:
+        if push:
+            domain.push_range(domain.get_event_attributes(message=path))
+        else:
+            domain.pop_range()
+    finally:
+        _local.emitting = False
 _listeners: tuple = ()
 _listeners_lock = threading.Lock()
 
@@ -77,12 +110,14 @@ def _stack() -> list:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
+    while stack and getattr(stack[-1].owner, "stale", False):  # left by a session that has closed (push_for)
+        stack.pop()
     return stack
 
 
 def current_path() -> str | None:
     """The innermost open range path of the calling thread, or None outside every range."""
-    stack = getattr(_local, "stack", None)
+    stack = _stack()
     return stack[-1].path if stack else None
 
 
@@ -99,21 +134,22 @@ def _notify(targets, method: str, path: str) -> None:
 
 
 class _Entry:
-    """One open range on a thread's stack: its path, who opened it and whom it told."""
+    """One open range on a thread's stack: its path, who opened it, whom it told, and whether it emitted NVTX."""
 
-    __slots__ = ("path", "owner", "notified")
+    __slots__ = ("path", "owner", "notified", "nvtx")
 
-    def __init__(self, path, owner, notified):
-        self.path, self.owner, self.notified = path, owner, notified
+    def __init__(self, path, owner, notified, nvtx=True):
+        self.path, self.owner, self.notified, self.nvtx = path, owner, notified, nvtx
 
 
-def _push(owner, name: str) -> str:
+def _push(owner, name: str, targets=None) -> str:
     stack = _stack()
     path = f"{stack[-1].path}/{name}" if stack else name
-    targets = _listeners
-    stack.append(_Entry(path, owner, targets))
-    if _DOMAIN is not None:
-        _DOMAIN.push_range(_DOMAIN.get_event_attributes(message=path))
+    emit = targets is None
+    targets = _listeners if emit else tuple(t for t in targets if t in _listeners)
+    stack.append(_Entry(path, owner, targets, emit))
+    if emit:
+        _emit(True, path)
     if targets:
         _notify(targets, "range_push", path)
     return path
@@ -127,8 +163,36 @@ def _pop_entry(stack: list) -> None:
             _notify([item for item in entry.notified if item in live], "range_pop", entry.path)
     finally:
         stack.pop()
-        if _DOMAIN is not None:
-            _DOMAIN.pop_range()
+        if entry.nvtx:
+            _emit(False)
+
+
+def push_for(owner, name: str, listener) -> str:
+    """Open a range named *name* on the calling thread, told to *listener* only (if it is registered), without an
+    NVTX range of gpuscope's; return its path. *owner* closes it with :func:`pop_for`; an owner whose ``stale``
+    attribute is true is dropped from the stacks at the next range operation of its thread."""
+    return _push(owner, name, (listener,))
+
+
+def pop_for(owner) -> None:
+    """Close the range *owner* opened with :func:`push_for` (as a gpuscope range's exit does).
+
+    Raises
+    ------
+    UnbalancedRangeError
+        It is not open on the calling thread, or inner ranges were still open (they were closed with it).
+    """
+    _pop(owner)
+
+
+def discard(owner) -> bool:
+    """Take *owner*'s range off the calling thread's stack, telling no listener; whether it was there."""
+    stack = _stack()
+    for i in builtins.range(len(stack) - 1, -1, -1):
+        if stack[i].owner is owner:
+            del stack[i]
+            return True
+    return False
 
 
 def _pop(owner) -> None:
@@ -139,7 +203,7 @@ def _pop(owner) -> None:
     depth = next((i for i in reversed(builtins.range(len(stack))) if stack[i].owner is owner), None)
     if depth is None:
         raise UnbalancedRangeError(
-            f"gpuscope.range {owner.name!r} was exited on a thread where it is not open "
+            f"{owner!r} was exited on a thread where it is not open "
             f"(open here: {current_path()!r}). Enter and exit a range on the same thread, with `with` or as a "
             "decorator."
         )
@@ -147,7 +211,7 @@ def _pop(owner) -> None:
     while len(stack) > depth:  # close the inner ones too, so the stack stays consistent
         _pop_entry(stack)
     raise UnbalancedRangeError(
-        f"gpuscope.range {owner.name!r} was exited while inner ranges {inner} were still open; they were closed "
+        f"{owner!r} was exited while inner ranges {inner} were still open; they were closed "
         "with it. Exit ranges in the reverse order of entering them (use `with` blocks)."
     )
 

@@ -121,6 +121,13 @@ class Profiler(UserRanges, PerLaunchModes):
     report : bool
         Print :meth:`report` (one row per kernel or range: time, Top-Down verdict, advice) when the session
         closes.
+    nvtx : bool, str or list of str, optional
+        Take the process's NVTX ranges (``torch.cuda.nvtx.range``, ``nvtx.annotate``) as ``gpuscope.range`` blocks
+        of the same names: True for all, or ``[domain@]glob`` patterns matched against the NVTX path (``"step"``,
+        ``"*/forward"``, ``"NVTX@step"``; a pattern also selects the ranges nested in what it matches). NVTX must
+        reach CUPTI: call :func:`gpuscope.enable_nvtx` at the top of the script (docs/range-profiling.md).
+    nvtx_exclude : str or list of str, optional
+        NVTX ranges never taken (same patterns); given alone, every other NVTX range is taken.
     pass_groups : None, "cupti" or list of lists of str
         How metrics are split into passes. None (default): where the list holds warp-stall shares (the
         ``topdown`` set), gpuscope's consistent plan (:mod:`gpuscope._gpu.pass_plan`): each share's counters in
@@ -149,6 +156,8 @@ class Profiler(UserRanges, PerLaunchModes):
         This user may not read the GPU's performance counters.
     MultiPassRangeError
         (on exit) No top-level range ran often enough to fill one pass group (see the message for options).
+    NvtxUnavailableError
+        NVTX ranges were asked for, but ``NVTX_INJECTION64_PATH`` does not route NVTX to gpuscope's CUPTI.
     ValueError, TypeError
         A bad option (the message says which and what is allowed).
     """
@@ -156,14 +165,16 @@ class Profiler(UserRanges, PerLaunchModes):
     _fixed_ranges = _grow = False  # max_ranges given by the user; an image to enlarge before the next group
     _key, _context_id, _collector = None, 0, None
     _tracker = _end_after = None  # auto mode without ranges: the launch-stream tracker; a found iteration's last
+    _nvtx = None  # the NVTX ranges taken while open (nvtx.NvtxRanges)
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
-                 report: bool = False, pass_groups=None):
+                 report: bool = False, pass_groups=None, nvtx=None, nvtx_exclude=None):
         from gpuscope._gpu import device as _device
         from gpuscope._gpu import keep as _keep
         from gpuscope._gpu import metric_lists as _lists
+        from gpuscope._range_profiling import nvtx as _nvtx
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
         from gpuscope.cupti import host, profiler
         from gpuscope.cupti._types import ProfilerType
@@ -191,6 +202,7 @@ class Profiler(UserRanges, PerLaunchModes):
         if self.sample_every > 1 and self.mode is not Mode.USER:
             raise ValueError("sample_every applies to mode='user'; in kernel and iteration modes use "
                              "launch_skip=/launch_count= or kernels= to profile fewer launches.")
+        self._nvtx_filter = _nvtx.NvtxFilter.build(nvtx, nvtx_exclude)
         self._seen: dict[str, int] = {}
         self.print_report = bool(report)
         self.metric_set = metrics if isinstance(metrics, str) else ""
@@ -199,6 +211,8 @@ class Profiler(UserRanges, PerLaunchModes):
         self._context = _device.PrimaryContext(self.device)
         profiler.initialize()
         try:
+            if self._nvtx_filter is not None:
+                _nvtx.check_injection()
             self.chip = profiler.chip_name(self.device)
             resolved = _lists.resolution(metrics, self.chip, "range")
             self.metrics, self._set_attrs = list(resolved.metrics), resolved.attrs()
@@ -310,6 +324,10 @@ class Profiler(UserRanges, PerLaunchModes):
                 if self.mode_used is Mode.ITERATION:
                     self._recorder.pause()  # launches between iterations cost nothing extra
             _ranges.add_listener(self)
+            if self._nvtx_filter is not None:
+                from gpuscope._range_profiling.nvtx import NvtxRanges
+
+                self._nvtx = NvtxRanges(self, self._nvtx_filter)
         except BaseException:
             self._state = "failed"
             self._teardown()
@@ -375,6 +393,9 @@ class Profiler(UserRanges, PerLaunchModes):
         try:
             if self._stack:
                 _warn(f"gpuscope.Profiler closed inside open ranges ({_ranges.current_path()!r}); they are dropped.")
+            if self._nvtx is not None:
+                self._nvtx.close()  # no NVTX range from here on
+                self._notes.update(self._nvtx.notes())
             if self._recorder is not None:
                 self._recorder.close()  # no launch callback from here on
                 self._note_graph_launches(self._recorder.graph_launches)
@@ -438,44 +459,15 @@ class Profiler(UserRanges, PerLaunchModes):
             return None
         return MultiPassRangeError(message)
 
-    def _report_selection(self) -> None:
-        tracker = self._tracker
-        if tracker is not None:
-            self._notes.setdefault("iterations_found_by", "none")
-            self._notes.update(repetition_extras_inside=tracker.extras_inside, repetition_restarts=tracker.restarts,
-                               repetition_relocks=tracker.relocks, repetition_losses=tracker.losses)
-        if self._coverage is not None:  # auto mode followed the launch stream: what it left unprofiled, and why
-            from gpuscope._schema.names import short_name
-
-            def wanted(symbol):  # launches the name filters leave out are theirs, not auto mode's
-                return self.filter.name_matches(short_name(_readable(symbol)), symbol, _readable(symbol))
-
-            no_loop = (tracker is not None and not tracker.locked and self.mode_used is Mode.KERNEL
-                       and tracker.launches >= 30)
-            attrs, message = self._coverage.summary(self._rows, lambda s: self._kernel_names().name(_readable(s)),
-                                                    tracker.launches if tracker is not None else None, no_loop,
-                                                    wanted if self.filter.active else None)
-            self._notes.update(attrs)
-            if message:
-                _warn(message)
-        c = self._collector
-        if c is None:
-            return
-        self._notes.update(launches_left_out=c.left_out, launches_other_contexts=c.other_context)
-        if self.filter.active and not any(r.get("launch", -1) >= 0 for r in self._rows) and c.left_out:
-            _warn(f"No launch matched the kernel filters ({self.filter.describe()}); {c.left_out} launch(es) ran "
-                  "unprofiled. Kernel names are shown by gpuscope.Profiler(mode='kernel') without filters, or "
-                  "use 'regex:<pattern>'.")
-        errors = getattr(c, "errors", None)
-        if errors:
-            _warn(f"{len(errors)} launch(es) could not be left out cleanly: {errors[0]}")
-
     def _teardown(self, keep: bool = False) -> None:
         """Release what the session holds. With *keep* (a clean close: the profiler stopped, no pass group half
         collected, the image emptied), the range profiler goes to :mod:`gpuscope._gpu.keep` for the next session."""
         from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import profiler
 
+        nvtx, self._nvtx = self._nvtx, None
+        if nvtx is not None:
+            nvtx.close(report=False)
         _ranges.remove_listener(self)
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))

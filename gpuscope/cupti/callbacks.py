@@ -98,8 +98,9 @@ OTHER_CLIENT_HELP = (
     "Another CUPTI client in this process holds CUPTI's callback subscriber{who}: torch.profiler (PyTorch's "
     "Kineto keeps it from its first profile until the process ends), Nsight Systems, or a library loaded through "
     "CUDA_INJECTION64_PATH. gpuscope's kernel, iteration and auto modes and PC sampling need it to hear kernel "
-    "launches; user mode (gpuscope.range, decorated kernels) and PM sampling do not. Profile in a process where that "
-    "client has not run (or run it after gpuscope), or use mode='user'."
+    "launches, and taking NVTX ranges (nvtx=, gpuscope run --nvtx) needs it to hear NVTX calls; user mode "
+    "(gpuscope.range, decorated kernels) and PM sampling do not. Profile in a process where that client has not run "
+    "(or run it after gpuscope), or use mode='user' with gpuscope.range."
 )
 
 
@@ -115,10 +116,12 @@ class Launch:
 
 CUPTI_CB_DOMAIN_RESOURCE = 3
 CUPTI_CBID_RESOURCE_MODULE_LOADED = 6  # CUpti_CallbackIdResource (cupti_callbacks.h)
+CUPTI_CB_DOMAIN_NVTX = 5  # CUpti_CallbackDomain (cupti_callbacks.h)
 
 _lock = threading.Lock()
 _subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
 _module_watchers: tuple = ()  # the open ModuleWatchers
+_nvtx_watchers: tuple = ()  # the open NvtxWatchers (gpuscope.cupti.nvtx)
 _listening: tuple = ()  # the open, unpaused LaunchRecorders (a Profiler session and a pc_sample block may both be)
 _open: set = set()  # every open LaunchRecorder, paused or not
 
@@ -126,6 +129,10 @@ _open: set = set()  # every open LaunchRecorder, paused or not
 def _dispatch(userdata, domain, cbid, address):
     if domain == CUPTI_CB_DOMAIN_RESOURCE:
         for watcher in _module_watchers:
+            watcher._on_callback(cbid, address)
+        return
+    if domain == CUPTI_CB_DOMAIN_NVTX:
+        for watcher in _nvtx_watchers:
             watcher._on_callback(cbid, address)
         return
     for recorder in _listening:
@@ -194,7 +201,7 @@ def other_client() -> str | None:
 def _release_if_idle() -> None:
     """Give CUPTI's subscriber back when nothing of gpuscope listens (with _lock held), so that another CUPTI client
     of the process (torch.profiler) can subscribe between gpuscope's sessions."""
-    if _subscription and not _listening and not _open and not _module_watchers:
+    if _subscription and not _listening and not _open and not _module_watchers and not _nvtx_watchers:
         handle, callback = _subscription
         _subscription.clear()
         _retired.append(callback)  # a C callback CUPTI once held is never freed
@@ -225,10 +232,10 @@ def _enable(flag: int) -> None:
 
 
 def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
-    global _listening, _lock, _module_watchers
+    global _listening, _lock, _module_watchers, _nvtx_watchers
     _lock = threading.Lock()
     _listening = ()
-    _module_watchers = ()
+    _module_watchers = _nvtx_watchers = ()
     _open.clear()
     _subscription.clear()
 
@@ -240,10 +247,12 @@ def _before_detach() -> None:
     """Unsubscribe for :func:`_api.detach` (refuses while a launch recorder, paused or not, or a module watcher is
     open)."""
     with _lock:
-        if _open or _module_watchers:  # a paused recorder (iteration mode between iterations) resumes on this one
+        if _open or _module_watchers or _nvtx_watchers:  # a paused recorder resumes on this one
+            nvtx = (f" (and {len(_nvtx_watchers)} NVTX watcher(s): a session taking NVTX ranges)" if _nvtx_watchers
+                    else "")
             raise RuntimeError(f"{len(_open)} launch recorder(s) (a gpuscope.Profiler session in kernel, iteration "
                                f"or auto mode, or a pc_sample block) and {len(_module_watchers)} module watcher(s) "
-                               "are open")
+                               f"are open{nvtx}")
         if _subscription:
             _f.cuptiUnsubscribe(_subscription[0])
             _retired.append(_subscription[1])  # a C callback CUPTI once held is never freed
@@ -409,3 +418,45 @@ class ModuleWatcher:
                 except Exception as exc:
                     warnings.warn(f"cuptiEnableCallback(0) failed: {exc}", GpuscopeWarning, stacklevel=2)
             _release_if_idle()
+
+
+def add_nvtx_watcher(watcher, cbids) -> None:
+    """Hand CUPTI's NVTX callbacks *cbids* to *watcher* (``watcher._on_callback(cbid, address)``), enabling them on
+    gpuscope's subscriber while any NVTX watcher is open (:class:`gpuscope.cupti.nvtx.NvtxWatcher`).
+
+    Raises
+    ------
+    ProfilerBusyError
+        Another CUPTI callback subscriber exists in this process (CUPTI allows one); nothing is left enabled.
+    """
+    global _nvtx_watchers
+    with _lock:
+        _subscribe()
+        if not _nvtx_watchers:
+            try:
+                for cbid in cbids:
+                    _f.cuptiEnableCallback(1, _subscription[0], CUPTI_CB_DOMAIN_NVTX, cbid)
+            except BaseException:
+                _enable_nvtx_quietly(0, cbids)
+                _release_if_idle()
+                raise
+        _nvtx_watchers = (*_nvtx_watchers, watcher)
+
+
+def remove_nvtx_watcher(watcher, cbids) -> None:
+    """Stop handing NVTX callbacks to *watcher*; disabled when no NVTX watcher is left (cleanup trouble is a
+    warning)."""
+    global _nvtx_watchers
+    with _lock:
+        _nvtx_watchers = tuple(w for w in _nvtx_watchers if w is not watcher)
+        if not _nvtx_watchers and _subscription:
+            _enable_nvtx_quietly(0, cbids)
+        _release_if_idle()
+
+
+def _enable_nvtx_quietly(flag: int, cbids) -> None:
+    for cbid in cbids:
+        try:
+            _f.cuptiEnableCallback(flag, _subscription[0], CUPTI_CB_DOMAIN_NVTX, cbid)
+        except Exception as exc:
+            warnings.warn(f"cuptiEnableCallback({flag}, NVTX {cbid}) failed: {exc}", GpuscopeWarning, stacklevel=3)
