@@ -12,8 +12,8 @@ and into CUPTI calls (every call through the shim is timed: ``gpuscope.cupti._ap
 gpuscope and Numba are taken at the start of each child.
 
 Modes: ``user`` (2 counters, one range), ``kernel1`` / ``kernel`` (one-pass set / Top-Down, kernel replay of one
-launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, 8 one-launch
-iterations: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
+launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, one one-launch
+iteration per pass and one more: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
 ``pm_thread`` (the same, evaluated in threads, not worker processes), ``fast`` (``profile_fast_topdown`` of one
 launch), and ``alternate`` (``kernel``, ``iteration``, ``user``, ``kernel``, ... one after another in one process: each
 session changes the configuration, so the range profiler kept from the one before is disabled and a new one
@@ -171,7 +171,7 @@ def session(mode: str, launch, sync) -> dict:
         elif kind == "kernel":
             launch()
         else:
-            for _ in range(1 if mode == "iteration1" else 8):
+            for _ in range(1 if mode == "iteration1" else prof.passes + 1):  # the first sizes the image
                 with gs.range("step"):
                     launch()
         sync()

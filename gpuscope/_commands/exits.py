@@ -64,12 +64,11 @@ def quick_exit(code: int) -> None:
     atexit.unregister(_keep._at_exit)
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # files the script left open: their buffers, which Python's exit would flush
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except Exception:  # noqa: BLE001  a file that cannot be flushed now could not be at exit either
-                pass
+        try:  # isinstance itself raises on a weak proxy whose object is gone
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001  a file that cannot be flushed now could not be at exit either
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

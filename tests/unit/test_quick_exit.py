@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 CHILD = """
-import atexit, sys, threading, time
+import atexit, sys, threading, time, weakref
 from gpuscope._gpu import keep
 from gpuscope._commands.exits import quick_exit
 
@@ -19,6 +19,11 @@ class Listener:  # what keep's atexit handler closes: it says so if it runs
         print("keep released", flush=True)
 
 keep._listeners[0] = Listener()
+class Gone:
+    pass
+gone = Gone()
+dead = weakref.proxy(gone)  # a proxy whose object is gone: isinstance() on it raises ReferenceError
+del gone
 f = open(sys.argv[1], "w")
 f.write("written, never closed")
 atexit.register(lambda: print("the script's atexit ran", flush=True))
