@@ -1,5 +1,7 @@
 """``python -m gpuscope``: the same as the ``gpuscope`` command."""
 
-from gpuscope.cli import entry
+import sys
 
-entry()
+from gpuscope.cli import main
+
+sys.exit(main())

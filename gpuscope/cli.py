@@ -74,10 +74,7 @@ def _run(args) -> int:
         kernel_times=args.kernel_times, force=args.force,
         nvtx=args.nvtx, nvtx_include=args.nvtx_include, nvtx_exclude=args.nvtx_exclude,
     )
-    code = _run.run_script(opts)
-    global _ran_script
-    _ran_script = True
-    return code
+    return _run.run_script(opts)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -252,20 +249,6 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-_ran_script = False  # `gpuscope run` ran a script: the program's exit may skip the teardown (entry)
-
-
-def entry() -> None:
-    """The ``gpuscope`` program (console script, ``python -m gpuscope``): :func:`main`, then the exit; after
-    ``gpuscope run`` without the teardown the OS does anyway (:func:`gpuscope._commands.exits.quick_exit`)."""
-    code = main()
-    if _ran_script:
-        from gpuscope._commands.exits import quick_exit
-
-        quick_exit(code)
-    sys.exit(code)
-
-
 def main(argv=None) -> int:
     """Run the ``gpuscope`` command; return its exit status (errors in the user's input never show a traceback)."""
     args = build_parser().parse_args(argv)
@@ -287,4 +270,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    entry()
+    sys.exit(main())
