@@ -57,8 +57,8 @@ def pass_spread(ds: xr.Dataset) -> xr.Variable | None:
 
 
 def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float, covered=None) -> None:
-    """Warn when the collected warp states miss ~100% of warp-active cycles and an optional stall reason was not
-    collected: then the user can act (collect it). Passes that disagree are no call to act: the Top-Down's
+    """Warn when the collected warp states fall short of 100% of warp-active cycles (the median range) and an
+    optional stall reason was not collected: then the user can act (collect it). Passes that disagree are no call to act: the Top-Down's
     coordinates ``warp_state_coverage`` and ``consistent`` say which ranges they touch, and the report leaves those
     out with a note. *covered* is :func:`warp_state_coverage` where the caller has it."""
     absent = [stall_metric(r) for r in arch.optional_stall_reasons if stall_metric(r) not in ds]
@@ -66,8 +66,11 @@ def _check_coverage(ds: xr.Dataset, arch: Architecture, tolerance: float, covere
         covered = warp_state_coverage(ds, arch)
     if not absent or covered is None:
         return
-    worst = float(np.nanmax(np.abs(np.asarray(covered) - 100.0), initial=0.0))
-    if worst > tolerance:
+    # a reason not collected only lowers the coverage, in every range that has it; passes that disagree scatter it
+    # both ways (76-126% on a PyTorch step): only a median short of 100% is the missing reason's doing
+    values = np.asarray(covered, dtype=float)
+    short = 100.0 - float(np.nanmedian(values)) if np.isfinite(values).any() else 0.0
+    if short > tolerance:
         warnings.warn(
             f"The collected warp states cover {float(np.nanmin(covered)):.1f}-{float(np.nanmax(covered)):.1f}% "
             f"of warp-active cycles, not 100% (tolerance {tolerance} points): a stall reason that was not "

@@ -186,6 +186,20 @@ def test_gmma_is_core_when_collected_and_flagged_when_not():
     assert "backend_core_gmma" not in out
 
 
+def test_coverage_scattered_both_ways_is_no_missing_reason():
+    """Passes that disagree put some ranges above 100% and some below; a reason not collected only lowers it: no
+    call to collect gmma (the rows' consistent coordinate says which disagree)."""
+    rows = [STALLS_0, dict(STALLS_1, long_scoreboard=70.0), dict(STALLS_0, long_scoreboard=35.0), STALLS_1]
+    ds = range_dataset(stalls=rows, ipc=(0.5, 0.1) * 2, issued=(0.55, 0.1) * 2, threads=(24.0, 32.0) * 2,
+                       kernels=("fma", "stream") * 2, launches=(0, 0, 1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = td.topdown(ds, check="ignore")
+        covered = out["warp_state_coverage"].values
+        assert covered.min() < 95 and covered.max() > 105 and abs(np.median(covered) - 100) <= 5, covered
+        td.topdown(ds)  # the default check: no coverage warning either
+
+
 def test_inconsistent_input_is_reported():
     ds = range_dataset(issued=(1.2, 0.1))  # more than one issue per SMSP cycle: stalls come out negative
     with pytest.warns(GpuscopeWarning, match="consistency"):
