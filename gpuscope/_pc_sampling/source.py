@@ -106,6 +106,13 @@ def cupy_cache_cubins(directory: str | None = None) -> list[bytes]:
     return cubins
 
 
+def _as_loaded(cubins: list[bytes]) -> list[bytes]:
+    """Each cached cubin as the cache holds it and as CuPy loads it, with one NUL more: the module the driver loaded
+    (CUPTI's module callback) was the cached cubin and a trailing NUL byte, so the CRC PC samples and SASS records
+    carry is the longer one's (H100, CuPy 14.2, CUDA 13.0; ``cuModuleLoadData`` takes the image as a string)."""
+    return [c for cubin in cubins for c in (cubin, cubin + b"\0")]
+
+
 def _is_numba_dispatcher(obj) -> bool:
     return isinstance(getattr(obj, "overloads", None), dict) and hasattr(obj, "targetoptions")
 
@@ -159,7 +166,7 @@ class CubinRegistry:
             self._dispatchers_seen.add(id(obj))
             cubins = numba_cubins(obj)
         elif type(obj).__module__.startswith("cupy"):
-            cubins = cupy_cache_cubins()  # CuPy keeps no handle on the binary; its cache does
+            cubins = _as_loaded(cupy_cache_cubins())  # CuPy keeps no handle on the binary; its cache does
             self._cupy_scanned = True
         else:
             cubins = [_cubin_bytes(obj)]
@@ -180,7 +187,7 @@ class CubinRegistry:
             self.add(dispatcher)
         if crc not in self._cubins and not self._cupy_scanned:
             self._cupy_scanned = True
-            for cubin in cupy_cache_cubins():
+            for cubin in _as_loaded(cupy_cache_cubins()):
                 self._cubins.setdefault(int(self._crc(cubin)), cubin)
         return self._cubins.get(crc)
 

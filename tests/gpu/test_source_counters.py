@@ -234,16 +234,17 @@ def test_cupy_raw_kernel_counts():
     assert ITERS <= c2 - c1 <= 4 * ITERS, (c1, c2)
 
 
-@pytest.mark.xfail(reason="CuPy RawKernel cubins are not matched to their lines yet (line 0 on the H100, CuPy 14); "
-                   "docs/source.md says so", strict=False)
 def test_cupy_raw_kernel_with_line_info():
+    """The loop line of a CuPy RawKernel compiled with -lineinfo: found in CuPy's kernel cache (the cubin as loaded
+    has one NUL more than as cached), its count grows with the iterations (NVRTC's unrolled loop puts a little of
+    its control on the line: 53 and 104 per warp and launch on the H100), and its text given as sources."""
     pytest.importorskip("cupy")
     got = [_in_child(kind="cupy", iters=i) for i in (ITERS, 2 * ITERS)]
     assert all("rows" in g for g in got), got[0]["lines"]
     loop = [g["rows"]["CUPY_LOOP_LINE"] for g in got]
     c1, c2 = (_per_warp_launch(int(r["smsp__sass_inst_executed"])) for r in loop)
-    k, rest = divmod(c2 - c1, ITERS)
-    assert rest == 0 and 1 <= k <= 4, (c1, c2)
+    assert ITERS <= c2 - c1 <= 4 * ITERS, (c1, c2)
+    assert loop[0]["smsp__sass_thread_inst_executed"] == 32 * loop[0]["smsp__sass_inst_executed"]
     assert got[0]["line_text"] == "acc = acc * a + b;  // CUPY_LOOP_LINE"
 
 

@@ -49,6 +49,20 @@ def test_cupy_cache_cubins_strip_the_hash_prefix(tmp_path):
     assert _source.cupy_cache_cubins(str(tmp_path / "missing")) == []
 
 
+def test_a_cupy_cubin_is_found_by_the_crc_of_the_image_cupy_loads(tmp_path, monkeypatch):
+    """CuPy's load adds a NUL to the cached cubin (the driver's module, as CUPTI reported it on the H100, was the
+    cached bytes and one 0 more): PC samples and SASS records carry the CRC of that image."""
+    import zlib
+
+    cubin = b"\x7fELF" + bytes(range(200))
+    (tmp_path / "k.cubin").write_bytes(b"0123456789abcdef0123456789abcdef01234567" + cubin)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    reg = _source.CubinRegistry(crc=zlib.crc32)
+    loaded = zlib.crc32(cubin + b"\0")
+    assert reg.get(loaded) is not None and reg.get(loaded).rstrip(b"\0") == cubin.rstrip(b"\0")
+    assert reg.get(zlib.crc32(cubin)) is not None  # as cached, for a loader that passes the size
+
+
 def test_numba_cubins_rejects_other_objects():
     with pytest.raises(TypeError, match="not a Numba"):
         _source.numba_cubins(object())
