@@ -118,6 +118,17 @@ def test_coverage_warns_only_when_the_user_can_act():
         out = td.topdown(launches)
     assert not out["consistent"].values.all()
     gmma = td.stall_metric("gmma")
-    assert gmma in launches
-    with pytest.warns(gs.GpuscopeWarning, match="gmma"):
+    assert gmma in launches and not launches[gmma].values.any()  # none of these kernels waits on a warpgroup MMA
+    with warnings.catch_warnings():  # so without it the warp states still cover ~100% (median): nothing to collect
+        warnings.simplefilter("error")
+        td.topdown(launches.drop_vars(gmma), check="ignore")
         td.topdown(launches.drop_vars(gmma))
+    # had a fifth of every launch's warp-cycles waited on one, leaving it out would leave 80%: collect it
+    heavy = launches.copy()
+    stalls = [v for v in heavy.data_vars if v.startswith("smsp__warp_issue_stalled_") and v != gmma]
+    total = sum(heavy[v] for v in stalls)
+    for v in stalls:
+        heavy[v] = heavy[v] * 0.8
+    heavy[gmma] = total * 0.2
+    with pytest.warns(gs.GpuscopeWarning, match="gmma"):
+        td.topdown(heavy.drop_vars(gmma))
