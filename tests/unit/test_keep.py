@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -223,8 +224,23 @@ def test_accessor_is_there_when_xarray_came_first():
     assert out.stdout.strip() == "GpuscopeAccessor", out.stderr
 
 
-def test_threads_share_the_keeper_safely(kept_state):
-    """Every profiler handed to the keeper is taken back once or released once, never both, never neither."""
+class _SwitchingDict(dict):
+    """The keeper's profilers by device, giving other threads the interpreter after every pop: a thread switch
+    inside keep()'s and take()'s critical sections, which the GIL alone makes rare."""
+
+    def pop(self, *args):
+        out = super().pop(*args)
+        time.sleep(0.0002)
+        return out
+
+
+@pytest.mark.parametrize("switching", [False, True], ids=["as-is", "switch-inside"])
+def test_threads_share_the_keeper_safely(kept_state, monkeypatch, switching):
+    """Every profiler handed to the keeper is taken back once or released once, never both, never neither. With
+    a thread switch after every pop from the keeper's dict (``switch-inside``), an unlocked keeper loses profilers
+    (neither taken nor released: measured by replacing its lock with a null context); the lock is what this checks."""
+    if switching:
+        monkeypatch.setattr(_keep, "_kept", _SwitchingDict())
     errors, made, taken = [], [], []
     start = threading.Barrier(4)
 
