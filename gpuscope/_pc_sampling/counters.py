@@ -211,17 +211,10 @@ class SourceCounters:
     def _track_launches(self) -> None:
         """Count the block's launches per kernel (CUPTI's launch callbacks), for per-launch counts and for naming
         kernels that launched but got no counts."""
-        from gpuscope.cupti import callbacks
-
-        ctx = self._context.handle
-        counts: dict[str, int] = {}
-
-        def on_launch(launch):
-            if launch.context == ctx:
-                counts[launch.symbol] = counts.get(launch.symbol, 0) + 1
+        from gpuscope._pc_sampling.sampler import _count_launches
 
         try:
-            self._recorder = callbacks.LaunchRecorder(on_launch)
+            self._recorder, counts = _count_launches(self._context.handle)
         except GpuscopeError as exc:  # another CUPTI subscriber (not gpuscope) holds the callbacks
             self.notes.append(f"launches not counted: {exc}")
             return

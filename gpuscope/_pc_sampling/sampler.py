@@ -70,6 +70,26 @@ def _get_data(ctx, buffer):
     return C.get_data(ctx, buffer)
 
 
+def _count_launches(ctx: int):
+    """A launch recorder counting the launches on context *ctx* per kernel symbol, and the dict it fills (for the
+    blocks that name kernels which ran but got nothing: ``pc_sample``, ``source_counters``).
+
+    Raises
+    ------
+    GpuscopeError
+        Another CUPTI client holds the callback subscriber.
+    """
+    from gpuscope.cupti import callbacks
+
+    counts: dict[str, int] = {}
+
+    def on_launch(launch):
+        if launch.context == ctx:
+            counts[launch.symbol] = counts.get(launch.symbol, 0) + 1
+
+    return callbacks.LaunchRecorder(on_launch), counts
+
+
 def _synchronize(context) -> None:
     from gpuscope._gpu import device as _device
 
@@ -219,17 +239,8 @@ class PCSampler:
     def _track_launches(self) -> None:
         """Count the block's launches per kernel (CUPTI's launch callbacks), so that a kernel that ran but got no
         samples is named even when CUPTI does not count its samples as unattributed (seen on the H100)."""
-        from gpuscope.cupti import callbacks
-
-        ctx = self._context.handle
-        counts: dict[str, int] = {}
-
-        def on_launch(launch):
-            if launch.context == ctx:
-                counts[launch.symbol] = counts.get(launch.symbol, 0) + 1
-
         try:
-            self._recorder = callbacks.LaunchRecorder(on_launch)
+            self._recorder, counts = _count_launches(self._context.handle)
         except GpuscopeError as exc:  # another CUPTI subscriber (not gpuscope) holds the callbacks
             self.drain_errors.append(f"launches not counted: {exc}")
             return
