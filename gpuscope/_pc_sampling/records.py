@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STALL_REASONS", "CUPTI_PREFIX", "records_dataset", "sample_total"]
+__all__ = ["STALL_REASONS", "CUPTI_PREFIX", "pc_coords", "records_dataset", "sample_total", "source_map_attrs"]
 
 #: Prefix of every stall-reason name CUPTI gives; the Dataset's ``stall_reason`` dim drops it.
 CUPTI_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
@@ -71,6 +71,32 @@ def sample_total(records, reason_indices, reason_names) -> int:
     return delivered + int(records.dropped_samples) + int(records.non_user_kernel_samples)
 
 
+def pc_coords(keys, source_map) -> dict[str, list]:
+    """The coordinates along ``pc`` of (cubin CRC, mangled function, PC offset) keys, in their order, with the
+    source lines *source_map* finds: the same in PC-sampling and source-counter Datasets."""
+    from gpuscope._schema.names import kernel_name
+
+    locations = [source_map.locate(crc, fn, off) for crc, fn, off in keys]
+    return {
+        "function": [kernel_name(fn) for _, fn, _ in keys],  # as every Dataset of the process names the kernel
+        "mangled_name": [fn for _, fn, _ in keys],
+        "pc_offset": [off for _, _, off in keys],
+        "cubin_crc": [crc for crc, _, _ in keys],
+        "file": [loc.file for loc in locations],
+        "line": [loc.line for loc in locations],
+        "line_text": [loc.text for loc in locations],
+    }
+
+
+def source_map_attrs(source_map) -> dict[str, str]:
+    """The attrs naming the functions *source_map* found no line info or no cubin for."""
+    from gpuscope._schema.names import kernel_name
+
+    # comma-separated strings, not lists: an empty list does not survive netCDF
+    return {"functions_without_lineinfo": ", ".join(sorted(kernel_name(f) for f in source_map.without_lineinfo)),
+            "functions_without_cubin": ", ".join(sorted(kernel_name(f) for f in source_map.without_cubin))}
+
+
 def records_dataset(records, reason_indices, reason_names, source_map, *, device_info=None, chip="", attrs=None):
     """Build the PC-sampling Dataset from raw records (:class:`gpuscope.cupti.pc_sampling.PCRecords`).
 
@@ -89,7 +115,6 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         See :func:`gpuscope._results.build.pc_sampling_dataset`.
     """
     from gpuscope._results import build as _results
-    from gpuscope._schema.names import kernel_name
 
     base, column = _reason_table(list(reason_names))
     by_index = {int(i): column[n] for i, n in zip(reason_indices, reason_names) if n in column}
@@ -104,16 +129,7 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
     not_issued = np.zeros_like(samples)
     for row, col, is_not_issued, n in samples_rows:
         (not_issued if is_not_issued else samples)[row, col] += n
-    locations = [source_map.locate(crc, fn, off) for crc, fn, off in keys]
-    pcs = {
-        "function": [kernel_name(fn) for _, fn, _ in keys],  # as every Dataset of the process names the kernel
-        "mangled_name": [fn for _, fn, _ in keys],
-        "pc_offset": [off for _, _, off in keys],
-        "cubin_crc": [crc for crc, _, _ in keys],
-        "file": [loc.file for loc in locations],
-        "line": [loc.line for loc in locations],
-        "line_text": [loc.text for loc in locations],
-    }
+    pcs = pc_coords(keys, source_map)
     reasons = {
         "name": base,
         "cupti_name": [CUPTI_PREFIX + b for b in base],
@@ -127,8 +143,5 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         "non_user_kernel_samples": records.non_user_kernel_samples,
         "hardware_buffer_full": int(records.hardware_buffer_full),
     }
-    extra = dict(attrs or {})
-    # comma-separated strings, not lists: an empty list does not survive netCDF
-    extra["functions_without_lineinfo"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_lineinfo))
-    extra["functions_without_cubin"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_cubin))
+    extra = {**(attrs or {}), **source_map_attrs(source_map)}
     return _results.pc_sampling_dataset(pcs, samples, not_issued, reasons, totals, device_info, chip, extra)

@@ -31,8 +31,8 @@ def counters_dataset(records, metrics: dict, source_map, *, launches=None, devic
     xarray.Dataset
         See :func:`gpuscope._results.source_counters.source_counters_dataset`.
     """
+    from gpuscope._pc_sampling.records import pc_coords, source_map_attrs
     from gpuscope._results.source_counters import source_counters_dataset
-    from gpuscope._schema.names import kernel_name
 
     column = {int(i): k for k, i in enumerate(metrics)}
     keys: dict[tuple[int, str, int], int] = {}
@@ -54,21 +54,11 @@ def counters_dataset(records, metrics: dict, source_map, *, launches=None, devic
     order = sorted(range(len(found)), key=lambda r: found[r][1:])  # by function, then PC offset
     ordered = [found[r] for r in order]
     values = values[np.asarray(order, dtype=np.int64)]
-    locations = [source_map.locate(crc, fn, off) for crc, fn, off in ordered]
-    pcs = {
-        "function": [kernel_name(fn) for _, fn, _ in ordered],
-        "mangled_name": [fn for _, fn, _ in ordered],
-        "pc_offset": [off for _, _, off in ordered],
-        "cubin_crc": [crc for crc, _, _ in ordered],
-        "file": [loc.file for loc in locations],
-        "line": [loc.line for loc in locations],
-        "line_text": [loc.text for loc in locations],
-    }
+    pcs = pc_coords(ordered, source_map)
     extra = dict(attrs or {})
     extra["dropped_records"] = int(records.dropped_records)
     extra["values_of_other_metrics"] = other
-    extra["functions_without_lineinfo"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_lineinfo))
-    extra["functions_without_cubin"] = ", ".join(sorted(kernel_name(f) for f in source_map.without_cubin))
+    extra.update(source_map_attrs(source_map))
     names = [metrics[i][0] for i in metrics]
     descriptions = [metrics[i][1] for i in metrics]
     return source_counters_dataset(pcs, values, names, descriptions, launches, device_info, chip, extra)
