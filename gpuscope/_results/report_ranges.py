@@ -112,13 +112,15 @@ def _range_report(ds, *, by: str | None = None) -> Report:
                 if k in frame.index:
                     frame.loc[k, "bound_by"] = "inconsistent"
             cover = nodes["warp_state_coverage"].values[inconsistent]
-            why = [f"warp states covering {np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active cycles "
-                   "(not 100 +/- 5%)"] if (np.abs(cover - 100) > 5).any() else []
+            why = []
+            if (np.abs(cover - 100) > td.COVERAGE_TOLERANCE).any():
+                why.append(f"warp states covering {np.nanmin(cover):.0f}-{np.nanmax(cover):.0f}% of warp-active "
+                           f"cycles (not 100 +/- {td.COVERAGE_TOLERANCE:g}%)")
             if "pass_spread" in nodes.coords:
                 spread = nodes["pass_spread"].values[inconsistent]
-                if (spread > 10).any():
+                if (spread > td.SPREAD_TOLERANCE).any():
                     why.append(f"stall passes whose active warp-cycles differ by up to {np.nanmax(spread):.0f}% "
-                               "(pass_spread over 10%)")
+                               f"(pass_spread over {td.SPREAD_TOLERANCE:g}%)")
             notes.append(
                 f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: "
                 + " or ".join(why or ["passes that disagree"])
