@@ -193,9 +193,14 @@ def other_client() -> str | None:
             return None
         if status:
             return who
-        _retired.append(callback)  # a C callback CUPTI once held is never freed
-        _f.cuptiUnsubscribe(handle)
+        _unsubscribe(handle, callback)
         return None
+
+
+def _unsubscribe(handle, callback) -> None:
+    """``cuptiUnsubscribe``; the C *callback* CUPTI held is kept alive, never freed (CUPTI may still call it)."""
+    _retired.append(callback)
+    _f.cuptiUnsubscribe(handle)
 
 
 def _release_if_idle() -> None:
@@ -204,9 +209,8 @@ def _release_if_idle() -> None:
     if _subscription and not _listening and not _open and not _module_watchers and not _nvtx_watchers:
         handle, callback = _subscription
         _subscription.clear()
-        _retired.append(callback)  # a C callback CUPTI once held is never freed
         try:
-            _f.cuptiUnsubscribe(handle)
+            _unsubscribe(handle, callback)
         except Exception as exc:
             warnings.warn(f"cuptiUnsubscribe failed: {exc}", GpuscopeWarning, stacklevel=3)
 
@@ -254,8 +258,7 @@ def _before_detach() -> None:
                                f"or auto mode, or a pc_sample block) and {len(_module_watchers)} module watcher(s) "
                                f"are open{nvtx}")
         if _subscription:
-            _f.cuptiUnsubscribe(_subscription[0])
-            _retired.append(_subscription[1])  # a C callback CUPTI once held is never freed
+            _unsubscribe(*_subscription)
             _subscription.clear()
 
 
