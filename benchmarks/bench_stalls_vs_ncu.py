@@ -80,6 +80,74 @@ def fixture(work, metrics, pass_groups, path):
     return len(tap.images)
 
 
+def collect_pc(work, reps, period=2**10):
+    """The stall split per kernel from PC samples (what fast Top-Down reads), over *reps* steps."""
+    import gpuscope as gs
+    from gpuscope._pc_sampling.fast import stall_percentages
+
+    t0 = time.perf_counter()
+    with gs.pc_sample(period=period) as pcs:
+        for _ in range(reps):
+            work.step()
+    pc = pcs.dataset
+    wall = time.perf_counter() - t0
+    st = stall_percentages(pc)
+    samples = pc["kernel_samples"].sum("stall_reason")
+    kernels = {}
+    for k in st["kernel"].values.tolist():
+        kernels[str(k)] = {PCT.format(r): float(st[PCT.format(r)].sel(kernel=k)) for r in REASONS}
+        kernels[str(k)]["samples"] = int(samples.sel(kernel=k))
+    return {"kernels": kernels, "wall_s": wall, "total_samples": int(pc.attrs.get("total_samples", 0)),
+            "dropped_samples": int(pc.attrs.get("dropped_samples", 0)),
+            "hardware_buffer_full": int(pc.attrs.get("hardware_buffer_full", 0))}
+
+
+def compare_per_kernel(results, names_from="kernel_plan", refs=("ncu_1", "ncu_2")):
+    """PC-sampled stall shares per kernel against ncu's, each kernel's launches averaged (ncu's rows are named by
+    the kernel-mode session's rows, launch for launch), by the kernel's mean duration."""
+    from gpuscope._schema.names import match_kernel
+
+    pc = results.get("pc", {}).get("kernels")
+    named = results.get(names_from, {}).get("rows")
+    if not pc or not named:
+        return {}
+    out = {}
+    per_ref = {}
+    for ref in refs:
+        rows = results.get(ref, {}).get("rows")
+        if not rows or len(rows) != len(named):
+            continue
+        groups = {}
+        for r, g in zip(rows, named):
+            groups.setdefault(g["kernel"], []).append(r)
+        per_ref[ref] = {k: ({PCT.format(x): float(np.mean([r[PCT.format(x)] for r in v])) for x in REASONS},
+                            float(np.mean([r["gpu__time_duration.sum"] for r in v])) / 1e3) for k, v in groups.items()}
+    if "ncu_1" not in per_ref:
+        return {}
+    base = per_ref["ncu_1"]
+    sampled = list(pc)
+    diffs = {"pc": [], "ncu_2": []}
+    for k, (shares, dur) in base.items():
+        hit = k if k in pc else match_kernel(k, sampled)
+        if hit is None:
+            continue
+        d = max(abs(pc[hit][m] - shares[m]) for m in shares)
+        diffs["pc"].append((dur, d, pc[hit]["samples"], k))
+        if "ncu_2" in per_ref and k in per_ref["ncu_2"]:
+            other = per_ref["ncu_2"][k][0]
+            diffs["ncu_2"].append((dur, max(abs(other[m] - shares[m]) for m in shares), 0, k))
+    for name, items in diffs.items():
+        entry = {"kernels": len(items)}
+        for label, lo, hi in BUCKETS:
+            sel = [d for dur, d, _, _ in items if lo <= dur < hi]
+            if sel:
+                entry[label] = {"n": len(sel), "median_max_diff": float(np.median(sel)), "max_max_diff": float(max(sel))}
+        out[name] = entry
+    out["pc_unmatched"] = sorted(set(base) - {k for _, _, _, k in diffs["pc"]})
+    out["pc_samples_per_kernel_median"] = float(np.median([s for _, _, s, _ in diffs["pc"]])) if diffs["pc"] else 0
+    return out
+
+
 def verdicts(rows, metrics):
     import xarray as xr
 
@@ -96,15 +164,18 @@ def verdicts(rows, metrics):
     return [_verdict({n: float(td[n].values[i]) for n in names})[0] for i in range(len(rows))]
 
 
-def compare(results, metrics):
-    ref = results["ncu_1"]["rows"]
+def compare(results, metrics, ref_name="ncu_1", names=None):
+    """Per run (all but the references, or *names*) and duration bucket, against the rows of *ref_name*."""
+    ref = results[ref_name]["rows"]
     dur = np.array([r["gpu__time_duration.sum"] for r in ref]) / 1e3
     share = lambda rows: np.array([[r[PCT.format(x)] for x in REASONS] for r in rows])  # noqa: E731
     base = share(ref)
     ref_verdict = verdicts(ref, metrics)
     table = {}
+    ref_sum = np.nansum(base, axis=1)
     for name, res in results.items():
-        if name == "ncu_1" or "rows" not in res:
+        if "rows" not in res or name == ref_name or (names is not None and name not in names) \
+                or (names is None and name.startswith("ncu_app")):
             continue
         rows = res["rows"]
         n = len(rows)  # iteration mode: one step's launches, compared with ncu's first step
@@ -118,6 +189,9 @@ def compare(results, metrics):
         dur_n = dur[:n]
         entry = {"launches": len(rows), "wall_s": res["wall_s"], "ms_per_launch": 1e3 * res["wall_s"] / len(rows)}
         consistent = np.array([bool(r.get("consistent", True)) for r in rows])
+        # ncu's own shares add up (within 100 +/- 5) on these launches: its stall counters and its warp-active
+        # count agree with each other there, so a difference from ncu is not ncu's own pass inconsistency
+        ncu_ok = np.abs(ref_sum[:n] - 100) <= 5
         for label, lo, hi in BUCKETS:
             sel = (dur_n >= lo) & (dur_n < hi)
             if sel.any():
@@ -126,6 +200,12 @@ def compare(results, metrics):
                                 "sum_within_5": float(np.mean(np.abs(total[sel] - 100) <= 5)),
                                 "verdict_agrees": float(np.mean([verdict[i] == ref_verdict[i]
                                                                  for i in np.flatnonzero(sel)]))}
+                ok_ncu = sel & ncu_ok
+                entry[label].update(
+                    ncu_self_consistent=int(ok_ncu.sum()),
+                    median_max_diff_ncu_self_consistent=float(np.median(diff[ok_ncu])) if ok_ncu.any() else None,
+                    median_max_diff_ncu_inconsistent=float(np.median(diff[sel & ~ncu_ok]))
+                    if (sel & ~ncu_ok).any() else None)
                 if "consistent" in rows[0]:  # the launches gpuscope gives a verdict for, and the others
                     ok, bad = sel & consistent, sel & ~consistent
                     entry[label].update(
@@ -138,9 +218,10 @@ def compare(results, metrics):
     return table
 
 
-def print_table(table):
+def print_table(table, ref="ncu_1"):
+    print(f"against {ref}:")
     print("| run | bucket | launches | median max diff (pp) | max | shares sum, median | within 100 +/- 5 | "
-          "verdict = ncu_1 |")
+          f"verdict = {ref} |")
     print("|---|---|---|---|---|---|---|---|")
     for name, entry in table.items():
         for label, _, _ in BUCKETS:
@@ -156,7 +237,16 @@ def print_table(table):
                 fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
                 print(f"  {name} {label}: {b['consistent']} of {b['n']} consistent, median max diff "
                       f"{fmt(b['median_max_diff_consistent'])} (the others {fmt(b['median_max_diff_inconsistent'])})"
-                      f", verdict = ncu_1 on consistent {fmt(100 * b['verdict_agrees_consistent'] if b['verdict_agrees_consistent'] is not None else None)}%")
+                      f", verdict = {ref} on consistent {fmt(100 * b['verdict_agrees_consistent'] if b['verdict_agrees_consistent'] is not None else None)}%")
+    print(f"launches where {ref}'s own shares sum to 100 +/- 5, and the others:")
+    for name, entry in table.items():
+        for label, _, _ in BUCKETS:
+            b = entry.get(label)
+            if b and "ncu_self_consistent" in b:
+                fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+                print(f"  {name} {label}: {b['ncu_self_consistent']} of {b['n']}, median max diff "
+                      f"{fmt(b['median_max_diff_ncu_self_consistent'])} (the others "
+                      f"{fmt(b['median_max_diff_ncu_inconsistent'])})")
     print("cost (wall of the whole session / launches):")
     for name, entry in table.items():
         if "ms_per_launch" in entry:
@@ -168,6 +258,7 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--out", default="stalls_out")
+    ap.add_argument("--app-runs", type=int, default=2, help="ncu runs with --replay-mode application (0: none)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +279,13 @@ def main():
             except Exception as exc:
                 results[name] = {"error": repr(exc)}
                 print(f"{name}: {exc!r}", flush=True)
+    try:
+        results["pc"] = collect_pc(work, args.reps)
+        print(f"pc: {len(results['pc']['kernels'])} kernels, {results['pc']['total_samples']} samples, "
+              f"{results['pc']['wall_s']:.1f} s", flush=True)
+    except Exception as exc:
+        results["pc"] = {"error": repr(exc)}
+        print(f"pc: {exc!r}", flush=True)
     for label, groups in (("plan", None), ("cupti", "cupti")):
         try:
             fixture(work, metrics, groups, out / f"fixture_{label}.npz")
@@ -202,10 +300,38 @@ def main():
         except Exception as exc:
             results[f"ncu_{k}"] = {"error": repr(exc)}
             print(f"ncu_{k}: {exc!r}", flush=True)
+    # iteration mode measures the program's own launches, no replay: ncu's application replay does the same
+    # (each pass a run of the whole process), so it is the yardstick there; one step (--reps 1) per run
+    for k in range(1, args.app_runs + 1):
+        try:
+            results[f"ncu_app_{k}"] = run_ncu(args.ncu, metrics, 1, extra=("--replay-mode", "application"))
+            print(f"ncu_app_{k}: {len(results[f'ncu_app_{k}']['rows'])} rows, "
+                  f"{results[f'ncu_app_{k}']['wall_s']:.1f} s", flush=True)
+        except Exception as exc:
+            results[f"ncu_app_{k}"] = {"error": repr(exc)}
+            print(f"ncu_app_{k}: {exc!r}", flush=True)
     (out / "stalls.json").write_text(json.dumps(results))
     table = compare(results, metrics)
-    (out / "table.json").write_text(json.dumps(table, indent=1))
     print_table(table)
+    tables = {"ncu_1": table}
+    if "rows" in results.get("ncu_app_1", {}):
+        app = compare(results, metrics, ref_name="ncu_app_1",
+                      names=[n for n in results if n.startswith("iteration") or n == "ncu_app_2"])
+        print_table(app, ref="ncu_app_1")
+        tables["ncu_app_1"] = app
+    per_kernel = compare_per_kernel(results)
+    tables["pc_per_kernel"] = per_kernel
+    if per_kernel:
+        print("PC-sampled stall shares per kernel (fast Top-Down's split) against ncu_1, each kernel's launches "
+              f"averaged; median samples per kernel {per_kernel['pc_samples_per_kernel_median']:.0f}, unmatched "
+              f"{per_kernel['pc_unmatched']}:")
+        for name in ("pc", "ncu_2"):
+            for label, _, _ in BUCKETS:
+                b = per_kernel.get(name, {}).get(label)
+                if b:
+                    print(f"  {name} {label}: {b['n']} kernels, median max diff {b['median_max_diff']:.1f}, "
+                          f"max {b['max_max_diff']:.1f}")
+    (out / "table.json").write_text(json.dumps(tables, indent=1))
 
 
 if __name__ == "__main__":

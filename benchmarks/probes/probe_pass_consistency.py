@@ -154,9 +154,10 @@ def session(work, reps, metrics, groups=None, tap=None):
     return {"rows": rows, "passes": prof.passes, "wall_s": wall, "config": prof._config if tap else None}
 
 
-def run_ncu(ncu, metrics, reps):
+def run_ncu(ncu, metrics, reps, extra=()):
+    """ncu on :func:`workload` in a child process (kernel replay unless *extra* says otherwise), its rows parsed."""
     cmd = [ncu, "--metrics", ",".join(metrics), "--csv", "--page", "raw", "--clock-control", "none",
-           "--cache-control", "none", "--profile-from-start", "off", sys.executable, __file__, "workload",
+           "--cache-control", "none", "--profile-from-start", "off", *extra, sys.executable, __file__, "workload",
            "--reps", str(reps)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

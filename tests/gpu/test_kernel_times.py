@@ -3,6 +3,7 @@ phase joined through them."""
 
 import numpy as np
 import pytest
+import xarray as xr
 
 import gpuscope as gs
 from gpuscope._commands import demo as _demo
@@ -66,9 +67,14 @@ def test_topdown_per_phase_by_kernels(run):
     ph = gs.phases(ts)
     per = gs.dynamic(td, phases=ph)
     assert per.attrs["topdown_by"] == "kernels" and bool(per["has_topdown"].all())
-    busy = per["phase_duration"] > 5e6
+    # a phase of the GPU's own activity: the detector also finds idle stretches (a shuffled run once gave a 5 ms
+    # phase between two ranges with 0.2% kernel time), which have no kernels to attribute
+    active = ph["phase_mean"].sel(metric="gr__cycles_active.avg.pct_of_peak_sustained_elapsed").values > 50
+    busy = (per["phase_duration"] > 5e6) & xr.DataArray(active, dims="phase_id")
+    assert bool(busy.any())
     # kernel time over phase time: 200 short launches leave launch gaps (0.42 for the stream phase on the H100)
-    assert float(per["attributed_fraction"].where(busy, drop=True).min()) > 0.3
+    fraction = per["attributed_fraction"].where(busy, drop=True)
+    assert float(fraction.min()) > 0.3, (fraction.values, ph["phase_mean"].values, ph["phase_duration"].values)
     total = sum(per[n] for n in ("retire", "divergence", "frontend", "backend"))
     np.testing.assert_allclose(total.where(busy, drop=True), 100.0, atol=5.0)  # percent of IPC_MAX
 
