@@ -56,7 +56,7 @@ from gpuscope._util import launchers as _launchers
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
-           "session_open", "session_closed", "answer", "retry_when_busy", "detach_cupti", "DETACH_ENV",
+           "session_open", "session_closed", "answer", "retry_when_busy", "ask_holders", "detach_cupti", "DETACH_ENV",
            "import_xarray_soon", "imports_done"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
@@ -435,6 +435,19 @@ def retry_when_busy(device: int, call, what: str = ""):
     hint = f"The counters of device {device} ({gpu}) are busy: {_rendezvous.describe(answers, here=', '.join(here))}"
     raise ProfilerBusyError(error.status, error.func, error.cupti_message, hint,
                             [(a.pid, a.state) for a in answers]) from None
+
+
+def ask_holders(device: int) -> list:
+    """Ask this user's gpuscope processes that hold *device*'s counters to give them back, before a session whose
+    availability query came from the cache. That query is what fails ``HARDWARE_BUSY`` (and is retried,
+    :func:`retry_when_busy`) when another process keeps a profiler or a PM sampler; answered from the cache it asks
+    nothing, and the new profiler would be refused later, at its first ``cuptiRangeProfilerStart``, where no retry
+    can wait for an answer. Reads the listening holders first (``/proc/net/unix``) and asks only where there are
+    some. Returns their answers."""
+    gpu = _rendezvous.gpu_id(device)
+    if not _rendezvous.holders(gpu):
+        return []
+    return _rendezvous.ask(gpu)
 
 
 #: ``GPUSCOPE_PC_DETACH=0`` keeps CUPTI attached when PC sampling starts (the detach is on by default).

@@ -219,6 +219,8 @@ class Profiler(UserRanges, PerLaunchModes):
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
             # GH100 (tests/unit/test_host.py). Another process holding the counters makes it HARDWARE_BUSY.
+            if profiler.availability_cached(self.device):
+                _keep.ask_holders(self.device)  # the cache asks CUPTI nothing, so nothing would fail busy here
             self._availability = _keep.retry_when_busy(self.device, lambda: profiler.pm_counter_availability(
                 self.device), _keep.RANGE_SESSION)
 

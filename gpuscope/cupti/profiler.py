@@ -133,6 +133,11 @@ def pm_counter_availability(device_index: int, cached: bool = True) -> np.ndarra
 os.register_at_fork(after_in_child=_pm_availability.clear)  # a child queries its own
 
 
+def availability_cached(device_index: int) -> bool:
+    """True when :func:`pm_counter_availability` will answer *device_index* from its cache, without CUPTI."""
+    return device_index in _pm_availability
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceSupport:
     """``cuptiProfilerDeviceSupported``'s answer for one device and profiling API."""

@@ -139,11 +139,6 @@ def children():
 @pytest.mark.parametrize("warm", [False, True], ids=["fresh", "warm"])
 @pytest.mark.parametrize("held, asking", [("range", "pm"), ("pm", "range")], ids=["range-then-pm", "pm-then-range"])
 def test_what_one_process_keeps_is_given_back_to_the_other(children, held, asking, warm):
-    if warm and asking == "range":
-        # H200, CUPTI 13.0 (2026-11-26): failed. A warm range session (availability cached) that finds a PM
-        # sampler kept by another process is refused where gpuscope does not retry yet (probably its first
-        # cuptiRangeProfilerStart): fix, then remove this mark.
-        pytest.xfail("range session after cached availability: busy outside the retried calls (docs/reliability.md)")
     asker = None
     if warm:
         asker = children("warm-run", asking)

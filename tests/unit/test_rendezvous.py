@@ -79,6 +79,15 @@ CHILD = textwrap.dedent("""
             if select.select([sys.stdin], [], [], 0.01)[0]:
                 sys.exit(0)
 
+    if role == "ask-first":  # a session whose availability came from the cache: it asks first, retries nothing
+        keep.ask_holders(0)
+        try:
+            Counters().take().close()
+        except ProfilerBusyError as exc:
+            say("busy", message=str(exc))
+        else:
+            say("ok")
+        sys.exit(0)
     keep.session_open(0, what)
     try:
         t0 = time.monotonic()
@@ -184,6 +193,22 @@ def test_what_one_process_keeps_is_given_back_to_the_next(gpu, held, asking):
     released = holder.line()
     assert released == dict(event="released", pid=holder.proc.pid, kept=[], threads=[], listening=0)
     assert gpu.listening() == 0  # while the holder still runs: its socket is gone
+
+
+def test_a_session_whose_availability_is_cached_asks_the_holders_before_it_enables(gpu):
+    """The availability query answered from the cache asks CUPTI nothing, so nothing fails busy where a retry can
+    wait: the session asks the holders first (keep.ask_holders), and its first Start finds the counters free."""
+    holder = gpu.child("keep", _keep.PM_SESSION)
+    assert holder.line()["event"] == "kept"
+    asker = gpu.child("ask-first", _keep.RANGE_SESSION)
+    assert asker.line()["event"] == "ok"
+    assert holder.line()["event"] == "released"
+
+
+def test_asking_first_costs_nothing_where_no_process_holds_the_counters(gpu, monkeypatch):
+    monkeypatch.setattr(rendezvous, "gpu_id", lambda device: gpu.id)
+    monkeypatch.setattr(rendezvous, "ask", lambda *a, **k: pytest.fail("asked with no holder listening"))
+    assert _keep.ask_holders(0) == []
 
 
 def test_the_counters_go_back_and_forth_between_two_processes(gpu):
