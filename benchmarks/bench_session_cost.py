@@ -297,7 +297,7 @@ def run_breakdown(steps: int) -> dict:
     return out
 
 
-CASES = ("plain", "count3", "auto", "annotated", "kernel", "ncu3", "ncuall")
+CASES = ("plain", "count3", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3", "ncufull3")
 
 
 def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, ...] = (),
@@ -317,12 +317,17 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
              ("count3", "gpuscope run --launch-count 3", [*run, "--launch-count", "3", str(script)]),
              ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(script)]),
              ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(script), "annotate"]),
-             ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)])]
+             ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)]),
+             ("full3", "gpuscope run --set full --mode kernel --launch-count 3",
+              [py, "-m", "gpuscope", "run", "--set", "full", "--mode", "kernel", "--no-report", "--launch-count", "3",
+               str(script)])]
     if ncu:
         cases += [("ncu3", "ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py,
                                         str(script)]),
                   ("ncuall", "ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py,
-                                                    str(script)])]
+                                                    str(script)]),
+                  ("ncufull3", "ncu --set full -c 3", [ncu, "--set", "full", "-c", "3", "--csv", "--page", "raw", py,
+                                                       str(script)])]
     if only:
         cases = [c for c in cases if c[0] in only or c[0] == "plain"]
     elif steps > 100:  # kernel mode and ncu on every launch take minutes there
