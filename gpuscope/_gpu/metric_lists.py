@@ -236,13 +236,17 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     stored = _stored_plans().get(cm.chip, {}).get("|".join(metrics))
     if stored is not None:
         # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
-        # pass); one config of all groups then checks that each is still one pass under the loaded CUPTI
-        groups = [frozenset(g) for g in stored]
+        # pass; a last group stored as {"several": [...]} needs several passes); one config of all groups then
+        # checks that each is still one pass under the loaded CUPTI (the last, of several, as many as on its own)
+        several = list(stored[-1]["several"]) if stored and isinstance(stored[-1], dict) else None
+        groups = [frozenset(g) for g in (stored[:-1] if several is not None else stored)]
         found = pass_plan.plan(metrics, cm.has, lambda names: any(set(names) <= g for g in groups),
                                cm.chip in pass_plan.SPREAD_CHIPS)
-        if found is not None and [set(g) for g in found.groups] == [set(g) for g in stored] and \
-                host.num_passes(grouped_config_image(found.groups, cm.chip)) == len(found.groups):
-            return found
+        expected = [set(g) for g in groups] + ([set(several)] if several is not None else [])
+        if found is not None and [set(g) for g in found.groups] == expected:
+            passes = len(groups) + (host.num_passes(config_image(several, cm.chip, "range")) if several else 0)
+            if host.num_passes(grouped_config_image(found.groups, cm.chip)) == passes:
+                return found
 
     def one_pass(names) -> bool:
         return host.num_passes(config_image(list(names), cm.chip, "range")) == 1

@@ -19,7 +19,11 @@ A :class:`PassPlan` collects instead, for the same requested metrics:
   ``smsp__cycles_active.sum``, the next ones each a warp-active counter of their own (:data:`SPREAD_ANCHORS`).
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
-(:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass. The
+(:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass, but for
+a **last group** of the requested metrics that need several passes on their own (on GH100
+``sm__ops_path_tensor_src_fp16.sum`` of the ``roofline`` set), which CUPTI schedules inside that group: such a
+metric no longer hands the whole list to CUPTI's schedule (``--set full`` and ``roofline`` with ``topdown`` then
+kept the stall shares of different passes). The
 requested metrics are computed from the collected counters (:meth:`PassPlan.values`), with CUPTI's definitions:
 ``smsp__warp_issue_stalled_<r>_per_warp_active.pct = 100 * smsp__warps_issue_stalled_<r>.sum / warps active``
 (counted per SM: ``sm__warps_active`` counts the same warp-cycles as ``smsp__warps_active``, within 1-3% on the
@@ -91,12 +95,15 @@ class PassPlan:
     collected : tuple of str
         The metrics CUPTI evaluates from the counter data (raw counts, the anchor, the other requested metrics).
     groups : tuple of tuple of str
-        The pass groups, lead group first; each is one pass.
+        The pass groups, lead group first; each is one pass, but for the last where :attr:`several`.
     derived : tuple of (str, str, str, float)
         ``(requested, numerator, denominator, scale)``: ``requested = scale * numerator / denominator``.
     anchors : tuple of str
         The warp-active counters of the stall passes, in pass order (:data:`ANCHOR` first); also requested, so
         that the Dataset holds them.
+    several : bool
+        The last group holds metrics that need several passes on their own, which CUPTI schedules (no ratio of
+        the plan reads them).
     """
 
     requested: tuple[str, ...]
@@ -104,6 +111,7 @@ class PassPlan:
     groups: tuple[tuple[str, ...], ...]
     derived: tuple[tuple[str, str, str, float], ...]
     anchors: tuple[str, ...] = ()
+    several: bool = False
 
     def __post_init__(self):
         where = {m: i for i, m in enumerate(self.collected)}
@@ -119,6 +127,7 @@ class PassPlan:
 
     @property
     def passes(self) -> int:
+        """Passes of the one-pass groups (the several passes of a last group :attr:`several` count as one)."""
         return len(self.groups)
 
     def values(self, raw: np.ndarray) -> np.ndarray:
@@ -171,6 +180,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     counts: list[str] = []  # the second pass: instruction counts, the same in every execution
     rest: list[str] = []  # the requested metrics that are neither stall shares nor rates of counts
     items: list[str] = []  # what the stall passes collect beside the anchor
+    several: list[str] = []  # metrics no one-pass group has room for: a last group, which CUPTI schedules
     for m in metrics:
         if m in stalls:
             raw = f"smsp__warps_issue_stalled_{stalls[m]}.sum"
@@ -187,11 +197,12 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]
         elif m != ANCHOR and not (spread and m in SPREAD_ANCHORS):  # those the stall passes collect anyway
             rest.append(m)
-    for m in rest:  # in the first pass where they fit, else in the stall passes
+    others: list[str] = []  # for the spare room of the count and stall passes, else the last group
+    for m in rest:  # in the first pass where they fit
         if one_pass([*first, m]):
             first.append(m)
         else:
-            items.append(m)
+            others.append(m)
     if not first and has(_DURATION):
         first = [_DURATION]
     counts = list(dict.fromkeys(counts)) or ([FILLER] if has(FILLER) else [])
@@ -207,8 +218,24 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
                 break
         else:
             if not one_pass([ANCHOR, item]):
-                return None  # a metric that needs several passes on its own: CUPTI schedules the list
+                return None  # a stall counter that needs several passes on its own: CUPTI schedules the list
             groups.append([item])
+
+    def anchor_of(k: int) -> list[str]:  # the warp-active counter stall pass k will hold (tried with it)
+        if k == 0:
+            return [ANCHOR]
+        return [SPREAD_ANCHORS[k - 1]] if spread and k <= len(SPREAD_ANCHORS) and has(SPREAD_ANCHORS[k - 1]) else []
+
+    for m in others:  # the instruction-count pass, the stall passes, else a last group that CUPTI schedules
+        if one_pass([*counts, m]):
+            counts.append(m)
+            continue
+        for k, g in enumerate(groups):
+            if one_pass([*anchor_of(k), *g, m]):
+                g.append(m)
+                break
+        else:
+            several.append(m)
     stall_groups, anchors = [], []
     for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
         anchor = ANCHOR if k == 0 else (SPREAD_ANCHORS[k - 1] if spread and k <= len(SPREAD_ANCHORS) else None)
@@ -221,7 +248,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             if not one_pass([*first, m]):
                 return None
             first.append(m)
-    all_groups = (tuple(first), tuple(counts), *stall_groups)
+    all_groups = (tuple(first), tuple(counts), *stall_groups) + ((tuple(several),) if several else ())
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
     requested = tuple(metrics) + tuple(a for a in anchors if a not in metrics)
-    return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors))
+    return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors), bool(several))

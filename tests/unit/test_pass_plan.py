@@ -46,6 +46,28 @@ def test_topdown_plan_keeps_every_rate_out_of_the_first_two_passes_with_one_pass
     assert plan.attrs()["pass_anchors"] == list(anchors)
 
 
+def test_a_metric_of_several_passes_goes_in_a_last_group_and_the_stall_shares_keep_the_plan():
+    """roofline's sm__ops_path_tensor_src_fp16.sum needs two passes on its own on GH100: it used to hand the whole
+    list (``--set full``, ``topdown`` with ``roofline``) to CUPTI's schedule, stall shares of different passes."""
+    several = "sm__ops_path_tensor_src_fp16.sum"
+    metrics = TOPDOWN + tuple(m for m in lists.resolve("roofline", "GH100") if m not in TOPDOWN)
+    assert several in metrics and _passes([[several]]) == 2
+    plan = lists.consistent_plan(metrics, "GH100")
+    assert plan is not None and plan.several and several in plan.groups[-1]  # with what no one-pass group took
+    assert all(_passes([g]) == 1 for g in plan.groups[:-1])
+    topdown = lists.consistent_plan(TOPDOWN, "GH100")
+    assert plan.groups[2][0] == pass_plan.ANCHOR and plan.anchors == topdown.anchors
+    stalls = lambda groups: [tuple(m for m in g if "stalled" in m) for g in groups]  # noqa: E731
+    assert stalls(plan.groups[2:len(topdown.groups)]) == stalls(topdown.groups[2:])  # the same stall passes
+    assert set(metrics) <= set(plan.requested) and set(plan.collected) >= set(metrics) - {
+        m for m, *_ in plan.derived}
+    last = _passes([plan.groups[-1]])
+    assert lists.count_passes(list(metrics), "GH100") == _passes(plan.groups) == len(plan.groups) - 1 + last
+    full = tuple(lists.resolve("full", "GH100"))
+    assert lists.consistent_plan(full, "GH100").several
+    assert lists.count_passes(list(full), "GH100") <= lists.count_passes(list(full), "GH100", plan=False) + 2
+
+
 def test_spread_anchors_only_on_chips_where_they_were_checked():
     for chip in ("GA100", "AD102"):
         found = lists.consistent_plan(tuple(lists.resolve("topdown", chip)), chip)
@@ -113,7 +135,10 @@ def _live_plans() -> dict:
             metrics = tuple(lists.resolve(name, chip))
             found = pass_plan.plan(metrics, cm.has, one_pass, chip in pass_plan.SPREAD_CHIPS)
             if found is not None:
-                out.setdefault(chip, {})["|".join(metrics)] = [list(g) for g in found.groups]
+                groups = [list(g) for g in found.groups]
+                if found.several:  # the last group needs several passes (metric_lists.consistent_plan)
+                    groups[-1] = {"several": groups[-1]}
+                out.setdefault(chip, {})["|".join(metrics)] = groups
     return out
 
 
