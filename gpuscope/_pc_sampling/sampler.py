@@ -91,10 +91,7 @@ def _count_launches(ctx: int):
 
 
 def _synchronize(context) -> None:
-    from gpuscope._gpu import device as _device
-
-    context.make_current()
-    _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
+    context.synchronize()
 
 
 class PCSampler:

@@ -210,6 +210,10 @@ class KernelRecords:
         self.dropped = 0
         self._open = False
 
+    @property
+    def closed(self) -> bool:
+        return not self._open
+
     def _add(self, records) -> None:
         keep = self.keep
         self.records.extend(records if keep is None else [r for r in records if keep(r[9])])
