@@ -127,7 +127,7 @@ class GraphKernels:
 
 
 def _no_records(records) -> str:
-    """Why graph launches have no kernel record (the records were opened)."""
+    """Why graph launches have no kernel record, as the warning and the attrs say it."""
     if records is None:
         return "CUPTI's kernel activity records were not opened"
     if records.errors:
