@@ -209,6 +209,11 @@ class PrimaryContext:
     def make_current(self) -> None:
         _check(bindings().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
+    def synchronize(self) -> None:
+        """Make the context current on this thread and wait for everything launched in it to finish."""
+        self.make_current()
+        _check(bindings().cuCtxSynchronize(), "cuCtxSynchronize")
+
     def unique_id(self) -> int:
         """The context's unique id (``cuCtxGetId``): a context destroyed and made again at the same address gets
         another. The handle where the driver is older than CUDA 12.0."""

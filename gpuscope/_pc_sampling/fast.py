@@ -138,7 +138,8 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     ValueError
         A bad *period*, *levels* or *check* (before any GPU work).
     FastTopDownError
-        No kernel was seen by both halves.
+        No kernel was seen by both halves; or *work* launched CUDA graphs (``cuGraphLaunch``), whose kernels the
+        range pass cannot see (the message names the kernels PC sampling saw).
     """
     from gpuscope._pc_sampling import messages as _messages
     from gpuscope._pc_sampling import sampler as _pcsampling
@@ -160,6 +161,9 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     # where they were not counted, a first iteration sizes it.
     with pc_sampler(period=period, device=device) as pcs:
         work(*args, **kwargs)
+    graphs = int(getattr(pcs, "graph_launches", 0) or 0)
+    if graphs:
+        raise FastTopDownError(_graph_message(graphs, pcs.dataset))
     counted = sum((getattr(pcs, "launches", None) or {}).values())
     sizing = {"max_ranges": _capacity(counted)} if counted else {}
     with profiler(FAST_SET, mode="iteration", device=device, **sizing) as prof:
@@ -215,3 +219,18 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
         kernels_without_ipc=sorted(set(sampled) - set(both.values())),
     )
     return result
+
+
+def _graph_message(graphs: int, pc) -> str:
+    """Why fast Top-Down stops when *work* launched CUDA graphs, and what gives the graph's kernels instead."""
+    from gpuscope._results.report_inputs import graph_launches_text
+
+    sampled = [str(k) for k in pc["kernel"].values] if pc is not None and "kernel" in pc.coords else []
+    seen = (f"this call's PC sampling saw {', '.join(sampled[:6])}{' and more' if len(sampled) > 6 else ''}"
+            if sampled else "this call's PC sampling saw no kernel")
+    return (f"work() launched {graph_launches_text(graphs)} (cuGraphLaunch: torch.cuda.CUDAGraph.replay, "
+            "torch.compile mode='reduce-overhead', CuPy graphs). Fast Top-Down takes IPC from a range pass, and the "
+            "range profiler does not see the kernels inside a graph, so it has none for them. The stall reasons of "
+            f"each graph kernel are in gpuscope.pc_sample() around the same work ({seen}); a gpuscope.range around "
+            "each graph launch in gpuscope.Profiler(mode='user') gives the Top-Down of the graph as one row "
+            "(docs/range-profiling.md, 'CUDA graphs').")

@@ -91,10 +91,7 @@ def _count_launches(ctx: int):
 
 
 def _synchronize(context) -> None:
-    from gpuscope._gpu import device as _device
-
-    context.make_current()
-    _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
+    context.synchronize()
 
 
 class PCSampler:
@@ -150,6 +147,8 @@ class PCSampler:
         self.cupti_detach = ""
         #: mangled name -> launches in the block on this context (None: not tracked, another recorder was open)
         self.launches: dict[str, int] | None = None
+        #: CUDA graph launches in the block (their kernels are sampled, but are no launches of their own)
+        self.graph_launches = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> PCSampler:
@@ -254,6 +253,7 @@ class PCSampler:
             self._buffer = None  # the next block of its shape owns it now
         if self._recorder is not None:
             _quietly(self._recorder.close)
+            self.graph_launches = self._recorder.graph_launches
             self._recorder = None
         if self._context is not None:
             _quietly(self._context.close)
@@ -385,6 +385,7 @@ class PCSampler:
             "sampling_period_cycles": 0 if self.period_log2 is None else 2**self.period_log2,
             "hardware_buffer_bytes": 512 << 20 if self.hardware_buffer_size is None else self.hardware_buffer_size,
             "launches_counted": -1 if self.launches is None else sum(self.launches.values()),
+            "graph_launches": self.graph_launches,
             "kernels_without_samples": ", ".join(f"{kernel_name(k)} ({n})"
                                                  for k, n in self.kernels_without_samples().items()),
             "drain_errors": "; ".join(self.drain_errors),

@@ -428,10 +428,7 @@ class Sampler(SamplerResults):
         """Flush and disable CUPTI's kernel activity (after the device finished its kernels, if *synchronize*:
         a kernel still running when the records are flushed has no end time and is counted as incomplete)."""
         if synchronize:
-            from gpuscope._gpu import device as _device
-
-            self._context.make_current()
-            _device._check(_device.bindings().cuCtxSynchronize(), "cuCtxSynchronize")
+            self._context.synchronize()
         self._kernel_records.close()
 
     # -- state --------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class PerLaunchModes:
     """Kernel, iteration and auto modes of :class:`gpuscope.Profiler` (a mixin: it uses the session's state)."""
 
     _coverage = None  # auto mode following the launch stream: what it left unprofiled (coverage.Coverage)
+    _graphs = None  # the kernels of CUDA graph launches (graphs.GraphKernels)
     _found_period = None  # the period of the loop the pass group under way was begun on
 
     def _use_kernel(self) -> None:
@@ -358,18 +359,27 @@ class PerLaunchModes:
         if result.all_passes_submitted:
             self._collect_iterations()
 
+    def _on_graph(self, correlation: int) -> None:
+        """A CUDA graph launch (at its entry, on the launching thread): kernel and auto modes open kernel activity
+        records at the first, to name the graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
+        recorder = self._recorder
+        if recorder is not None and self._graphs is not None:
+            self._graphs.open(recorder.graph_correlations.__contains__)
+
     def _note_graph_launches(self, count: int) -> None:
-        """Count the CUDA graph launches of the session, and say what became of their kernels: CUPTI's launch
-        callbacks and kernel replay do not see a graph's kernel nodes; a user range around the graph launch does."""
+        """Count the CUDA graph launches of the session, name their kernels (the activity records are flushed
+        here) and say what became of them: CUPTI's launch callbacks and kernel replay do not see a graph's kernel
+        nodes; a user range around the graph launch does."""
+        graphs = self._graphs
+        if graphs is not None:
+            graphs.close(self._context)
         if not count:
             return
         self._notes["graph_launches"] = self._notes.get("graph_launches", 0) + int(count)
-        if self.mode_used is not Mode.USER:
-            _warn(f"{count} CUDA graph launch(es) (cuGraphLaunch: torch.cuda.CUDAGraph.replay, torch.compile "
-                  f"mode='reduce-overhead', CuPy graphs) ran in this {self.mode_used.value}-mode session and were not "
-                  "profiled: CUPTI's kernel replay and launch callbacks do not see the kernels inside a graph. Put a "
-                  "gpuscope.range around each graph launch in mode='user' to profile it as one row "
-                  "(docs/range-profiling.md, 'CUDA graphs').")
+        if graphs is not None and self.mode_used is not Mode.USER:
+            attrs, message = graphs.summary(int(count), self.mode_used.value)
+            self._notes.update(attrs)
+            _warn(message)
 
     def _graph_error(self, graphs: int):
         from gpuscope.errors import GpuscopeError

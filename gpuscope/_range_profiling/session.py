@@ -37,6 +37,7 @@ import time
 import weakref
 
 from gpuscope._range_profiling import ranges as _ranges
+from gpuscope._range_profiling.graphs import GraphKernels
 from gpuscope._range_profiling.modes import Mode, PerLaunchModes, _capacity, _readable, _warn  # noqa: F401 (Mode, _capacity: API)
 from gpuscope._range_profiling.user import UserRanges, _Row
 from gpuscope.errors import MultiPassRangeError, SessionConflictError
@@ -275,6 +276,7 @@ class Profiler(UserRanges, PerLaunchModes):
 
     def start(self) -> Profiler:
         """Arm the session (``with`` does it). Raises SessionConflictError if this device has one."""
+        from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import callbacks
         from gpuscope.cupti._types import ProfilerRange, ReplayMode
         from gpuscope.cupti.activity import timestamp
@@ -284,8 +286,6 @@ class Profiler(UserRanges, PerLaunchModes):
         with _active_lock:
             _check_free(self.device)
             _active[self.device] = self
-        from gpuscope._gpu import keep as _keep
-
         _keep.session_open(self.device, _keep.RANGE_SESSION)  # until _teardown: other processes are told it is open
         self._holding = True
         self._thread = threading.get_ident()
@@ -322,7 +322,8 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._rp.start()
                 self._running = True
             if self._per_launch:
-                self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit)
+                self._graphs = GraphKernels(records=self.mode is not Mode.ITERATION)
+                self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit, self._on_graph)
                 if self.mode_used is Mode.ITERATION:
                     self._recorder.pause()  # launches between iterations cost nothing extra
             _ranges.add_listener(self)
@@ -477,6 +478,8 @@ class Profiler(UserRanges, PerLaunchModes):
         recorder, self._recorder = getattr(self, "_recorder", None), None
         if recorder is not None:
             recorder.close()
+        if self._graphs is not None:
+            self._graphs.close()  # never raises; flushed already after a clean close
         rp, self._rp = getattr(self, "_rp", None), None
         if rp is not None and keep and not started and _keep.enabled():
             _keep.keep(self.device, _keep.Kept(self._key, self._context_id, self._context, rp, self._config,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pandas as pd
 
 from gpuscope._results.report_details import Details, details
-from gpuscope._results.report_inputs import _device_line, _kind
+from gpuscope._results.report_inputs import _device_line, _kind, graph_note
 from gpuscope._results.report_pc import _pc_report
 from gpuscope._results.report_pm import _phase_topdown_report, _pm_report
 from gpuscope._results.report_ranges import GPU_TIME, _range_report, group_key
@@ -116,7 +116,11 @@ def report(ds, page: str = "summary", **options) -> Report:
     if kind == "range" and options.get("by") and options["by"] not in ds.coords:
         raise ValueError(f"by={options['by']!r} is not a coordinate of the Dataset; coordinates: {list(ds.coords)}")
     if kind == "range" and ds.sizes.get("range", 0) == 0:
+        graphs = graph_note(ds)
         return _new(pd.DataFrame(index=pd.Index([], name="kernel")),
-                    f"gpuscope report: nothing was profiled ({_device_line(ds)})",
-                    ["The Dataset has no ranges: no kernel launch or range matched while the session was open."])
+                    f"gpuscope report: nothing was profiled ({_device_line(ds)})" + (f". {graphs}." if graphs else ""),
+                    ["The Dataset has no ranges: no kernel launch or range matched while the session was open."
+                     + (" Kernel replay does not see the kernels inside CUDA graphs: a gpuscope.range around each "
+                        "graph launch in mode='user' profiles it as one row (docs/range-profiling.md, 'CUDA graphs')."
+                        if graphs else "")])
     return build(ds, **options)

@@ -62,6 +62,31 @@ def _device_line(ds) -> str:
     return ", ".join(parts)
 
 
+def graph_launches_text(count: int) -> str:
+    """``10 CUDA graph launches``, ``1 CUDA graph launch``."""
+    return f"{count} CUDA graph launch{'' if count == 1 else 'es'}"
+
+
+def listed_kernels(executions: dict, most: int = 6) -> str:
+    """``gemm x10, relu x10, reduce x10`` from kernel name -> executions (the *most* first, then how many more)."""
+    items = [f"{name} x{n}" for name, n in executions.items()]
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def graph_note(ds) -> str:
+    """What range results say first of the CUDA graph launches their session could not profile (attrs
+    ``graph_launches``, ``graph_kernels``, ``graph_kernels_unavailable``), or ``""``."""
+    launches = int(ds.attrs.get("graph_launches", 0) or 0)
+    if not launches:
+        return ""
+    text = f"{graph_launches_text(launches)} not profiled"
+    executions = ds.attrs.get("graph_kernels")
+    if isinstance(executions, dict) and executions:
+        return f"{text} (kernels: {listed_kernels(executions)})"
+    why = ds.attrs.get("graph_kernels_unavailable")
+    return f"{text} (their kernels not named: {why})" if why else text
+
+
 def _finite(ds, dim: str, what: str):
     """*ds* with NaN in place of every NaN or inf of its metrics along *dim* (missing, not a number to sum), and
     a note that counts them per metric.

@@ -4,9 +4,11 @@ PM samples, activity records and gpuscope's user ranges are all stamped on this 
 
 Kernel records come from ``CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL`` (kernels are not serialised): each gives the
 kernel's start and end on the GPU on the CUPTI clock. CUPTI asks for buffers and hands them back full through two
-callbacks, registered once per process; :class:`KernelRecords` owns what arrives while it is open. Only the
-leading fields of ``CUpti_ActivityKernel*`` are read, which every version from ``CUpti_ActivityKernel4`` (CUDA
-9) to ``CUpti_ActivityKernel10`` (CUPTI 13) lays out alike (the structs are packed).
+callbacks, registered once per process; each open :class:`KernelRecords` gets what arrives while it is open (several
+may be open: PM sampling's ``kernels=True``, a range session naming the kernels of CUDA graph launches), all of it
+or the records its filter on the correlation ID keeps. Only the leading fields of ``CUpti_ActivityKernel*`` are
+read, which every version from ``CUpti_ActivityKernel4`` (CUDA 9) to ``CUpti_ActivityKernel10`` (CUPTI 13) lays out
+alike (the structs are packed).
 """
 
 from __future__ import annotations
@@ -88,14 +90,17 @@ class KernelRecord(tuple):
               "correlation")
 
 
-def parse_kernel_records(buffer, offsets, name_at=ctypes.string_at) -> list[tuple]:
+def parse_kernel_records(buffer, offsets, name_at=ctypes.string_at, keep=None) -> list[tuple]:
     """Kernel records at byte *offsets* of *buffer* (bytes-like), as :class:`KernelRecord` tuples; records of
-    other kinds are skipped. *name_at* reads the NUL-terminated name at an address (tests pass a fake)."""
+    other kinds are skipped, and with *keep* (a predicate on the correlation ID) those it refuses, before their
+    names are read. *name_at* reads the NUL-terminated name at an address (tests pass a fake)."""
     out = []
     names: dict[int, str] = {}  # one read per name address in a buffer: launches of one kernel share it
     for off in offsets:
         f = KERNEL_RECORD_FORMAT.unpack_from(buffer, off)
         if f[_KIND] not in (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_KERNEL):
+            continue
+        if keep is not None and not keep(f[_CORRELATION]):
             continue
         address = f[_NAME]
         name = names.get(address)
@@ -106,10 +111,11 @@ def parse_kernel_records(buffer, offsets, name_at=ctypes.string_at) -> list[tupl
     return out
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # the buffers (taken on CUPTI's threads)
+_switch = threading.Lock()  # opening and closing KernelRecords (never taken on CUPTI's threads)
 _registered: list = []  # [requested, completed]: CUPTI keeps calling them for the life of the process
 _buffers: dict[int, np.ndarray] = {}  # address -> the array CUPTI is filling
-_sink = None  # the open KernelRecords
+_sinks: tuple = ()  # the open KernelRecords
 
 
 def _aligned_buffer() -> tuple[int, np.ndarray]:
@@ -134,23 +140,28 @@ def _on_completed(context, stream, buffer, size, valid):
     address = ctypes.cast(buffer, c_void_p).value or 0
     with _lock:
         view = _buffers.pop(address, None)
-    sink = _sink
-    if view is None or sink is None or not valid:
+    sinks = _sinks
+    if view is None or not sinks or not valid:
         return
     try:
         offsets = []
         record = c_void_p(None)
         while _f.cuptiActivityGetNextRecord(address, valid, byref(record)) == 0:
             offsets.append(record.value - address)
-        sink._add(parse_kernel_records(view, offsets))
-    except Exception as exc:  # never raise into CUPTI's thread: the sink reports it
-        sink.errors.append(f"{type(exc).__name__}: {exc}")
+        keeps = [sink.keep for sink in sinks]
+        keep = None if None in keeps else (lambda c: any(k(c) for k in keeps))
+        records = parse_kernel_records(view, offsets, keep=keep)
+        for sink in sinks:
+            sink._add(records)
+    except Exception as exc:  # never raise into CUPTI's thread: the sinks report it
+        for sink in sinks:
+            sink.errors.append(f"{type(exc).__name__}: {exc}")
 
 
 def _forget_in_child() -> None:  # a forked child gets neither CUPTI's registration nor its buffers
-    global _lock, _sink
-    _lock = threading.Lock()
-    _sink = None
+    global _lock, _switch, _sinks
+    _lock, _switch = threading.Lock(), threading.Lock()
+    _sinks = ()
     _buffers.clear()
     _registered.clear()
 
@@ -160,8 +171,9 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 def _before_detach() -> None:
     """Flush what CUPTI still holds before :func:`_api.detach` (refuses while records are collected)."""
-    if _sink is not None:
-        raise RuntimeError("kernel activity records are being collected (gpuscope.sample(kernels=True))")
+    if _sinks:
+        raise RuntimeError("kernel activity records are being collected (gpuscope.sample(kernels=True), or the "
+                           "kernels of CUDA graph launches in a gpuscope.Profiler session)")
     if _registered:
         _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
 
@@ -180,53 +192,69 @@ _api.on_detach(_before_detach, _after_detach)
 
 
 class KernelRecords:
-    """Kernel executions on the GPU while open: :meth:`open` enables CUPTI's concurrent-kernel activity,
-    :meth:`close` flushes and disables it and returns the records. One at a time in a process."""
+    """Kernel executions on the GPU while open: :meth:`open` enables CUPTI's concurrent-kernel activity (while any
+    is open), :meth:`close` flushes (and disables it, the last to close) and returns the records.
 
-    def __init__(self):
+    Parameters
+    ----------
+    keep : callable, optional
+        ``keep(correlation_id) -> bool``: only the records it accepts are kept (CUPTI gives a kernel the correlation
+        ID of the launch call that ran it; all kernels of one ``cuGraphLaunch`` share that call's). Called on
+        CUPTI's threads: it must be quick, thread-safe and must not raise. None keeps every record.
+    """
+
+    def __init__(self, keep=None):
+        self.keep = keep
         self.records: list[KernelRecord] = []
         self.errors: list[str] = []
         self.dropped = 0
         self._open = False
 
+    @property
+    def closed(self) -> bool:
+        return not self._open
+
     def _add(self, records) -> None:
-        self.records.extend(records)
+        keep = self.keep
+        self.records.extend(records if keep is None else [r for r in records if keep(r[9])])
 
     def open(self) -> None:
-        global _sink
-        with _lock:
-            if _sink is not None:
-                from gpuscope.errors import SessionConflictError
-
-                raise SessionConflictError("kernel activity records are already being collected in this process")
-            if not _registered:
-                _f.cuptiActivityRegisterCallbacks(_on_requested, _on_completed)
-                _registered.extend([_on_requested, _on_completed])
-            _sink = self
-        try:
-            _f.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-        except BaseException:
-            _sink = None
-            raise
-        self._open = True
+        """Enable CUPTI's concurrent-kernel activity, the first to open (a refusal leaves nothing changed)."""
+        global _sinks
+        with _switch:
+            if self._open:
+                return
+            with _lock:
+                if not _registered:
+                    _f.cuptiActivityRegisterCallbacks(_on_requested, _on_completed)
+                    _registered.extend([_on_requested, _on_completed])
+            if not _sinks:
+                _f.cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+            _sinks = (*_sinks, self)
+            self._open = True
 
     def close(self) -> list[KernelRecord]:
         """Flush (the caller has synchronised the device: records of unfinished kernels come without times),
-        disable, and return the records sorted by start. Safe to call twice."""
-        global _sink
-        if not self._open:
-            return self.records
-        self._open = False
-        try:
-            _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
-        finally:
+        disable if no other is open, and return the records sorted by start. Safe to call twice.
+
+        A flush hands CUPTI's buffers to every open KernelRecords: another one's kernels still running then come
+        without end times (counted as incomplete by PM sampling)."""
+        global _sinks
+        with _switch:
+            if not self._open:
+                return self.records
+            self._open = False
             try:
-                _f.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-                _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)  # what arrived between flush and disable
-                dropped = c_size_t(0)
-                _f.cuptiActivityGetNumDroppedRecords(None, 0, byref(dropped))
-                self.dropped = int(dropped.value)
+                _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)
             finally:
-                _sink = None
+                try:
+                    if _sinks == (self,):
+                        _f.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+                        _f.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)  # what came between flush and disable
+                    dropped = c_size_t(0)
+                    _f.cuptiActivityGetNumDroppedRecords(None, 0, byref(dropped))
+                    self.dropped = int(dropped.value)
+                finally:
+                    _sinks = tuple(s for s in _sinks if s is not self)
         self.records.sort(key=lambda r: r[1])
         return self.records

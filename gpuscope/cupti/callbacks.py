@@ -276,8 +276,9 @@ class LaunchRecorder:
     gpuscope subscribes to CUPTI's callbacks (``cuptiSubscribe``) while any recorder or module watcher is open, and
     gives the subscription back when the last closes, so that another CUPTI client of the process (torch.profiler)
     can have it between gpuscope's sessions; the launch callbacks are enabled while any recorder is open and not
-    paused. ``cuGraphLaunch`` calls are counted in :attr:`graph_launches`: the kernels of a CUDA graph reach no
-    launch callback. Several recorders may be open (a
+    paused. ``cuGraphLaunch`` calls are counted in :attr:`graph_launches`, and their CUPTI correlation IDs kept in
+    :attr:`graph_correlations`: the kernels of a CUDA graph reach no launch callback, but their kernel activity
+    records carry the correlation ID of the graph launch that ran them. Several recorders may be open (a
     ``Profiler`` session and a ``pc_sample`` block); each hears every launch.
 
     Parameters
@@ -286,6 +287,9 @@ class LaunchRecorder:
         ``on_enter(launch) -> token or None``.
     on_exit : callable, optional
         ``on_exit(token)``, called only for a token that is not None.
+    on_graph : callable, optional
+        ``on_graph(correlation_id)`` at the entry of each graph launch (after it is counted), before its kernels
+        run; as quick as ``on_enter``, and it must not raise either.
 
     Raises
     ------
@@ -293,10 +297,11 @@ class LaunchRecorder:
         Another CUPTI callback subscriber exists in this process (CUPTI allows one).
     """
 
-    def __init__(self, on_enter, on_exit=None):
-        self._on_enter, self._on_exit = on_enter, on_exit
+    def __init__(self, on_enter, on_exit=None, on_graph=None):
+        self._on_enter, self._on_exit, self._on_graph = on_enter, on_exit, on_graph
         self._pending = threading.local()
         self.graph_launches = 0  # cuGraphLaunch calls heard (a graph's kernels are not launches of their own)
+        self.graph_correlations: set[int] = set()  # their correlation IDs, which their kernels' records carry
         with _lock:
             _subscribe()
             _listen(self, True)
@@ -313,6 +318,9 @@ class LaunchRecorder:
                 return
             if cbid in GRAPH_CBIDS:
                 self.graph_launches += 1  # its kernel nodes reach no launch callback
+                self.graph_correlations.add(d.correlationId)
+                if self._on_graph is not None:
+                    self._on_graph(d.correlationId)
                 return
             if cbid in _EX:
                 g = ctypes.cast(d.functionParams, POINTER(_LaunchExParams)).contents.config.contents

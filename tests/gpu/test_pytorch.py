@@ -1,5 +1,6 @@
-"""PyTorch in the same process: CUDA graphs are counted and said (or profiled as user ranges), and torch.profiler
-(Kineto, another CUPTI client) works after a gpuscope session; in the other order gpuscope says who holds CUPTI."""
+"""PyTorch in the same process: CUDA graphs are counted and their kernels named (or profiled as user ranges, or
+PC-sampled kernel by kernel), and torch.profiler (Kineto, another CUPTI client) works after a gpuscope session; in the
+other order gpuscope says who holds CUPTI."""
 
 import subprocess
 import sys
@@ -32,13 +33,79 @@ def graph():
     return g
 
 
+def _graph_kernels_named(prof, said, launches):
+    """The session named the graph's kernels (a GEMM, a ReLU and a sum, the sum one kernel or more): each ran once per
+    graph launch (a multiple of it, should one kernel be two nodes of the graph), with GPU time, and the warning
+    lists them."""
+    attrs = prof.dataset.attrs
+    kernels = attrs["graph_kernels"]
+    assert len(kernels) >= 2 and sum(kernels.values()) >= 3 * launches, (kernels, attrs.get("graph_kernels_unavailable"))
+    assert all(n % launches == 0 for n in kernels.values()), kernels
+    assert "graph_launches_unrecorded" not in attrs and "graph_kernels_unavailable" not in attrs
+    assert set(attrs["graph_kernels_gpu_ns"]) == set(kernels) and min(attrs["graph_kernels_gpu_ns"].values()) > 0
+    text = " ".join(str(w.message) for w in said)
+    assert f"{next(iter(kernels))} x{kernels[next(iter(kernels))]}" in text, text
+
+
 def test_graph_launches_in_kernel_mode_are_counted_and_said(graph):
-    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launch"):
+    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launch") as said:
         with gs.Profiler("launch", mode="kernel") as prof:
             for _ in range(10):
                 graph.replay()
             torch.cuda.synchronize()
     assert prof.dataset.attrs["graph_launches"] == 10
+    _graph_kernels_named(prof, said, 10)
+    assert "10 CUDA graph launches not profiled (kernels: " in prof.report().title
+
+
+def test_graph_launches_in_auto_mode_are_counted_and_their_kernels_named(graph):
+    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launches ran .* auto-mode session") as said:
+        with gs.Profiler("launch", mode="auto") as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+    assert prof.dataset.attrs["graph_launches"] == 10
+    _graph_kernels_named(prof, said, 10)
+
+
+def test_kernel_replay_beside_graph_launches_profiles_the_launches_and_names_the_graph_kernels(graph):
+    """Kernel activity records are open from the first graph launch on, while kernel replay profiles the ordinary
+    launches that follow: those get their rows, and their records (one per replay pass) are not the graph's."""
+    x = torch.randn(1024, 1024, device="cuda")
+    with pytest.warns(gs.GpuscopeWarning, match="3 CUDA graph launches") as said:
+        with gs.Profiler("launch", mode="kernel") as prof:
+            for _ in range(3):
+                graph.replay()
+                x.mul_(1.0001)
+            torch.cuda.synchronize()
+    ds = prof.dataset
+    assert ds.sizes["range"] == 3 and (ds["gpu__time_duration.sum"].values > 0).all()
+    _graph_kernels_named(prof, said, 3)
+    assert not set(ds["kernel"].values.tolist()) & set(ds.attrs["graph_kernels"])
+
+
+def test_pc_sampling_samples_the_kernels_of_graph_launches(graph):
+    """PC sampling sees a graph's kernels one by one: the GEMM, the ReLU (an elementwise kernel) and the sum (a
+    reduction), named as every Dataset of the process names them."""
+    with gs.pc_sample(period=2**7) as pcs:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+    ds = pcs.dataset
+    assert ds.attrs["graph_launches"] == 10
+    samples = ds["kernel_samples"].sum("stall_reason")
+    sampled = [str(k) for k, n in zip(ds["kernel"].values.tolist(), samples.values.tolist()) if n > 0]
+    found = [part for part in ("gemm", "elementwise", "reduce") if any(part in k.lower() for k in sampled)]
+    assert len(found) >= 2, sampled
+
+
+def test_fast_topdown_of_graph_launches_says_why_and_names_the_sampled_kernels(graph):
+    """Fast Top-Down takes IPC from a range pass, which does not see a graph's kernels: it stops after its PC block
+    with an error that says so and names what PC sampling saw."""
+    with pytest.raises(gs.FastTopDownError, match=r"launched 10 CUDA graph launches .*range profiler does not see "
+                                                  r"the kernels inside a graph.*PC sampling saw \w") as caught:
+        gs.profile_fast_topdown(lambda: [graph.replay() for _ in range(10)])
+    assert "gpuscope.pc_sample()" in str(caught.value)
 
 
 def test_graph_launches_in_iteration_mode_are_a_clear_error(graph):

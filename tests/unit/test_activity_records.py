@@ -134,18 +134,64 @@ def test_a_session_collects_the_flushed_records_sorted_and_counts_drops(monkeypa
     monkeypatch.setattr(activity, "_registered", [])
     recs = activity.KernelRecords()
     recs.open()
+    recs.open()  # twice is nothing more
     assert fake.enabled == [activity.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL]
-    with pytest.raises(Exception, match="already being collected"):
-        activity.KernelRecords().open()
     out = recs.close()
     assert [r[1] for r in out] == [100, 300, 500] and {r[0] for r in out} == {"_ZN8__main__6streamB2v1E"}
     assert recs.dropped == 3 and recs.errors == [] and fake.enabled == []
-    assert activity._sink is None and activity._buffers == {}
+    assert activity._sinks == () and activity._buffers == {}
     assert recs.close() is out  # twice is fine
     again = activity.KernelRecords()  # and the next one may open
     again.open()
     again.close()
     assert fake.registered == 1  # CUPTI's callbacks are registered once per process
+
+
+def test_several_open_at_once_each_keep_what_their_filter_accepts(monkeypatch):
+    """PM sampling's kernels=True and a range session naming graph kernels may be open together: CUPTI's activity
+    is enabled once, each gets the records it keeps, the last to close disables it, and a name is read only for a
+    record that someone keeps."""
+    names = {}
+
+    def kernel(start, correlation):
+        buf = names.setdefault(correlation, ctypes.create_string_buffer(f"k{correlation}".encode()))
+        return _record(kind=10, start=start, end=start + 10, correlationId=correlation, name=ctypes.addressof(buf))
+
+    fake = FakeActivity([kernel(100, 7), kernel(200, 8), kernel(300, 7), kernel(400, 9)])
+    monkeypatch.setattr(activity, "_f", fake)
+    monkeypatch.setattr(activity, "_registered", [])
+    everything = activity.KernelRecords()
+    graphs = activity.KernelRecords(keep={7}.__contains__)
+    everything.open()
+    graphs.open()
+    assert fake.enabled == [activity.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL]  # once
+    assert [r[9] for r in graphs.close()] == [7, 7]  # its flush hands the buffer to both
+    assert fake.enabled == [activity.CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL]  # the other is still open
+    assert [r[9] for r in everything.close()] == [7, 8, 7, 9] and fake.enabled == []
+    assert activity._sinks == ()
+
+    read = []
+    only = activity.KernelRecords(keep={8}.__contains__)
+    buf = b"".join([kernel(1, 7), kernel(2, 8)])
+    size = ctypes.sizeof(Kernel)
+    only._add(activity.parse_kernel_records(buf, [0, size], name_at=lambda a: read.append(a) or b"k8",
+                                            keep=only.keep))
+    assert [r[0] for r in only.records] == ["k8"] and len(read) == 1
+
+
+def test_a_refused_enable_leaves_nothing_open(monkeypatch):
+    fake = FakeActivity([])
+
+    def refuse(kind):
+        raise RuntimeError("CUPTI_ERROR_NOT_COMPATIBLE")
+
+    fake.cuptiActivityEnable = refuse
+    monkeypatch.setattr(activity, "_f", fake)
+    monkeypatch.setattr(activity, "_registered", [])
+    recs = activity.KernelRecords()
+    with pytest.raises(RuntimeError, match="NOT_COMPATIBLE"):
+        recs.open()
+    assert activity._sinks == () and recs.close() == []
 
 
 def test_executions_become_a_table_on_the_samples_clock(monkeypatch):

@@ -50,7 +50,7 @@ def cupti(monkeypatch):
     monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", free.subscribe)
     monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", free.unsubscribe)
     monkeypatch.setattr(activity, "_registered", [])
-    monkeypatch.setattr(activity, "_sink", None)
+    monkeypatch.setattr(activity, "_sinks", ())
     monkeypatch.setattr(_modules, "_watcher", None)
     monkeypatch.setattr(_keep, "_hosts", {})
     monkeypatch.setattr(_keep, "_kept", {})
@@ -204,9 +204,10 @@ def test_a_module_watcher_other_than_gpuscopes_refuses(cupti, monkeypatch):
 
 
 def test_kernel_activity_records_being_collected_refuse(cupti, monkeypatch):
-    monkeypatch.setattr(activity, "_sink", object())
+    monkeypatch.setattr(activity, "_sinks", (object(),))
     assert _keep.detach_cupti() == ("gpuscope is using CUPTI: kernel activity records are being collected "
-                                    "(gpuscope.sample(kernels=True))")
+                                    "(gpuscope.sample(kernels=True), or the kernels of CUDA graph launches in a "
+                                    "gpuscope.Profiler session)")
     assert cupti.calls == []
 
 

@@ -186,3 +186,25 @@ def test_fast_topdown_after_counter_sessions_detaches_cupti(recorded, cupti, bef
     assert blocks[0].cupti_detach == "detached"
     assert cupti.calls.count("cuptiFinalize") == 1
     assert result["kernel"].values.tolist() == ["fma", "stream"]
+
+
+def test_graph_launches_are_a_clear_error_naming_what_pc_sampling_saw(recorded):  # noqa: F811
+    """The range pass cannot see the kernels inside a CUDA graph (and graph launches in its iterations stop CUPTI's
+    pass): fast Top-Down stops after the PC block, names the kernels it sampled, and runs no range pass."""
+    _, pc = recorded
+    calls = []
+
+    def sampler(**kw):
+        block = Half(pc, calls, launches={})
+        block.graph_launches = 10
+        return block
+
+    with pytest.raises(_fast.FastTopDownError, match=r"launched 10 CUDA graph launches .*range profiler does not "
+                                                     r"see the kernels inside a graph") as caught:
+        gs.profile_fast_topdown(lambda: calls.append("work"), pc_sampler=sampler,
+                                profiler=lambda *a, **kw: pytest.fail("no range pass for graph launches"))
+    text = str(caught.value)
+    assert "gpuscope.pc_sample()" in text and f"PC sampling saw {pc['kernel'].values[0]}" in text
+    assert "gpuscope.range around each graph launch" in text
+    assert calls.count("work") == 1
+

@@ -329,3 +329,27 @@ def test_sampling_buffers_are_reused_and_never_freed():
     assert all(b in C._ALL_BUFFERS for b in (first, second))
     a = C.kept_indices(np.array([3, 1], dtype=np.int64))
     assert a.dtype == np.uint32 and C.kept_indices([3, 1]) is a
+
+
+def test_the_graph_launches_of_a_block_are_kept_for_its_dataset(monkeypatch):
+    """The kernels of CUDA graph launches are sampled but are no launches of their own: the block counts the graph
+    launches its recorder heard (attr graph_launches), so fast Top-Down can say why it has no range pass for them."""
+    from gpuscope.cupti import pc_sampling as C
+
+    class Recorder:
+        graph_launches = 10
+
+        def close(self):
+            pass
+
+    sampler = P.PCSampler(period=1024, drain_interval=None)
+    sampler._state, sampler._context, sampler._buffer = "sampling", _Context(), _Buffer(_records())
+    sampler.reason_indices, sampler.reason_names = INDICES, NAMES
+    sampler._recorder = Recorder()
+    monkeypatch.setattr(P, "_synchronize", lambda ctx: None)
+    monkeypatch.setattr(P, "_get_data", lambda ctx, buf: PCRecords.empty())
+    monkeypatch.setattr(C, "disable", lambda ctx: None)
+    monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
+    monkeypatch.setattr(P.PCSampler, "_settle", lambda self: None)
+    sampler.close()
+    assert sampler.graph_launches == 10 and sampler._recorder is None

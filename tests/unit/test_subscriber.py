@@ -71,10 +71,25 @@ def test_another_client_is_named(fake):
 
 
 def test_a_graph_launch_is_counted_and_is_no_kernel_launch(fake):
-    heard = []
-    recorder = callbacks.LaunchRecorder(heard.append)
-    data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER)
-    recorder._on_callback(callbacks.CBID_cuGraphLaunch, ctypes.addressof(data))
-    recorder._on_callback(callbacks.CBID_cuGraphLaunch_ptsz, ctypes.addressof(data))
+    heard, graphs = [], []
+    recorder = callbacks.LaunchRecorder(heard.append, on_graph=graphs.append)
+    for cbid, correlation in ((callbacks.CBID_cuGraphLaunch, 41), (callbacks.CBID_cuGraphLaunch_ptsz, 57)):
+        data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER, correlationId=correlation)
+        recorder._on_callback(cbid, ctypes.addressof(data))
+        data.callbackSite = callbacks.CUPTI_API_EXIT  # the exit of the same call: nothing more
+        recorder._on_callback(cbid, ctypes.addressof(data))
     assert recorder.graph_launches == 2 and heard == []
+    assert recorder.graph_correlations == {41, 57} and graphs == [41, 57]  # the IDs their kernels' records carry
+    recorder.close()
+
+
+def test_a_failing_graph_hook_is_a_warning_and_the_launch_is_still_counted(fake):
+    def fail(correlation):
+        raise RuntimeError("no records")
+
+    recorder = callbacks.LaunchRecorder(lambda launch: None, on_graph=fail)
+    data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER, correlationId=3)
+    with pytest.warns(Warning, match="no records"):
+        recorder._on_callback(callbacks.CBID_cuGraphLaunch, ctypes.addressof(data))
+    assert recorder.graph_launches == 1 and recorder.graph_correlations == {3}
     recorder.close()
