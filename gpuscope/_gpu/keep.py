@@ -57,6 +57,7 @@ import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._util import launchers as _launchers
+from gpuscope._util.shield import run_shielded
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
@@ -266,9 +267,15 @@ def _pop(device: int | None) -> list[tuple[int, Kept]]:
 
 
 def _give_back(device: int, kept: Kept, alive: bool = True, quiet: bool = False) -> None:
-    """Release *kept*, taken out of the keeper as a release under way on *device*, and say it ended."""
+    """Release *kept*, taken out of the keeper as a release under way on *device*, and say it ended. On the main
+    thread Ctrl-C cannot cut it short (:func:`~gpuscope._util.shield.run_shielded`; the interrupt is raised once it
+    is done): half a release would leave the counters held, or a PM sampler's workers running. Not at exit (*quiet*),
+    where no thread may start."""
     try:
-        _release(kept, alive=alive, quiet=quiet)
+        if threading.current_thread() is threading.main_thread() and not quiet:
+            run_shielded(_release, kept, alive, quiet)
+        else:
+            _release(kept, alive=alive, quiet=quiet)
     finally:
         with _given_back:
             _under_way.remove((device, threading.get_ident()))
