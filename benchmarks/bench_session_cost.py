@@ -13,7 +13,9 @@ gpuscope and Numba are taken at the start of each child.
 
 Modes: ``user`` (2 counters, one range), ``kernel1`` / ``kernel`` (one-pass set / Top-Down, kernel replay of one
 launch), ``iteration1`` (one-pass set, one one-launch iteration) / ``iteration`` (Top-Down, one one-launch
-iteration per pass and one more: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us), ``pc`` (PC sampling),
+iteration per pass and one more: the first sizes the image), ``pm`` (PM sampling, 2 counters at 100 us, evaluated in
+worker processes, the default: warm sessions take the kept sampler, its image pool and its workers back; each session
+records ``sampler_reused``, the workers ready and their PIDs, the same PIDs when kept), ``pc`` (PC sampling),
 ``pm_thread`` (the same, evaluated in threads, not worker processes), ``fast`` (``profile_fast_topdown`` of one
 launch), and ``alternate`` (``kernel``, ``iteration``, ``user``, ``kernel``, ... one after another in one process: each
 session changes the configuration, so the range profiler kept from the one before is disabled and a new one
@@ -26,6 +28,12 @@ CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 ``--run`` adds whole processes: a script of 30 steps x 3 Numba kernels run plainly, under ``gpuscope run --set
 topdown`` (``--launch-count 3`` and every launch), and under ``ncu`` with the same metrics (``-c 3`` and every
 launch), all in this run; costs are each process minus the plain one.
+
+Warm PM sessions with worker processes, in a plain process and in one that imported CuPy and holds 8 GB of device
+arrays (where keeping the sampler without its workers' images crashed, docs/measurements.md)::
+
+    python3 benchmarks/bench_session_cost.py --sessions 9 --modes pm,pm_thread --processes base,mixed --hold 8 \
+        --out pm_keep.json
 
 The cold/warm table of docs/measurements.md, with the alternating and PM rows and ncu in the same run::
 
@@ -208,9 +216,29 @@ def session(mode: str, launch, sync) -> dict:
     setup = [f"{k}={ds.attrs[k]}" for k in ("profiler_reused",) if k in ds.attrs]
     if mode in ALTERNATE:
         t["config"], t["setup"] = mode, ", ".join(setup) or "enabled"
+    if mode in ("pm", "pm_thread"):  # kept or made anew, and which worker processes evaluated (the same when kept)
+        t["setup"] = (f"sampler_reused={ds.attrs['sampler_reused']}, {ds.attrs['evaluate_in']}, "
+                      f"{ds.attrs['evaluation_workers_ready']} workers, lost {ds.attrs['lost_samples']} samples")
+        t["worker_pids"] = _worker_pids()
     if analysis is not None:
         t["topdown_vars"] = len(analysis.data_vars)
     return t
+
+
+def _worker_pids() -> list[int]:
+    """This process's PM evaluation workers alive now (children running gpuscope's worker boot line)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"_pm_sampling.workers" in cmdline:
+            pids.append(int(entry))
+    return sorted(pids)
 
 
 def child(mode: str, sessions: int, process: str, hold: int) -> dict:
@@ -379,7 +407,9 @@ def summary(results: dict) -> str:
     for r in results["modes"]:
         ss = [s for s in r.get("sessions", []) if "total_s" in s]
         if not ss:
-            lines.append(f"| {r.get('process')} | {r['mode']} | | error: {r.get('error') or r.get('sessions') or r.get('stderr', '')[-200:]} | | |")
+            crash = f"exit status {r['rc']}: " if r.get("rc") else ""  # -11: SIGSEGV
+            lines.append(f"| {r.get('process')} | {r['mode']} | | error: {crash}"
+                         f"{r.get('error') or r.get('sessions') or r.get('stderr', '')[-200:]} | | |")
             continue
         if r["mode"].startswith("alternate"):  # a row per configuration: its first session, and the later ones
             for config in ALTERNATE:

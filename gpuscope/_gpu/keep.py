@@ -19,9 +19,13 @@ wait for it, so nothing enables a profiler, PC sampling or a detach beside one s
 tries every step (disable, ``cuptiProfilerDeInitialize``, the context) whatever fails before: a half-released
 profiler would block every later detach. PM sampling is kept the same way (measured: ``SetConfig`` costs 80-290 ms
 with a 32-512 MB hardware buffer and the image pool 0.5 s to initialise, while Start/Stop on a kept sampler costs
-under 1 ms and 36 ms): its sampler, configuration and initialised image pool. PM and PC sampling call
+under 1 ms and 36 ms): its sampler (:class:`gpuscope._pm_sampling.sampler.SamplingObject`), configuration and
+initialised image pool, and, evaluating in worker processes, the workers and the shared memory of that pool, all in
+one :class:`Kept` and released together (workers stopped, disable, then the images); a PM sampler whose worker died
+since its session is not taken back but released, and the session starts afresh. PM and PC sampling call
 :func:`release` before they enable; so do process exit, a forked child (which forgets, never touches, its
-parent's), and :func:`gpuscope.release`.
+parent's: it frees none of its images and only closes its copies of the workers' connections), and
+:func:`gpuscope.release`.
 
 What is kept never blocks another process: while this process holds a GPU's counters (a session open, from
 :func:`session_open` to :func:`session_closed`, or something kept) it listens on the GPU's rendezvous
@@ -53,6 +57,7 @@ import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._util import launchers as _launchers
+from gpuscope._util.shield import run_shielded
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
@@ -121,9 +126,9 @@ class Kept:
     key: tuple  # everything the configuration depends on (context, metrics, modes, sizes)
     context_id: int  # the context's unique id: a context destroyed and made again at the same address differs
     context: object  # the retained PrimaryContext (released with the profiler)
-    profiler: object  # gpuscope.cupti.range_profiler.RangeProfiler
+    profiler: object  # gpuscope.cupti.range_profiler.RangeProfiler, or a PM sampling object (its close() does all)
     config: object
-    image: object
+    image: object  # the range profiler's counter-data image, or the PM sampler's ImagePool (with its workers)
     timer: object = None  # releases it when idle too long
 
 
@@ -152,9 +157,10 @@ def host_for(device: int, chip: str, metrics: tuple, make) -> HostSetup:
 
 
 def take(device: int, key: tuple, context_id: int) -> Kept | None:
-    """The kept profiler of *device* if its configuration is *key* on the same live context, else None (whatever
-    was kept is released first: CUPTI does not let an enabled profiler change its configuration). Returns only once
-    no release is under way on *device*: a profiler being disabled there must not meet one being enabled."""
+    """The kept profiler of *device* if its configuration is *key* on the same live context and it can still serve
+    (a PM sampler's evaluation workers all alive: its ``usable()``), else None (whatever was kept is released first:
+    CUPTI does not let an enabled profiler change its configuration). Returns only once no release is under way on
+    *device*: a profiler being disabled there must not meet one being enabled."""
     with _lock:
         kept = _kept.pop(device, None)
         same = kept is not None and kept.key == key and kept.context_id == context_id
@@ -162,6 +168,11 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
             _under_way.append((device, threading.get_ident()))
     if kept is not None and kept.timer is not None:
         kept.timer.cancel()
+    usable = getattr(kept.profiler, "usable", None) if same else None
+    if usable is not None and not usable():  # outside the lock: it looks at processes
+        same = False
+        with _lock:
+            _under_way.append((device, threading.get_ident()))
     if kept is not None and not same:
         _give_back(device, kept, alive=kept.context_id == context_id)
     _wait({device})
@@ -256,9 +267,15 @@ def _pop(device: int | None) -> list[tuple[int, Kept]]:
 
 
 def _give_back(device: int, kept: Kept, alive: bool = True, quiet: bool = False) -> None:
-    """Release *kept*, taken out of the keeper as a release under way on *device*, and say it ended."""
+    """Release *kept*, taken out of the keeper as a release under way on *device*, and say it ended. On the main
+    thread Ctrl-C cannot cut it short (:func:`~gpuscope._util.shield.run_shielded`; the interrupt is raised once it
+    is done): half a release would leave the counters held, or a PM sampler's workers running. Not at exit (*quiet*),
+    where no thread may start."""
     try:
-        _release(kept, alive=alive, quiet=quiet)
+        if threading.current_thread() is threading.main_thread() and not quiet:
+            run_shielded(_release, kept, alive, quiet)
+        else:
+            _release(kept, alive=alive, quiet=quiet)
     finally:
         with _given_back:
             _under_way.remove((device, threading.get_ident()))
@@ -317,15 +334,19 @@ def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
         except Exception as exc:
             errors.append(exc)
     if errors and not quiet:  # cleanup never raises
-        warnings.warn(f"gpuscope: releasing the kept range profiler failed: {'; '.join(map(str, errors))}",
+        warnings.warn(f"gpuscope: releasing the kept {_what(kept)} failed: {'; '.join(map(str, errors))}",
                       GpuscopeWarning, stacklevel=3)
 
 
 def _detach(kept: Kept) -> None:
-    """Make sure nothing ever disables *kept*'s profiler (a range profiler disables itself when collected)."""
+    """Make sure nothing ever disables *kept*'s profiler (a range profiler disables itself when collected; a PM
+    sampling object keeps its images for good and stops its evaluation workers: its ``detach()``)."""
     finalizer = getattr(kept.profiler, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
+    detach = getattr(kept.profiler, "detach", None)
+    if detach is not None:
+        detach()
 
 
 def session_open(device: int, what: str) -> None:
@@ -363,8 +384,11 @@ def answer(device: int) -> str:
         return _rendezvous.NOTHING_KEPT
     _give_back(device, kept)
     _listen(device)
-    what = "PM sampler" if kept.key[:1] == ("pm",) else "range profiler"
-    return f"{_rendezvous.RELEASED} (the kept {what})"
+    return f"{_rendezvous.RELEASED} (the kept {_what(kept)})"
+
+
+def _what(kept: Kept) -> str:
+    return "PM sampler" if kept.key[:1] == ("pm",) else "range profiler"
 
 
 def _listen(device: int) -> None:
@@ -586,7 +610,8 @@ def imports_done() -> None:
 
 def _forget_in_child() -> None:
     """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread or rendezvous
-    listener the child's (its copy of the listener's socket is closed: the name ends with the parent)."""
+    listener the child's (its copy of the listener's socket is closed: the name ends with the parent), nor a kept PM
+    sampler's evaluation workers (the child closes only its copies of their connections, and frees no image)."""
     global _lock, _given_back, _import_lock, _importer, _listen_lock
     _lock, _import_lock, _listen_lock = threading.Lock(), threading.Lock(), threading.Lock()
     _given_back = threading.Condition(_lock)

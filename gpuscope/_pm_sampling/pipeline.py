@@ -3,6 +3,7 @@ images (the worker-process evaluation backend is :mod:`gpuscope._pm_sampling.wor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import queue
@@ -16,7 +17,19 @@ import numpy as np
 from gpuscope._util.shield import run_shielded
 from gpuscope.errors import CuptiMemoryError
 
-__all__ = ["Pipeline"]
+__all__ = ["ImagePool", "Pipeline"]
+
+
+@dataclasses.dataclass
+class ImagePool:
+    """Counter-data images initialised for one PM sampling object, for its next session (:mod:`gpuscope._gpu.keep`):
+    the pool and the discard image and, evaluating in worker processes, the :class:`~.workers.ProcessEvaluation`
+    whose shared memory holds the pool and whose workers map it (None: evaluated in threads)."""
+
+    images: list
+    discard: np.ndarray
+    evaluation: object = None
+    note: str = ""  # the pool_note of the session that made it
 
 
 class Pipeline:
@@ -56,7 +69,7 @@ class Pipeline:
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
                  pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
-                 evaluate_in: str = "thread", images=None):
+                 evaluate_in: str = "thread", images: ImagePool | None = None, hold=None):
         from gpuscope.cupti import host
         from gpuscope.cupti import pm_sampling as pm
         from gpuscope.cupti._types import ProfilerType
@@ -102,8 +115,20 @@ class Pipeline:
         self.evaluate_in = evaluate_in
         self._hosts, evaluator_objects, self._backend = [], [], None
         self.pool_note = ""  # why the pool is smaller than asked, or why evaluation moved into this process
+        self._counts = None  # the workers' counts of this session, taken at finish(): the workers may serve another
+        # hold(image): the owner of the sampling object keeps every image CUPTI is given until it is disabled
+        hold = hold or (lambda image: None)
         try:
-            if evaluate_in == "process":
+            if images is not None:  # an earlier session's pool, initialised, with its workers if it had any
+                self.pool_note, self._discard = images.note, images.discard
+                self.pool_size = len(images.images)
+                self.evaluate_in = "thread" if images.evaluation is None else "process"
+                for image in images.images:
+                    self._free.put(image)
+                if images.evaluation is not None:
+                    self._backend = images.evaluation
+                    self._backend.attach(self)
+            elif evaluate_in == "process":
                 from gpuscope._pm_sampling.workers import ProcessEvaluation
 
                 image_bytes = pm.counter_data_size(handle, self.metrics, samples_per_image)
@@ -117,6 +142,7 @@ class Pipeline:
                 else:
                     self.pool_size = len(backend.images)
                     for image in backend.images:
+                        hold(image)
                         pm.initialize_counter_data(handle, image)
                         self._free.put(image)
                     # workers take ~1 s to start (Python, NumPy, CUPTI): before sampling, so that no sample waits
@@ -127,23 +153,17 @@ class Pipeline:
             if self.evaluate_in == "thread":
                 self._hosts = [host.ProfilerHost(chip, ProfilerType.PM_SAMPLING, availability) for _ in range(evaluators)]
                 evaluator_objects = [h.evaluator(self.metrics) for h in self._hosts]
-                if images is not None:  # an earlier session's pool, initialised (gpuscope._gpu.keep)
-                    pool, self._discard = images
-                    self.pool_size = len(pool)
-                    for image in pool:
-                        self._free.put(image)
-                else:
-                    for _ in range(pool_size):
-                        self._free.put(pm.new_counter_data(handle, self.metrics, samples_per_image))
-            if images is None or self.evaluate_in != "thread":
-                self._discard = pm.new_counter_data(handle, self.metrics, samples_per_image)
+                for _ in range(pool_size if images is None else 0):
+                    self._free.put(self._new_image(samples_per_image, hold))
+            if images is None:
+                self._discard = self._new_image(samples_per_image, hold)
         except BaseException:
             # A Ctrl-C while the workers start (about 1 s), or a MemoryError for the last image, must not leave them,
             # their dispatcher or their shared images behind; a second Ctrl-C cannot cut this short.
             run_shielded(self.close_workers)
             raise
         self._current = self._free.get_nowait()
-        self.spare = None  # after finish(): (pool, discard image), all initialised, when every image came back
+        self.spare = None  # after finish(): the ImagePool, all initialised, when every image came back
         self.clean = False  # after finish(): no decode or evaluation error
         self._stop = threading.Event()
         self._stopping = threading.Event()  # Stop is waiting for the lock: no more decodes until finish()
@@ -152,6 +172,12 @@ class Pipeline:
             for i, ev in enumerate(evaluator_objects)
         ]
         self._finished = False
+
+    def _new_image(self, samples: int, hold):
+        """A new image, initialised for the sampling object, held by the object's owner (CUPTI has its address)."""
+        image = self._pm.new_counter_data(self.handle, self.metrics, samples)
+        hold(image)
+        return image
 
     def start(self, start_ns: int | None = None) -> None:
         """Start the threads; *start_ns* (CUPTI clock) is when sampling started, the origin of the first backlog."""
@@ -325,7 +351,18 @@ class Pipeline:
     def images_lost(self) -> int:
         """Images whose samples were never evaluated: given up on by :meth:`finish` (an evaluator thread did not
         finish within :attr:`EVALUATE_TIMEOUT_S`), or by the worker processes' own deadlines."""
-        return self.images_unevaluated + (self._backend.images_lost if self._backend is not None else 0)
+        return self.images_unevaluated + self.evaluation_counts()["images_lost"]
+
+    def evaluation_counts(self) -> dict:
+        """This session's worker counts: ``ready``, ``lost``, ``recovered`` and ``images_lost`` (all 0 without
+        workers). Taken at :meth:`finish`, after which the workers may serve another session and count anew."""
+        if self._counts is not None:
+            return self._counts
+        b = self._backend
+        if b is None:
+            return {"ready": 0, "lost": 0, "recovered": 0, "images_lost": 0}
+        return {"ready": b.ready_workers, "lost": b.workers_lost, "recovered": b.images_recovered,
+                "images_lost": b.images_lost}
 
     # -- evaluator threads --------------------------------------------------------------------------------
     def _evaluate_loop(self, evaluator) -> None:
@@ -378,8 +415,10 @@ class Pipeline:
             self._free_deadline = time.monotonic() + self.FREE_WAIT_S
             self.drain(wait=True)
             self._hand_off(wait=False)  # the last, partly filled image
-        if self._backend is not None:
-            self._backend.close()
+        reusable = False
+        if self._backend is not None:  # every image back; the workers stay while they can serve another session
+            reusable = self._backend.finish()
+            self._counts = self.evaluation_counts()
         for _ in evaluate:
             self._full.put(None)
         stuck = self._wait_for_evaluators(evaluate)
@@ -397,13 +436,15 @@ class Pipeline:
         pool = [] if self._current is None or self._current is self._discard else [self._current]  # taken, unused
         while not self._free.empty():
             pool.append(self._free.get_nowait())
-        if self._backend is None and len(pool) == self.pool_size and not self.errors:
-            try:  # the pool can serve the next session (gpuscope._gpu.keep)
+        if len(pool) == self.pool_size and not self.errors and (self._backend is None or reusable):
+            try:  # the pool, with its workers if any, can serve the next session (gpuscope._gpu.keep)
                 with self._lock:
                     self._pm.initialize_counter_data(self.handle, self._discard)
-                self.spare = (pool, self._discard)
+                self.spare = ImagePool(pool, self._discard, self._backend, self.pool_note)
             except Exception as exc:
                 self.errors.append(f"re-initialise: {type(exc).__name__}: {exc}")
+        if self._backend is not None and self.spare is None:
+            self._backend.close()
         if not decode.is_alive():
             self._current = self._discard = None
         self._free = queue.Queue()

@@ -39,7 +39,7 @@ class SamplerResults:
         d = self._decoder
         if not (self.lost_samples or d.overflows or d.errors or d.discarded):
             return ""
-        backend = d._backend
+        workers = d.evaluation_counts()
         kept = len(self._stamps)
         lines = [
             f"PM sampling on device {self.device} lost {self.lost_samples} of {kept + self.lost_samples} samples "
@@ -76,10 +76,10 @@ class SamplerResults:
                 f"within {d.EVALUATE_TIMEOUT_S:g} s were not evaluated (attrs 'images_lost'); those threads were left "
                 "running."
             )
-        if backend is not None and (backend.workers_lost or backend.images_lost):
+        if workers["lost"] or workers["images_lost"]:
             lines.append(
-                f"{backend.workers_lost} evaluation worker(s) were lost; {backend.images_recovered} image(s) they held "
-                f"were evaluated in this process and {backend.images_lost} could not be (attrs "
+                f"{workers['lost']} evaluation worker(s) were lost; {workers['recovered']} image(s) they held "
+                f"were evaluated in this process and {workers['images_lost']} could not be (attrs "
                 "'evaluation_workers_lost', 'images_recovered', 'images_lost')."
             )
         if d.errors:
@@ -139,7 +139,7 @@ class SamplerResults:
         from gpuscope._results import build as _results
 
         values, stamps = self._values, self._stamps
-        backend = self._decoder._backend
+        workers = self._decoder.evaluation_counts()
         series = Series(
             values=values.T,
             start_ns=stamps[:, 0].copy(),
@@ -178,9 +178,9 @@ class SamplerResults:
                 "full_decodes": int(self._decoder.full_stops),
                 "evaluate_in": self.evaluate_in,
                 "evaluators": int(self.evaluators),
-                "evaluation_workers_ready": int(backend.ready_workers) if backend else 0,
-                "evaluation_workers_lost": int(backend.workers_lost) if backend else 0,
-                "images_recovered": int(backend.images_recovered) if backend else 0,
+                "evaluation_workers_ready": int(workers["ready"]),
+                "evaluation_workers_lost": int(workers["lost"]),
+                "images_recovered": int(workers["recovered"]),
                 "images_lost": int(self._decoder.images_lost),
                 "pool_note": self._decoder.pool_note,
                 **self._set_attrs,

@@ -135,6 +135,8 @@ class Sampler(SamplerResults):
         self._torn_down = False  # set once the teardown of stop() has run to its end
         self._dataset = None
         self._handle = None
+        self._object: SamplingObject | None = None  # the PM sampling object and what CUPTI was given with it
+        self.reused = False  # the sampling object, pool and workers were kept from an earlier session
         self._context = None
         self._initialized = False
         self._decoder: _Pipeline | None = None
@@ -239,21 +241,22 @@ class Sampler(SamplerResults):
         self.trigger = choose_trigger(self.chip)
         self._check_interval(info)
         self.device_info = info
-        self.config = host.config_image(self.chip, ProfilerType.PM_SAMPLING, self.metrics, self.availability)
         trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
         samples_per_image = self._samples_per_image or default_samples_per_image(self.interval_ns)
-        # an earlier session's sampler, configured the same way, is taken back; anything else kept is released
-        # first (a kept range profiler holds the counters: HARDWARE_BUSY)
+        # an earlier session's sampler, configured the same way, is taken back with its image pool and evaluation
+        # workers; anything else kept is released first (a kept range profiler holds the counters: HARDWARE_BUSY)
         self._key = ("pm", self._context.handle, tuple(self.metrics), self.hardware_buffer_size, self._hw_interval,
                      int(trigger), samples_per_image, self.image_pool, self.evaluate_in, self.evaluators)
         self._context_id = self._context.unique_id()
         kept = _keep.reuse(self.device, self._key, self._context_id)
         images = None
         if kept is not None:
-            self._handle, images, self.reused = kept.profiler.handle, kept.image, True
-            if images is not None:
-                self.image_pool = len(images[0])
+            self._object, images, self.reused = kept.profiler, kept.image, True
+            self.config = self._object.config  # the image CUPTI was configured with: it keeps its address
+            self.image_pool = len(images.images)
         else:
+            self.config = host.config_image(self.chip, ProfilerType.PM_SAMPLING, self.metrics, self.availability)
+
             def enable():  # all or nothing: tried again once other processes gave the counters back
                 handle = pm.enable(self.device)
                 try:
@@ -261,9 +264,10 @@ class Sampler(SamplerResults):
                 except BaseException:
                     pm.disable(handle)
                     raise
-                return handle
+                return SamplingObject(handle, self.config)
 
-            self._handle = _keep.retry_when_busy(self.device, enable, _keep.PM_SESSION)
+            self._object = _keep.retry_when_busy(self.device, enable, _keep.PM_SESSION)
+        self._handle = self._object.handle
         if self.image_pool is None:
             image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
             self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
@@ -279,7 +283,9 @@ class Sampler(SamplerResults):
             period_s=self.decode_period,
             interval_ns=self.interval_ns,
             images=images,
+            hold=self._object.hold,
         )
+        self._object.evaluation = self._decoder._backend  # closed with the sampling object, before its disable
         self.evaluate_in, self.image_pool = self._decoder.evaluate_in, self._decoder.pool_size
         if self._decoder.pool_note:
             warnings.warn(f"gpuscope PM sampling: {self._decoder.pool_note}.", GpuscopeWarning, stacklevel=4)
@@ -389,24 +395,26 @@ class Sampler(SamplerResults):
             steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
         if self._kernel_records is not None and self._kernel_records._open:
             steps.append(("kernel activity records", self._close_kernel_records))
-        if self._decoder is not None and getattr(self, "_started", False):
-            steps.append(("stop", lambda: (pm.stop(self._handle), self._decoder.finish())))
-        elif self._decoder is not None:
-            steps.append(("evaluation workers", self._decoder.close_workers))
+        started = getattr(self, "_started", False)
         spare = getattr(self._decoder, "spare", None)
-        if (self._handle is not None and spare is not None and not getattr(self, "_started", False)
-                and self._context is not None and _keep.enabled()):
-            # a clean stop, evaluating in threads: the sampler, its configuration and its image pool serve the next
-            # session. With worker processes nothing is kept: a process that held 8 GB and CuPy crashed (SIGSEGV)
-            # in a later session on a kept sampler whose pool the workers had made anew
-            handle, self._handle = self._handle, None
+        owner, self._object = self._object, None
+        keep = (owner is not None and spare is not None and not started and self._context is not None
+                and _keep.enabled())
+        handle, self._handle = self._handle, None
+        if self._decoder is not None and started:
+            steps.append(("stop", lambda: (pm.stop(handle), self._decoder.finish())))
+        elif self._decoder is not None and not keep:
+            steps.append(("evaluation workers", self._decoder.close_workers))
+        if keep:
+            # a clean stop: the sampling object, its configuration, its image pool and (evaluating in worker
+            # processes) the workers that map that pool serve the next session, all of them together: the object
+            # keeps the addresses of the images it was given, so none is freed while it lives
             context, self._context = self._context, None
             self._initialized = False
             steps.append(("keep", lambda: _keep.keep(self.device, _keep.Kept(
-                self._key, self._context_id, context, KeptSampler(handle), self.config, spare))))
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            steps.append(("cuptiPmSamplingDisable", lambda: pm.disable(handle)))
+                self._key, self._context_id, context, owner, owner.config, spare))))
+        elif owner is not None:  # the evaluation workers, then cuptiPmSamplingDisable, then the images
+            steps.append(("cuptiPmSamplingDisable", owner.close))
         if self._initialized:
             self._initialized = False
             steps.append(("cuptiProfilerDeInitialize", profiler.deinitialize))
@@ -452,16 +460,64 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class KeptSampler:
-    """A PM sampling object kept enabled and configured between sessions (:mod:`gpuscope._gpu.keep`)."""
+#: Images and configs of sampling objects that were never disabled (a disable that failed, a context gone, a parent's
+#: object in a forked child): CUPTI may still hold their addresses, so they are never freed.
+_never_freed: list = []
 
-    def __init__(self, handle: int):
+
+class SamplingObject:
+    """A CUPTI PM sampling object (``cuptiPmSamplingEnable``) and everything CUPTI was given with it.
+
+    CUPTI keeps the addresses it is given: the config image of ``SetConfig`` and the counter-data images initialised
+    and decoded into for the object. So the object holds every one of them (:meth:`hold`) until it is disabled, and
+    the evaluation workers whose shared memory holds its pool (:attr:`evaluation`) are stopped with it. A session
+    that ends cleanly hands it to :mod:`gpuscope._gpu.keep` with its pool; the next session configured the same way
+    takes all of it back. :meth:`close` ends them in order: workers stopped and joined, ``cuptiPmSamplingDisable``,
+    then the images let go of (their memory unmapped once nothing else holds them).
+    """
+
+    def __init__(self, handle: int, config):
         self.handle = handle
+        self.config = config
+        self.evaluation = None  # the ProcessEvaluation of its pool, or None (evaluated in threads)
+        self._held = [config]
+
+    def hold(self, image) -> None:
+        """Keep *image*, whose address CUPTI has been or is about to be given, until the object is disabled."""
+        self._held.append(image)
+
+    def usable(self) -> bool:
+        """Whether it can serve another session: its evaluation workers, if any, all alive and idle (asked when
+        :func:`gpuscope._gpu.keep.take` hands it back; a worker that died since the last session makes it unusable,
+        and that session starts afresh)."""
+        return self.handle is not None and (self.evaluation is None or self.evaluation.reusable())
 
     def close(self) -> None:
-        """``cuptiPmSamplingDisable`` (once)."""
+        """Stop the evaluation workers, ``cuptiPmSamplingDisable``, then let go of the images (once; safe twice).
+        If the disable fails, the images are never freed."""
         from gpuscope.cupti import pm_sampling as pm
 
+        evaluation, self.evaluation = self.evaluation, None
         handle, self.handle = self.handle, None
-        if handle is not None:
-            pm.disable(handle)
+        try:
+            if evaluation is not None:
+                evaluation.close()
+        finally:
+            if handle is not None:
+                try:
+                    pm.disable(handle)
+                except BaseException:
+                    self.detach()
+                    raise
+            self._held = []
+
+    def detach(self) -> None:
+        """Never disable it (its context is gone, its disable failed, or it is a forked child's copy of the parent's):
+        its images are kept for good, and its workers stopped (in a forked child only the child's copies of their
+        connections are closed: the workers are the parent's)."""
+        self.handle = None
+        _never_freed.extend(self._held)
+        self._held = []
+        evaluation, self.evaluation = self.evaluation, None
+        if evaluation is not None:
+            evaluation.close()

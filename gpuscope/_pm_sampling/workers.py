@@ -19,6 +19,15 @@ answering is noticed during the run (end of file on its connection, or no answer
 evaluated in this process instead and counted (``workers_lost``, ``images_recovered``). Every wait has a deadline;
 an image that still could not be evaluated is counted in ``images_lost`` (its samples show as lost samples).
 
+Between sessions: a session that ends cleanly (:meth:`ProcessEvaluation.finish` says the workers can serve another)
+hands the workers, their connections and the shared images to the kept PM sampling object
+(:class:`gpuscope._pm_sampling.sampler.SamplingObject`, kept by :mod:`gpuscope._gpu.keep`); the next session
+configured the same way attaches its pipeline to them (:meth:`~ProcessEvaluation.attach`) instead of spawning new
+ones. A worker that died meanwhile makes them unusable (:meth:`~ProcessEvaluation.reusable`), and that session starts
+afresh. The images' memory is not this object's to free: :meth:`~ProcessEvaluation.close` lets go of its own
+references, and the mapping goes only once the sampling object, which holds every image CUPTI was given, lets go of
+it after ``cuptiPmSamplingDisable``.
+
 Timestamps: ``cuptiPmSamplingCounterDataGetSampleInfo`` needs the sampling object, which only the parent has. The
 worker evaluates ``gpu__time_duration.sum`` with the metrics instead (each sample's end minus start, 1-2 ns
 short on the H100) and rebuilds the timestamps of each decode's batch of samples from the batch's anchors, read
@@ -215,6 +224,10 @@ class ProcessEvaluation:
         the memory is not there, see :attr:`pool_note`). :meth:`close` lets go of them.
     workers
         Worker processes (each loads CUPTI's host API).
+
+    Its life: ``start``, ``wait_ready``, ``submit`` while a session samples, then either :meth:`close`, or
+    :meth:`finish` (the workers stay) and later :meth:`attach` for the next session's pipeline, as often as
+    :meth:`reusable` says, and :meth:`close` at the end.
     """
 
     #: Seconds to wait for the workers to connect.
@@ -294,10 +307,17 @@ class ProcessEvaluation:
                 proc = subprocess.Popen([_python.interpreter(), "-I", "-c", BOOT, self._address, path], env=env,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
-                self._pipe.errors.append(f"an evaluation worker could not be spawned ({exc}); evaluating in-process")
+                self._error(f"an evaluation worker could not be spawned ({exc}); evaluating in-process")
                 continue
             self._workers.append(_Worker(proc))
         self._dispatcher.start()
+
+    def _error(self, text: str) -> None:
+        """Say *text* in the errors of the session this serves; between sessions nobody is told (a worker lost then
+        makes the workers unusable for the next session, :meth:`reusable`)."""
+        pipe = self._pipe
+        if pipe is not None:
+            pipe.errors.append(text)
 
     def submit(self, seq: int, image: np.ndarray, n: int, batches: list) -> None:
         with self._done:
@@ -312,14 +332,14 @@ class ProcessEvaluation:
         refused: list[tuple[int, int]] = []  # (pid, uid) of each connection that was not a worker's
         while waiting and not self._closing.is_set() and time.monotonic() < deadline:
             for pid in [pid for pid, w in waiting.items() if w.proc.poll() is not None]:
-                self._pipe.errors.append(f"evaluation worker {pid} did not start: it exited (status "
+                self._error(f"evaluation worker {pid} did not start: it exited (status "
                                          f"{waiting.pop(pid).proc.returncode}) before it connected")
             try:
                 sock, _ = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError as exc:  # out of descriptors, say: try again in a moment
-                self._pipe.errors.append(f"accepting an evaluation worker failed: {exc}")
+                self._error(f"accepting an evaluation worker failed: {exc}")
                 self._closing.wait(self.POLL_S)
                 continue
             worker = self._admit(sock, waiting, refused)
@@ -327,11 +347,11 @@ class ProcessEvaluation:
                 self._hand_over(worker, deadline)
         if refused:
             first = ", ".join(f"pid {pid} of user {uid}" for pid, uid in refused[:3])
-            self._pipe.errors.append(f"refused {len(refused)} connection(s) to the evaluation workers' socket "
+            self._error(f"refused {len(refused)} connection(s) to the evaluation workers' socket "
                                      f"({first}): only the workers this process spawned, as user {self._uid}, may "
                                      "connect")
         if waiting:
-            self._pipe.errors.append(f"{len(waiting)} evaluation worker(s) did not start in time; evaluating "
+            self._error(f"{len(waiting)} evaluation worker(s) did not start in time; evaluating "
                                      "in-process")
             for worker in waiting.values():
                 worker.proc.kill()
@@ -368,7 +388,7 @@ class ProcessEvaluation:
             conn.close()
             why = (f"sent nothing for {self.IO_TIMEOUT_S:g} s" if isinstance(exc, BlockingIOError)
                    else f"{type(exc).__name__}: {exc}")
-            self._pipe.errors.append(f"evaluation worker {pid} failed the handshake ({why}): killed")
+            self._error(f"evaluation worker {pid} failed the handshake ({why}): killed")
             worker.proc.kill()
             return None
         worker.conn = conn
@@ -393,7 +413,7 @@ class ProcessEvaluation:
         except Exception as exc:  # OSError, EOFError, a reply that cannot be unpickled
             reply = ("failed", f"{type(exc).__name__}: {exc}")
         if reply != ("ready", worker.proc.pid):
-            self._pipe.errors.append(f"evaluation worker {worker.proc.pid} failed to start: {reply[1]}")
+            self._error(f"evaluation worker {worker.proc.pid} failed to start: {reply[1]}")
             worker.conn = None
             conn.close()
             worker.proc.kill()
@@ -402,8 +422,9 @@ class ProcessEvaluation:
         worker.reader = threading.Thread(target=self._read, args=(worker,), name="gpuscope-pm-results", daemon=True)
         worker.reader.start()
 
-    def _dispatch(self) -> None:
-        self._connect()
+    def _dispatch(self, connect: bool = True) -> None:
+        if connect:
+            self._connect()
         while True:
             self._kill_hung()
             try:
@@ -456,7 +477,7 @@ class ProcessEvaluation:
             worker.proc.kill()  # a worker that closed its end while alive is of no use either
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.proc.wait(self.EXIT_TIMEOUT_S)
-            self._pipe.errors.append(
+            self._error(
                 f"evaluation worker {worker.proc.pid} was lost (exit status {worker.proc.poll()}); "
                 f"{len(orphans)} image(s) it held were evaluated in this process"
             )
@@ -507,7 +528,7 @@ class ProcessEvaluation:
             if not worker.alive or worker.killed:
                 return
             worker.killed = True
-        self._pipe.errors.append(f"evaluation worker {worker.proc.pid} {why}: killed")
+        self._error(f"evaluation worker {worker.proc.pid} {why}: killed")
         worker.proc.kill()
 
     def _kill_hung(self) -> None:
@@ -521,14 +542,9 @@ class ProcessEvaluation:
             if hung:
                 self._kill(worker, f"did not answer for {self.TASK_TIMEOUT_S:g} s")
 
-    def close(self) -> None:
+    def _drain(self) -> None:
         """Wait for every submitted image to come back (within :attr:`CLOSE_TIMEOUT_S`; images of hung workers are
-        evaluated here), stop the workers and let go of the images (safe to call twice; nothing in a forked
-        child, whose parent owns the workers)."""
-        if self._closed or os.getpid() != self._owner:
-            return
-        self._closed = True
-        self._closing.set()
+        evaluated here) and end the dispatcher."""
         self._tasks.put(None)
         if self._dispatcher.is_alive():
             self._dispatcher.join(self.CONNECT_TIMEOUT_S + self.CLOSE_TIMEOUT_S)
@@ -539,8 +555,69 @@ class ProcessEvaluation:
                 self._kill_hung()
             if self._pending:
                 self.images_lost += self._pending
-                self._pipe.errors.append(f"{self._pending} image(s) were not evaluated within "
-                                         f"{self.CLOSE_TIMEOUT_S:g} s: their samples are lost")
+                self._error(f"{self._pending} image(s) were not evaluated within {self.CLOSE_TIMEOUT_S:g} s: their "
+                            "samples are lost")
+
+    def finish(self) -> bool:
+        """End of a session: wait for every submitted image to come back and end the dispatcher, leaving the workers
+        connected and idle. Returns :meth:`reusable`; when True, the session's pipeline is let go of (it is told
+        nothing more) and the workers wait for :meth:`attach` or :meth:`close`. When False, call :meth:`close`."""
+        if self._closed or os.getpid() != self._owner:
+            return False
+        if not self._connected.is_set():  # still connecting at the end of the session: not worth keeping
+            return False
+        self._drain()
+        if not self.reusable():
+            return False
+        self._pipe = None
+        return True
+
+    def reusable(self) -> bool:
+        """Whether the workers can serve another session: not closed, in the process that spawned them, every
+        worker asked for connected and alive (its connection not at its end, its process not exited), no task
+        outstanding, no dispatcher running and no evaluation moved into this process."""
+        if self._closed or os.getpid() != self._owner or not self._connected.is_set() or self._dispatcher.is_alive():
+            return False
+        if self._pending or self._local is not None or len(self._workers) != self._workers_wanted:
+            return False
+        for worker in self._workers:
+            with worker.lock:
+                fit = worker.alive and not worker.killed and not worker.pending
+            if not fit or worker.proc.poll() is not None:
+                return False
+        return True
+
+    def attach(self, pipeline) -> None:
+        """Serve *pipeline*, the next session's, with these workers and images (after :meth:`finish` returned True;
+        the pipeline's pool is :attr:`images`, initialised). Its counts start from 0; a worker that died since
+        :meth:`reusable` was asked is counted lost in it, and its share is evaluated by the others or here."""
+        if self._closed or self._dispatcher.is_alive() or not self._connected.is_set():
+            raise RuntimeError("these evaluation workers are closed or serving a session")
+        self._pipe = pipeline
+        self.images_recovered = self.images_lost = 0
+        lost = [w for w in self._workers if not w.alive]  # one dying now is counted by its reader
+        self.workers_lost, self.ready_workers = len(lost), len(self._workers) - len(lost)
+        for worker in lost:
+            self._error(f"evaluation worker {worker.proc.pid} was lost between sessions (exit status "
+                        f"{worker.proc.poll()})")
+        self._tasks = queue.Queue()
+        self._dispatcher = threading.Thread(target=self._dispatch, args=(False,), name="gpuscope-pm-dispatch",
+                                            daemon=True)
+        self._dispatcher.start()
+
+    def close(self) -> None:
+        """Wait for every submitted image to come back (within :attr:`CLOSE_TIMEOUT_S`; images of hung workers are
+        evaluated here), stop the workers and let go of the images (safe to call twice). Their mapping goes once no
+        array of them is left in this process: the PM sampling object holds them until it is disabled. In a forked
+        child, whose parent owns the workers, only the child's copies of their connections are closed."""
+        if self._closed:
+            return
+        if os.getpid() != self._owner:
+            self._forget()
+            return
+        self._closed = True
+        self._closing.set()
+        self._drain()
         self._stop_workers()
         if self._local is not None:
             self._local[0].close()
@@ -549,7 +626,15 @@ class ProcessEvaluation:
         from gpuscope._pm_sampling import shm as _shm
 
         _shm.close_images(self._shared)
-        self.images, self._index = [], {}  # unmapped once the pipeline lets go of them too
+        self.images, self._index = [], {}  # unmapped once the pipeline and the sampling object let go of them too
+
+    def _forget(self) -> None:
+        """In a forked child: close the child's copies of the workers' connections (sending nothing), so that the
+        workers still see the end of their connection when the parent ends, whatever the child does."""
+        for worker in self._workers:
+            if worker.conn is not None:
+                with contextlib.suppress(OSError):
+                    worker.conn.close()
 
     def _stop_workers(self) -> None:
         """Tell every worker to exit; kill those that do not within :attr:`EXIT_TIMEOUT_S`; reap them all."""

@@ -53,18 +53,22 @@ CHILD = textwrap.dedent("""
                 tiny[256, 256](x)
         return int(prof.dataset["smsp__inst_executed.sum"][0])
 
-    def pm_session():  # evaluated in threads: the sampler is kept after it
-        with gs.sample(ONE_PASS, interval="100us", evaluate_in="thread") as s:
+    def pm_threads():  # the kept evaluation workers' reader threads while kept
+        return [t.name for t in threading.enumerate() if t.name.startswith("gpuscope-pm")]
+
+    def pm_session(evaluate_in="thread"):  # the sampler is kept after it (with its workers: "pm-workers")
+        with gs.sample(ONE_PASS, interval="100us", evaluate_in=evaluate_in) as s:
             for _ in range(20):
                 tiny[256, 256](x)
             cuda.synchronize()
         return int(s.dataset.sizes["time"])
 
-    run = {"range": range_session, "pm": pm_session}[session]
+    run = {"range": range_session, "pm": pm_session, "pm-workers": lambda: pm_session("process")}[session]
     if role == "keep":  # a session that keeps what it enabled, until another process asks for it
         say("kept", value=run(), kept=_keep.kept_devices(), threads=rendezvous_threads())
         sys.stdin.readline()
-        say("after", kept=_keep.kept_devices(), listeners=len(_keep._listeners), threads=rendezvous_threads())
+        say("after", kept=_keep.kept_devices(), listeners=len(_keep._listeners), threads=rendezvous_threads(),
+            pm_threads=pm_threads())
     elif role in ("run", "warm-run"):
         if role == "warm-run":  # a session first, kept by nobody: availability is cached, the next enable is busy
             os.environ["GPUSCOPE_KEEP"] = "0"
@@ -137,7 +141,8 @@ def children():
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["fresh", "warm"])
-@pytest.mark.parametrize("held, asking", [("range", "pm"), ("pm", "range")], ids=["range-then-pm", "pm-then-range"])
+@pytest.mark.parametrize("held, asking", [("range", "pm"), ("pm", "range"), ("pm-workers", "range")],
+                         ids=["range-then-pm", "pm-then-range", "pm-workers-then-range"])
 def test_what_one_process_keeps_is_given_back_to_the_other(children, held, asking, warm):
     asker = None
     if warm:
@@ -155,7 +160,7 @@ def test_what_one_process_keeps_is_given_back_to_the_other(children, held, askin
     assert done["event"] == "ok" and done["value"] > 0, done
     holder.tell()
     after = holder.line()
-    assert after == dict(event="after", pid=holder.proc.pid, kept=[], listeners=0, threads=[])
+    assert after == dict(event="after", pid=holder.proc.pid, kept=[], listeners=0, threads=[], pm_threads=[])
 
 
 def test_a_process_with_an_open_session_is_named(children):

@@ -1,6 +1,7 @@
 """Sessions one after another in one process: the kept range profiler gives the same values, small images emptied
 when full lose nothing, PM and PC sampling work after a kept profiler, and process exit leaves nothing behind."""
 
+import json
 import os
 import subprocess
 import sys
@@ -114,10 +115,10 @@ def test_pm_and_pc_sampling_after_a_kept_profiler(x):
         for _ in range(50):
             launch(x)
         cuda.synchronize()
-    # the range profiler was released; a sampler evaluating in worker processes is not kept
-    assert _keep.kept_devices() == [] and s.dataset.sizes["time"] > 5
-    one_range(x)
-    assert _keep.kept_devices() == [0]
+    # the range profiler was released; the sampler is kept with its evaluation workers
+    assert _keep.kept_devices() == [0] and _keep._kept[0].key[0] == "pm" and s.dataset.sizes["time"] > 5
+    one_range(x)  # releases the kept sampler (its workers stopped) and keeps its own profiler
+    assert _keep.kept_devices() == [0] and _keep._kept[0].key[0] != "pm"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
         with gs.pc_sample() as pc:
@@ -165,24 +166,106 @@ def test_release_gives_the_counters_back(x):
     assert one_range(x).attrs.get("profiler_reused", 0) == 0
 
 
-def pm_session(x, launches=50):
-    with gs.sample(ONE_PASS, interval="100us", evaluate_in="thread") as s:
+def pm_session(x, launches=50, evaluate_in="thread"):
+    with gs.sample(ONE_PASS, interval="100us", evaluate_in=evaluate_in) as s:
         for _ in range(launches):
             launch(x)
         cuda.synchronize()
     return s.dataset
 
 
-def test_pm_sampler_kept_between_sessions_then_released_for_range_profiling(x):
-    first = pm_session(x)
+def worker_pids() -> list[int]:
+    """This process's PM evaluation workers alive now."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                boot = b"_pm_sampling.workers" in f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and boot:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+@pytest.mark.parametrize("evaluate_in", ["thread", "process"])
+def test_pm_sampler_kept_between_sessions_then_released_for_range_profiling(x, evaluate_in):
+    gs.release()
+    first = pm_session(x, evaluate_in=evaluate_in)
     assert first.attrs["sampler_reused"] == 0 and _keep.kept_devices() == [0] and _keep._kept[0].key[0] == "pm"
-    second = pm_session(x)
-    assert second.attrs["sampler_reused"] == 1
+    assert first.attrs["evaluate_in"] == evaluate_in
+    workers = worker_pids()
+    assert len(workers) == (2 if evaluate_in == "process" else 0)  # kept with the sampler
+    second = pm_session(x, evaluate_in=evaluate_in)
+    assert second.attrs["sampler_reused"] == 1 and worker_pids() == workers  # the same workers, none spawned
+    assert second.attrs["evaluation_workers_ready"] == len(workers)
     for ds in (first, second):
         assert ds.sizes["time"] > 5 and ds.attrs["lost_samples"] == 0
     a = float(first["smsp__inst_executed.sum"].sum())
     b = float(second["smsp__inst_executed.sum"].sum())
     assert abs(a - b) / a < 0.1  # the same 50 launches, counted by samples of about the same span
     ds = one_range(x)  # the kept sampler holds the counters: the range profiler releases it first
-    assert float(ds["smsp__inst_executed.sum"][0]) > 0
-    assert pm_session(x).attrs["sampler_reused"] == 0
+    assert float(ds["smsp__inst_executed.sum"][0]) > 0 and worker_pids() == []  # its workers stopped
+    assert pm_session(x, evaluate_in=evaluate_in).attrs["sampler_reused"] == 0
+
+
+MIXED = """
+import json, os, sys
+import numpy as np
+import cupy as cp
+from numba import cuda
+import gpuscope as gs
+from benchmarks.workloads import fma
+
+def workers():
+    pids = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat, cmdline = open(f"/proc/{p}/stat").read(), open(f"/proc/{p}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"_pm_sampling.workers" in cmdline:
+            pids.append(int(p))
+    return sorted(pids)
+
+
+hold = int(sys.argv[1])
+a = cp.random.rand(2048, 2048, dtype=cp.float32)
+(a @ a).sum().item()  # a CuPy GEMM, as the process that crashed ran
+held = [cp.ones(1 << 30, dtype=cp.uint8) for _ in range(hold)]
+x = cuda.to_device(np.ones(1 << 20, np.float32))
+for i in range(int(sys.argv[2])):
+    with gs.sample(["smsp__inst_executed.sum", "sm__ctas_launched.sum"], interval="100us") as s:
+        for _ in range(20):
+            fma[4096, 256](x, 300)
+        cuda.synchronize()
+        (a @ a).sum().item()
+    ds = s.dataset
+    print("SESSION", json.dumps({"reused": int(ds.attrs["sampler_reused"]), "evaluate_in": ds.attrs["evaluate_in"],
+                                 "samples": int(ds.sizes["time"]), "lost": int(ds.attrs["lost_samples"]),
+                                 "inst": float(ds["smsp__inst_executed.sum"].sum()), "workers": workers()}), flush=True)
+"""
+
+
+def test_pm_sessions_with_workers_in_a_row_in_a_process_holding_cupy_and_8_gb(tmp_path):
+    """What crashed (SIGSEGV) when a PM sampler was kept without its workers' images: a process that imported CuPy,
+    ran a GEMM and holds 8 GB of device arrays, running PM sessions with worker processes one after another. Each
+    warm session takes the sampler, its image pool and the same workers back, and counts the same work."""
+    cp = pytest.importorskip("cupy")
+    free, _ = cp.cuda.runtime.memGetInfo()
+    hold = 8 if free > 12 << 30 else max(1, int(free / 2**30) - 4)
+    script = tmp_path / "pm_mixed.py"
+    script.write_text(MIXED)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), GPUSCOPE_KEEP="30")
+    out = subprocess.run([sys.executable, str(script), str(hold), "6"], capture_output=True, text=True, timeout=600,
+                         env=env, cwd=ROOT)
+    assert out.returncode == 0, f"exit status {out.returncode} (-11: SIGSEGV)\n{out.stderr[-3000:]}"
+    sessions = [json.loads(line[8:]) for line in out.stdout.splitlines() if line.startswith("SESSION ")]
+    assert len(sessions) == 6
+    assert [s["reused"] for s in sessions] == [0, 1, 1, 1, 1, 1]
+    assert all(s["evaluate_in"] == "process" and s["samples"] > 5 for s in sessions)
+    assert len(sessions[0]["workers"]) == 2 and all(s["workers"] == sessions[0]["workers"] for s in sessions)
+    inst = [s["inst"] for s in sessions]
+    assert max(inst) / min(inst) < 1.1, inst  # the same 20 launches each time

@@ -236,6 +236,9 @@ def test_ctrl_c_during_stop_still_unregisters_and_disables(monkeypatch):
     class Decoder:
         errors, overflows, discarded, _backend = [], 0, 0, None
 
+        def evaluation_counts(self):
+            return {"ready": 0, "lost": 0, "recovered": 0, "images_lost": 0}
+
         def stop_sampling(self, call):
             ctrl_c()
             time.sleep(0.1)
@@ -252,6 +255,7 @@ def test_ctrl_c_during_stop_still_unregisters_and_disables(monkeypatch):
 
     s = _sampling.Sampler(device=5)
     s._state, s._decoder, s._handle, s._initialized, s._started = "running", Decoder(), 1234, True, True
+    s._object = _sampling.SamplingObject(1234, None)
     s.start_ns, s.interval_ns, s.stop_ns = 0, 100_000, 0
     _sampling._active[5] = s
     monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 0)
@@ -273,6 +277,9 @@ def test_ctrl_c_before_the_shielded_teardown_does_not_skip_it(monkeypatch):
 
     class Decoder:
         errors, overflows, discarded, _backend = [], 0, 0, None
+
+        def evaluation_counts(self):
+            return {"ready": 0, "lost": 0, "recovered": 0, "images_lost": 0}
 
         def stop_sampling(self, call):
             call()
@@ -297,6 +304,7 @@ def test_ctrl_c_before_the_shielded_teardown_does_not_skip_it(monkeypatch):
     monkeypatch.setattr(_sampling, "run_shielded", interrupted_first)
     s = _sampling.Sampler(device=6)
     s._state, s._decoder, s._handle, s._initialized, s._started = "running", Decoder(), 4321, True, True
+    s._object = _sampling.SamplingObject(4321, None)
     s.start_ns, s.interval_ns, s.stop_ns = 0, 100_000, 0
     _sampling._active[6] = s
     monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 0)

@@ -166,6 +166,7 @@ def running_sampler(monkeypatch, pipe, fake, device):
     monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 20 * fake.made)
     s = _sampling.Sampler(device=device)
     s._state, s._decoder, s._handle, s._initialized, s._started = "running", pipe, 1234, True, True
+    s._object = _sampling.SamplingObject(1234, None)
     s._pid, s.start_ns, s.interval_ns = os.getpid(), 0, 20
     _sampling._active[device] = s
     return s
@@ -248,6 +249,7 @@ class CountingBackend:
     def __call__(self, pipeline, chip, metrics, availability, *, image_bytes, pool_size, workers):
         self.images = [self.fake.new_counter_data(None, None, 100) for _ in range(pool_size)]
         self.pool_note, self.images_lost = "", 0
+        self.ready_workers, self.workers_lost, self.images_recovered = 1, 0, 0
         return self
 
     def start(self):
@@ -258,6 +260,9 @@ class CountingBackend:
 
     def submit(self, seq, image, n, batches):
         pass
+
+    def finish(self):  # not worth keeping: the pipeline closes it
+        return False
 
     def close(self):
         os.write(self.write_fd, f"close in {os.getpid()};".encode())
@@ -422,7 +427,8 @@ def _loss_text(metrics, evaluate_in):
 
     from gpuscope._pm_sampling import sampler as _sampling
 
-    decoder = SimpleNamespace(overflows=0, errors=[], discarded=0, images_unevaluated=0, _backend=None)
+    decoder = SimpleNamespace(overflows=0, errors=[], discarded=0, images_unevaluated=0, _backend=None,
+                              evaluation_counts=lambda: {"ready": 0, "lost": 0, "recovered": 0, "images_lost": 0})
     sampler = SimpleNamespace(_decoder=decoder, lost_samples=16422, _stamps=range(61245), device=0,
                               interval_ns=20_000, metrics=metrics, decode_us_per_sample=15.9,
                               evaluate_in=evaluate_in)

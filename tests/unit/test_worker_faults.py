@@ -284,10 +284,25 @@ def test_workers_never_run_code_from_the_cwd(make_backend, pm_recording, tmp_pat
 
 
 def test_a_forked_child_never_closes_its_parents_workers(monkeypatch):
-    """close() in a forked child does nothing: the workers, their socket and the images are the parent's."""
+    """close() in a forked child tells the parent's workers nothing and touches neither their socket nor the images:
+    it only closes the child's own copies of the workers' connections (so that the workers still see the parent
+    end, whatever the child does: a kept sampler's workers outlive sessions)."""
     from gpuscope._pm_sampling import workers as _pm_workers
+
+    class Conn:
+        def __init__(self):
+            self.calls = []
+
+        def send(self, obj):
+            self.calls.append("send")
+
+        def close(self):
+            self.calls.append("close")
 
     evaluation = _pm_workers.ProcessEvaluation.__new__(_pm_workers.ProcessEvaluation)
     evaluation._closed, evaluation._owner = False, os.getpid() + 1  # as seen from a child
+    conn = Conn()
+    evaluation._workers = [_pm_workers._Worker(proc=None)]
+    evaluation._workers[0].conn = conn
     evaluation.close()  # would touch the dispatcher, the task queue and the workers in the parent
-    assert evaluation._closed is False
+    assert evaluation._closed is False and conn.calls == ["close"]
