@@ -4,6 +4,7 @@ cuptiFinalize and the driver call at whose exit gpuscope finalizes are a model o
 FakeCupti); cuptiProfilerInitialize and cuptiProfilerDeInitialize are replaced by a recorder; the CUPTI profiler's
 reference count, the keeper and the callback bookkeeping are gpuscope's own."""
 
+import ctypes
 import threading
 import warnings
 
@@ -139,6 +140,7 @@ def test_an_open_session_refuses_and_nothing_is_dropped(cupti, monkeypatch):
         "gpuscope.Profiler or gpuscope.sample session not yet closed")
     assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
     assert _keep.kept_devices() == [] and profiler._init_count == 1
+    assert callbacks._subscription and cupti.model.holder is not None  # the open session's witness stays held
 
 
 def test_a_kept_profiler_is_released_and_never_counted_as_an_open_session(cupti):
@@ -300,3 +302,93 @@ def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti):
     assert cupti.model.calls[:2] == ["subscribe", ("unsubscribe", 0x5EB)] and callbacks._subscription == []
     assert cupti.calls == ["cuptiFinalize"]
 
+
+# -- cuptiFinalize at the exit of the detaching thread's own driver call (issue 36 item 5, A) ---------------------
+DRIVER, CTX_GET_CURRENT = callbacks.CUPTI_CB_DOMAIN_DRIVER_API, callbacks.CBID_cuCtxGetCurrent
+
+
+def test_cupti_is_finalized_in_the_exit_callback_of_the_detaching_threads_driver_call(cupti):
+    """CUPTI's guide: call cuptiFinalize from the exit call site of a CUDA API call, or other threads may call into
+    CUPTI in the middle of it and crash (torch's Kineto did, pytorch/kineto#686). gpuscope called it directly."""
+    assert _keep.detach_cupti() == "detached"
+    assert cupti.calls == ["cuptiFinalize"] and cupti.sites == [callbacks.CUPTI_API_EXIT]
+    assert cupti.threads == [threading.get_ident()]
+    # its own subscriber, that one callback enabled, the call; unsubscribed in the callback, then finalized
+    assert cupti.model.calls[2:] == ["subscribe", ("enable", 1, CTX_GET_CURRENT), "cuCtxGetCurrent",
+                                     ("unsubscribe", 0x5EC), "cuptiFinalize"]
+
+
+def test_only_the_detaching_threads_own_call_finalizes(cupti, monkeypatch):
+    """Another thread's cuCtxGetCurrent at the same moment, the own call's entry, and another driver callback at an
+    exit on the detaching thread finalize nothing; the own call's exit does."""
+    model = cupti.model
+    exit_data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_EXIT)
+    seen = []
+
+    def driver():
+        other = threading.Thread(target=model.cuCtxGetCurrent)
+        other.start()
+        other.join()
+        seen.append(list(cupti.calls))  # after another thread's call, entry and exit
+        model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_ENTER)
+        callbacks._dispatch(None, DRIVER, callbacks.CBID_cuLaunchKernel, ctypes.addressof(exit_data))
+        seen.append(list(cupti.calls))  # after the own call's entry and another function's exit
+        model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_EXIT)
+
+    monkeypatch.setattr(callbacks, "_call_the_driver", driver)
+    assert _keep.detach_cupti() == "detached"
+    assert seen == [[], []] and cupti.calls == ["cuptiFinalize"] and cupti.threads == [threading.get_ident()]
+
+
+def test_a_failed_finalize_in_the_callback_is_raised_by_the_detach(cupti):
+    cupti.status = 1  # CUPTI_ERROR_INVALID_PARAMETER
+    with pytest.raises(Exception, match="cuptiFinalize failed"):
+        _keep.detach_cupti()
+    assert cupti.sites == [callbacks.CUPTI_API_EXIT] and _api.attached()
+    assert cupti.model.holder is None and cupti.model.stale == [] and callbacks._exit_call is None
+
+
+def test_what_the_finalize_raises_in_the_callback_is_raised_on_the_calling_thread(cupti):
+    class Boom(Exception):
+        pass
+
+    def finalize():
+        raise Boom("in the callback")
+
+    with pytest.raises(Boom, match="in the callback"):
+        callbacks.finalize_at_api_exit(finalize)
+    assert cupti.model.holder is None and callbacks._exit_call is None  # unsubscribed before it
+
+
+def test_no_callback_at_the_calls_exit_means_no_finalize(cupti, monkeypatch):
+    """Where CUPTI does not call back, nothing is finalized (never outside a callback) and the subscriber goes
+    back."""
+    monkeypatch.setattr(callbacks, "_call_the_driver", lambda: None)
+    assert _keep.detach_cupti() == ("CUPTI did not call back at the exit of cuCtxGetCurrent, so cuptiFinalize was "
+                                    "not called")
+    assert cupti.calls == [] and _api.attached()
+    assert cupti.model.holder is None and cupti.model.enabled == set() and callbacks._subscription == []
+
+
+def test_a_client_that_subscribes_after_the_check_stops_the_finalize(cupti, monkeypatch):
+    monkeypatch.setattr(callbacks, "other_client", lambda: None)  # free when asked; Kineto subscribed since
+    cupti.model.busy_with = b"kineto"
+    assert _keep.detach_cupti() == ("another CUPTI client of this process holds CUPTI's subscriber (kineto), "
+                                    "torch.profiler's Kineto for one: cuptiFinalize would wipe its state")
+    assert cupti.calls == [] and _api.attached()
+
+
+def test_after_the_finalize_the_subscriber_state_is_reset_and_set_up_afresh(cupti):
+    profiler.initialize()  # a session's, kept with its profiler, then given back by the detach
+    keep_a_profiler()
+    profiler.deinitialize()
+    before = callbacks._generation
+    assert _keep.detach_cupti() == "detached"
+    assert callbacks._subscription == [] and callbacks._holds == 0 and callbacks._exit_call is None
+    finalizing_handle, finalizing_callback = cupti.model.subscribed[-1]
+    assert finalizing_handle == 0x5EC and finalizing_callback in callbacks._retired  # CUPTI's C callback: never freed
+    assert callbacks._generation > before
+    recorder = callbacks.LaunchRecorder(lambda launch: None)  # the next session subscribes afresh
+    assert callbacks._subscription[0] == cupti.model.holder[0] == 0x5ED
+    recorder.close()
+    assert cupti.model.stale == [] and callbacks._subscription == []
