@@ -58,16 +58,19 @@ _pm = Functions(
 # holds CUPTI's subscriber as its witness (callbacks.hold), and checks it before trusting the initialisation again.
 _init_lock = threading.Lock()
 _init_count = 0
+CUPTI_ERROR_NOT_INITIALIZED = 15
 _witness = None  # callbacks.hold()'s answer for the current initialisation
 
 
-def initialize() -> None:
+def initialize(context: int = 0) -> None:
     """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`.
 
     The first user holds CUPTI's callback subscriber until the last one leaves (:func:`witness`). A later user
     trusts the initialisation only once CUPTI is found to still know that subscriber: where another client of the
     process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first and CUPTI's profiler is
-    initialised afresh (:func:`gpuscope.cupti.callbacks.known`)."""
+    initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a ``cuptiFinalize`` CUPTI refuses that
+    (``NOT_INITIALIZED``) until a call names a context: it is attached again through *context* (a ``CUcontext``;
+    0: the thread's current one) and asked once more."""
     global _init_count, _witness
     from gpuscope.cupti import callbacks
 
@@ -82,13 +85,41 @@ def initialize() -> None:
         first = _init_count == 0
         try:
             if first:
-                _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+                _initialize_after_any_finalize(context)
                 _witness = witness
                 witness = None
             _init_count += 1
         finally:
             if witness is not None:  # not needed, or CUPTI refused: the hold ends
                 callbacks.let_go(witness)
+
+
+def _initialize_after_any_finalize(context: int) -> None:
+    """``cuptiProfilerInitialize``; where CUPTI answers ``NOT_INITIALIZED`` (right after a ``cuptiFinalize``,
+    measured on the H100 with CUPTI 13.0: gpuscope/_pc_sampling/counters.py), attach it again through *context* or
+    the thread's current one (:func:`_api.reattach`) and ask once more."""
+    from gpuscope.errors import CuptiError
+
+    try:
+        _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+        return
+    except CuptiError as exc:
+        context = context or _current_context()
+        if exc.status != CUPTI_ERROR_NOT_INITIALIZED or not context:
+            raise
+    _api.reattach(context)
+    _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+
+
+def _current_context() -> int:
+    """The calling thread's current ``CUcontext`` (0: none, or no driver)."""
+    try:
+        from cuda.bindings import driver
+
+        err, ctx = driver.cuCtxGetCurrent()
+        return int(ctx) if int(err) == 0 and ctx else 0
+    except Exception:  # no cuda-bindings, no driver: nothing to attach through
+        return 0
 
 
 def witness() -> int | None:

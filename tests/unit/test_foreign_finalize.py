@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from gpuscope._gpu import keep as _keep
-from gpuscope.cupti import callbacks, profiler
+from gpuscope.cupti import _api, callbacks, profiler
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError, cupti_error
 
 from .test_detach import cupti, keep_a_profiler  # noqa: F401 (fixture)
@@ -85,6 +85,27 @@ def test_a_kept_profiler_cupti_forgot_is_dropped_untouched_and_the_next_session_
     assert cupti.model.stale == []
     profiler.deinitialize()
     assert cupti.calls[-1] == "cuptiProfilerDeInitialize" and cupti.model.holder is None
+
+
+def test_cupti_refusing_the_profiler_right_after_the_finalize_is_attached_again_through_the_context(cupti,  # noqa: F811
+                                                                                                  monkeypatch):
+    """Right after a cuptiFinalize, CUPTI 13.0 answers cuptiProfilerInitialize NOT_INITIALIZED until a call names a
+    context (measured on the H100): the session's own context, or the thread's current one, attaches it again."""
+    keep_a_profiler()
+    cupti.model.finalize_by_another_client()
+    attached_through = []
+
+    def initialize(p):
+        if not attached_through:
+            raise cupti_error(15, "cuptiProfilerInitialize", "not initialized")
+        cupti.calls.append("cuptiProfilerInitialize")
+
+    monkeypatch.setattr(profiler._f, "cuptiProfilerInitialize", initialize)
+    monkeypatch.setattr(_api, "reattach", attached_through.append)
+    with pytest.warns(GpuscopeWarning, match=SAID):
+        profiler.initialize(0xC0)
+    assert attached_through == [0xC0] and cupti.calls[-1] == "cuptiProfilerInitialize"
+    assert profiler._init_count == 1
 
 
 @pytest.mark.parametrize("release, outcome", [(_keep.release, 1), (_keep.detach_cupti, "detached"),
