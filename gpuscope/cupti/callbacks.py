@@ -197,9 +197,12 @@ def _ours(who: str) -> bool:
 
 
 def _take(handle, callback) -> None:
+    """Hold the subscription CUPTI just granted (with _lock held), with the callbacks of what is open enabled on it:
+    watchers that outlived a subscription CUPTI forgot hear again."""
     global _generation
     _subscription[:] = [handle, callback]
     _generation += 1
+    _enable_what_is_open()
 
 
 def _subscribe() -> None:
@@ -253,7 +256,6 @@ def known() -> bool:
         _subscription.clear()
         if status == _api.CUPTI_SUCCESS:
             _take(handle, callback)
-            _enable_what_is_open()
     _api.finalized_elsewhere()
     with _lock:
         _release_if_idle()

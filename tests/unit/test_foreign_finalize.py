@@ -49,8 +49,12 @@ def test_after_a_finalize_and_another_clients_subscribe_the_next_session_is_told
     with pytest.warns(GpuscopeWarning, match=SAID), pytest.raises(ProfilerBusyError, match="torch.profiler"):
         callbacks.LaunchRecorder(lambda launch: None)
     assert callbacks._subscription == [] and cupti.model.stale == []
+    cupti.model.busy_with = None  # that client goes: the next session subscribes, and the watcher hears again
+    recorder = callbacks.LaunchRecorder(lambda launch: None)
+    assert {RESOURCE, LAUNCH} <= cupti.model.enabled
+    recorder.close()
     watcher.close()
-    assert cupti.model.stale == []
+    assert cupti.model.stale == [] and cupti.model.holder is None
 
 
 def test_a_probe_answered_not_initialized_means_cupti_was_finalized(cupti, monkeypatch):  # noqa: F811
