@@ -37,6 +37,15 @@ holds nothing of the GPU's any more (timer, :func:`release`, exit; a forked chil
 Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
 too (:func:`host_for`): they depend only on the chip and the metrics.
 
+Another CUPTI client of the process may call ``cuptiFinalize`` (torch.profiler's Kineto does at the end of a profile
+in some versions): CUPTI then forgets what is kept here. So something is kept only with a witness, CUPTI's callback
+subscriber, which gpuscope holds while the CUPTI profiler is initialised (:func:`gpuscope.cupti.profiler.witness`):
+while gpuscope holds it, Kineto's teardown, which needs it, does not finalize CUPTI, and :func:`take`, the releases
+and the next session's ``profiler.initialize`` ask CUPTI whether it still knows it before they touch anything
+(:func:`gpuscope.cupti.callbacks.known`). Where CUPTI forgot it, everything kept is dropped without a CUPTI call
+(:func:`_after_cupti_forgot`) and set up afresh, with one warning. Where another client holds the subscriber, it
+could finalize CUPTI unseen, so nothing is kept.
+
 PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cupti`, ``cuptiFinalize``; off with
 ``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
 outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
@@ -58,6 +67,7 @@ import warnings
 from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._util import launchers as _launchers
 from gpuscope._util.shield import run_shielded
+from gpuscope.cupti import _api
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
@@ -130,6 +140,7 @@ class Kept:
     config: object
     image: object  # the range profiler's counter-data image, or the PM sampler's ImagePool (with its workers)
     timer: object = None  # releases it when idle too long
+    witness: int = 0  # gpuscope.cupti.profiler.witness() when kept: CUPTI still knows it while this is held
 
 
 @dataclasses.dataclass
@@ -161,6 +172,8 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
     (a PM sampler's evaluation workers all alive: its ``usable()``), else None (whatever was kept is released first:
     CUPTI does not let an enabled profiler change its configuration). Returns only once no release is under way on
     *device*: a profiler being disabled there must not meet one being enabled."""
+    from gpuscope.cupti import callbacks as _callbacks
+
     with _lock:
         kept = _kept.pop(device, None)
         same = kept is not None and kept.key == key and kept.context_id == context_id
@@ -178,6 +191,9 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
     _wait({device})
     if kept is not None:
         _listen(device)
+    if same and not _callbacks.held(kept.witness):  # another client finalized CUPTI: the profiler is gone
+        _forget(kept)
+        return None
     return kept if same else None
 
 
@@ -198,7 +214,18 @@ def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
 
 
 def keep(device: int, kept: Kept) -> None:
-    """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`."""
+    """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`.
+
+    Released at once instead where another CUPTI client of the process holds CUPTI's subscriber
+    (:func:`gpuscope.cupti.profiler.witness` is None): it could finalize CUPTI without gpuscope seeing it."""
+    from gpuscope.cupti import profiler
+
+    kept.witness = profiler.witness()
+    if kept.witness is None:
+        with _lock:
+            _under_way.append((device, threading.get_ident()))
+        _give_back(device, kept)
+        return
     idle = seconds()
     if idle < float("inf"):
         kept.timer = threading.Timer(idle, _expire, args=(device, kept))
@@ -314,10 +341,13 @@ def kept_devices() -> list[int]:
 def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
     """Disable *kept*'s profiler, then de-initialise and let go of the context, each step tried whatever failed
     before it (a profiler that cannot be disabled is never touched again)."""
-    from gpuscope.cupti import profiler
+    from gpuscope.cupti import callbacks, profiler
 
     if kept.timer is not None:
         kept.timer.cancel()
+    if not callbacks.held(kept.witness):  # another client finalized CUPTI: its profiler is gone with it
+        _forget(kept)
+        return
     errors = []
     if alive:
         try:
@@ -347,6 +377,32 @@ def _detach(kept: Kept) -> None:
     detach = getattr(kept.profiler, "detach", None)
     if detach is not None:
         detach()
+
+
+def _forget(kept: Kept) -> None:
+    """Let go of *kept* after CUPTI forgot it: its profiler and the CUPTI profiler initialisation it held are
+    never touched again (they are gone); its context, the driver's, is let go of."""
+    if kept.timer is not None:
+        kept.timer.cancel()
+    _detach(kept)
+    try:
+        kept.context.close()
+    except Exception as exc:  # cleanup never raises
+        warnings.warn(f"gpuscope: letting go of the kept profiler's context failed: {exc}", GpuscopeWarning,
+                      stacklevel=3)
+
+
+def _after_cupti_forgot() -> None:
+    """After ``cuptiFinalize`` (gpuscope's detach, or another client's: :func:`gpuscope.cupti._api.
+    finalized_elsewhere`): drop what is kept without a CUPTI call, as CUPTI forgot it. Host objects stay: the host
+    API needs no GPU and no attached CUPTI (gpuscope's own detach drops them all the same, before it finalizes)."""
+    with _lock:
+        gone = list(_kept.items())
+        _kept.clear()
+    for _, kept in gone:
+        _forget(kept)
+    for device, _ in gone:
+        _listen(device)
 
 
 def session_open(device: int, what: str) -> None:
@@ -491,11 +547,15 @@ def detach_cupti() -> str:
     thread is waited for), host objects, the callback subscription, the module watcher (resumed after). Nothing
     happens if CUPTI is not attached, if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``) or another
     client of the process holds CUPTI's subscriber (:func:`gpuscope.cupti.callbacks.other_client`; torch.profiler's
-    Kineto keeps it from its first profile on): their state would be lost; or while gpuscope uses CUPTI for something it cannot give back (an open session, a launch recorder,
-    kernel activity records). Returns ``"detached"``, ``"not attached"`` or why it did not detach.
+    Kineto keeps it from its first profile on): their state would be lost; or while gpuscope uses CUPTI for
+    something it cannot give back (an open session, a launch recorder, kernel activity records).
+
+    ``cuptiFinalize`` is called where CUPTI's guide says it is safe, in CUPTI's callback at the exit of a driver call
+    (``cuCtxGetCurrent``) that this thread makes (:func:`gpuscope.cupti.callbacks.finalize_at_api_exit`): not while
+    another thread is in the middle of a CUDA or CUPTI call. Returns ``"detached"``, ``"not attached"`` or why it
+    did not detach.
     """
     from gpuscope._gpu import modules as _modules
-    from gpuscope.cupti import _api
 
     if not _api.attached():
         return "not attached"
@@ -507,8 +567,7 @@ def detach_cupti() -> str:
 
     other = _callbacks.other_client()  # before anything is given back: a refusal then changes nothing
     if other is not None:
-        return (f"another CUPTI client of this process holds CUPTI's subscriber{f' ({other})' if other else ''}, "
-                "torch.profiler's Kineto for one: cuptiFinalize would wipe its state")
+        return _callbacks.other_client_refusal(other)
 
     def drop_hosts():  # host objects belong to the CUPTI that is going away
         from gpuscope._gpu import metric_lists as _lists
@@ -525,8 +584,10 @@ def detach_cupti() -> str:
         for _ in range(2):  # a session closing on another thread may keep its profiler between release and detach
             release()
             try:
-                _api.detach(prepare=drop_hosts)
+                _api.detach(prepare=drop_hosts, call_site=_callbacks.finalize_at_api_exit)
                 return "detached"
+            except _callbacks.NotFinalized as exc:
+                return str(exc)
             except RuntimeError as exc:
                 refused = exc
             if not kept_devices():
@@ -643,3 +704,4 @@ def _at_exit() -> None:
 
 os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(_at_exit)
+_api.on_detach(lambda: None, _after_cupti_forgot)

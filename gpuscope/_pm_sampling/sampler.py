@@ -230,7 +230,7 @@ class Sampler(SamplerResults):
 
             reasons = ", ".join(support.reasons()) or support.overall.name
             raise CuptiNotSupportedError(27, "cuptiProfilerDeviceSupported", "PM sampling is not supported", reasons)
-        profiler.initialize()
+        profiler.initialize(self._context.handle)
         self._initialized = True
         self.chip = profiler.chip_name(self.device)
         self.availability = _keep.retry_when_busy(self.device, lambda: pm.counter_availability(self.device),

@@ -210,7 +210,7 @@ class Profiler(UserRanges, PerLaunchModes):
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
         self.device_info = _device.device_info(self.device)
         self._context = _device.PrimaryContext(self.device)
-        profiler.initialize()
+        profiler.initialize(self._context.handle)
         try:
             if self._nvtx_filter is not None:
                 _nvtx.check_injection()

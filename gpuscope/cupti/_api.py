@@ -19,14 +19,15 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import warnings
 from ctypes import POINTER, c_char_p, c_int, c_void_p
 
 from gpuscope.cupti import _lib
 from gpuscope.cupti._types import Version
-from gpuscope.errors import CuptiNotFoundError, cupti_error
+from gpuscope.errors import CuptiNotFoundError, GpuscopeWarning, cupti_error
 
 __all__ = ["Functions", "params", "version", "library", "error_message", "observe", "attached", "detach", "on_detach",
-           "CUPTI_SUCCESS"]
+           "finalized_elsewhere", "CUPTI_SUCCESS"]
 
 CUPTI_SUCCESS = 0
 CUPTI_ERROR_NOT_READY = 13
@@ -88,36 +89,65 @@ def attached() -> bool:
 
 
 def on_detach(before, after) -> None:
-    """Register a shim module's part of :func:`detach`: ``before()`` gives its CUPTI state back (it may raise to
-    refuse: the detach then does not happen), ``after()`` forgets what CUPTI no longer has."""
+    """Register a module's part of :func:`detach`: ``before()`` gives its CUPTI state back (it may raise to
+    refuse: the detach then does not happen), ``after()`` forgets what CUPTI no longer has, without a CUPTI call
+    (it runs after another client's ``cuptiFinalize`` too: :func:`finalized_elsewhere`)."""
     _detach_hooks.append((before, after))
 
 
-def detach(prepare=None) -> None:
+def detach(prepare=None, call_site=None) -> None:
     """``cuptiFinalize``: CUPTI lets go of the process and forgets every kernel, module and subscriber it knew;
     the next CUPTI call attaches it afresh.
 
     The caller makes sure nothing holds CUPTI state (no open profiler, sampler, activity collection or launch
     listener); the shim modules' hooks give back what only they know of (the callback subscription, the
     activity buffers) and refuse with :class:`RuntimeError` if still in use. ``prepare()`` runs once every hook
-    has agreed, just before CUPTI detaches. Measured on the H100 (CUPTI 13.0): 2-28 ms.
+    has agreed, just before CUPTI detaches. ``call_site(finalize) -> status`` calls ``finalize()`` where it is safe
+    (:func:`gpuscope.cupti.callbacks.finalize_at_api_exit`: at the exit of a CUDA driver call, as CUPTI's guide
+    says) and may refuse with :class:`RuntimeError` before it (nothing was finalized); without it, ``cuptiFinalize``
+    is called here, and the caller makes sure that no other thread uses CUDA or CUPTI meanwhile. Measured on the
+    H100 (CUPTI 13.0): 2-28 ms.
     """
     global _attached
     for before, _ in _detach_hooks:
         before()
     if prepare is not None:
         prepare()
-    finalize = _cdll("cupti").cuptiFinalize
+    finalize = _cdll("cupti").cuptiFinalize  # resolved here, not in the driver's callback
     finalize.restype = c_int
-    began = time.perf_counter()
-    status = finalize()
-    if _observer is not None:
-        _observer("cuptiFinalize", time.perf_counter() - began)
+
+    def call() -> int:
+        began = time.perf_counter()
+        status = finalize()
+        if _observer is not None:
+            _observer("cuptiFinalize", time.perf_counter() - began)
+        return status
+
+    status = call() if call_site is None else call_site(call)
     for _, after in _detach_hooks:
         after()
     if status != CUPTI_SUCCESS:
         raise cupti_error(status, "cuptiFinalize", error_message(status))
     _attached = False
+
+
+#: What gpuscope says when it finds that another client of the process finalized CUPTI.
+FINALIZED_ELSEWHERE = (
+    "Another CUPTI client of this process finalized CUPTI (cuptiFinalize; torch.profiler's Kineto does at the end of "
+    "a profile in some versions), and CUPTI forgot what gpuscope had in it: its callback subscriber, the range "
+    "profiler or PM sampler kept between sessions, the CUPTI profiler's initialisation. gpuscope dropped them "
+    "without using them and sets up afresh: the next session pays the full set-up. A gpuscope session open at that "
+    "moment may have failed."
+)
+
+
+def finalized_elsewhere() -> None:
+    """Another client of the process called ``cuptiFinalize`` (found by :func:`gpuscope.cupti.callbacks.known`):
+    every module forgets what CUPTI forgot without calling CUPTI with it (the ``after`` hooks of :func:`on_detach`),
+    and it is said once, as a :class:`~gpuscope.errors.GpuscopeWarning`."""
+    for _, after in _detach_hooks:
+        after()
+    warnings.warn(FINALIZED_ELSEWHERE, GpuscopeWarning, stacklevel=3)
 
 
 def reattach(context: int) -> None:

@@ -1,8 +1,17 @@
-"""CUPTI Callback API (cupti_callbacks.h) for kernel launches: names, grid, block and context of each launch.
+"""CUPTI Callback API (cupti_callbacks.h): gpuscope's one CUPTI subscriber, its C callback and what it hears.
 
 :class:`LaunchRecorder` subscribes to the driver's launch entry points (``cuLaunchKernel``,
 ``cuLaunchKernelEx``, ``cuLaunchCooperativeKernel`` and their per-thread-stream variants) and calls back on
 entry and exit of each, on the launching thread. CUPTI allows one subscriber per process.
+
+The subscriber also serves CUPTI's detach and tells gpuscope whether CUPTI still knows it:
+
+* :func:`finalize_at_api_exit` calls ``cuptiFinalize`` where CUPTI's guide says it is safe, in the exit callback
+  of a driver call (``cuCtxGetCurrent``) that the detaching thread makes, as torch's Kineto does
+  (pytorch/kineto#686);
+* :func:`hold` keeps the subscriber while the CUPTI profiler is initialised (:mod:`gpuscope.cupti.profiler`), and
+  :func:`known` asks CUPTI whether it still knows it: a ``cuptiFinalize`` by another client of the process makes
+  CUPTI forget every subscriber, and what gpuscope kept in CUPTI with it.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ __all__ = ["Launch", "LaunchRecorder", "ModuleWatcher"]
 
 CUPTI_CB_DOMAIN_DRIVER_API = 1
 CUPTI_API_ENTER, CUPTI_API_EXIT = 0, 1
+CUPTI_ERROR_NOT_INITIALIZED = 15
+CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
 
 # CUpti_driver_api_trace_cbid values (cupti_driver_cbid.h; values never change)
 CBID_cuLaunchKernel = 307
@@ -33,6 +44,9 @@ CBID_cuLaunchKernelEx_ptsz = 653
 _CLASSIC = (CBID_cuLaunchKernel, CBID_cuLaunchKernel_ptsz, CBID_cuLaunchCooperativeKernel,
             CBID_cuLaunchCooperativeKernel_ptsz)
 _EX = (CBID_cuLaunchKernelEx, CBID_cuLaunchKernelEx_ptsz)
+#: The driver call at whose exit gpuscope finalizes CUPTI: it reads the calling thread's current context, needs
+#: none, waits for nothing and makes no GPU work.
+CBID_cuCtxGetCurrent = 304
 CBID_cuGraphLaunch = 514
 CBID_cuGraphLaunch_ptsz = 515
 GRAPH_CBIDS = (CBID_cuGraphLaunch, CBID_cuGraphLaunch_ptsz)
@@ -104,6 +118,12 @@ OTHER_CLIENT_HELP = (
 )
 
 
+def other_client_refusal(who: str) -> str:
+    """Why CUPTI is not detached while another client holds its subscriber (*who*: its name, or "")."""
+    return (f"another CUPTI client of this process holds CUPTI's subscriber{f' ({who})' if who else ''}, "
+            "torch.profiler's Kineto for one: cuptiFinalize would wipe its state")
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch seen by the driver, at the entry of the launch call: symbol, grid, block, context."""
@@ -119,11 +139,16 @@ CUPTI_CBID_RESOURCE_MODULE_LOADED = 6  # CUpti_CallbackIdResource (cupti_callbac
 CUPTI_CB_DOMAIN_NVTX = 5  # CUpti_CallbackDomain (cupti_callbacks.h)
 
 _lock = threading.Lock()
-_subscription: list = []  # [handle, callback]: one CUPTI subscriber for the life of the process
+_subscription: list = []  # [handle, callback]: gpuscope's CUPTI subscriber while it holds one
+_generation = 0  # counts gpuscope's subscriptions and CUPTI's finalizes: a witness (hold) names the one it was taken in
+_holds = 0  # users of the CUPTI profiler holding the subscriber (hold): it is not given back while any do
 _module_watchers: tuple = ()  # the open ModuleWatchers
 _nvtx_watchers: tuple = ()  # the open NvtxWatchers (gpuscope.cupti.nvtx)
+_nvtx_cbids: tuple = ()  # the NVTX callbacks they have enabled
 _listening: tuple = ()  # the open, unpaused LaunchRecorders (a Profiler session and a pc_sample block may both be)
 _open: set = set()  # every open LaunchRecorder, paused or not
+_exit_call = None  # the _ExitCall of a detach under way: the call at whose exit CUPTI is finalized
+_retired: list = []  # C callbacks CUPTI held: never freed (CUPTI may still call one)
 
 
 def _dispatch(userdata, domain, cbid, address):
@@ -135,12 +160,17 @@ def _dispatch(userdata, domain, cbid, address):
         for watcher in _nvtx_watchers:
             watcher._on_callback(cbid, address)
         return
+    if domain == CUPTI_CB_DOMAIN_DRIVER_API and cbid == CBID_cuCtxGetCurrent:
+        call = _exit_call
+        if call is not None:
+            call.on_callback(address)
+        return
     for recorder in _listening:
         recorder._on_callback(cbid, address)
 
 
 def _try_subscribe() -> tuple[int, str, int, object]:
-    """``cuptiSubscribe_v2`` (``cuptiSubscribe`` before CUPTI 13.0): (status, the incumbent's name where CUPTI gives
+    """``cuptiSubscribe_v2`` (``cuptiSubscribe`` before CUPTI 13.0): (status, the incumbent's name as CUPTI gives
     it, the handle, the C callback)."""
     callback = _CALLBACK(_dispatch)
     handle = c_void_p()
@@ -150,16 +180,35 @@ def _try_subscribe() -> tuple[int, str, int, object]:
         p = _SubscriberParams(ctypes.sizeof(_SubscriberParams), b"gpuscope", ctypes.addressof(old), len(old))
         status = _f.cuptiSubscribe_v2(ctypes.byref(handle), callback, None, ctypes.byref(p))
         who = old.value.decode(errors="replace").strip()
-        if "not provided" in who:  # CUPTI's placeholder for a client that gave no name (Kineto)
-            who = ""
     else:
         status = _f.cuptiSubscribe(ctypes.byref(handle), callback, None)
     return status, who, handle.value, callback
 
 
+def _named(who: str) -> str:
+    """The incumbent's name for messages: "" for CUPTI's placeholder of a client that gave none (Kineto)."""
+    return "" if "not provided" in who else who
+
+
+def _ours(who: str) -> bool:
+    """Whether CUPTI's refusal names gpuscope's subscriber ("CUPTI for gpuscope"); before CUPTI 13.0 a refusal
+    names no one and is taken as gpuscope's."""
+    return not who or ("gpuscope" in who and "not provided" not in who)
+
+
+def _take(handle, callback) -> None:
+    """Hold the subscription CUPTI just granted (with _lock held), with the callbacks of what is open enabled on it:
+    watchers that outlived a subscription CUPTI forgot hear again."""
+    global _generation
+    _subscription[:] = [handle, callback]
+    _generation += 1
+    _enable_what_is_open()
+
+
 def _subscribe() -> None:
     """``cuptiSubscribe`` while gpuscope listens (with _lock held): CUPTI allows one subscriber per process, so
-    gpuscope holds it only while a recorder or watcher is open (:func:`_release_if_idle`).
+    gpuscope holds it only while a recorder or watcher is open or the CUPTI profiler is initialised
+    (:func:`_release_if_idle`).
 
     Raises
     ------
@@ -172,18 +221,96 @@ def _subscribe() -> None:
 
     status, who, handle, callback = _try_subscribe()
     if status:
+        who = _named(who)
         raise cupti_error(status, "cuptiSubscribe", _api.error_message(status),
                           OTHER_CLIENT_HELP.format(who=f" ({who})" if who else ""))
-    _subscription[:] = [handle, callback]
+    _take(handle, callback)
+
+
+def known() -> bool:
+    """Whether CUPTI still knows the subscriber that gpuscope holds (True where it holds none, or CUPTI cannot say).
+
+    Asked by subscribing once more: CUPTI allows one subscriber, so while it knows gpuscope's it refuses and names
+    gpuscope. A subscription granted, a refusal that names another client, or ``NOT_INITIALIZED`` mean that another
+    CUPTI client of the process called ``cuptiFinalize`` since (torch.profiler's Kineto does at the end of a profile
+    in some versions), and CUPTI forgot gpuscope's subscriber with everything else of gpuscope's. Then gpuscope drops
+    the handle without calling CUPTI with it, keeps a subscription just granted for what it has open (their callbacks
+    enabled on it), and forgets the rest too (:func:`_api.finalized_elsewhere`: one :class:`GpuscopeWarning`).
+    """
+    from gpuscope.errors import CuptiError, GpuscopeError
+
+    with _lock:
+        if not _subscription:
+            return True
+        try:
+            status, who, handle, callback = _try_subscribe()
+        except CuptiError as exc:
+            if exc.status != CUPTI_ERROR_NOT_INITIALIZED:  # CUPTI cannot say (no GPU, a broken install)
+                return True
+            status, who = exc.status, ""
+        except GpuscopeError:
+            return True
+        if status == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED and _ours(who):
+            return True
+        _retired.append(_subscription[1])  # the handle is CUPTI's no more: never used again
+        _subscription.clear()
+        if status == _api.CUPTI_SUCCESS:
+            _take(handle, callback)
+    _api.finalized_elsewhere()
+    with _lock:
+        _release_if_idle()
+    return False
+
+
+def hold() -> int | None:
+    """Hold CUPTI's subscriber for a user of the CUPTI profiler (:func:`gpuscope.cupti.profiler.initialize`) until
+    :func:`let_go`: while gpuscope holds it, another client's teardown that needs it cannot finalize CUPTI, and one
+    that does not is seen (:func:`held`). Returns the witness: the subscription's generation; None where another
+    CUPTI client of the process holds the subscriber (it may finalize CUPTI unseen: nothing should be kept
+    between sessions); 0 where CUPTI cannot say (no GPU)."""
+    global _holds
+    from gpuscope.errors import CuptiError, GpuscopeError
+
+    known()
+    with _lock:
+        try:
+            _subscribe()
+        except CuptiError as exc:
+            return None if exc.status == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED else 0
+        except GpuscopeError:
+            return 0
+        _holds += 1
+        return _generation
+
+
+def held(witness: int | None) -> bool:
+    """Whether CUPTI still knows the subscription of *witness* (:func:`hold`): no ``cuptiFinalize`` since it was
+    taken. True for a witness that vouches for nothing (0, None). Where another client finalized CUPTI, everything
+    gpuscope had in CUPTI is forgotten first (:func:`known`)."""
+    if not witness:
+        return True
+    known()
+    with _lock:
+        return bool(_subscription) and _generation == witness
+
+
+def let_go(witness: int | None) -> None:
+    """End a :func:`hold`; the subscriber is given back once nothing of gpuscope's needs it."""
+    global _holds
+    with _lock:
+        if witness and witness == _generation and _holds:
+            _holds -= 1
+            _release_if_idle()
 
 
 def other_client() -> str | None:
     """Whether another CUPTI client of this process (torch.profiler's Kineto keeps it from its first profile on)
     holds CUPTI's one callback subscriber: its name where CUPTI gives it, ``""`` where not, None where none does.
-    Asks by subscribing and, where that succeeds, unsubscribing at once; no CUPTI call while gpuscope holds the
-    subscriber itself (then no one else does)."""
+    Asks by subscribing and, where that succeeds, unsubscribing at once; while gpuscope holds the subscriber, it
+    only makes sure that CUPTI still knows it (:func:`known`)."""
     from gpuscope.errors import CuptiError
 
+    known()
     with _lock:
         if _subscription:
             return None
@@ -192,7 +319,7 @@ def other_client() -> str | None:
         except CuptiError:  # CUPTI cannot say (no GPU, a broken install): nothing known of another client
             return None
         if status:
-            return who
+            return _named(who)
         _unsubscribe(handle, callback)
         return None
 
@@ -204,9 +331,10 @@ def _unsubscribe(handle, callback) -> None:
 
 
 def _release_if_idle() -> None:
-    """Give CUPTI's subscriber back when nothing of gpuscope listens (with _lock held), so that another CUPTI client
+    """Give CUPTI's subscriber back when nothing of gpuscope needs it (with _lock held), so that another CUPTI client
     of the process (torch.profiler) can subscribe between gpuscope's sessions."""
-    if _subscription and not _listening and not _open and not _module_watchers and not _nvtx_watchers:
+    if (_subscription and not _listening and not _open and not _module_watchers and not _nvtx_watchers
+            and not _holds):
         handle, callback = _subscription
         _subscription.clear()
         try:
@@ -231,17 +359,34 @@ def _listen(recorder, on: bool) -> None:
 
 
 def _enable(flag: int) -> None:
+    if not _subscription:  # CUPTI forgot it (another client finalized CUPTI): nothing is enabled
+        return
     for cbid in LAUNCH_CBIDS:
         _f.cuptiEnableCallback(flag, _subscription[0], CUPTI_CB_DOMAIN_DRIVER_API, cbid)
 
 
+def _enable_what_is_open() -> None:
+    """Enable, on a subscription CUPTI just granted, the callbacks of what gpuscope has open (with _lock held)."""
+    wanted = [(CUPTI_CB_DOMAIN_DRIVER_API, cbid) for cbid in LAUNCH_CBIDS if _listening]
+    wanted += [(CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED)] if _module_watchers else []
+    wanted += [(CUPTI_CB_DOMAIN_NVTX, cbid) for cbid in _nvtx_cbids if _nvtx_watchers]
+    for domain, cbid in wanted:
+        try:
+            _f.cuptiEnableCallback(1, _subscription[0], domain, cbid)
+        except Exception as exc:
+            warnings.warn(f"cuptiEnableCallback(1, domain {domain}, {cbid}) failed: {exc}", GpuscopeWarning,
+                          stacklevel=4)
+
+
 def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
-    global _listening, _lock, _module_watchers, _nvtx_watchers
+    global _listening, _lock, _module_watchers, _nvtx_watchers, _holds, _exit_call
     _lock = threading.Lock()
     _listening = ()
     _module_watchers = _nvtx_watchers = ()
     _open.clear()
     _subscription.clear()
+    _holds = 0
+    _exit_call = None
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -257,13 +402,111 @@ def _before_detach() -> None:
             raise RuntimeError(f"{len(_open)} launch recorder(s) (a gpuscope.Profiler session in kernel, iteration "
                                f"or auto mode, or a pc_sample block) and {len(_module_watchers)} module watcher(s) "
                                f"are open{nvtx}")
-        if _subscription:
+        if _subscription and not _holds:  # what holds it holds the CUPTI profiler initialised: that hook refuses
             _unsubscribe(*_subscription)
             _subscription.clear()
 
 
-_retired: list = []
-_api.on_detach(_before_detach, lambda: None)
+def _after_detach() -> None:
+    """CUPTI forgot every subscriber (a detach, or another client's ``cuptiFinalize``): no witness taken before
+    holds any more."""
+    global _generation, _holds
+    with _lock:
+        _generation += 1
+        _holds = 0
+
+
+_api.on_detach(_before_detach, _after_detach)
+
+
+class NotFinalized(RuntimeError):
+    """:func:`finalize_at_api_exit` did not call ``cuptiFinalize``; the text says why."""
+
+
+class _ExitCall:
+    """The driver call of a detaching thread, at whose exit callback CUPTI is finalized; nothing else's."""
+
+    def __init__(self, handle, finalize):
+        self.thread = threading.get_ident()
+        self.handle, self.finalize = handle, finalize
+        self.done = False
+        self.unsubscribed = False
+        self.status = None  # cuptiFinalize's
+        self.error = None  # what the callback raised: raised again on the detaching thread
+
+    def on_callback(self, address) -> None:
+        if self.done or threading.get_ident() != self.thread:  # another thread's call of the same function
+            return
+        if CUpti_CallbackData.from_address(address).callbackSite != CUPTI_API_EXIT:
+            return
+        self.done = True
+        try:
+            # unsubscribed first, as Kineto does: no callback of gpuscope's (which needs the GIL) starts on another
+            # thread while cuptiFinalize holds every thread of the process back
+            _f.cuptiUnsubscribe(self.handle)
+            self.unsubscribed = True
+            self.status = self.finalize()
+        except BaseException as exc:  # never raise into the driver
+            self.error = exc
+
+
+def finalize_at_api_exit(finalize) -> int:
+    """Call *finalize* (``cuptiFinalize``) where CUPTI's guide says it is safe: in CUPTI's callback at the exit of a
+    driver call, ``cuCtxGetCurrent``, made on this thread. A subscriber of its own enables that one callback; the
+    callback acts only at the exit of this thread's own call (another thread's call of the same function at the same
+    moment finalizes nothing), unsubscribes, then finalizes. Returns *finalize*'s status; what it raised is raised
+    here.
+
+    Raises
+    ------
+    NotFinalized
+        Nothing was finalized: another CUPTI client holds the subscriber, or CUPTI did not call back at the call's
+        exit. The subscriber is given back.
+    """
+    global _exit_call
+    with _lock:
+        if _subscription or _exit_call is not None:
+            raise NotFinalized("gpuscope's CUPTI subscriber is in use (another detach under way, or a session "
+                               "started meanwhile)")
+        status, who, handle, callback = _try_subscribe()
+        if status:
+            raise NotFinalized(other_client_refusal(_named(who)))
+        _retired.append(callback)  # CUPTI forgets the subscriber at the finalize: the C callback is never freed
+        try:
+            _f.cuptiEnableCallback(1, handle, CUPTI_CB_DOMAIN_DRIVER_API, CBID_cuCtxGetCurrent)
+        except BaseException:
+            _f.cuptiUnsubscribe(handle)
+            raise
+        call = _exit_call = _ExitCall(handle, finalize)
+    try:
+        _call_the_driver()
+    finally:
+        with _lock:
+            _exit_call = None
+        if not call.unsubscribed:  # no callback, or the unsubscribe failed in it: CUPTI may still hold it
+            _give_back_quietly(handle)
+    if call.error is not None:
+        raise call.error
+    if not call.done:
+        raise NotFinalized("CUPTI did not call back at the exit of cuCtxGetCurrent, so cuptiFinalize was not called")
+    return call.status
+
+
+def _give_back_quietly(handle) -> None:
+    for step, args in (("cuptiEnableCallback", (0, handle, CUPTI_CB_DOMAIN_DRIVER_API, CBID_cuCtxGetCurrent)),
+                       ("cuptiUnsubscribe", (handle,))):
+        try:
+            getattr(_f, step)(*args)
+        except Exception as exc:  # cleanup never raises
+            warnings.warn(f"{step} failed: {exc}", GpuscopeWarning, stacklevel=3)
+
+
+def _call_the_driver() -> None:
+    """``cuCtxGetCurrent`` on this thread, through cuda.bindings (``cuInit`` first: nothing once the driver is up)."""
+    from cuda.bindings import driver
+
+    driver.cuInit(0)
+    driver.cuCtxGetCurrent()
 
 
 class LaunchRecorder:
@@ -302,6 +545,7 @@ class LaunchRecorder:
         self._pending = threading.local()
         self.graph_launches = 0  # cuGraphLaunch calls heard (a graph's kernels are not launches of their own)
         self.graph_correlations: set[int] = set()  # their correlation IDs, which their kernels' records carry
+        known()  # a subscriber CUPTI forgot is never used
         with _lock:
             _subscribe()
             _listen(self, True)
@@ -357,6 +601,7 @@ class LaunchRecorder:
         if not self._open:
             return
         self._open = False
+        known()
         with _lock:
             _open.discard(self)
             try:
@@ -396,6 +641,7 @@ class ModuleWatcher:
     def __init__(self, on_loaded):
         global _module_watchers
         self._on_loaded = on_loaded
+        known()  # a subscriber CUPTI forgot is never used
         with _lock:
             _subscribe()
             if not _module_watchers:
@@ -420,6 +666,7 @@ class ModuleWatcher:
         if not self._open:
             return
         self._open = False
+        known()
         with _lock:
             _module_watchers = tuple(w for w in _module_watchers if w is not self)
             if not _module_watchers and _subscription:
@@ -440,10 +687,12 @@ def add_nvtx_watcher(watcher, cbids) -> None:
     ProfilerBusyError
         Another CUPTI callback subscriber exists in this process (CUPTI allows one); nothing is left enabled.
     """
-    global _nvtx_watchers
+    global _nvtx_watchers, _nvtx_cbids
+    known()  # a subscriber CUPTI forgot is never used
     with _lock:
         _subscribe()
         if not _nvtx_watchers:
+            _nvtx_cbids = tuple(cbids)
             try:
                 for cbid in cbids:
                     _f.cuptiEnableCallback(1, _subscription[0], CUPTI_CB_DOMAIN_NVTX, cbid)
@@ -458,6 +707,7 @@ def remove_nvtx_watcher(watcher, cbids) -> None:
     """Stop handing NVTX callbacks to *watcher*; disabled when no NVTX watcher is left (cleanup trouble is a
     warning)."""
     global _nvtx_watchers
+    known()
     with _lock:
         _nvtx_watchers = tuple(w for w in _nvtx_watchers if w is not watcher)
         if not _nvtx_watchers and _subscription:

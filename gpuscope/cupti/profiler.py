@@ -53,18 +53,80 @@ _pm = Functions(
 )
 
 # cuptiProfilerInitialize is process-wide; count users so that one client's deinitialize does not pull the
-# rug from another (a range profiler and a PM sampler may be open together).
+# rug from another (a range profiler and a PM sampler may be open together). A kept range profiler or PM sampler
+# (gpuscope._gpu.keep) is a user too, so the count is what a cuptiFinalize would wipe: while it is above 0 gpuscope
+# holds CUPTI's subscriber as its witness (callbacks.hold), and checks it before trusting the initialisation again.
 _init_lock = threading.Lock()
 _init_count = 0
+CUPTI_ERROR_NOT_INITIALIZED = 15
+_witness = None  # callbacks.hold()'s answer for the current initialisation
 
 
-def initialize() -> None:
-    """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`."""
-    global _init_count
+def initialize(context: int = 0) -> None:
+    """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`.
+
+    The first user holds CUPTI's callback subscriber until the last one leaves (:func:`witness`). A later user
+    trusts the initialisation only once CUPTI is found to still know that subscriber: where another client of the
+    process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first and CUPTI's profiler is
+    initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a ``cuptiFinalize`` CUPTI refuses that
+    (``NOT_INITIALIZED``) until a call names a context: it is attached again through *context* (a ``CUcontext``;
+    0: the thread's current one) and asked once more."""
+    global _init_count, _witness
+    from gpuscope.cupti import callbacks
+
+    if _init_count:
+        callbacks.held(_witness)  # another client's cuptiFinalize since resets the count (_after_detach)
     with _init_lock:
-        if _init_count == 0:
-            _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
-        _init_count += 1
+        if _init_count:
+            _init_count += 1
+            return
+    witness = callbacks.hold()  # outside the lock: it may find a finalize and reset this module
+    with _init_lock:
+        first = _init_count == 0
+        try:
+            if first:
+                _initialize_after_any_finalize(context)
+                _witness = witness
+                witness = None
+            _init_count += 1
+        finally:
+            if witness is not None:  # not needed, or CUPTI refused: the hold ends
+                callbacks.let_go(witness)
+
+
+def _initialize_after_any_finalize(context: int) -> None:
+    """``cuptiProfilerInitialize``; where CUPTI answers ``NOT_INITIALIZED`` (right after a ``cuptiFinalize``,
+    measured on the H100 with CUPTI 13.0: gpuscope/_pc_sampling/counters.py), attach it again through *context* or
+    the thread's current one (:func:`_api.reattach`) and ask once more."""
+    from gpuscope.errors import CuptiError
+
+    try:
+        _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+        return
+    except CuptiError as exc:
+        context = context or _current_context()
+        if exc.status != CUPTI_ERROR_NOT_INITIALIZED or not context:
+            raise
+    _api.reattach(context)
+    _f.cuptiProfilerInitialize(params(T.CUpti_Profiler_Initialize_Params))
+
+
+def _current_context() -> int:
+    """The calling thread's current ``CUcontext`` (0: none, or no driver)."""
+    try:
+        from cuda.bindings import driver
+
+        err, ctx = driver.cuCtxGetCurrent()
+        return int(ctx) if int(err) == 0 and ctx else 0
+    except Exception:  # no cuda-bindings, no driver: nothing to attach through
+        return 0
+
+
+def witness() -> int | None:
+    """What vouches that CUPTI was not finalized since its profiler was initialised (:func:`gpuscope.cupti.callbacks.
+    hold`): the generation of gpuscope's subscription; None where another CUPTI client holds the subscriber (it may
+    finalize CUPTI unseen); 0 where nothing can (CUPTI cannot say, or nothing is initialised)."""
+    return _witness if _init_count else 0
 
 
 def _before_detach() -> None:
@@ -74,17 +136,39 @@ def _before_detach() -> None:
 
 
 def deinitialize() -> None:
-    """Release one :func:`initialize`; the last one calls ``cuptiProfilerDeInitialize``."""
-    global _init_count
+    """Release one :func:`initialize`; the last one calls ``cuptiProfilerDeInitialize`` and lets go of the
+    subscriber."""
+    global _init_count, _witness
+    from gpuscope.cupti import callbacks
+
     with _init_lock:
         if _init_count == 0:
             return
         _init_count -= 1
-        if _init_count == 0:
+        if _init_count:
+            return
+        last, _witness = _witness, None
+        try:
             _f.cuptiProfilerDeInitialize(params(T.CUpti_Profiler_DeInitialize_Params))
+        finally:
+            callbacks.let_go(last)
 
 
-_api.on_detach(_before_detach, lambda: None)
+def _after_detach() -> None:
+    """CUPTI forgot its profiler initialisation (a detach, or another client's cuptiFinalize): no user holds one."""
+    global _init_count, _witness
+    with _init_lock:
+        _init_count, _witness = 0, None
+
+
+def _forget_in_child() -> None:  # a forked child has no CUPTI profiler of its own
+    global _init_lock, _init_count, _witness
+    _init_lock = threading.Lock()
+    _init_count, _witness = 0, None
+
+
+_api.on_detach(_before_detach, _after_detach)
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def chip_name(device_index: int) -> str:

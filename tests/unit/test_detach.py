@@ -1,7 +1,10 @@
-"""Detaching CUPTI before PC sampling (gpuscope._gpu.keep.detach_cupti, gpuscope.cupti._api.detach), without a GPU:
-CUPTI's cuptiFinalize, cuptiProfilerInitialize and cuptiProfilerDeInitialize are replaced by a recorder; the CUPTI
-profiler's reference count, the keeper and the callback bookkeeping are gpuscope's own."""
+"""Detaching CUPTI before PC sampling (gpuscope._gpu.keep.detach_cupti, gpuscope.cupti._api.detach), and another
+CUPTI client's cuptiFinalize seen before gpuscope reuses what CUPTI forgot, without a GPU: CUPTI's callback API, its
+cuptiFinalize and the driver call at whose exit gpuscope finalizes are a model of them (tests/unit/test_subscriber.py
+FakeCupti); cuptiProfilerInitialize and cuptiProfilerDeInitialize are replaced by a recorder; the CUPTI profiler's
+reference count, the keeper and the callback bookkeeping are gpuscope's own."""
 
+import ctypes
 import threading
 import warnings
 
@@ -12,16 +15,26 @@ from gpuscope._gpu import modules as _modules
 from gpuscope.cupti import _api, activity, callbacks, profiler
 
 from .test_keep import FakeContext, FakeProfiler
+from .test_subscriber import FakeCupti
 
 
-class FakeCupti:
-    def __init__(self, status=0):
+class Finalize:
+    """What CUPTI was asked to do that the tests follow: cuptiFinalize (through the callback model, which forgets its
+    subscribers), cuptiProfilerInitialize and cuptiProfilerDeInitialize, in order."""
+
+    def __init__(self, model):
         self.calls = []
-        self.status = status
+        self.status = 0
+        self.model = model
+        self.threads = []  # the thread each cuptiFinalize ran on
+        self.sites = []  # and the callback site it was called from (None: outside any callback)
 
-        def finalize():
+        def finalize():  # a function, as ctypes gives: gpuscope sets its restype
             self.calls.append("cuptiFinalize")
-            return self.status
+            self.threads.append(threading.get_ident())
+            self.sites.append(model.site)
+            model.finalize_status = self.status
+            return model.cuptiFinalize()
 
         self.cuptiFinalize = finalize
 
@@ -36,19 +49,20 @@ class FakeHost:
 
 @pytest.fixture
 def cupti(monkeypatch):
-    fake = FakeCupti()
+    model = FakeCupti()  # no other CUPTI client holds the subscriber (tests below change that)
+    fake = Finalize(model)
     monkeypatch.setattr(_api, "_cdll", lambda which: fake)
     monkeypatch.setattr(_api, "_attached", True)
     monkeypatch.delenv(_keep.DETACH_ENV, raising=False)  # on by default
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    monkeypatch.setattr(callbacks, "_f", model)
+    monkeypatch.setattr(callbacks, "_call_the_driver", model.cuCtxGetCurrent)
     monkeypatch.setattr(callbacks, "_subscription", [])
     monkeypatch.setattr(callbacks, "_open", set())
     monkeypatch.setattr(callbacks, "_listening", ())
     monkeypatch.setattr(callbacks, "_module_watchers", ())
-    free = Subscriber()  # no other CUPTI client holds the subscriber (tests below change that)
-    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
-    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", free.subscribe)
-    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", free.unsubscribe)
+    monkeypatch.setattr(callbacks, "_nvtx_watchers", ())
+    monkeypatch.setattr(callbacks, "_holds", 0)
     monkeypatch.setattr(activity, "_registered", [])
     monkeypatch.setattr(activity, "_sinks", ())
     monkeypatch.setattr(_modules, "_watcher", None)
@@ -58,6 +72,7 @@ def cupti(monkeypatch):
     monkeypatch.setattr(_keep, "_start_listener", lambda device: None)  # no rendezvous (tests/unit/test_keep.py)
     monkeypatch.setenv("GPUSCOPE_KEEP", "inf")  # no idle timer unless a test asks for one
     monkeypatch.setattr(profiler, "_init_count", 0)
+    monkeypatch.setattr(profiler, "_witness", None)
     monkeypatch.setattr(profiler, "params", lambda cls, **fields: None)
     for name in ("cuptiProfilerInitialize", "cuptiProfilerDeInitialize"):
         monkeypatch.setattr(profiler._f, name, lambda p, name=name: fake.calls.append(name))
@@ -91,19 +106,27 @@ def _host():
     return host, _keep.HostSetup(host=host, config=None, passes=1, properties={})
 
 
+def subscribed(cupti, monkeypatch, handle=0xABC) -> object:
+    """gpuscope holding CUPTI's subscriber *handle*, which CUPTI knows; its C callback."""
+    callback = object()
+    cupti.model.holder = (handle, callback)
+    monkeypatch.setattr(callbacks, "_subscription", [handle, callback])
+    return callback
+
+
 def test_detach_finalizes_and_forgets_hosts_and_subscription(cupti, monkeypatch):
-    unsubscribed = []
-    monkeypatch.setattr(callbacks, "_subscription", [0xABC, object()])
-    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", lambda handle: unsubscribed.append(handle))
+    callback = subscribed(cupti, monkeypatch)
     monkeypatch.setattr(activity, "_registered", ["requested", "completed"])
     monkeypatch.setattr(activity._f, "cuptiActivityFlushAll", lambda flag: 0)
     host, setup = _host()
     _keep._hosts[(0, "GH100", ("m",))] = setup
     assert _keep.detach_cupti() == "detached"
     assert cupti.calls == ["cuptiFinalize"]
-    assert unsubscribed == [0xABC] and callbacks._subscription == [] and activity._registered == []
+    unsubscribed = [c[1] for c in cupti.model.calls if c[0] == "unsubscribe"]
+    assert unsubscribed == [0xABC, 0x5EB]  # gpuscope's, then the one the finalize's own call was heard on
+    assert callbacks._subscription == [] and callback in callbacks._retired and activity._registered == []
     assert host.closed == 1 and _keep._hosts == {}
-    assert not _api.attached()
+    assert not _api.attached() and cupti.model.stale == []
     assert _keep.detach_cupti() == "not attached" and cupti.calls == ["cuptiFinalize"]
 
 
@@ -117,6 +140,7 @@ def test_an_open_session_refuses_and_nothing_is_dropped(cupti, monkeypatch):
         "gpuscope.Profiler or gpuscope.sample session not yet closed")
     assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
     assert _keep.kept_devices() == [] and profiler._init_count == 1
+    assert callbacks._subscription and cupti.model.holder is not None  # the open session's witness stays held
 
 
 def test_a_kept_profiler_is_released_and_never_counted_as_an_open_session(cupti):
@@ -190,7 +214,7 @@ def test_a_paused_launch_recorder_refuses(cupti, monkeypatch):
     """An iteration-mode session between iterations has paused its recorder: it resumes on the subscription a
     detach would have dropped. It used to pass the check (only listening recorders counted)."""
     monkeypatch.setattr(callbacks, "_open", {object()})
-    monkeypatch.setattr(callbacks, "_subscription", [0xABC, object()])
+    subscribed(cupti, monkeypatch)
     assert _keep.detach_cupti() == (
         "gpuscope is using CUPTI: 1 launch recorder(s) (a gpuscope.Profiler session in kernel, iteration or auto "
         "mode, or a pc_sample block) and 0 module watcher(s) are open")
@@ -261,48 +285,111 @@ def test_every_cupti_call_marks_cupti_attached(monkeypatch):
     assert _api.attached()
 
 
-class Subscriber:
-    """CUPTI's one callback subscriber: cuptiSubscribe_v2 refused while *holder* holds it."""
-
-    def __init__(self, holder=None):
-        self.holder, self.calls = holder, []
-
-    def subscribe(self, handle, callback, userdata, params):
-        import ctypes
-
-        self.calls.append("cuptiSubscribe_v2")
-        if self.holder is None:
-            return 0
-        p = ctypes.cast(params, ctypes.POINTER(callbacks._SubscriberParams)).contents
-        ctypes.memmove(p.oldSubscriberName, self.holder.encode() + b"\0", len(self.holder) + 1)
-        return 39  # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
-
-    def unsubscribe(self, handle):
-        self.calls.append("cuptiUnsubscribe")
-        return 0
-
-
-@pytest.mark.parametrize("holder, said", [("kineto", "(kineto)"), ("not provided", "subscriber, ")])
-def test_another_cupti_client_of_the_process_stops_the_detach_before_anything_is_given_back(cupti, monkeypatch,
-                                                                                           holder, said):
+@pytest.mark.parametrize("holder, said", [(b"kineto", "(kineto)"), (b"not provided", "subscriber, ")])
+def test_another_cupti_client_of_the_process_stops_the_detach_before_anything_is_given_back(cupti, holder, said):
     """torch.profiler's Kineto keeps CUPTI's subscriber: cuptiFinalize would wipe its subscriber and activity buffers
-    (issue 36 item 5). The refusal comes before gpuscope gives anything back."""
-    sub = Subscriber(holder)
-    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
-    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", sub.subscribe)
-    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", sub.unsubscribe)
-    kept = keep_a_profiler()
+    (issue 36 item 5). The refusal comes before gpuscope gives anything back (host objects, the module watcher)."""
+    cupti.model.busy_with = holder
+    host, setup = _host()
+    _keep._hosts[(0, "GH100", ("m",))] = setup
     text = _keep.detach_cupti()
     assert text.startswith("another CUPTI client of this process holds CUPTI's subscriber") and said in text
     assert "cuptiFinalize" not in cupti.calls and _api.attached()
-    assert sub.calls == ["cuptiSubscribe_v2"] and kept.profiler.closed == 0  # nothing given back for nothing
+    assert cupti.model.calls == ["subscribe refused"] and host.closed == 0 and len(_keep._hosts) == 1
 
 
-def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti, monkeypatch):
-    sub = Subscriber()
-    monkeypatch.setattr(callbacks._f, "has", lambda name: name == "cuptiSubscribe_v2")
-    monkeypatch.setattr(callbacks._f, "cuptiSubscribe_v2", sub.subscribe)
-    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", sub.unsubscribe)
+def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti):
     assert _keep.detach_cupti() == "detached"
-    assert sub.calls == ["cuptiSubscribe_v2", "cuptiUnsubscribe"] and callbacks._subscription == []
+    assert cupti.model.calls[:2] == ["subscribe", ("unsubscribe", 0x5EB)] and callbacks._subscription == []
     assert cupti.calls == ["cuptiFinalize"]
+
+
+# -- cuptiFinalize at the exit of the detaching thread's own driver call (issue 36 item 5, A) ---------------------
+DRIVER, CTX_GET_CURRENT = callbacks.CUPTI_CB_DOMAIN_DRIVER_API, callbacks.CBID_cuCtxGetCurrent
+
+
+def test_cupti_is_finalized_in_the_exit_callback_of_the_detaching_threads_driver_call(cupti):
+    """CUPTI's guide: call cuptiFinalize from the exit call site of a CUDA API call, or other threads may call into
+    CUPTI in the middle of it and crash (torch's Kineto did, pytorch/kineto#686). gpuscope called it directly."""
+    assert _keep.detach_cupti() == "detached"
+    assert cupti.calls == ["cuptiFinalize"] and cupti.sites == [callbacks.CUPTI_API_EXIT]
+    assert cupti.threads == [threading.get_ident()]
+    # its own subscriber, that one callback enabled, the call; unsubscribed in the callback, then finalized
+    assert cupti.model.calls[2:] == ["subscribe", ("enable", 1, CTX_GET_CURRENT), "cuCtxGetCurrent",
+                                     ("unsubscribe", 0x5EC), "cuptiFinalize"]
+
+
+def test_only_the_detaching_threads_own_call_finalizes(cupti, monkeypatch):
+    """Another thread's cuCtxGetCurrent at the same moment, the own call's entry, and another driver callback at an
+    exit on the detaching thread finalize nothing; the own call's exit does."""
+    model = cupti.model
+    exit_data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_EXIT)
+    seen = []
+
+    def driver():
+        other = threading.Thread(target=model.cuCtxGetCurrent)
+        other.start()
+        other.join()
+        seen.append(list(cupti.calls))  # after another thread's call, entry and exit
+        model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_ENTER)
+        callbacks._dispatch(None, DRIVER, callbacks.CBID_cuLaunchKernel, ctypes.addressof(exit_data))
+        seen.append(list(cupti.calls))  # after the own call's entry and another function's exit
+        model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_EXIT)
+
+    monkeypatch.setattr(callbacks, "_call_the_driver", driver)
+    assert _keep.detach_cupti() == "detached"
+    assert seen == [[], []] and cupti.calls == ["cuptiFinalize"] and cupti.threads == [threading.get_ident()]
+
+
+def test_a_failed_finalize_in_the_callback_is_raised_by_the_detach(cupti):
+    cupti.status = 1  # CUPTI_ERROR_INVALID_PARAMETER
+    with pytest.raises(Exception, match="cuptiFinalize failed"):
+        _keep.detach_cupti()
+    assert cupti.sites == [callbacks.CUPTI_API_EXIT] and _api.attached()
+    assert cupti.model.holder is None and cupti.model.stale == [] and callbacks._exit_call is None
+
+
+def test_what_the_finalize_raises_in_the_callback_is_raised_on_the_calling_thread(cupti):
+    class Boom(Exception):
+        pass
+
+    def finalize():
+        raise Boom("in the callback")
+
+    with pytest.raises(Boom, match="in the callback"):
+        callbacks.finalize_at_api_exit(finalize)
+    assert cupti.model.holder is None and callbacks._exit_call is None  # unsubscribed before it
+
+
+def test_no_callback_at_the_calls_exit_means_no_finalize(cupti, monkeypatch):
+    """Where CUPTI does not call back, nothing is finalized (never outside a callback) and the subscriber goes
+    back."""
+    monkeypatch.setattr(callbacks, "_call_the_driver", lambda: None)
+    assert _keep.detach_cupti() == ("CUPTI did not call back at the exit of cuCtxGetCurrent, so cuptiFinalize was "
+                                    "not called")
+    assert cupti.calls == [] and _api.attached()
+    assert cupti.model.holder is None and cupti.model.enabled == set() and callbacks._subscription == []
+
+
+def test_a_client_that_subscribes_after_the_check_stops_the_finalize(cupti, monkeypatch):
+    monkeypatch.setattr(callbacks, "other_client", lambda: None)  # free when asked; Kineto subscribed since
+    cupti.model.busy_with = b"kineto"
+    assert _keep.detach_cupti() == ("another CUPTI client of this process holds CUPTI's subscriber (kineto), "
+                                    "torch.profiler's Kineto for one: cuptiFinalize would wipe its state")
+    assert cupti.calls == [] and _api.attached()
+
+
+def test_after_the_finalize_the_subscriber_state_is_reset_and_set_up_afresh(cupti):
+    profiler.initialize()  # a session's, kept with its profiler, then given back by the detach
+    keep_a_profiler()
+    profiler.deinitialize()
+    before = callbacks._generation
+    assert _keep.detach_cupti() == "detached"
+    assert callbacks._subscription == [] and callbacks._holds == 0 and callbacks._exit_call is None
+    finalizing_handle, finalizing_callback = cupti.model.subscribed[-1]
+    assert finalizing_handle == 0x5EC and finalizing_callback in callbacks._retired  # CUPTI's C callback: never freed
+    assert callbacks._generation > before
+    recorder = callbacks.LaunchRecorder(lambda launch: None)  # the next session subscribes afresh
+    assert callbacks._subscription[0] == cupti.model.holder[0] == 0x5ED
+    recorder.close()
+    assert cupti.model.stale == [] and callbacks._subscription == []

@@ -178,7 +178,7 @@ def cupti(pm_recording, monkeypatch):
     monkeypatch.setattr("gpuscope._gpu.device.device_info", lambda index: SimpleNamespace(sm_clock_khz=1_755_000))
     monkeypatch.setattr(_sampling.Sampler, "_context_device", lambda self: 0)
     monkeypatch.setattr(profiler, "device_support", lambda device, api: SimpleNamespace(supported=True))
-    monkeypatch.setattr(profiler, "initialize", lambda: None)
+    monkeypatch.setattr(profiler, "initialize", lambda *a, **k: None)
     monkeypatch.setattr(profiler, "deinitialize", lambda: fake.events.append("deinitialize"))
     monkeypatch.setattr(profiler, "chip_name", lambda device: "GH100")
     real_popen = subprocess.Popen

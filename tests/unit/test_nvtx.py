@@ -128,7 +128,7 @@ def cupti(monkeypatch):
     fake = FakeCupti()
     monkeypatch.setattr(callbacks, "_f", fake)
     for name, value in (("_subscription", []), ("_listening", ()), ("_module_watchers", ()), ("_open", set()),
-                        ("_nvtx_watchers", ())):
+                        ("_nvtx_watchers", ()), ("_holds", 0)):
         monkeypatch.setattr(callbacks, name, value)
     return fake
 

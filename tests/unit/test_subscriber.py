@@ -6,30 +6,92 @@ import ctypes
 import pytest
 
 from gpuscope.cupti import callbacks
-from gpuscope.errors import ProfilerBusyError
+from gpuscope.errors import ProfilerBusyError, cupti_error
 
 
 class FakeCupti:
+    """CUPTI's callback API as gpuscope uses it, and the driver call it hears.
+
+    One subscriber per process: a second ``cuptiSubscribe_v2`` is refused (39) and names the holder, "CUPTI for
+    gpuscope" or *busy_with* (another client). Callbacks are enabled per subscriber. ``cuptiFinalize`` (gpuscope's,
+    or another client's: :meth:`finalize_by_another_client`) forgets every subscriber; a call with a handle CUPTI
+    does not know is recorded in :attr:`stale` and fails (INVALID_PARAMETER). :meth:`cuCtxGetCurrent` is the
+    driver's: it calls the subscriber's C callback at its entry and exit, on the calling thread, where enabled.
+    ``calls`` has "subscribe" for a subscription made and "subscribe refused" for one refused."""
+
     def __init__(self, busy_with=None):
         self.calls, self.busy_with = [], busy_with
+        self.holder = None  # (handle, C callback) of gpuscope's subscriber while CUPTI knows it
+        self.subscribed: list = []  # every (handle, C callback) CUPTI was given
+        self.enabled: set = set()  # (domain, cbid) enabled on it
+        self.stale: list = []
+        self.next_handle = 0x5EB
+        self.finalize_status = 0
+        self.site = None  # the callback site CUPTI is calling back from on this thread, if any
 
     def has(self, name):
         return name == "cuptiSubscribe_v2"
 
     def cuptiSubscribe_v2(self, handle, callback, userdata, params):
-        self.calls.append("subscribe")
-        if self.busy_with is not None:
+        incumbent = self.busy_with or (b"CUPTI for gpuscope" if self.holder else None)
+        if incumbent is not None:
+            self.calls.append("subscribe refused")
             p = ctypes.cast(params, ctypes.POINTER(callbacks._SubscriberParams)).contents
-            ctypes.memmove(p.oldSubscriberName, self.busy_with, len(self.busy_with) + 1)
+            ctypes.memmove(p.oldSubscriberName, incumbent, len(incumbent) + 1)
             return 39
-        handle._obj.value = 0x5EB
+        self.calls.append("subscribe")
+        handle._obj.value = self.next_handle
+        self.holder = (self.next_handle, callback)
+        self.subscribed.append(self.holder)
+        self.next_handle += 1
         return 0
+
+    def _known(self, name, handle):
+        if self.holder is None or self.holder[0] != handle:
+            self.stale.append((name, handle))
+            raise cupti_error(1, name, "invalid parameter")
 
     def cuptiUnsubscribe(self, handle):
         self.calls.append(("unsubscribe", handle))
+        self._known("cuptiUnsubscribe", handle)
+        self.holder = None
+        self.enabled.clear()
+        return 0
 
     def cuptiEnableCallback(self, flag, handle, domain, cbid):
         self.calls.append(("enable", flag, cbid))
+        self._known("cuptiEnableCallback", handle)
+        (self.enabled.add if flag else self.enabled.discard)((domain, cbid))
+        return 0
+
+    def cuptiFinalize(self):
+        self.calls.append("cuptiFinalize")
+        if self.finalize_status == 0:
+            self.holder = None
+            self.enabled.clear()
+        return self.finalize_status
+
+    def finalize_by_another_client(self, then_subscribes=None):
+        """Another CUPTI client of the process calls cuptiFinalize (Kineto's teardown): every subscriber is forgotten;
+        *then_subscribes* (its name) subscribes after, as Kineto does unless it initialises lazily."""
+        self.holder = None
+        self.enabled.clear()
+        self.busy_with = then_subscribes
+
+    def cuCtxGetCurrent(self):
+        self.calls.append("cuCtxGetCurrent")
+        for site in (callbacks.CUPTI_API_ENTER, callbacks.CUPTI_API_EXIT):
+            self.call_back(callbacks.CUPTI_CB_DOMAIN_DRIVER_API, callbacks.CBID_cuCtxGetCurrent, site)
+
+    def call_back(self, domain, cbid, site):
+        """CUPTI calling the subscriber back at *site* of a call on this thread, where the callback is enabled."""
+        if self.holder is not None and (domain, cbid) in self.enabled:
+            data = callbacks.CUpti_CallbackData(callbackSite=site)
+            self.site = site
+            try:
+                self.holder[1](None, domain, cbid, ctypes.addressof(data))  # through the C callback, as CUPTI does
+            finally:
+                self.site = None
 
 
 @pytest.fixture
@@ -40,6 +102,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(callbacks, "_listening", ())
     monkeypatch.setattr(callbacks, "_module_watchers", ())
     monkeypatch.setattr(callbacks, "_open", set())
+    monkeypatch.setattr(callbacks, "_nvtx_watchers", ())
+    monkeypatch.setattr(callbacks, "_holds", 0)
     return cupti
 
 

@@ -1,0 +1,171 @@
+"""Another CUPTI client of the process calls cuptiFinalize (torch.profiler's Kineto does at the end of a profile in
+some versions): CUPTI forgets gpuscope's subscriber, the kept range profiler and the CUPTI profiler's initialisation.
+gpuscope must see it before it reuses any of them, drop them without a CUPTI call (they are gone), say so once, and
+set up afresh (issue 36 item 5, B). No GPU: CUPTI's callback API is the model of tests/unit/test_subscriber.py."""
+
+import warnings
+
+import pytest
+
+from gpuscope._gpu import keep as _keep
+from gpuscope.cupti import _api, callbacks, profiler
+from gpuscope.errors import GpuscopeWarning, ProfilerBusyError, cupti_error
+
+from .test_detach import cupti, keep_a_profiler  # noqa: F401 (fixture)
+
+SAID = "Another CUPTI client of this process finalized CUPTI"
+RESOURCE = (callbacks.CUPTI_CB_DOMAIN_RESOURCE, callbacks.CUPTI_CBID_RESOURCE_MODULE_LOADED)
+LAUNCH = (callbacks.CUPTI_CB_DOMAIN_DRIVER_API, callbacks.CBID_cuLaunchKernel)
+
+
+def said(record) -> int:
+    return sum(SAID in str(w.message) for w in record if issubclass(w.category, GpuscopeWarning))
+
+
+def test_a_subscriber_cupti_forgot_is_never_used_and_a_fresh_one_serves_what_is_open(cupti):  # noqa: F811
+    """The module watcher holds gpuscope's subscriber for the rest of the process; after another client's
+    cuptiFinalize a kernel-mode session enabled its launch callbacks on a handle CUPTI no longer knew."""
+    watcher = callbacks.ModuleWatcher(lambda module_id, cubin: None)
+    stale = callbacks._subscription[0]
+    cupti.model.finalize_by_another_client()
+    with pytest.warns(GpuscopeWarning, match=SAID) as record:
+        recorder = callbacks.LaunchRecorder(lambda launch: None)
+    assert said(record) == 1 and cupti.model.stale == []
+    fresh = callbacks._subscription[0]
+    assert fresh != stale and cupti.model.holder[0] == fresh
+    assert {RESOURCE, LAUNCH} <= cupti.model.enabled  # the open watcher hears module loads again
+    recorder.close()
+    watcher.close()
+    assert cupti.model.stale == [] and callbacks._subscription == [] and cupti.model.holder is None
+    assert ("unsubscribe", stale) not in cupti.model.calls
+
+
+@pytest.mark.parametrize("then", [b"CUPTI for <not provided>", b"CUPTI for nsys"])
+def test_after_a_finalize_and_another_clients_subscribe_the_next_session_is_told_who_holds_it(cupti, then):  # noqa: F811
+    """Kineto subscribes again right after its teardown (unless it initialises lazily): CUPTI's refusal then names
+    Kineto, not gpuscope, so gpuscope's handle is gone too."""
+    watcher = callbacks.ModuleWatcher(lambda module_id, cubin: None)
+    cupti.model.finalize_by_another_client(then_subscribes=then)
+    with pytest.warns(GpuscopeWarning, match=SAID), pytest.raises(ProfilerBusyError, match="torch.profiler"):
+        callbacks.LaunchRecorder(lambda launch: None)
+    assert callbacks._subscription == [] and cupti.model.stale == []
+    cupti.model.busy_with = None  # that client goes: the next session subscribes, and the watcher hears again
+    recorder = callbacks.LaunchRecorder(lambda launch: None)
+    assert {RESOURCE, LAUNCH} <= cupti.model.enabled
+    recorder.close()
+    watcher.close()
+    assert cupti.model.stale == [] and cupti.model.holder is None
+
+
+def test_a_probe_answered_not_initialized_means_cupti_was_finalized(cupti, monkeypatch):  # noqa: F811
+    watcher = callbacks.ModuleWatcher(lambda module_id, cubin: None)
+    cupti.model.finalize_by_another_client()
+
+    def not_initialized(*args):
+        raise cupti_error(15, "cuptiSubscribe_v2", "not initialized")
+
+    monkeypatch.setattr(cupti.model, "cuptiSubscribe_v2", not_initialized)
+    with pytest.warns(GpuscopeWarning, match=SAID):
+        assert not callbacks.known()
+    assert callbacks._subscription == []
+    watcher.close()
+    assert cupti.model.stale == []
+
+
+def test_a_kept_profiler_cupti_forgot_is_dropped_untouched_and_the_next_session_starts_afresh(cupti):  # noqa: F811
+    kept = keep_a_profiler()
+    assert cupti.calls == ["cuptiProfilerInitialize"]
+    cupti.model.finalize_by_another_client()
+    with pytest.warns(GpuscopeWarning, match=SAID) as record:
+        profiler.initialize()  # the next session: the initialisation is not trusted, CUPTI initialised afresh
+    assert _keep.kept_devices() == []  # dropped when found, not only when next touched
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert _keep.take(0, kept.key, 7) is None
+    assert said(record) == 1
+    assert cupti.calls == ["cuptiProfilerInitialize", "cuptiProfilerInitialize"] and profiler._init_count == 1
+    assert kept.profiler.closed == 0 and kept.profiler._finalizer.detached  # gone with CUPTI: never touched
+    assert kept.context.closed == 1 and _keep.kept_devices() == []
+    assert cupti.model.stale == []
+    profiler.deinitialize()
+    assert cupti.calls[-1] == "cuptiProfilerDeInitialize" and cupti.model.holder is None
+
+
+def test_cupti_refusing_the_profiler_right_after_the_finalize_is_attached_again_through_the_context(cupti,  # noqa: F811
+                                                                                                  monkeypatch):
+    """Right after a cuptiFinalize, CUPTI 13.0 answers cuptiProfilerInitialize NOT_INITIALIZED until a call names a
+    context (measured on the H100): the session's own context, or the thread's current one, attaches it again."""
+    keep_a_profiler()
+    cupti.model.finalize_by_another_client()
+    attached_through = []
+
+    def initialize(p):
+        if not attached_through:
+            raise cupti_error(15, "cuptiProfilerInitialize", "not initialized")
+        cupti.calls.append("cuptiProfilerInitialize")
+
+    monkeypatch.setattr(profiler._f, "cuptiProfilerInitialize", initialize)
+    monkeypatch.setattr(_api, "reattach", attached_through.append)
+    with pytest.warns(GpuscopeWarning, match=SAID):
+        profiler.initialize(0xC0)
+    assert attached_through == [0xC0] and cupti.calls[-1] == "cuptiProfilerInitialize"
+    assert profiler._init_count == 1
+
+
+@pytest.mark.parametrize("release, outcome", [(_keep.release, 1), (_keep.detach_cupti, "detached"),
+                                              (lambda: _keep.take(0, ("ctx", ("m",)), 7), None)])
+def test_a_release_after_a_foreign_finalize_touches_nothing(cupti, release, outcome):  # noqa: F811
+    """gs.release(), the idle timer, a rendezvous answer and the detach before PC sampling all release what is kept,
+    and a session takes it back: after another client's cuptiFinalize, that disabled or used a range profiler CUPTI
+    had freed."""
+    kept = keep_a_profiler()
+    cupti.model.finalize_by_another_client()
+    with pytest.warns(GpuscopeWarning, match=SAID) as record:
+        result = release()
+    assert result == outcome and said(record) == 1
+    assert kept.profiler.closed == 0 and kept.profiler._finalizer.detached and kept.context.closed == 1
+    assert "cuptiProfilerDeInitialize" not in cupti.calls and profiler._init_count == 0
+    assert cupti.model.stale == []
+
+
+def test_without_a_foreign_finalize_the_kept_profiler_is_reused_and_nothing_is_said(cupti):  # noqa: F811
+    kept = keep_a_profiler()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profiler.initialize()
+        assert _keep.take(0, kept.key, 7) is kept
+    assert "subscribe refused" in cupti.model.calls  # CUPTI was asked, and named gpuscope
+    assert kept.profiler.closed == 0 and not kept.profiler._finalizer.detached
+    assert cupti.calls == ["cuptiProfilerInitialize"] and profiler._init_count == 2
+
+
+def test_nothing_is_kept_while_another_client_holds_the_subscriber(cupti):  # noqa: F811
+    """That client could finalize CUPTI at any time without gpuscope seeing it (Kineto keeps the subscriber from
+    its first profile on and finalizes at the end of each in some versions): the profiler is released at once."""
+    cupti.model.busy_with = b"CUPTI for <not provided>"
+    kept = keep_a_profiler()
+    assert kept.witness is None
+    assert kept.profiler.closed == 1 and _keep.kept_devices() == []
+    assert cupti.calls == ["cuptiProfilerInitialize", "cuptiProfilerDeInitialize"]
+
+
+def test_a_witness_that_cupti_cannot_give_keeps_as_before(cupti, monkeypatch):  # noqa: F811
+    """Where CUPTI cannot answer the subscribe (no GPU, a broken install), keeping goes on unverified."""
+    def unknown(*args):
+        raise cupti_error(999, "cuptiSubscribe_v2", "unknown")
+
+    monkeypatch.setattr(cupti.model, "cuptiSubscribe_v2", unknown)
+    kept = keep_a_profiler()
+    assert kept.witness == 0 and _keep.kept_devices() == [0]
+    assert _keep.take(0, kept.key, 7) is kept
+
+
+def test_the_subscriber_is_held_while_the_cupti_profiler_is_initialised(cupti):  # noqa: F811
+    """While gpuscope holds it, a teardown that needs it (Kineto's) cannot finalize CUPTI under a kept profiler; it
+    goes back with the last user of the CUPTI profiler."""
+    kept = keep_a_profiler()
+    assert cupti.model.holder == tuple(callbacks._subscription) and callbacks._holds == 1
+    callbacks.LaunchRecorder(lambda launch: None).close()  # a kernel-mode session's recorder, closing
+    assert cupti.model.holder == tuple(callbacks._subscription) and callbacks.held(kept.witness)
+    assert _keep.release() == 1
+    assert cupti.model.holder is None and callbacks._subscription == [] and callbacks._holds == 0
