@@ -209,7 +209,7 @@ def reuse(device: int, key: tuple, context_id: int) -> Kept | None:
         try:
             kept.context.close()
         finally:
-            profiler.deinitialize()
+            profiler.deinitialize(kept=True)
     return kept
 
 
@@ -220,7 +220,7 @@ def keep(device: int, kept: Kept) -> None:
     (:func:`gpuscope.cupti.profiler.witness` is None): it could finalize CUPTI without gpuscope seeing it."""
     from gpuscope.cupti import profiler
 
-    kept.witness = profiler.witness()
+    kept.witness = profiler.lend_witness()  # the subscriber is given back: torch.profiler may take it
     if kept.witness is None:
         with _lock:
             _under_way.append((device, threading.get_ident()))
@@ -358,7 +358,7 @@ def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
             _detach(kept)
     else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
         _detach(kept)
-    for step in (profiler.deinitialize, kept.context.close):
+    for step in (lambda: profiler.deinitialize(kept=True), kept.context.close):
         try:
             step()
         except Exception as exc:

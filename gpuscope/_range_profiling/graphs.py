@@ -42,6 +42,10 @@ class GraphKernels:
         #: why the kernels of graph launches are not named ("" while they may be)
         self.unavailable = "" if records else "iteration mode does not read them"
 
+    def may_open(self) -> bool:
+        """Whether :meth:`open` would still try (not opened, not refused, not closed)."""
+        return self._records is None and not self.unavailable and not self._closed
+
     def open(self, keep) -> None:
         """At the entry of a graph launch (on the launching thread, inside CUPTI's callback): open the records the
         first time, keeping those whose correlation ID *keep* accepts. Never raises: a refusal is kept for the

@@ -61,7 +61,8 @@ class PerLaunchModes:
                                                  self._annotate, timestamp,
                                                  capacity=0 if self._fixed_ranges else self.max_ranges,
                                                  on_full=self._flush_kernels, names=self._kernel_names())
-        self._rp.start()
+        self._start_first()
+        self._collector.rp = self._rp  # a new one where the kept one was refused
         self._running = self._collector.running = True
 
     def _use_iteration(self) -> None:
@@ -362,9 +363,19 @@ class PerLaunchModes:
     def _on_graph(self, correlation: int) -> None:
         """A CUDA graph launch (at its entry, on the launching thread): kernel and auto modes open kernel activity
         records at the first, to name the graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
-        recorder = self._recorder
-        if recorder is not None and self._graphs is not None:
-            self._graphs.open(recorder.graph_correlations.__contains__)
+        recorder, graphs, collector = self._recorder, self._graphs, self._collector
+        if recorder is None or graphs is None or not graphs.may_open():
+            return
+        # CUPTI refuses to enable kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE,
+        # H100, CUPTI 13.0): it is stopped first, as before a left-out launch, and started again at the next launch
+        # kernel replay profiles (launches.KernelReplay)
+        if collector is not None and getattr(collector, "running", False) and not getattr(collector, "paused", True):
+            try:
+                collector.rp.stop()
+                collector.paused = True
+            except Exception as exc:  # noqa: BLE001 (the records are then refused, and the summary says why)
+                collector.errors.append(f"cuptiRangeProfilerStop before a CUDA graph launch: {exc}")
+        graphs.open(recorder.graph_correlations.__contains__)
 
     def _note_graph_launches(self, count: int) -> None:
         """Count the CUDA graph launches of the session, name their kernels (the activity records are flushed

@@ -165,6 +165,7 @@ class Profiler(UserRanges, PerLaunchModes):
 
     _fixed_ranges = _grow = False  # max_ranges given by the user; an image to enlarge before the next group
     _key, _context_id, _collector = None, 0, None
+    _reused_now = False  # the profiler of the last _configure was a kept one
     _tracker = _end_after = None  # auto mode without ranges: the launch-stream tracker; a found iteration's last
     _nvtx = None  # the NVTX ranges taken while open (nvtx.NvtxRanges)
 
@@ -319,7 +320,7 @@ class Profiler(UserRanges, PerLaunchModes):
                 if self.mode is Mode.KERNEL:
                     self._use_kernel()
             if self.mode is Mode.USER and self.continuous:
-                self._rp.start()
+                self._start_first()
                 self._running = True
             if self._per_launch:
                 self._graphs = GraphKernels(records=self.mode is not Mode.ITERATION)
@@ -355,6 +356,7 @@ class Profiler(UserRanges, PerLaunchModes):
             rp, self._rp = self._rp, None
             rp.close()
         kept = _keep.reuse(self.device, key, self._context_id)
+        self._configured, self._reused_now = (range_mode, replay_mode, ranges, depth), kept is not None
         if kept is not None:
             self._rp, self._image = kept.profiler, kept.image
             self._notes["profiler_reused"] = self._notes.get("profiler_reused", 0) + 1
@@ -374,6 +376,32 @@ class Profiler(UserRanges, PerLaunchModes):
         self._key, self.max_ranges = key, int(ranges)
         if self._collector is not None:
             self._collector.rp = self._rp
+
+    def _start_first(self) -> None:
+        """The session's first ``cuptiRangeProfilerStart``. A kept profiler that CUPTI refuses there was forgotten
+        by CUPTI (another CUPTI client of the process called ``cuptiFinalize`` while nothing of gpuscope's was
+        open, which gpuscope cannot see then: ``tests/gpu/test_finalize.py``): it is dropped untouched and the
+        session sets up afresh, once, with a warning."""
+        from gpuscope.cupti import profiler
+        from gpuscope.errors import CuptiError
+
+        try:
+            self._rp.start()
+            return
+        except CuptiError as exc:
+            if not self._reused_now:
+                raise
+            refused = exc
+        stale, self._rp, self._key = self._rp, None, None
+        finalizer = getattr(stale, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()  # never disabled: CUPTI forgot it
+        profiler._after_detach()  # and its initialisation
+        profiler.initialize(self._context.handle)
+        self._configure(*self._configured)
+        _warn(f"gpuscope: CUPTI refused the profiler kept from the last session ({refused}): another CUPTI client of "
+              "this process finalized CUPTI since. The session set up a new one.")
+        self._rp.start()
 
     def close(self) -> None:
         """Stop collecting, decode, and release CUPTI (safe to call twice; ``with`` does it).

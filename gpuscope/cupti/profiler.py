@@ -60,35 +60,40 @@ _init_lock = threading.Lock()
 _init_count = 0
 CUPTI_ERROR_NOT_INITIALIZED = 15
 _witness = None  # callbacks.hold()'s answer for the current initialisation
+_sessions = 0  # users of the initialisation that are open sessions (the others are kept between sessions)
 
 
 def initialize(context: int = 0) -> None:
     """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`.
 
-    The first user holds CUPTI's callback subscriber until the last one leaves (:func:`witness`). A later user
-    trusts the initialisation only once CUPTI is found to still know that subscriber: where another client of the
-    process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first and CUPTI's profiler is
-    initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a ``cuptiFinalize`` CUPTI refuses that
-    (``NOT_INITIALIZED``) until a call names a context: it is attached again through *context* (a ``CUcontext``;
-    0: the thread's current one) and asked once more."""
-    global _init_count, _witness
+    While a session is open (a user that is not something kept between sessions), gpuscope holds CUPTI's callback
+    subscriber as the witness that CUPTI was not finalized under it (:func:`witness`); it lets go of it when only
+    kept users are left (:func:`lend_witness`, :func:`deinitialize`): held while gpuscope merely kept a profiler,
+    it took the subscriber from torch.profiler, whose Kineto then recorded no GPU event (H100, PyTorch 2.11). A
+    later user trusts the initialisation only once CUPTI is found to still know a witness held: where another client
+    of the process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first and CUPTI's profiler
+    is initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a ``cuptiFinalize`` CUPTI refuses
+    that (``NOT_INITIALIZED``) until a call names a context: it is attached again through *context* (a
+    ``CUcontext``; 0: the thread's current one) and asked once more."""
+    global _init_count, _witness, _sessions
     from gpuscope.cupti import callbacks
 
     if _init_count:
         callbacks.held(_witness)  # another client's cuptiFinalize since resets the count (_after_detach)
     with _init_lock:
-        if _init_count:
+        if _init_count and _sessions:  # a session holds the witness already
             _init_count += 1
+            _sessions += 1
             return
     witness = callbacks.hold()  # outside the lock: it may find a finalize and reset this module
     with _init_lock:
-        first = _init_count == 0
         try:
-            if first:
+            if _init_count == 0:
                 _initialize_after_any_finalize(context)
-                _witness = witness
-                witness = None
+            if not _sessions:  # the first session: it holds the witness
+                _witness, witness = witness, None
             _init_count += 1
+            _sessions += 1
         finally:
             if witness is not None:  # not needed, or CUPTI refused: the hold ends
                 callbacks.let_go(witness)
@@ -129,25 +134,51 @@ def witness() -> int | None:
     return _witness if _init_count else 0
 
 
+def lend_witness() -> int | None:
+    """A session's initialisation is handed to something kept between sessions (:func:`gpuscope._gpu.keep.keep`):
+    where no session is left open, the subscriber goes back (torch.profiler may take it). Returns what vouches for
+    the kept thing: None where another client held the subscriber (nothing should be kept), else 0 (nothing vouches
+    any more: a finalize by another client while nothing is open is found when CUPTI refuses the kept profiler,
+    :meth:`gpuscope.Profiler.start`)."""
+    global _witness, _sessions
+    from gpuscope.cupti import callbacks
+
+    with _init_lock:
+        if not _init_count:
+            return 0
+        had = _witness
+        _sessions = max(_sessions - 1, 0)
+        if _sessions or not had:
+            return None if had is None else 0
+        _witness = 0
+        callbacks.let_go(had)
+    return 0
+
+
 def _before_detach() -> None:
     if _init_count:
         raise RuntimeError(f"{_init_count} user(s) of the CUPTI profiler are open (cuptiProfilerInitialize): a "
                            "gpuscope.Profiler or gpuscope.sample session not yet closed")
 
 
-def deinitialize() -> None:
-    """Release one :func:`initialize`; the last one calls ``cuptiProfilerDeInitialize`` and lets go of the
-    subscriber."""
-    global _init_count, _witness
+def deinitialize(kept: bool = False) -> None:
+    """Release one :func:`initialize` (*kept*: the one of something kept between sessions); the last one calls
+    ``cuptiProfilerDeInitialize``. The subscriber goes back when no session is left open."""
+    global _init_count, _witness, _sessions
     from gpuscope.cupti import callbacks
 
     with _init_lock:
         if _init_count == 0:
             return
         _init_count -= 1
+        if not kept and _sessions:
+            _sessions -= 1
         if _init_count:
+            if not _sessions and _witness:  # only kept users are left: the subscriber goes back
+                last, _witness = _witness, 0
+                callbacks.let_go(last)
             return
-        last, _witness = _witness, None
+        last, _witness, _sessions = _witness, None, 0
         try:
             _f.cuptiProfilerDeInitialize(params(T.CUpti_Profiler_DeInitialize_Params))
         finally:
@@ -156,15 +187,15 @@ def deinitialize() -> None:
 
 def _after_detach() -> None:
     """CUPTI forgot its profiler initialisation (a detach, or another client's cuptiFinalize): no user holds one."""
-    global _init_count, _witness
+    global _init_count, _witness, _sessions
     with _init_lock:
-        _init_count, _witness = 0, None
+        _init_count, _witness, _sessions = 0, None, 0
 
 
 def _forget_in_child() -> None:  # a forked child has no CUPTI profiler of its own
-    global _init_lock, _init_count, _witness
+    global _init_lock, _init_count, _witness, _sessions
     _init_lock = threading.Lock()
-    _init_count, _witness = 0, None
+    _init_count, _witness, _sessions = 0, None, 0
 
 
 _api.on_detach(_before_detach, _after_detach)

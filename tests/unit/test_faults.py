@@ -231,7 +231,7 @@ def test_ctrl_c_during_stop_still_unregisters_and_disables(monkeypatch):
     disabled = []
     monkeypatch.setattr(pm, "stop", lambda handle: None)
     monkeypatch.setattr(pm, "disable", disabled.append)
-    monkeypatch.setattr(profiler, "deinitialize", lambda: disabled.append("deinit"))
+    monkeypatch.setattr(profiler, "deinitialize", lambda **k: disabled.append("deinit"))
 
     class Decoder:
         errors, overflows, discarded, _backend = [], 0, 0, None
@@ -273,7 +273,7 @@ def test_ctrl_c_before_the_shielded_teardown_does_not_skip_it(monkeypatch):
     disabled = []
     monkeypatch.setattr(pm, "stop", lambda handle: None)
     monkeypatch.setattr(pm, "disable", disabled.append)
-    monkeypatch.setattr(profiler, "deinitialize", lambda: disabled.append("deinit"))
+    monkeypatch.setattr(profiler, "deinitialize", lambda **k: disabled.append("deinit"))
 
     class Decoder:
         errors, overflows, discarded, _backend = [], 0, 0, None

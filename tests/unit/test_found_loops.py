@@ -72,7 +72,7 @@ def auto(monkeypatch):
     """make(passes) -> an open auto-mode Profiler as start() leaves it, over stand-in profilers (p.profilers lists
     those it was given; p.groups the passes of each group it read values from)."""
     monkeypatch.setattr(range_profiler, "num_ranges", lambda image: image.profiler.ranges)
-    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda **k: None)
     monkeypatch.setattr("gpuscope._gpu.keep.enabled", lambda: False)
     collected = []  # the passes of every group whose values were read
     collect = _session.Profiler._collect_iterations

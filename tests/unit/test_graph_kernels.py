@@ -212,3 +212,35 @@ def test_the_report_says_first_which_graph_launches_were_not_profiled():
                                         "graph_kernels_unavailable": "CUPTI refused"}, [row]))
     assert unnamed.title.endswith(". 1 CUDA graph launch not profiled (their kernels not named: CUPTI refused).")
     assert "CUDA graph" not in gs.report(_graph_dataset({}, [row])).title
+
+
+def test_a_running_kernel_replay_profiler_is_stopped_before_the_records_open():
+    """CUPTI refuses kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE on the H100):
+    the profiler is stopped as before a left-out launch, and kernel replay starts it again at its next launch."""
+    from gpuscope._range_profiling.modes import PerLaunchModes
+
+    events = []
+
+    class Rp:
+        def stop(self):
+            events.append("stop")
+
+    class Collector:
+        running, paused, errors, rp = True, False, [], Rp()
+
+    class Graphs:
+        def may_open(self):
+            return "open" not in events
+
+        def open(self, keep):
+            events.append("open")
+
+    class Session:
+        _on_graph = PerLaunchModes._on_graph
+        _recorder = type("R", (), {"graph_correlations": {5}})()
+        _graphs, _collector = Graphs(), Collector()
+
+    session = Session()
+    session._on_graph(5)
+    session._on_graph(6)  # opened already: nothing more
+    assert events == ["stop", "open"] and session._collector.paused

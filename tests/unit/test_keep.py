@@ -62,7 +62,7 @@ def kept_state(monkeypatch):
     monkeypatch.setattr(_keep, "_sessions", {})
     monkeypatch.setattr(_keep, "_listeners", {})
     monkeypatch.setattr(_rendezvous, "gpu_id", lambda device, gpu=f"test-{uuid.uuid4().hex[:12]}": f"{gpu}-{device}")
-    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: deinit.append(1))
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda **k: deinit.append(1))
     yield deinit
     _keep.release()
 
@@ -477,7 +477,7 @@ class FakeContextHandle:
 def test_found_iterations_without_rows_close_without_an_error(monkeypatch):
     from gpuscope._range_profiling.repetition import Tracker
 
-    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda **k: None)
     p = _session.Profiler.__new__(_session.Profiler)
     p.mode, p.mode_used = _session.Mode.AUTO, _session.Mode.ITERATION
     p._state, p._pid, p._stack, p._rows, p._notes = "open", os.getpid(), [], [], {}

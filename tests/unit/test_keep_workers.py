@@ -179,7 +179,7 @@ def cupti(pm_recording, monkeypatch):
     monkeypatch.setattr(_sampling.Sampler, "_context_device", lambda self: 0)
     monkeypatch.setattr(profiler, "device_support", lambda device, api: SimpleNamespace(supported=True))
     monkeypatch.setattr(profiler, "initialize", lambda *a, **k: None)
-    monkeypatch.setattr(profiler, "deinitialize", lambda: fake.events.append("deinitialize"))
+    monkeypatch.setattr(profiler, "deinitialize", lambda **k: fake.events.append("deinitialize"))
     monkeypatch.setattr(profiler, "chip_name", lambda device: "GH100")
     real_popen = subprocess.Popen
 

@@ -364,7 +364,7 @@ def keeper(monkeypatch):
     for name, value in (("_kept", {}), ("_sessions", {}), ("_listeners", {})):
         monkeypatch.setattr(_keep, name, value)
     monkeypatch.setattr(rendezvous, "gpu_id", lambda device: f"{gpu}-{device}")
-    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda: None)
+    monkeypatch.setattr("gpuscope.cupti.profiler.deinitialize", lambda **k: None)
     yield gpu
     _keep.release()
     for device in list(_keep._sessions):

@@ -162,7 +162,7 @@ def running_sampler(monkeypatch, pipe, fake, device):
 
     monkeypatch.setattr(pm, "stop", lambda handle: setattr(fake, "producing", False))
     monkeypatch.setattr(pm, "disable", lambda handle: None)
-    monkeypatch.setattr(profiler, "deinitialize", lambda: None)
+    monkeypatch.setattr(profiler, "deinitialize", lambda **k: None)
     monkeypatch.setattr("gpuscope.cupti.activity.timestamp", lambda: 20 * fake.made)
     s = _sampling.Sampler(device=device)
     s._state, s._decoder, s._handle, s._initialized, s._started = "running", pipe, 1234, True, True
