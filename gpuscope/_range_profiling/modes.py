@@ -367,14 +367,12 @@ class PerLaunchModes:
         if recorder is None or graphs is None or not graphs.may_open():
             return
         # CUPTI refuses to enable kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE,
-        # H100, CUPTI 13.0): it is stopped first, as before a left-out launch, and started again at the next launch
-        # kernel replay profiles (launches.KernelReplay)
-        if collector is not None and getattr(collector, "running", False) and not getattr(collector, "paused", True):
-            try:
-                collector.rp.stop()
-                collector.paused = True
-            except Exception as exc:  # noqa: BLE001 (the records are then refused, and the summary says why)
-                collector.errors.append(f"cuptiRangeProfilerStop before a CUDA graph launch: {exc}")
+        # H100, CUPTI 13.0); stopped first, it enabled them, but kernel replay then returned one range for three
+        # launches: the kernels of graph launches are named only where kernel replay is not under way
+        if collector is not None and getattr(collector, "running", False):
+            graphs.refuse("CUPTI does not enable kernel activity records while its kernel replay runs "
+                          "(CUPTI_ERROR_NOT_COMPATIBLE); mode='auto' names them until it finds the loop")
+            return
         graphs.open(recorder.graph_correlations.__contains__)
 
     def _note_graph_launches(self, count: int) -> None:

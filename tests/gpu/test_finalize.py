@@ -104,10 +104,11 @@ def test_cupti_names_gpuscope_while_it_holds_the_subscriber():
     assert got["known"] and not got["held"], got
 
 
-def test_another_clients_finalize_is_seen_and_the_next_session_starts_afresh_with_the_same_values():
+def test_another_clients_finalize_while_a_profiler_is_kept_leaves_the_next_sessions_right():
     """Another client (here a direct call into libcupti, as an older Kineto's teardown made) finalizes CUPTI while
-    gpuscope keeps a range profiler and holds the subscriber: the next session says so once, uses nothing CUPTI
-    forgot, and counts what the first one did; the one after reuses its kept profiler without a word."""
+    gpuscope keeps a range profiler (and, since nothing of gpuscope's is open, holds no subscriber, so it cannot see
+    it): the next sessions count what the first did. On the H100 (CUPTI 13.0) the kept profiler served on without a
+    word; where CUPTI refuses it, the session says so once and sets up afresh (Profiler._start_first)."""
     got = _run("""
         first = session()
         kept = keep.kept_devices()
@@ -125,7 +126,7 @@ def test_another_clients_finalize_is_seen_and_the_next_session_starts_afresh_wit
                           "said": said, "kept_after": keep.kept_devices()}))
     """)
     assert got["kept"] == [0] and got["status"] == 0, got
-    assert len(got["said"]) == 1, got
+    assert len(got["said"]) <= 1, got
     assert got["second"] == got["first"] == got["third"], got
     assert got["kept_after"] == [0], got
 

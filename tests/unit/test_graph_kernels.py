@@ -214,33 +214,21 @@ def test_the_report_says_first_which_graph_launches_were_not_profiled():
     assert "CUDA graph" not in gs.report(_graph_dataset({}, [row])).title
 
 
-def test_a_running_kernel_replay_profiler_is_stopped_before_the_records_open():
-    """CUPTI refuses kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE on the H100):
-    the profiler is stopped as before a left-out launch, and kernel replay starts it again at its next launch."""
+def test_while_kernel_replay_runs_the_records_are_not_opened_and_the_summary_says_why():
+    """CUPTI refuses kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE on the H100);
+    stopped first, it accepted them, but kernel replay then gave one range for three launches."""
+    from gpuscope._range_profiling.graphs import GraphKernels
     from gpuscope._range_profiling.modes import PerLaunchModes
 
-    events = []
-
-    class Rp:
-        def stop(self):
-            events.append("stop")
-
     class Collector:
-        running, paused, errors, rp = True, False, [], Rp()
-
-    class Graphs:
-        def may_open(self):
-            return "open" not in events
-
-        def open(self, keep):
-            events.append("open")
+        running, paused, errors = True, False, []
 
     class Session:
         _on_graph = PerLaunchModes._on_graph
         _recorder = type("R", (), {"graph_correlations": {5}})()
-        _graphs, _collector = Graphs(), Collector()
+        _graphs, _collector = GraphKernels(records=True), Collector()
 
     session = Session()
     session._on_graph(5)
-    session._on_graph(6)  # opened already: nothing more
-    assert events == ["stop", "open"] and session._collector.paused
+    assert session._graphs._records is None and "NOT_COMPATIBLE" in session._graphs.unavailable
+    assert not session._graphs.may_open() and not session._collector.paused
