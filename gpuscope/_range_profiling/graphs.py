@@ -46,12 +46,6 @@ class GraphKernels:
         """Whether :meth:`open` would still try (not opened, not refused, not closed)."""
         return self._records is None and not self.unavailable and not self._closed
 
-    def refuse(self, why: str) -> None:
-        """Do not open the records (*why* goes in the summary)."""
-        with self._lock:
-            if self._records is None and not self.unavailable:
-                self.unavailable = why
-
     def open(self, keep) -> None:
         """At the entry of a graph launch (on the launching thread, inside CUPTI's callback): open the records the
         first time, keeping those whose correlation ID *keep* accepts. Never raises: a refusal is kept for the

@@ -364,16 +364,18 @@ class PerLaunchModes:
         """A CUDA graph launch (at its entry, on the launching thread): kernel and auto modes open kernel activity
         records at the first, to name the graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
         recorder, graphs, collector = self._recorder, self._graphs, self._collector
-        if recorder is None or graphs is None or not graphs.may_open():
-            return
-        # CUPTI refuses to enable kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE,
-        # H100, CUPTI 13.0); stopped first, it enabled them, but kernel replay then returned one range for three
-        # launches: the kernels of graph launches are named only where kernel replay is not under way
-        if collector is not None and getattr(collector, "running", False):
-            graphs.refuse("CUPTI does not enable kernel activity records while its kernel replay runs "
-                          "(CUPTI_ERROR_NOT_COMPATIBLE); mode='auto' names them until it finds the loop")
-            return
-        graphs.open(recorder.graph_correlations.__contains__)
+        # Kernel replay stops before every graph launch, as before a left-out launch, and starts again at the next
+        # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the
+        # launches around it (H100, CUPTI 13.0: 0 rows for 3), and CUPTI refuses kernel activity records while it
+        # runs (CUPTI_ERROR_NOT_COMPATIBLE)
+        if collector is not None and getattr(collector, "running", False) and not getattr(collector, "paused", True):
+            try:
+                collector.rp.stop()
+                collector.paused = True
+            except Exception as exc:  # noqa: BLE001 (the records are then refused, and the summary says why)
+                collector.errors.append(f"cuptiRangeProfilerStop before a CUDA graph launch: {exc}")
+        if recorder is not None and graphs is not None and graphs.may_open():
+            graphs.open(recorder.graph_correlations.__contains__)
 
     def _note_graph_launches(self, count: int) -> None:
         """Count the CUDA graph launches of the session, name their kernels (the activity records are flushed

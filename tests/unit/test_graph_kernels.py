@@ -214,21 +214,36 @@ def test_the_report_says_first_which_graph_launches_were_not_profiled():
     assert "CUDA graph" not in gs.report(_graph_dataset({}, [row])).title
 
 
-def test_while_kernel_replay_runs_the_records_are_not_opened_and_the_summary_says_why():
-    """CUPTI refuses kernel activity while the kernel-replay profiler runs (CUPTI_ERROR_NOT_COMPATIBLE on the H100);
-    stopped first, it accepted them, but kernel replay then gave one range for three launches."""
-    from gpuscope._range_profiling.graphs import GraphKernels
+def test_kernel_replay_stops_before_every_graph_launch_and_the_records_open_at_the_first():
+    """A graph launched while kernel replay ran left it no range for the launches around it (H100: 0 rows for 3),
+    and CUPTI refuses kernel activity while it runs (CUPTI_ERROR_NOT_COMPATIBLE): it is stopped before every graph
+    launch, as before a left-out launch, and started again at the next launch it profiles."""
     from gpuscope._range_profiling.modes import PerLaunchModes
 
+    events = []
+
+    class Rp:
+        def stop(self):
+            events.append("stop")
+
     class Collector:
-        running, paused, errors = True, False, []
+        running, paused, errors, rp = True, False, [], Rp()
+
+    class Graphs:
+        def may_open(self):
+            return "open" not in events
+
+        def open(self, keep):
+            events.append("open")
 
     class Session:
         _on_graph = PerLaunchModes._on_graph
         _recorder = type("R", (), {"graph_correlations": {5}})()
-        _graphs, _collector = GraphKernels(records=True), Collector()
+        _graphs, _collector = Graphs(), Collector()
 
     session = Session()
     session._on_graph(5)
-    assert session._graphs._records is None and "NOT_COMPATIBLE" in session._graphs.unavailable
-    assert not session._graphs.may_open() and not session._collector.paused
+    assert events == ["stop", "open"] and session._collector.paused
+    session._collector.paused = False  # a profiled launch started it again
+    session._on_graph(6)
+    assert events == ["stop", "open", "stop"] and session._collector.paused
