@@ -38,13 +38,14 @@ Host-side objects (the profiler host object, config image and pass count per chi
 too (:func:`host_for`): they depend only on the chip and the metrics.
 
 Another CUPTI client of the process may call ``cuptiFinalize`` (torch.profiler's Kineto does at the end of a profile
-in some versions): CUPTI then forgets what is kept here. So something is kept only with a witness, CUPTI's callback
-subscriber, which gpuscope holds while the CUPTI profiler is initialised (:func:`gpuscope.cupti.profiler.witness`):
-while gpuscope holds it, Kineto's teardown, which needs it, does not finalize CUPTI, and :func:`take`, the releases
-and the next session's ``profiler.initialize`` ask CUPTI whether it still knows it before they touch anything
-(:func:`gpuscope.cupti.callbacks.known`). Where CUPTI forgot it, everything kept is dropped without a CUPTI call
-(:func:`_after_cupti_forgot`) and set up afresh, with one warning. Where another client holds the subscriber, it
-could finalize CUPTI unseen, so nothing is kept.
+in some versions): CUPTI then forgets what is kept here. gpuscope holds CUPTI's callback subscriber while a session is
+open (:func:`gpuscope.cupti.profiler.witness`), and lets go of it when only kept things are left
+(:func:`gpuscope.cupti.profiler.lend_witness`): held longer, it kept torch.profiler from recording. While a witness
+is held, :func:`take`, the releases and the next session's ``profiler.initialize`` ask CUPTI whether it still knows
+it (:func:`gpuscope.cupti.callbacks.known`), and where CUPTI forgot it, everything kept is dropped without a CUPTI
+call (:func:`_after_cupti_forgot`). A finalize while nothing is open is found when CUPTI refuses the kept profiler
+at the next session's first Start (``Profiler._start_first``: dropped, set up afresh, said once). Where another
+client holds the subscriber, it could finalize CUPTI unseen, so nothing is kept.
 
 PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cupti`, ``cuptiFinalize``; off with
 ``GPUSCOPE_PC_DETACH=0``): CUPTI maps a kernel for PC sampling only if the kernel never ran while CUPTI was attached
@@ -140,7 +141,7 @@ class Kept:
     config: object
     image: object  # the range profiler's counter-data image, or the PM sampler's ImagePool (with its workers)
     timer: object = None  # releases it when idle too long
-    witness: int = 0  # gpuscope.cupti.profiler.witness() when kept: CUPTI still knows it while this is held
+    witness: int = 0  # profiler.lend_witness() when kept: 0 (nothing vouches), None (another client subscribed)
 
 
 @dataclasses.dataclass
