@@ -238,11 +238,11 @@ COUNT = """
 
 @pytest.mark.parametrize("first", ["gpuscope", "torch.profiler"])
 def test_torch_profilers_cupti_teardown_between_sessions(first):
-    """Kineto's teardown calls cuptiFinalize (issue 36 item 5). gpuscope first: it holds CUPTI's subscriber while it
-    keeps a profiler, so Kineto's teardown (which needs the subscriber) does not finalize under it, and the kept
-    profiler serves the next session. torch.profiler first: where Kineto holds the subscriber (unless it initialises
-    lazily) it may finalize at any time, so gpuscope keeps nothing. Either way every session counts the same and
-    torch.profiler records events.
+    """Kineto's teardown calls cuptiFinalize (issue 36 item 5). gpuscope first: it keeps a profiler but not CUPTI's
+    subscriber (held longer, it kept torch.profiler from recording), and the next sessions count the same whether
+    CUPTI still knew the kept profiler or refused it (then it is set up afresh). torch.profiler first: where Kineto
+    holds the subscriber (unless it initialises lazily) it may finalize at any time, so gpuscope keeps nothing.
+    Either way every session counts the same and torch.profiler records events (passed on the H100).
     (Kineto finalizes at the next CUDA runtime call after its profile, on any thread: the test lets that happen
     before the next session, which gpuscope cannot guarantee where torch.profiler holds the subscriber.)"""
     proc = _run(TEARDOWN, PROFILE, COUNT, f"""
@@ -266,7 +266,7 @@ def test_torch_profilers_cupti_teardown_between_sessions(first):
     assert got["counts"][0] == got["counts"][1] == got["counts"][2], got
     assert got["kept"] == ([0] if got["holder"] is None else []), got
     assert first == "torch.profiler" or got["holder"] is None, got
-    assert got["said"] == [], got  # nothing of gpuscope's was finalized under it
+    assert len(got["said"]) <= 1, got  # said at most once where CUPTI refused the kept profiler
 
 
 def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
