@@ -122,20 +122,20 @@ def compare_per_kernel(results, names_from="kernel_plan", refs=("ncu_1", "ncu_2"
             groups.setdefault(g["kernel"], []).append(r)
         per_ref[ref] = {k: ({PCT.format(x): float(np.mean([r[PCT.format(x)] for r in v])) for x in REASONS},
                             float(np.mean([r["gpu__time_duration.sum"] for r in v])) / 1e3) for k, v in groups.items()}
-    if "ncu_1" not in per_ref:
+    if refs[0] not in per_ref:
         return {}
-    base = per_ref["ncu_1"]
+    base = per_ref[refs[0]]
     sampled = list(pc)
-    diffs = {"pc": [], "ncu_2": []}
+    diffs = {"pc": [], refs[1]: []}
     for k, (shares, dur) in base.items():
         hit = k if k in pc else match_kernel(k, sampled)
         if hit is None:
             continue
         d = max(abs(pc[hit][m] - shares[m]) for m in shares)
         diffs["pc"].append((dur, d, pc[hit]["samples"], k))
-        if "ncu_2" in per_ref and k in per_ref["ncu_2"]:
-            other = per_ref["ncu_2"][k][0]
-            diffs["ncu_2"].append((dur, max(abs(other[m] - shares[m]) for m in shares), 0, k))
+        if refs[1] in per_ref and k in per_ref[refs[1]]:
+            other = per_ref[refs[1]][k][0]
+            diffs[refs[1]].append((dur, max(abs(other[m] - shares[m]) for m in shares), 0, k))
     for name, items in diffs.items():
         entry = {"kernels": len(items)}
         for label, lo, hi in BUCKETS:
@@ -319,13 +319,17 @@ def main():
                       names=[n for n in results if n.startswith("iteration") or n == "ncu_app_2"])
         print_table(app, ref="ncu_app_1")
         tables["ncu_app_1"] = app
-    per_kernel = compare_per_kernel(results)
-    tables["pc_per_kernel"] = per_kernel
-    if per_kernel:
-        print("PC-sampled stall shares per kernel (fast Top-Down's split) against ncu_1, each kernel's launches "
+    # PC sampling sees the program's own launches: against ncu's kernel replay, and its application replay (whose
+    # rows, one step, are named by the iteration-mode session's)
+    for refs, names_from in ((("ncu_1", "ncu_2"), "kernel_plan"), (("ncu_app_1", "ncu_app_2"), "iteration_plan")):
+        per_kernel = compare_per_kernel(results, names_from=names_from, refs=refs)
+        tables[f"pc_per_kernel_{refs[0]}"] = per_kernel
+        if not per_kernel:
+            continue
+        print(f"PC-sampled stall shares per kernel (fast Top-Down's split) against {refs[0]}, each kernel's launches "
               f"averaged; median samples per kernel {per_kernel['pc_samples_per_kernel_median']:.0f}, unmatched "
               f"{per_kernel['pc_unmatched']}:")
-        for name in ("pc", "ncu_2"):
+        for name in ("pc", refs[1]):
             for label, _, _ in BUCKETS:
                 b = per_kernel.get(name, {}).get(label)
                 if b:
