@@ -6,7 +6,6 @@ reference count, the keeper and the callback bookkeeping are gpuscope's own."""
 
 import ctypes
 import threading
-import warnings
 
 import pytest
 

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuscope._range_profiling import launches as _launches
 from gpuscope._range_profiling import session as _session
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope.cupti import range_profiler
