@@ -3,7 +3,6 @@ holds for the bytes and the use that were tried, refusals are kept like passes, 
 what failed instead of blaming the image. Crashes of CUPTI itself are in test_fuzz_images.py."""
 
 import json
-import os
 import resource
 import shutil
 import subprocess

@@ -4,7 +4,6 @@ processes with CUPTI's host API, timestamps rebuilt from durations and anchors, 
 import gc
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
