@@ -39,7 +39,7 @@ too (:func:`host_for`): they depend only on the chip and the metrics.
 
 Another CUPTI client of the process may call ``cuptiFinalize`` (torch.profiler's Kineto does at the end of a profile
 in some versions): CUPTI then forgets what is kept here. gpuscope holds CUPTI's callback subscriber while a session is
-open (:func:`gpuscope.cupti.profiler.witness`), and lets go of it when only kept things are left
+open (:func:`gpuscope.cupti.profiler.initialize`), and lets go of it when only kept things are left
 (:func:`gpuscope.cupti.profiler.lend_witness`): held longer, it kept torch.profiler from recording. While a witness
 is held, :func:`take`, the releases and the next session's ``profiler.initialize`` ask CUPTI whether it still knows
 it (:func:`gpuscope.cupti.callbacks.known`), and where CUPTI forgot it, everything kept is dropped without a CUPTI
@@ -218,7 +218,7 @@ def keep(device: int, kept: Kept) -> None:
     """Hold *kept* for the next session on *device* (one per device; an older one is released) for :func:`seconds`.
 
     Released at once instead where another CUPTI client of the process holds CUPTI's subscriber
-    (:func:`gpuscope.cupti.profiler.witness` is None): it could finalize CUPTI without gpuscope seeing it."""
+    (:func:`gpuscope.cupti.profiler.lend_witness` is None): it could finalize CUPTI without gpuscope seeing it."""
     from gpuscope.cupti import profiler
 
     kept.witness = profiler.lend_witness()  # the subscriber is given back: torch.profiler may take it
@@ -370,12 +370,17 @@ def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
 
 
 def _detach(kept: Kept) -> None:
-    """Make sure nothing ever disables *kept*'s profiler (a range profiler disables itself when collected; a PM
-    sampling object keeps its images for good and stops its evaluation workers: its ``detach()``)."""
-    finalizer = getattr(kept.profiler, "_finalizer", None)
+    abandon(kept.profiler)
+
+
+def abandon(profiler) -> None:
+    """Make sure nothing ever disables *profiler* (a range profiler disables itself when collected; a PM sampling
+    object keeps its images for good and stops its evaluation workers: its ``detach()``): its context is gone, its
+    disable failed, or CUPTI forgot it."""
+    finalizer = getattr(profiler, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
-    detach = getattr(kept.profiler, "detach", None)
+    detach = getattr(profiler, "detach", None)
     if detach is not None:
         detach()
 

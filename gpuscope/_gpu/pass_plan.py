@@ -238,8 +238,8 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             several.append(m)
     stall_groups, anchors = [], []
     for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
-        anchor = ANCHOR if k == 0 else (SPREAD_ANCHORS[k - 1] if spread and k <= len(SPREAD_ANCHORS) else None)
-        if anchor is not None and k > 0 and not (has(anchor) and one_pass([anchor, *g])):
+        anchor = next(iter(anchor_of(k)), None)
+        if anchor is not None and k > 0 and not one_pass([anchor, *g]):
             anchor = None
         stall_groups.append(tuple(g) if anchor is None else (anchor, *g))
         anchors += [anchor] if anchor is not None else []

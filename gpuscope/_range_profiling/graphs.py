@@ -50,10 +50,10 @@ class GraphKernels:
         """At the entry of a graph launch (on the launching thread, inside CUPTI's callback): open the records the
         first time, keeping those whose correlation ID *keep* accepts. Never raises: a refusal is kept for the
         summary, and later graph launches do not try again."""
-        if self._records is not None or self.unavailable:
+        if not self.may_open():
             return
         with self._lock:
-            if self._records is not None or self.unavailable or self._closed:
+            if not self.may_open():
                 return
             if os.environ.get("CUDA_INJECTION64_PATH"):
                 self.unavailable = ("another CUPTI tool is injected (CUDA_INJECTION64_PATH), and gpuscope leaves "

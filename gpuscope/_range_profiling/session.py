@@ -382,6 +382,7 @@ class Profiler(UserRanges, PerLaunchModes):
         by CUPTI (another CUPTI client of the process called ``cuptiFinalize`` while nothing of gpuscope's was
         open, which gpuscope cannot see then: ``tests/gpu/test_finalize.py``): it is dropped untouched and the
         session sets up afresh, once, with a warning."""
+        from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import profiler
         from gpuscope.errors import CuptiError
 
@@ -393,9 +394,7 @@ class Profiler(UserRanges, PerLaunchModes):
                 raise
             refused = exc
         stale, self._rp, self._key = self._rp, None, None
-        finalizer = getattr(stale, "_finalizer", None)
-        if finalizer is not None:
-            finalizer.detach()  # never disabled: CUPTI forgot it
+        _keep.abandon(stale)  # never disabled: CUPTI forgot it
         profiler._after_detach()  # and its initialisation
         profiler.initialize(self._context.handle)
         self._configure(*self._configured)

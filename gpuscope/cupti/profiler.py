@@ -54,7 +54,7 @@ _pm = Functions(
 
 # cuptiProfilerInitialize is process-wide; count users so that one client's deinitialize does not pull the
 # rug from another (a range profiler and a PM sampler may be open together). A kept range profiler or PM sampler
-# (gpuscope._gpu.keep) is a user too, so the count is what a cuptiFinalize would wipe: while it is above 0 gpuscope
+# (gpuscope._gpu.keep) is a user too, so the count is what a cuptiFinalize would wipe: while a session is open gpuscope
 # holds CUPTI's subscriber as its witness (callbacks.hold), and checks it before trusting the initialisation again.
 _init_lock = threading.Lock()
 _init_count = 0
@@ -67,14 +67,14 @@ def initialize(context: int = 0) -> None:
     """``cuptiProfilerInitialize``, reference-counted: pair every call with :func:`deinitialize`.
 
     While a session is open (a user that is not something kept between sessions), gpuscope holds CUPTI's callback
-    subscriber as the witness that CUPTI was not finalized under it (:func:`witness`); it lets go of it when only
-    kept users are left (:func:`lend_witness`, :func:`deinitialize`): held while gpuscope merely kept a profiler,
-    it took the subscriber from torch.profiler, whose Kineto then recorded no GPU event (H100, PyTorch 2.11). A
-    later user trusts the initialisation only once CUPTI is found to still know a witness held: where another client
-    of the process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first and CUPTI's profiler
-    is initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a ``cuptiFinalize`` CUPTI refuses
-    that (``NOT_INITIALIZED``) until a call names a context: it is attached again through *context* (a
-    ``CUcontext``; 0: the thread's current one) and asked once more."""
+    subscriber as the witness that CUPTI was not finalized under it (:func:`gpuscope.cupti.callbacks.hold`); it lets
+    go of it when only kept users are left (:func:`lend_witness`, :func:`deinitialize`): held while gpuscope merely
+    kept a profiler, it took the subscriber from torch.profiler, whose Kineto then recorded no GPU event (H100,
+    PyTorch 2.11). A later user trusts the initialisation only once CUPTI is found to still know a witness held:
+    where another client of the process finalized CUPTI since, everything gpuscope had in CUPTI is forgotten first
+    and CUPTI's profiler is initialised afresh (:func:`gpuscope.cupti.callbacks.known`). Right after a
+    ``cuptiFinalize`` CUPTI refuses that (``NOT_INITIALIZED``) until a call names a context: it is attached again
+    through *context* (a ``CUcontext``; 0: the thread's current one) and asked once more."""
     global _init_count, _witness, _sessions
     from gpuscope.cupti import callbacks
 
@@ -127,32 +127,31 @@ def _current_context() -> int:
         return 0
 
 
-def witness() -> int | None:
-    """What vouches that CUPTI was not finalized since its profiler was initialised (:func:`gpuscope.cupti.callbacks.
-    hold`): the generation of gpuscope's subscription; None where another CUPTI client holds the subscriber (it may
-    finalize CUPTI unseen); 0 where nothing can (CUPTI cannot say, or nothing is initialised)."""
-    return _witness if _init_count else 0
-
-
 def lend_witness() -> int | None:
     """A session's initialisation is handed to something kept between sessions (:func:`gpuscope._gpu.keep.keep`):
     where no session is left open, the subscriber goes back (torch.profiler may take it). Returns what vouches for
     the kept thing: None where another client held the subscriber (nothing should be kept), else 0 (nothing vouches
     any more: a finalize by another client while nothing is open is found when CUPTI refuses the kept profiler,
     :meth:`gpuscope.Profiler.start`)."""
-    global _witness, _sessions
-    from gpuscope.cupti import callbacks
+    global _sessions
 
     with _init_lock:
         if not _init_count:
             return 0
         had = _witness
         _sessions = max(_sessions - 1, 0)
-        if _sessions or not had:
-            return None if had is None else 0
-        _witness = 0
-        callbacks.let_go(had)
-    return 0
+        _give_back_if_only_kept()
+    return None if had is None else 0
+
+
+def _give_back_if_only_kept() -> None:
+    """Under ``_init_lock``: where no session is left open, let go of the subscriber the initialisation holds."""
+    global _witness
+    from gpuscope.cupti import callbacks
+
+    if not _sessions and _witness:
+        last, _witness = _witness, 0
+        callbacks.let_go(last)
 
 
 def _before_detach() -> None:
@@ -174,9 +173,7 @@ def deinitialize(kept: bool = False) -> None:
         if not kept and _sessions:
             _sessions -= 1
         if _init_count:
-            if not _sessions and _witness:  # only kept users are left: the subscriber goes back
-                last, _witness = _witness, 0
-                callbacks.let_go(last)
+            _give_back_if_only_kept()  # only kept users left: the subscriber goes back
             return
         last, _witness, _sessions = _witness, None, 0
         try:

@@ -14,11 +14,9 @@ import xarray as xr
 import gpuscope as gs
 from gpuscope._results.report_topdown import _verdict
 
+from .test_pass_spread import PCT, REASONS
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "range" / "iteration_vs_ncu_app_gh100.npz"
-REASONS = ("no_instruction", "barrier", "membar", "branch_resolving", "sleeping", "misc", "dispatch_stall",
-           "math_pipe_throttle", "long_scoreboard", "imc_miss", "mio_throttle", "drain", "lg_throttle",
-           "short_scoreboard", "wait", "tex_throttle", "selected", "not_selected")
-PCT = "smsp__warp_issue_stalled_{}_per_warp_active.pct"
 
 
 @pytest.fixture(scope="module")
