@@ -2,7 +2,10 @@
 with Nsight Compute on the same launches, recorded in the same test run (``benchmarks/bench_stalls_vs_ncu.py``
 gives the full table)."""
 
+import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,23 +68,67 @@ def test_cupti_schedule_is_what_went_wrong(work):
     assert np.median(total) < 85, np.round(np.sort(total), 1)
 
 
+# gpuscope's side runs in a fresh process, as ncu's does: in the pytest process, after test_cupy_kernels
+# (test_range_profiling.py) had profiled CuPy kernels, imc_miss of the 2-10 us launches came out 8 points lower and
+# long_scoreboard 3 higher, three times out of three, while a plain process with the same history did not move
+# (docs/measurements.md, "What a process's history does to short kernels")
+CHILD = r"""
+import json, sys
+sys.path.insert(0, {probes!r})
+import numpy as np
+import gpuscope as gs
+from probe_pass_consistency import PCT, REASONS, Work
+
+work = Work()
+work.step()
+work.step()
+with gs.Profiler(metrics="topdown", mode="kernel") as prof:
+    work.step()
+ds = prof.dataset
+td = gs.topdown(ds, check="ignore")
+print(json.dumps({{"shares": np.stack([ds[PCT.format(r)].values for r in REASONS], axis=1).tolist(),
+                  "consistent": td["consistent"].values.astype(bool).tolist(),
+                  "kernels": [str(k) for k in ds.kernel.values],
+                  "attrs": {{k: ds.attrs[k] for k in ("replay_ms_per_launch", "pass_plan") if k in ds.attrs}}}}))
+"""
+
+
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
-def test_agrees_with_ncu_launch_by_launch(work):
-    with gs.Profiler(metrics="topdown", mode="kernel") as prof:
-        work.step()
-    ds = prof.dataset
-    gs.release()  # ncu's child needs the counters
+def test_agrees_with_ncu_launch_by_launch():
+    gs.release()  # the children need the counters
+    probes = str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes")
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(probes=probes)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
     ncu = run_ncu(shutil.which("ncu"), METRICS, 1)["rows"]
-    assert len(ncu) == ds.sizes["range"]
+    shares, ok = np.array(got["shares"]), np.array(got["consistent"])
+    assert len(ncu) == len(shares)
     ref = np.array([[r[PCT.format(x)] for x in REASONS] for r in ncu])
-    diff = np.abs(_shares(ds) - ref).max(axis=1)
+    diff = np.abs(shares - ref).max(axis=1)
     dur = np.array([r["gpu__time_duration.sum"] for r in ncu]) / 1e3
-    # ncu's own run-to-run difference is 1-2 points (median) on these kernels; CUPTI's schedule gave 14-19, the
-    # plan 4-6 (docs/measurements.md)
-    assert np.median(diff[dur < 10]) < 10, np.round(diff, 1)
-    assert np.median(diff[dur >= 10]) < 10, np.round(diff, 1)
+    explained = _explain(shares, ref, diff, ok, ncu, got["attrs"])
+    print(explained)  # shown with -s
+    if os.environ.get("GPUSCOPE_TEST_RECORD"):  # both sides' shares, to tell which one moved
+        Path(os.environ["GPUSCOPE_TEST_RECORD"]).write_text(json.dumps(
+            {"gpuscope": shares.tolist(), "ncu": ref.tolist(), "duration_us": dur.tolist(),
+             "kernels": [r["kernel"] for r in ncu]}))
+    # ncu's own run-to-run difference is 1-3 points (median) on these kernels; CUPTI's schedule gave 14-19, the
+    # plan 1-4 (docs/measurements.md)
+    assert np.median(diff[dur < 10]) < 10, explained
+    assert np.median(diff[dur >= 10]) < 10, explained
     # the launches gpuscope calls consistent are the ones that agree (measured under 10 us: 1.1 points median
     # against 4.3 for the others)
-    ok = gs.topdown(ds, check="ignore")["consistent"].values.astype(bool)
-    assert ok.any() and (~ok).any()
-    assert np.median(diff[ok]) < np.median(diff[~ok]), (np.round(diff[ok], 1), np.round(diff[~ok], 1))
+    assert ok.any() and (~ok).any(), explained
+    assert np.median(diff[ok]) < np.median(diff[~ok]), explained
+
+
+def _explain(shares, ref, diff, ok, ncu, attrs):
+    """What a failure shows: the differences, the reasons they come from, and the worst launches."""
+    signed = shares - ref
+    by_reason = {r: round(float(np.mean(signed[:, i])), 1) for i, r in enumerate(REASONS)
+                 if abs(np.mean(signed[:, i])) >= 0.5}
+    worst = [(ncu[i]["kernel"][:60], round(float(diff[i]), 1), REASONS[int(np.argmax(np.abs(signed[i])))])
+             for i in np.argsort(diff)[::-1][:5]]
+    return (f"consistent {np.round(diff[ok], 1)}, the others {np.round(diff[~ok], 1)}; mean gpuscope - ncu by "
+            f"reason {by_reason}; worst {worst}; session attrs {attrs}")
