@@ -18,6 +18,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import threading
 import traceback
 
 from gpuscope.errors import GpuscopeError
@@ -301,6 +302,31 @@ def _filters(opts: RunOptions) -> str:
     return " ".join(parts)
 
 
+#: What the results need once the script has run (xarray and pandas: 0.7 s to import on the H100 machine), imported
+#: while the session starts, whose CUDA and CUPTI calls release the GIL (docs/measurements.md).
+_RESULTS_MODULES = ("gpuscope._results.report", "gpuscope._results.io")
+
+
+@contextlib.contextmanager
+def _results_imported_meanwhile():
+    """Import the results' modules on a thread while the block runs; wait for it at the end, so that no thread of
+    ours is importing once the script starts (a script that forks would inherit the import locks it holds)."""
+
+    def load():
+        for name in _RESULTS_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 (the import after the script raises it where it is needed)
+                return
+
+    thread = threading.Thread(target=load, name="gpuscope-run-imports", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
 @contextlib.contextmanager
 def _nvtx_routed(opts: RunOptions):
     """With --nvtx: NVTX goes to CUPTI from before the session and the script start (``gpuscope.enable_nvtx``);
@@ -343,13 +369,12 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     GpuscopeError
         The session could not start (no GPU, unknown metric, counters busy) or close.
     """
-    from gpuscope._results.report import report
-
     out = out or sys.stdout
     check_options(opts)
     with _nvtx_routed(opts):
-        session = _session(opts, profiler_factory, sampler_factory)
-        session.__enter__()
+        with _results_imported_meanwhile():
+            session = _session(opts, profiler_factory, sampler_factory)
+            session.__enter__()
         close_error = None
         try:
             code = execute(opts.script, opts.args, opts.module)
@@ -386,6 +411,8 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
               "column.", file=sys.stderr)
         return code or EXIT_NOTHING_PROFILED
     if opts.report:
+        from gpuscope._results.report import report
+
         for part in parts:
             label = f"\ndevice {part.attrs['device_index']}:" if len(parts) > 1 else ""
             print(f"{label}\n{report(part)}", file=out)

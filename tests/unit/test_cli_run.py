@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -300,3 +301,35 @@ def test_dash_m_refused_before_anything_runs(fake, package, tmp_path, capsys, ar
     assert not fake.made and not (tmp_path / "init_events.json").exists()  # nothing imported, nothing started
     assert status(["run", "-m", "pkg"]) == cli.EXIT_USAGE
     assert "'pkg' is a package and cannot be run directly" in capsys.readouterr().err
+
+
+def test_results_modules_load_while_the_session_starts_and_no_thread_is_left_for_the_script(
+        fake, tmp_path, monkeypatch):
+    """The results' modules (xarray, the report) are imported on a thread during the session's start, whose CUDA and
+    CUPTI calls release the GIL; the thread has ended before the script runs, so a script that forks inherits no
+    import lock."""
+    gate, order = threading.Event(), []
+    (tmp_path / "results_stand_in.py").write_text(
+        "import sys\nsys._gpuscope_test_order.append('import begins')\nsys._gpuscope_test_gate.wait(10)\n"
+        "sys._gpuscope_test_order.append('import ends')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "_gpuscope_test_gate", gate, raising=False)
+    monkeypatch.setattr(sys, "_gpuscope_test_order", order, raising=False)
+    monkeypatch.setattr(_run, "_RESULTS_MODULES", ("results_stand_in",))
+
+    class Watching(FakeProfiler):
+        def __enter__(self):
+            order.append("session enters")
+            gate.set()  # the import thread was waiting: it ran beside the session's start
+            return super().__enter__()
+
+    monkeypatch.setattr(_session, "Profiler", Watching)
+    path = script(tmp_path, """
+        import sys, threading
+        sys._gpuscope_test_order.append(("script", [t.name for t in threading.enumerate()]))
+    """)
+    assert cli.main(["run", "--no-report", str(path)]) == 0
+    # the import waits for the session's start (the gate), and has ended before the script
+    assert sorted(map(str, order[:3])) == ["import begins", "import ends", "session enters"]
+    assert order.index("session enters") < order.index("import ends")
+    assert order[3][0] == "script" and "gpuscope-run-imports" not in order[3][1]
