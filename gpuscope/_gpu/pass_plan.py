@@ -41,7 +41,9 @@ is 0.5% (median) on kernels of 50 us and more and 11% under 10 us, and it ranks 
 disagree with ncu's (Spearman 0.71): under 10 us, the launches it passes (23 of 66) differ from ncu by 1.1 points
 (median of the largest share difference), the others by 4.3. Dividing each pass's counts by its own pass's counter was measured too and agrees with
 ncu no better (median largest difference 2.6 against 2.7 points under 10 us) while its sums scatter more (80%
-within 100 +/- 5% against 92%): the stall counts of the later passes follow the first pass's anchor better than
+within 100 +/- 5% against 92%), and in iteration mode too, against ncu's application replay (4.0 against 3.9 points,
+70% within 100 +/- 5% against 79%, on tests/fixtures/range/iteration_vs_ncu_app_gh100.npz): the stall counts of the
+later passes follow the first pass's anchor better than
 their own counters, so every share divides by the first stall pass's ``sm__warps_active.sum`` and the other
 anchors are the check. The Dataset holds them (``pass_anchors`` attr), and the check is in the data:
 ``warp_state_coverage`` must be 100 +/- 5% and ``pass_spread`` at most 10%, and rows where they are not are
