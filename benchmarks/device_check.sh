@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the GPU tests (in a random order), then the quickstart's GPU
 # snippets, the tutorials and a live demo, with logs under ${OUT:-/tmp/gpuscope-check}. Prints a short summary
-# last. Each part fits one 600 s device call:
-#   bash benchmarks/device_check.sh tests        # GPUSCOPE_TEST_SHUFFLE=<seed> picks the order (default 1)
+# last. The GPU tests take about 10 minutes: each half fits one 600 s device call, and so do the tutorials:
+#   bash benchmarks/device_check.sh tests1       # GPUSCOPE_TEST_SHUFFLE=<seed> picks the order (default 1)
+#   bash benchmarks/device_check.sh tests2
 #   bash benchmarks/device_check.sh tutorials
+# (``tests`` runs both halves, one after the other; ``all`` everything.)
 set -u
 OUT=${OUT:-/tmp/gpuscope-check}; mkdir -p "$OUT"
 PART=${1:-all}
 source tests/gpu/device_env.sh >/dev/null 2>&1
 : > "$OUT/summary.txt"
-if [ "$PART" = "tests" ] || [ "$PART" = "all" ]; then
-    GPUSCOPE_TEST_SHUFFLE=${GPUSCOPE_TEST_SHUFFLE:-1} timeout 560 python3 -m pytest -m gpu -v -p no:cacheprovider -rA \
-        --tb=short --durations=15 -o faulthandler_timeout=150 tests/gpu > "$OUT/gpu_tests.log" 2>&1
-    echo "gpu tests rc=$?" >> "$OUT/summary.txt"
-    grep -E "shuffled|passed|failed" "$OUT/gpu_tests.log" | tail -2 >> "$OUT/summary.txt"
-    grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
-    [ "$PART" = "tests" ] && { cat "$OUT/summary.txt"; exit 0; }
-fi
+HALF1="test_cli_run test_fast_topdown_order test_finalize test_found_iterations test_foundation test_kernel_names
+       test_kernel_times test_multi_gpu test_nvtx test_pc_sampling test_pytorch"
+gpu_tests() {  # $1: the log's name; the rest: test files
+    local name=$1; shift
+    GPUSCOPE_TEST_SHUFFLE=${GPUSCOPE_TEST_SHUFFLE:-1} timeout 580 python3 -m pytest -m gpu -v -p no:cacheprovider -rA \
+        --tb=short --durations=15 -o faulthandler_timeout=150 "$@" > "$OUT/$name.log" 2>&1
+    echo "$name rc=$?" >> "$OUT/summary.txt"
+    grep -E "shuffled|passed|failed" "$OUT/$name.log" | tail -2 >> "$OUT/summary.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/$name.log" >> "$OUT/summary.txt"
+}
+first=(); second=()
+for f in tests/gpu/test_*.py; do
+    case " $(echo $HALF1) " in *" $(basename "$f" .py) "*) first+=("$f") ;; *) second+=("$f") ;; esac
+done
+case "$PART" in tests1|tests|all) gpu_tests gpu_tests1 "${first[@]}" ;; esac
+case "$PART" in tests2|tests|all) gpu_tests gpu_tests2 "${second[@]}" ;; esac
+case "$PART" in tests1|tests2|tests) cat "$OUT/summary.txt"; exit 0 ;; esac
 python3 - <<'PY'
 import re, pathlib
 for page in ("quickstart", "pytorch"):

@@ -62,3 +62,39 @@ def test_roofline_fp_counts_equal_ncus(work):
         b = theirs["flop_rate"].sel(precision="fp64").values[launch]
         assert a > 0
         assert abs(a / b - 1) < 0.1, (launch, a, b)
+
+
+#: Counters of executed work, as tests/unit/test_sol_fixtures.py compares them on the H200 recording: the same
+#: program gives the same counts in both tools (the dispatch-decided fmaheavy split and the GEMM's barrier polling
+#: aside, which that file explains).
+COUNTS = ("smsp__sass_thread_inst_executed_op_", "sm__ops_path_tensor_src_", "smsp__inst_executed",
+          "smsp__thread_inst_executed", "sm__pipe_tensor_cycles_active.sum", "smsp__sass_inst_executed_op_",
+          "smsp__sass_data_bytes_mem_shared", "l1tex__t_bytes_pipe_lsu_", "l1tex__t_requests_pipe_lsu_",
+          "sm__ctas_launched.sum", "sm__warps_launched.sum")
+DISPATCHED = ("smsp__inst_executed_pipe_fmaheavy.sum",)
+GEMM, GEMM_POLLING = 2, ("smsp__inst_executed", "smsp__thread_inst_executed",
+                         "smsp__sass_thread_inst_executed_op_control_pred_on.sum",
+                         "smsp__sass_thread_inst_executed_op_misc_pred_on.sum")
+
+
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
+def test_the_four_sets_count_what_ncu_counts_in_the_same_run(work):
+    sets = ["roofline", "memory", "occupancy", "instructions"]
+    with gs.Profiler(sets, mode="kernel") as prof:
+        work.step()
+    ds = prof.dataset
+    gs.release()  # ncu's child needs the counters
+    metrics = list(dict.fromkeys(m for s in sets for m in gs.metric_set(s).metrics))
+    rows = rs.run_ncu(shutil.which("ncu"), metrics, [])["rows"]
+    assert not rs.matched(ds, rows)
+    counts = [m for m in map(str, ds.data_vars) if m.startswith(COUNTS) and not m.endswith(".peak_sustained")
+              and m not in DISPATCHED]
+    assert len(counts) >= 30
+    for m in counts:
+        launches = [i for i in range(len(rows)) if not (i == GEMM and m.startswith(GEMM_POLLING))]
+        ours = np.asarray(ds[m].values, dtype=float)[launches]
+        theirs = np.array([rows[i][m] for i in launches])
+        np.testing.assert_array_equal(ours, theirs, err_msg=m)
+    # every analysis runs on the session's Dataset
+    assert gs.roofline(ds).sizes["precision"] >= 4  # with the tensor paths
+    assert gs.instruction_mix(ds).sizes["range"] == len(rows)
