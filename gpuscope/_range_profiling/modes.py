@@ -49,6 +49,7 @@ class PerLaunchModes:
     _coverage = None  # auto mode following the launch stream: what it left unprofiled (coverage.Coverage)
     _graphs = None  # the kernels of CUDA graph launches (graphs.GraphKernels)
     _found_period = None  # the period of the loop the pass group under way was begun on
+    _first_loop = None  # (offset, found_at) of the first loop found in the launch stream
 
     def _use_kernel(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -136,7 +137,7 @@ class PerLaunchModes:
                        and tracker.launches >= 30)
             attrs, message = self._coverage.summary(self._rows, lambda s: self._kernel_names().name(_readable(s)),
                                                     tracker.launches if tracker is not None else None, no_loop,
-                                                    wanted if self.filter.active else None)
+                                                    wanted if self.filter.active else None, self._first_loop)
             self._notes.update(attrs)
             if message:
                 _warn(message)
@@ -231,6 +232,7 @@ class PerLaunchModes:
         self._collector = self._iteration_replay()
         self.mode_used, self.cycles = Mode.ITERATION, self.passes
         self._found_period = rep.period
+        self._first_loop = (rep.offset, rep.found_at)
         self._notes.update(iterations_found_by="repetition", repetition_period=len(rep.period),
                            repetition_offset=rep.offset, repetition_found_at=rep.found_at,
                            launches_before_repetition=kernel_phase.heard,

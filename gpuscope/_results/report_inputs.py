@@ -87,6 +87,34 @@ def graph_note(ds) -> str:
     return f"{text} (their kernels not named: {why})" if why else text
 
 
+#: The reasons of gpuscope._range_profiling.coverage.REASONS, as the report's first lines say them.
+_WHY = {"searching": "while it searched for the loop", "between_iterations": "between the loop's iterations",
+        "loop_changed": "in a pass group given up when the loop changed",
+        "unmatched": "in iterations that launched other kernels",
+        "incomplete_group": "in the last pass group, short of the set's passes"}
+
+
+def coverage_note(ds) -> str:
+    """What auto mode, following the launch stream, profiled of what it saw (attrs ``launches_seen``,
+    ``launches_profiled`` and, once it found a loop, ``launches_from_the_loop``...: gpuscope._range_profiling.coverage),
+    or ``""`` for other sessions."""
+    seen, profiled = ds.attrs.get("launches_seen"), ds.attrs.get("launches_profiled")
+    if seen is None or profiled is None or int(seen) <= 0:
+        return ""
+    seen, profiled = int(seen), int(profiled)
+    text = f"auto mode profiled {profiled:,} of the {seen:,} launches it saw ({100 * profiled / seen:.0f}%)"
+    total = int(ds.attrs.get("launches_from_the_loop", 0) or 0)
+    if total > 0:
+        ours = int(ds.attrs["launches_profiled_from_the_loop"])
+        text += (f"; from the loop's first iteration (launch {int(ds.attrs['loop_first_launch'])}) on, {ours:,} of "
+                 f"{total:,} ({100 * ours / total:.0f}%)")
+    why = ds.attrs.get("launches_unprofiled_by_reason")
+    if isinstance(why, dict) and why:
+        text += "; not profiled: " + ", ".join(f"{int(n):,} {_WHY.get(reason, reason.replace('_', ' '))}"
+                                               for reason, n in why.items())
+    return text
+
+
 def _finite(ds, dim: str, what: str):
     """*ds* with NaN in place of every NaN or inf of its metrics along *dim* (missing, not a number to sum), and
     a note that counts them per metric.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite, graph_note
+from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite, coverage_note, graph_note
 from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 from gpuscope._results.report_topdown import _topdown_columns, topdown_per_launch
 
@@ -140,6 +140,8 @@ def _range_report(ds, *, by: str | None = None) -> Report:
              + (f", {mode} mode" if mode else "") + f" ({_device_line(ds)})")
     if graph_note(ds):
         title += f". {graph_note(ds)}."
+    if coverage_note(ds):
+        title += f". {coverage_note(ds)[0].upper()}{coverage_note(ds)[1:]}."
     if share_of:
         notes.insert(0, f"share: of the {share_of} of all rows.")
     return _new(frame, title, notes, _percent_columns(*percent), _RANGE_PRIORITY)

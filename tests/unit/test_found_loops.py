@@ -274,3 +274,36 @@ def test_launches_the_name_filters_leave_out_are_not_counted_as_auto_modes(auto)
     by_kernel = p._notes["launches_unprofiled_by_kernel"]
     assert set(by_kernel) == {"a", "b", "c", "checkpoint"} and by_kernel["checkpoint"] == 7  # no noise
     assert p._notes["kernels_never_profiled"] == ["checkpoint"]
+
+
+def test_launches_from_the_loops_first_iteration_are_told_apart_from_setup(auto):
+    # fill_a and fill_b are setup; the loop (gemm, relu) starts at launch 2 and is confirmed at launch 7: of its
+    # launches 2-7 the search replayed gemm and relu once (launches 2 and 3), and 4-7 ran unprofiled.
+    p = auto(passes=2)
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        p.close()
+    a = p._notes
+    assert (a["loop_first_launch"], a["launches_from_the_loop"]) == (2, 26)
+    assert (a["launches_profiled_from_the_loop"], a["launches_searching_in_the_loop"]) == (2 + 20, 4)
+    from gpuscope._range_profiling.coverage import from_the_loop_text
+
+    assert from_the_loop_text(a) == ("From the loop's first iteration (launch 2) on: 22 of 26 launches profiled (85%); "
+                                     "4 of the others were its iterations while it was searched for (warm-up steps, "
+                                     "often).")
+
+
+def test_a_pytorch_like_scripts_warm_up_is_counted_as_the_loops_iterations_during_the_search(auto):
+    stream, _ = pytorch_like_stream()
+    init = len(stream) - 23 * 76  # the initialisation, then 3 warm-up steps and 20 measured steps of 76 launches
+    p = auto(passes=2)
+    feed(p, stream)
+    (said,) = close(p) or [""]
+    a = p._notes
+    from_loop = a["launches_from_the_loop"]
+    assert a["loop_first_launch"] >= init and from_loop == len(stream) - a["loop_first_launch"]
+    # all 20 measured steps are profiled (10 groups of two); what the loop lost is its iterations during the search
+    assert a["launches_profiled_from_the_loop"] >= 20 * 76
+    assert a["launches_profiled_from_the_loop"] + a["launches_searching_in_the_loop"] == from_loop
+    assert a["launches_searching_in_the_loop"] > 0

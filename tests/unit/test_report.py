@@ -486,3 +486,22 @@ def test_one_unit_for_topdown_in_the_api_the_report_and_the_csv(launches, tmp_pa
     assert r.loc["fma", "retire"] == pytest.approx(api) and written.loc["fma", "retire [%]"] == pytest.approx(api)
     assert f"{api:.1f}%" in r.to_text(200)
     assert written.loc["fma", "share [%]"] == pytest.approx(r.loc["fma", "share"]) == pytest.approx(46.88, abs=0.01)
+
+
+def test_the_first_lines_say_what_auto_mode_profiled_of_what_it_saw():
+    """An auto-mode session that followed the launch stream: its coverage attrs (as on the H100 PyTorch run of
+    docs/measurements.md) lead the report, beside the H100 recording's rows."""
+    from gpuscope._commands import demo
+
+    ds = gs.open_dataset(demo.RECORDED_LAUNCHES)
+    ds.attrs.update(launches_seen=1624, launches_profiled=1172, loop_first_launch=37, launches_from_the_loop=1587,
+                    launches_profiled_from_the_loop=1172, launches_searching_in_the_loop=207,
+                    launches_unprofiled_by_reason={"searching": 226, "incomplete_group": 209})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        head = " ".join(str(gs.report(ds)).split("\nkernel ")[0].split())
+    assert ("Auto mode profiled 1,172 of the 1,624 launches it saw (72%); from the loop's first iteration (launch 37) "
+            "on, 1,172 of 1,587 (74%); not profiled: 226 while it searched for the loop, 209 in the last pass group, "
+            "short of the set's passes.") in head
+    plain = gs.open_dataset(demo.RECORDED_LAUNCHES)
+    assert "Auto mode profiled" not in str(gs.report(plain))
