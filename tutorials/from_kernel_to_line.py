@@ -70,7 +70,7 @@ def collect():
     registers = {}
     for kernel in (scaled_copy, scaled_gather):
         regs = kernel.get_regs_per_thread()
-        registers[kernel.__name__] = int(next(iter(regs.values())) if isinstance(regs, dict) else regs)
+        registers[kernel.py_func.__name__] = int(next(iter(regs.values())) if isinstance(regs, dict) else regs)
     tables = gs.profile_source(step, period=2**10, kernels=[scaled_copy, scaled_gather])
     return prof.dataset, registers, tables
 
