@@ -121,7 +121,11 @@ def _launch(ds, key, k: str) -> list[tuple]:
 def _roofline(rl, k) -> list[tuple]:
     r = rl.sel({_GROUP: k})
     dominant = str(r["dominant_precision"].values)
-    out = [("dominant precision", dominant or "none (no floating-point work)", "")]
+    # without the tensor pipes' counters (the roofline-fp set), a GEMM's tensor work is not counted, not absent
+    none = ("none (no floating-point work)" if "tensor" in r["precision"].values.astype(str) else
+            "none counted (no fp64, fp32 or fp16 work; the tensor pipes were not collected: the roofline set counts "
+            "them)")
+    out = [("dominant precision", dominant or none, "")]
     for p in r["precision"].values.astype(str):
         if float(r["flop"].sel(precision=p).fillna(0)) > 0:
             rate, peak = float(r["flop_rate"].sel(precision=p)), float(r["peak_flop_rate"].sel(precision=p))

@@ -3,6 +3,7 @@ on GH100. Its analysis and plot on the H200 recording of tests/fixtures/sol (the
 tensor counters left out), and its pass counts beside ``topdown``, ``memory`` and ``occupancy`` from CUPTI's host
 API (offline)."""
 
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -64,3 +65,14 @@ def test_beside_topdown_memory_and_occupancy_it_takes_no_pass_more_on_gh100():
     assert gs.count_passes(["topdown", "roofline-fp", "memory", "occupancy"], chip="GH100") == base
     assert gs.count_passes(["topdown", "roofline", "memory", "occupancy"], chip="GH100") == 13
     assert gs.count_passes("roofline-fp", chip="GH100") == 2 < gs.count_passes("roofline", chip="GH100") == 5
+
+
+def test_the_details_page_says_the_tensor_work_was_not_counted(recorded):
+    full, fp = recorded
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = str(gs.report(fp, page="details")), str(gs.report(full, page="details"))
+    gemm = ours.split("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT")[1]
+    assert "none counted (no fp64, fp32 or fp16 work; the tensor pipes were not collected" in " ".join(gemm.split())
+    assert "tensor FLOP/s" in theirs.split("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT")[1]
+    assert "none counted" not in theirs
