@@ -138,10 +138,11 @@ def _range_report(ds, *, by: str | None = None) -> Report:
         frame = frame.sort_values("share", ascending=False, kind="stable")
     title = (f"gpuscope report: {_count(n, what)}, {_count(len(frame), label)}, {set_label}"
              + (f", {mode} mode" if mode else "") + f" ({_device_line(ds)})")
-    if graph_note(ds):
-        title += f". {graph_note(ds)}."
-    if coverage_note(ds):
-        title += f". {coverage_note(ds)[0].upper()}{coverage_note(ds)[1:]}."
+    graphs, coverage = graph_note(ds), coverage_note(ds)
+    if graphs:
+        title += f". {graphs}."
+    if coverage:
+        title += f". {coverage[0].upper()}{coverage[1:]}."
     if share_of:
         notes.insert(0, f"share: of the {share_of} of all rows.")
     return _new(frame, title, notes, _percent_columns(*percent), _RANGE_PRIORITY)
