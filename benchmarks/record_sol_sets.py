@@ -51,6 +51,25 @@ SECTIONS = {
     "occupancy": ("Occupancy", "LaunchStats"),
     "instructions": ("InstructionStats", "ComputeWorkloadAnalysis"),
 }
+#: The launches of one :class:`Work` step, in order (the sum is two cub kernels).
+STREAM, FMA, GEMM, REDUCE, SINGLE = range(5)
+#: Counters of executed work: the same program, the same counts in gpuscope's and ncu's runs (measured on the H200
+#: recording of tests/fixtures/sol). (The L1 tag stage's totals, l1tex__t_sectors and
+#: l1tex__t_bytes, are not among them: 19 of DeviceReduceKernel's 8.4 M sectors more in ncu's run, while its global
+#: loads and stores counted per space are equal.)
+COUNTS = ("smsp__sass_thread_inst_executed_op_", "sm__ops_path_tensor_src_", "smsp__inst_executed",
+          "smsp__thread_inst_executed", "sm__pipe_tensor_cycles_active.sum", "smsp__sass_inst_executed_op_",
+          "smsp__sass_data_bytes_mem_shared", "l1tex__t_bytes_pipe_lsu_", "l1tex__t_requests_pipe_lsu_",
+          "sm__ctas_launched.sum", "sm__warps_launched.sum")
+#: Which FMA-pipe instructions go to the heavy half is decided at dispatch (single tile: 88 in gpuscope's
+#: run, 86 under ncu).
+DISPATCHED = ("smsp__inst_executed_pipe_fmaheavy.sum",)
+#: The GEMM's warps wait for each other in loops (Hopper's warp-specialised kernels poll their barriers): how often
+#: they go round depends on timing, so its instruction totals, pipes and its control and misc classes differ, by
+#: 0.5 % at most in that recording. Its FLOPs, tensor work and memory instructions are compared.
+GEMM_POLLING = ("smsp__inst_executed", "smsp__thread_inst_executed",
+                "smsp__sass_thread_inst_executed_op_control_pred_on.sum",
+                "smsp__sass_thread_inst_executed_op_misc_pred_on.sum")
 #: Columns of ncu's raw page that are not metrics.
 IDENTITY = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
             "Grid Size", "Device", "CC")

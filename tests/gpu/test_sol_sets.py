@@ -14,8 +14,9 @@ pytest.importorskip("cupy")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import record_sol_sets as rs  # noqa: E402
-
-STREAM, FMA = 0, 1
+# what the same program counts alike in both tools, as tests/unit/test_sol_fixtures.py compares it on the H200
+# recording (the dispatch-decided fmaheavy split and the GEMM's barrier polling aside)
+from record_sol_sets import COUNTS, DISPATCHED, FMA, GEMM, GEMM_POLLING, STREAM  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +63,6 @@ def test_roofline_fp_counts_equal_ncus(work):
         b = theirs["flop_rate"].sel(precision="fp64").values[launch]
         assert a > 0
         assert abs(a / b - 1) < 0.1, (launch, a, b)
-
-
-#: Counters of executed work, as tests/unit/test_sol_fixtures.py compares them on the H200 recording: the same
-#: program gives the same counts in both tools (the dispatch-decided fmaheavy split and the GEMM's barrier polling
-#: aside, which that file explains).
-COUNTS = ("smsp__sass_thread_inst_executed_op_", "sm__ops_path_tensor_src_", "smsp__inst_executed",
-          "smsp__thread_inst_executed", "sm__pipe_tensor_cycles_active.sum", "smsp__sass_inst_executed_op_",
-          "smsp__sass_data_bytes_mem_shared", "l1tex__t_bytes_pipe_lsu_", "l1tex__t_requests_pipe_lsu_",
-          "sm__ctas_launched.sum", "sm__warps_launched.sum")
-DISPATCHED = ("smsp__inst_executed_pipe_fmaheavy.sum",)
-GEMM, GEMM_POLLING = 2, ("smsp__inst_executed", "smsp__thread_inst_executed",
-                         "smsp__sass_thread_inst_executed_op_control_pred_on.sum",
-                         "smsp__sass_thread_inst_executed_op_misc_pred_on.sum")
 
 
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")

@@ -36,11 +36,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import gpuscope as gs  # noqa: E402
 import gpuscope.metrics.accessor  # noqa: E402, F401  (registers ds.gpuscope)
 from benchmarks import record_sol_sets as rs  # noqa: E402
+from benchmarks.record_sol_sets import COUNTS, DISPATCHED, FMA, GEMM, GEMM_POLLING, REDUCE, SINGLE, STREAM  # noqa: E402
 from gpuscope.metrics.plot_bars import _brief  # noqa: E402
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sol"
 SETS = ("roofline", "memory", "occupancy", "instructions")
-STREAM, FMA, GEMM, REDUCE, SINGLE = range(5)
 LONG = (STREAM, FMA, GEMM, REDUCE)  # 60 to 590 us; SINGLE runs 3 to 4 us
 KERNELS = ["stream", "fma", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT", "DeviceReduceKernel",
            "DeviceReduceSingleTileKernel"]
@@ -97,23 +97,6 @@ def test_the_recordings_are_the_launches_ncu_profiled():
         assert (ds.attrs["device_name"], ds.attrs["chip"], ds.attrs["cupti_version"]) == ("NVIDIA H200", "GH100",
                                                                                           "13.0")
         assert ds.attrs["passes"] == {"roofline": 5, "memory": 6, "occupancy": 1, "instructions": 6}[name]
-
-
-#: Counters of executed work: the same program, the same counts. (The L1 tag stage's totals, l1tex__t_sectors and
-#: l1tex__t_bytes, are not among them: 19 of DeviceReduceKernel's 8.4 M sectors more in ncu's run, while its global
-#: loads and stores counted per space are equal.)
-COUNTS = ("smsp__sass_thread_inst_executed_op_", "sm__ops_path_tensor_src_", "smsp__inst_executed",
-          "smsp__thread_inst_executed", "sm__pipe_tensor_cycles_active.sum", "smsp__sass_inst_executed_op_",
-          "smsp__sass_data_bytes_mem_shared", "l1tex__t_bytes_pipe_lsu_", "l1tex__t_requests_pipe_lsu_",
-          "sm__ctas_launched.sum", "sm__warps_launched.sum")
-#: Which FMA-pipe instructions go to the heavy half is decided at dispatch (88 here, 86 under ncu, single tile).
-DISPATCHED = ("smsp__inst_executed_pipe_fmaheavy.sum",)
-#: The GEMM's warps wait for each other in loops (Hopper's warp-specialised kernels poll their barriers): how often
-#: they go round depends on timing, so its instruction totals, pipes and its control and misc classes differ, by
-#: 0.5 % at most here. Its FLOPs, tensor work and memory instructions are compared.
-GEMM_POLLING = ("smsp__inst_executed", "smsp__thread_inst_executed",
-                "smsp__sass_thread_inst_executed_op_control_pred_on.sum",
-                "smsp__sass_thread_inst_executed_op_misc_pred_on.sum")
 
 
 @pytest.mark.parametrize("name", SETS)
