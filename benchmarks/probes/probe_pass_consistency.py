@@ -154,11 +154,12 @@ def session(work, reps, metrics, groups=None, tap=None):
     return {"rows": rows, "passes": prof.passes, "wall_s": wall, "config": prof._config if tap else None}
 
 
-def run_ncu(ncu, metrics, reps, extra=()):
-    """ncu on :func:`workload` in a child process (kernel replay unless *extra* says otherwise), its rows parsed."""
+def run_ncu(ncu, metrics, reps, extra=(), child=None):
+    """ncu on :func:`workload` in a child process (kernel replay unless *extra* says otherwise), its rows parsed.
+    *child*: another script and its arguments to run instead (it profiles between cudaProfilerStart and Stop)."""
+    child = child if child is not None else [__file__, "workload", "--reps", str(reps)]
     cmd = [ncu, "--metrics", ",".join(metrics), "--csv", "--page", "raw", "--clock-control", "none",
-           "--cache-control", "none", "--profile-from-start", "off", *extra, sys.executable, __file__, "workload",
-           "--reps", str(reps)]
+           "--cache-control", "none", "--profile-from-start", "off", *extra, sys.executable, *child]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0

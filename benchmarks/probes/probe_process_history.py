@@ -24,8 +24,6 @@ mean shift of ``imc_miss`` and ``long_scoreboard`` on the launches under 10 us.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import shutil
 import subprocess
@@ -39,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_pass_consistency import PCT, REASONS, Work  # noqa: E402
+from probe_pass_consistency import PCT, REASONS, Work, run_ncu  # noqa: E402
 
 
 class _NcuRange:
@@ -100,17 +98,11 @@ def child(case: str, out: str | None) -> None:
 
 
 def run_ncu_case(case: str, metrics: list[str]) -> dict:
-    cmd = [shutil.which("ncu") or "/usr/local/cuda/bin/ncu", "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-           "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off", sys.executable,
-           __file__, "child", case]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
-    table = list(csv.DictReader(io.StringIO("\n".join(lines))))[1:]  # the second row holds units
-    if not table:
-        raise RuntimeError(f"ncu gave no rows for {case} (rc {proc.returncode}): {proc.stderr[-800:]}")
-    return {"shares": [[float(r[PCT.format(x)].replace(",", "")) for x in REASONS] for r in table],
-            "duration_ns": [float(r["gpu__time_duration.sum"].replace(",", "")) for r in table],
-            "kernels": [r["Kernel Name"] for r in table]}
+    """ncu on the work of *case* in a child process (:func:`probe_pass_consistency.run_ncu`)."""
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    rows = run_ncu(ncu, metrics, 1, child=[__file__, "child", case])["rows"]
+    return {"shares": [[r[PCT.format(x)] for x in REASONS] for r in rows],
+            "duration_ns": [r["gpu__time_duration.sum"] for r in rows], "kernels": [r["kernel"] for r in rows]}
 
 
 def main():
