@@ -31,6 +31,7 @@ import numpy as np
 matplotlib.use("Agg")
 
 import gpuscope as gs  # noqa: E402
+from gpuscope.metrics.plot_roofline import si  # noqa: E402  (3.35e12, "B/s") -> "3.35 TB/s"
 
 N = 1 << 24  # 64 MiB per float32 array: far beyond L2
 THREADS = 256
@@ -75,13 +76,6 @@ def collect():
     return prof.dataset, registers, tables
 
 
-def _fmt(value, unit=""):
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".rstrip()
-
-
 def explain(ds, registers=None, tables=None, out="."):
     """Print (and return) what the profile says, kernel by kernel, and write the two figures into *out*."""
     lines = []
@@ -96,12 +90,12 @@ def explain(ds, registers=None, tables=None, out="."):
             p = r.sel(precision=precision)
             intensity = ", ".join(f"{level} {float(p['intensity'].sel(level=level)):.3g}"
                                   for level in [str(v) for v in p["level"].values])
-            say(f"  roofline ({precision}): {_fmt(float(p['flop_rate']), 'FLOP/s')} of "
-                f"{_fmt(float(p['peak_flop_rate']), 'FLOP/s')}; FLOP/byte: {intensity}; bound: {str(p['bound'].values)}"
+            say(f"  roofline ({precision}): {si(float(p['flop_rate']), 'FLOP/s')} of "
+                f"{si(float(p['peak_flop_rate']), 'FLOP/s')}; FLOP/byte: {intensity}; bound: {str(p['bound'].values)}"
                 f" ({float(p['achieved_fraction']) * 100:.0f}% of what that ceiling allows)")
         hits = ", ".join(f"{level} {float(m['hit_rate'].sel(level=level)):.0f}%" for level in ("L1/TEX", "L2"))
         say(f"  memory: busiest {str(m['busiest_level'].values)} at {float(m['busiest_share']):.0f}% of its peak; "
-            f"hit rates {hits}; DRAM {_fmt(float(m['bandwidth'].sel(level='DRAM')), 'B/s')}")
+            f"hit rates {hits}; DRAM {si(float(m['bandwidth'].sel(level='DRAM')), 'B/s')}")
         requests = float(m["l1_requests"].sel(space="global"))
         if requests > 0:  # 128 bytes per request when a warp's 32 float loads coalesce
             say(f"  global memory: {float(m['l1_bytes'].sel(space='global')) / requests:.0f} bytes per L1/TEX request")
