@@ -48,25 +48,25 @@ def _graph_kernels_named(prof, said, launches):
     assert f"{next(iter(kernels))} x{kernels[next(iter(kernels))]}" in text, text
 
 
-def test_graph_launches_in_kernel_mode_are_counted_and_said(graph):
-    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launch") as said:
-        with gs.Profiler("launch", mode="kernel") as prof:
+def _ten_graph_launches(graph, mode: str, match: str):
+    """A session of *mode* over 10 replays of *graph*: it warns (*match*), counts them and names their kernels."""
+    with pytest.warns(gs.GpuscopeWarning, match=match) as said:
+        with gs.Profiler("launch", mode=mode) as prof:
             for _ in range(10):
                 graph.replay()
             torch.cuda.synchronize()
     assert prof.dataset.attrs["graph_launches"] == 10
     _graph_kernels_named(prof, said, 10)
+    return prof
+
+
+def test_graph_launches_in_kernel_mode_are_counted_and_said(graph):
+    prof = _ten_graph_launches(graph, "kernel", "10 CUDA graph launch")
     assert "10 CUDA graph launches not profiled (kernels: " in prof.report().title
 
 
 def test_graph_launches_in_auto_mode_are_counted_and_their_kernels_named(graph):
-    with pytest.warns(gs.GpuscopeWarning, match="10 CUDA graph launches ran .* auto-mode session") as said:
-        with gs.Profiler("launch", mode="auto") as prof:
-            for _ in range(10):
-                graph.replay()
-            torch.cuda.synchronize()
-    assert prof.dataset.attrs["graph_launches"] == 10
-    _graph_kernels_named(prof, said, 10)
+    _ten_graph_launches(graph, "auto", "10 CUDA graph launches ran .* auto-mode session")
 
 
 def test_kernel_replay_beside_graph_launches_profiles_the_launches_and_names_the_graph_kernels(graph):
