@@ -86,3 +86,67 @@ def test_the_four_sets_count_what_ncu_counts_in_the_same_run(work):
     # every analysis runs on the session's Dataset
     assert gs.roofline(ds).sizes["precision"] >= 4  # with the tensor paths
     assert gs.instruction_mix(ds).sizes["range"] == len(rows)
+
+
+def _sections(work, name: str):
+    """One kernel-mode session of the set *name* and ncu's run of the same step with the set's sections: gpuscope's
+    analysis, the same analysis of ncu's raw values, ncu's section values (dicts keyed as record_sol_sets prints
+    them), and the time base (gpu__time_duration.sum) of each tool per launch."""
+    ds = rs.collect(work, name)
+    gs.release()  # ncu's child needs the counters
+    available = rs.sections_available(shutil.which("ncu"))
+    sections = [s for s in rs.SECTIONS[name] if s in available]
+    rows = rs.run_ncu(shutil.which("ncu"), list(map(str, ds.data_vars)), sections)["rows"]
+    assert not rs.matched(ds, rows)
+    regs = [r["launch__registers_per_thread"] for r in rows]
+    smem = [r["launch__shared_mem_per_block_static"] + r["launch__shared_mem_per_block_dynamic"] for r in rows]
+    return (rs.analysed(name, ds, regs, smem), rs.analysed(name, rs.ncu_dataset(ds, rows), regs, smem),
+            [rs.section_values(name, r) for r in rows])
+
+
+LONG = (STREAM, FMA, GEMM)  # launches of 100 us and more; the sum's kernels run 20 and 3 us
+
+
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
+def test_memory_section_values_equal_ncus_in_the_same_run(work):
+    ours, same, sections = _sections(work, "memory")
+    for launch in range(len(sections)):  # gpuscope's formulas on ncu's raw values give ncu's section (2 decimals)
+        for level in ("L1/TEX", "L2"):
+            assert abs(same[launch][f"hit_rate {level}"] - sections[launch][f"hit_rate {level}"]) <= 0.005, launch
+    for launch in (STREAM, FMA):  # the Numba kernels' L1 lookups are the program's own: 0 % and 50 % hit
+        assert ours[launch]["hit_rate L1/TEX"] == same[launch]["hit_rate L1/TEX"]
+    for launch in LONG:  # the busiest unit, and how busy within 10 % (the launches' durations vary by up to 8 %)
+        (a, share), (b, theirs) = (x[launch]["busiest"].rsplit(" ", 1) for x in (ours, same))
+        assert a == b, (launch, a, b)
+        assert abs(float(share.rstrip("%")) / float(theirs.rstrip("%")) - 1) <= 0.1, (launch, share, theirs)
+
+
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
+def test_occupancy_section_values_equal_ncus_in_the_same_run(work):
+    ours, same, sections = _sections(work, "occupancy")
+    for launch in range(len(sections)):
+        for quantity in ("theoretical_occupancy", "shared_memory_config", *(
+                f"block_limit {k}" for k in ("registers", "shared_memory", "warps", "blocks"))):
+            assert ours[launch][quantity] == sections[launch][quantity], (launch, quantity)
+        assert abs(ours[launch]["waves_per_sm"] - sections[launch]["waves_per_sm"]) <= 0.005, launch
+        # achieved occupancy is what the launch's warps did: ncu's formula on its values to 2 decimals, and
+        # gpuscope's own within 3 points on the long launches
+        assert abs(same[launch]["achieved_occupancy"] - sections[launch]["achieved_occupancy"]) <= 0.005, launch
+    for launch in LONG:
+        assert abs(ours[launch]["achieved_occupancy"] - sections[launch]["achieved_occupancy"]) <= 3, launch
+
+
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
+def test_instruction_section_values_equal_ncus_in_the_same_run(work):
+    ours, same, sections = _sections(work, "instructions")
+    pipes = ("alu", "cbu", "fma", "fp64", "lsu", "tensor", "uniform", "xu")
+    for launch in range(len(sections)):  # ncu prints the utilisation to two decimals
+        for pipe in pipes:
+            quantity = f"pipe_utilization {pipe}"
+            assert abs(same[launch][quantity] - sections[launch][quantity]) <= 0.005, (launch, quantity)
+    for launch in LONG:  # by the launch's active cycles in each run: within 5 % where the pipe is 1 % busy or more
+        for pipe in pipes:
+            quantity = f"pipe_utilization {pipe}"
+            if same[launch][quantity] >= 1:
+                assert abs(ours[launch][quantity] / same[launch][quantity] - 1) <= 0.05, (launch, quantity)
+    assert [x["busiest_pipe"] for x in ours][:len(LONG)] == [x["busiest_pipe"] for x in same][:len(LONG)]
