@@ -113,8 +113,9 @@ def test_memory_section_values_equal_ncus_in_the_same_run(work):
     for launch in range(len(sections)):  # gpuscope's formulas on ncu's raw values give ncu's section (2 decimals)
         for level in ("L1/TEX", "L2"):
             assert abs(same[launch][f"hit_rate {level}"] - sections[launch][f"hit_rate {level}"]) <= 0.005, launch
-    for launch in (STREAM, FMA):  # the Numba kernels' L1 lookups are the program's own: 0 % and 50 % hit
-        assert ours[launch]["hit_rate L1/TEX"] == same[launch]["hit_rate L1/TEX"]
+    for launch in (STREAM, FMA):  # the Numba kernels' L1 lookups are the program's own: 0 % and 50 % hit (on the
+        # H100 fma's 49.982 % against ncu's 49.988 %: a few hundred of its 4 M sectors)
+        assert abs(ours[launch]["hit_rate L1/TEX"] - same[launch]["hit_rate L1/TEX"]) <= 0.05, launch
     for launch in LONG:  # the busiest unit, and how busy within 10 % (the launches' durations vary by up to 8 %)
         (a, share), (b, theirs) = (x[launch]["busiest"].rsplit(" ", 1) for x in (ours, same))
         assert a == b, (launch, a, b)
