@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import record_sol_sets as rs  # noqa: E402
 # what the same program counts alike in both tools, as tests/unit/test_sol_fixtures.py compares it on the H200
 # recording (the dispatch-decided fmaheavy split and the GEMM's barrier polling aside)
-from record_sol_sets import COUNTS, DISPATCHED, FMA, GEMM, GEMM_POLLING, STREAM  # noqa: E402
+from record_sol_sets import COUNTS, DISPATCHED, FMA, GEMM, GEMM_POLLING, REDUCE, STREAM  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,9 @@ def test_memory_section_values_equal_ncus_in_the_same_run(work):
     for launch in (STREAM, FMA):  # the Numba kernels' L1 lookups are the program's own: 0 % and 50 % hit (on the
         # H100 fma's 49.982 % against ncu's 49.988 %: a few hundred of its 4 M sectors)
         assert abs(ours[launch]["hit_rate L1/TEX"] - same[launch]["hit_rate L1/TEX"]) <= 0.05, launch
-    for launch in LONG:  # the busiest unit, and how busy within 10 % (the launches' durations vary by up to 8 %)
+    # the busiest unit of the launches that move memory, and how busy within 10 % (their durations vary by up to
+    # 8 %); fma computes, and its busiest unit at a few percent is DRAM or L2 by chance
+    for launch in (STREAM, GEMM, REDUCE):
         (a, share), (b, theirs) = (x[launch]["busiest"].rsplit(" ", 1) for x in (ours, same))
         assert a == b, (launch, a, b)
         assert abs(float(share.rstrip("%")) / float(theirs.rstrip("%")) - 1) <= 0.1, (launch, share, theirs)
