@@ -149,3 +149,33 @@ def test_every_module_has_a_layer_and_names_its_job():
         tree = ast.parse(path.read_text())
         if path.name == "__init__.py" or path.stat().st_size > 200:
             assert ast.get_docstring(tree), f"{path}: the first line says what the module is for"
+
+
+def _modules(*packages: str) -> list[str]:
+    out = []
+    for package in packages:
+        for path in sorted((PACKAGE.parent / package.replace(".", "/")).glob("*.py")):
+            out.append(package if path.stem == "__init__" else f"{package}.{path.stem}")
+    return out
+
+
+def test_every_analysis_module_imports_first_in_a_fresh_interpreter():
+    """``import gpuscope`` registers ``ds.gpuscope`` when xarray is first imported, from inside that import: a
+    script whose first import is one of these modules (``from gpuscope.metrics.plot_roofline import si``) must not
+    meet a half-initialised module (the tutorial did, before the accessor imported its modules lazily)."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    modules = _modules("gpuscope.metrics", "gpuscope._results")
+
+    def first_import(module: str):
+        proc = subprocess.run([sys.executable, "-c", f"import {module}; import xarray as xr; "
+                               "assert hasattr(xr.Dataset, 'gpuscope')"], capture_output=True, text=True,
+                              cwd=PACKAGE.parent)
+        return module, proc.returncode, proc.stderr[-600:]
+
+    with ThreadPoolExecutor(4) as pool:
+        failed = [(m, err) for m, rc, err in pool.map(first_import, modules) if rc]
+    assert len(modules) > 30
+    assert not failed, failed
