@@ -108,6 +108,11 @@ def coverage_note(ds) -> str:
         ours = int(ds.attrs["launches_profiled_from_the_loop"])
         text += (f"; from the loop's first iteration (launch {int(ds.attrs['loop_first_launch'])}) on, {ours:,} of "
                  f"{total:,} ({100 * ours / total:.0f}%)")
+    completed = int(ds.attrs.get("launches_completed_from_earlier_group", 0) or 0)
+    if completed > 0:
+        borrowed = int(ds.attrs.get("passes_from_earlier_group", 0) or 0)
+        text += (f"; {completed:,} in the last pass group, with {borrowed} of their passes from the group before "
+                 "(passes_from_earlier_group)")
     why = ds.attrs.get("launches_unprofiled_by_reason")
     if isinstance(why, dict) and why:
         text += "; not profiled: " + ", ".join(f"{int(n):,} {_WHY.get(reason, reason.replace('_', ' '))}"

@@ -307,3 +307,46 @@ def test_a_pytorch_like_scripts_warm_up_is_counted_as_the_loops_iterations_durin
     assert a["launches_profiled_from_the_loop"] >= 20 * 76
     assert a["launches_profiled_from_the_loop"] + a["launches_searching_in_the_loop"] == from_loop
     assert a["launches_searching_in_the_loop"] > 0
+
+
+def test_an_incomplete_last_group_is_completed_from_the_group_before(auto):
+    # (gemm, relu) x 14 from launch 2: the loop is followed from launch 8, 11 iterations: groups 0-2 complete (9
+    # iterations), the last one ran 2 of 3 passes. Its rows take the passes that ran from it (metric m) and the
+    # third from the same launches of group 2 (metric n, NaN in the incomplete group's image, as CUPTI evaluates the
+    # counters of passes that did not run).
+    p = auto(passes=3)
+    p.metrics = ["m", "n"]
+    p.properties["n"] = p.properties["m"]
+
+    def evaluate(image, index, metrics):
+        partial = image.profiler.pass_index != 0  # a decode before the configuration's last pass
+        return [index + (0.5 if partial else 0.0), float("nan") if partial else 1000.0 * len(p.groups) + index]
+
+    p._host = SimpleNamespace(evaluate=evaluate)
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 14)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.close()
+    assert not [w for w in caught if "incomplete group was dropped" in str(w.message)]
+    last = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
+    assert [(r["kernel"], r["launch"]) for r in last] == [("gemm", 26), ("relu", 27)]
+    assert [list(r["values"]) for r in last] == [[0.5, 3000.0], [1.5, 3001.0]]
+    assert [(r["iterations"], r["passes_from_earlier_group"], r["pass_group"]) for r in last] == [(2, 1, 3)] * 2
+    earlier = [r for r in p._rows if r.get("replay") == "iteration"][:-2]
+    assert {r["passes_from_earlier_group"] for r in earlier} == {0}
+    a = p._notes
+    assert (a["launches_completed_from_earlier_group"], a["passes_from_earlier_group"]) == (4, 1)
+    assert "incomplete_group" not in a["launches_unprofiled_by_reason"]
+    # the search's replays, 3 groups, the last group's 2 iterations: every launch from the loop's first on but the
+    # 4 the search ran unprofiled
+    assert a["launches_profiled_from_the_loop"] == 2 + 18 + 4 == a["launches_from_the_loop"] - 4
+
+
+def test_an_incomplete_group_after_another_loop_is_not_completed(auto):
+    # the last group's launches differ from the group before's (another loop took over): nothing to borrow from
+    p = auto(passes=2)
+    feed(p, ["a", "b"] * 9 + ["c", "d", "e"] * 7)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        p.close()
+    assert "launches_completed_from_earlier_group" not in p._notes

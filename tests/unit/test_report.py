@@ -503,5 +503,12 @@ def test_the_first_lines_say_what_auto_mode_profiled_of_what_it_saw():
     assert ("Auto mode profiled 1,172 of the 1,624 launches it saw (72%); from the loop's first iteration (launch 37) "
             "on, 1,172 of 1,587 (74%); not profiled: 226 while it searched for the loop, 209 in the last pass group, "
             "short of the set's passes.") in head
+    ds.attrs.update(launches_profiled=1381, launches_profiled_from_the_loop=1381, launches_completed_from_earlier_group=
+                    276, passes_from_earlier_group=4, launches_unprofiled_by_reason={"searching": 226})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        head = " ".join(str(gs.report(ds)).split("\nkernel ")[0].split())
+    assert ("(launch 37) on, 1,381 of 1,587 (87%); 276 in the last pass group, with 4 of their passes from the group "
+            "before (passes_from_earlier_group); not profiled: 226 while it searched for the loop.") in head
     plain = gs.open_dataset(demo.RECORDED_LAUNCHES)
     assert "Auto mode profiled" not in str(gs.report(plain))
