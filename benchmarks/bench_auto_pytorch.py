@@ -103,7 +103,9 @@ def main():
 
         ds = gs.open_dataset(nc)
         keys = ("mode", "launches_seen", "launches_profiled", "launches_unprofiled", "launches_unprofiled_by_reason",
-                "repetition_period", "passes")
+                "repetition_period", "passes", "loop_first_launch", "launches_from_the_loop",
+                "launches_profiled_from_the_loop", "launches_searching_in_the_loop",
+                "launches_completed_from_earlier_group", "passes_from_earlier_group")
         res[name].update({k: ds.attrs[k] for k in keys if k in ds.attrs})
         res[name]["rows"] = int(ds.sizes["range"])
         if "iterations" in ds:
@@ -139,6 +141,13 @@ def main():
         print(f"auto: {a['launches_seen']} launches seen, {a['launches_profiled']} profiled, unprofiled by reason "
               f"{a.get('launches_unprofiled_by_reason')}; launches per step {per_step} (the period found); of the "
               f"{steps_launches} launches of the {args.steps} steps, at least {100 * at_least:.1f}% profiled")
+    if "launches_from_the_loop" in a:
+        after = a["launches_from_the_loop"] - a["launches_searching_in_the_loop"]
+        print(f"auto: from the loop's first launch ({a['loop_first_launch']}) on, {a['launches_profiled_from_the_loop']} "
+              f"of {a['launches_from_the_loop']} profiled, {a['launches_searching_in_the_loop']} of them while searching; "
+              f"after the search {100 * a['launches_profiled_from_the_loop'] / max(after, 1):.1f}% profiled "
+              f"({a.get('launches_completed_from_earlier_group', 0)} in the last pass group, "
+              f"{a.get('passes_from_earlier_group', 0)} passes from the group before)")
     if res["annotated"].get("wall_s") and res["auto"].get("wall_s"):
         ratio = (res["auto"]["wall_s"] - plain) / max(res["annotated"]["wall_s"] - plain, 1e-9)
         print(f"auto over plain / annotated over plain: {ratio:.2f}")
