@@ -295,6 +295,27 @@ class PerLaunchModes:
             return None
         return MultiPassRangeError(message)
 
+    def _past_a_cut(self, passes, keep: int, count: int) -> tuple[int, list, int]:
+        """A complete group whose last iteration was cut short (the loop ended inside it, or launches after it began
+        one): the launches the other passes have in common past the cut, as far as they are the launches of the
+        group before, can take the cut pass's counters (known from the pass plan) from that group.
+
+        Returns (the cut, indices of the cut pass's counters in the raw values, launches kept); the cut is *keep*
+        (nothing past it) where that cannot be done."""
+        from gpuscope._range_profiling import launches as _launches
+
+        plan, last = getattr(self, "_plan", None), self._last_group
+        if (len(passes) < 2 or len(passes[-1]) >= len(passes[0]) or keep != len(passes[-1]) or last is None
+                or plan is None or plan.several or len(passes) != len(plan.groups)):
+            return keep, [], keep
+        signatures = last[0]
+        stop = min(_launches.matched_prefix(passes[:-1]), count, len(signatures))
+        reach = keep
+        while reach < stop and passes[0][reach].signature == signatures[reach]:
+            reach += 1
+        cut_pass = [plan.collected.index(m) for m in plan.groups[len(passes) - 1]]
+        return keep, cut_pass, reach
+
     def _complete_last_group(self) -> tuple[int, int]:
         """Rows for the launches of an incomplete last pass group: the counters of the passes it ran, those of the
         other passes from the same launch of the group before (a launch of the same kernel, grid and block at the
@@ -302,6 +323,10 @@ class PerLaunchModes:
         and evaluates the counters of the passes that did not to NaN (``.devtmp`` probe on the H100, CUPTI 13.0:
         the passes that ran gave the values the group before gave, within 6% on kernel durations and 0.1% on
         instruction counts). The rows say it: ``passes_from_earlier_group`` and ``iterations`` (the passes run).
+
+        The group's last iteration is often cut short: the loop ended inside it (a script's launches after its
+        last step begin an iteration they do not finish). Launches past the end of that pass take its counters,
+        known from the pass plan, from the group before too; without a plan they are not completed.
 
         Returns (launches completed per iteration, launches the group's iterations have in common); (0, n) when
         nothing could be completed."""
@@ -312,9 +337,14 @@ class PerLaunchModes:
         group = c.group if c is not None else None
         if group is None or not group.passes_run or c.in_iteration:
             return 0, 0
-        common = _launches.matched_prefix(group.passes)
-        if not last or group.passes_run >= self.passes:
+        passes, run = group.passes, group.passes_run
+        common = _launches.matched_prefix(passes)
+        if not last or run >= self.passes:
             return 0, common
+        cut = None  # where the last iteration was cut short
+        if run > 1 and len(passes[-1]) < len(passes[0]):
+            cut = _launches.matched_prefix([passes[0], passes[-1]])
+            common = _launches.matched_prefix(passes[:-1])
         try:
             self._rp.decode()
             common = min(common, range_profiler.num_ranges(self._image))
@@ -322,26 +352,38 @@ class PerLaunchModes:
             self._notes["completion_error"] = f"{type(exc).__name__}: {exc}"
             return 0, common
         signatures, earlier = last
-        reference = group.passes[0]
+        reference = passes[0]
         done = 0
         while done < min(common, len(signatures)) and reference[done].signature == signatures[done]:
             done += 1
-        borrowed = self.passes - group.passes_run
-        first_row = len(self._rows)
+        plan = getattr(self, "_plan", None)
+        cut_pass = None  # indices in the raw values of the cut pass's counters
+        if cut is not None:
+            if plan is not None and not plan.several and run - 1 < len(plan.groups):
+                cut_pass = [plan.collected.index(m) for m in plan.groups[run - 1]]
+            else:
+                done = min(done, cut)
+        first_row, completed, fewest = len(self._rows), 0, run
         for index in range(done):
             launch = reference[index]
             raw = np.asarray(evaluate_raw(self, self._image, index), dtype=np.float64)
+            ran = run
+            if cut is not None and index >= cut:
+                raw[cut_pass] = np.nan
+                ran = run - 1
             raw = np.where(np.isnan(raw), earlier[index], raw)
+            completed += sum(1 for p in passes[:ran] if p[index].wanted)
+            fewest = min(fewest, ran)
             if launch.wanted:
                 self._rows.append(self._launch_row(launch, index, values_of(self, raw), group.index,
-                                                   group.first_iteration, group.passes_run, "iteration",
-                                                   borrowed=borrowed))
+                                                   group.first_iteration, ran, "iteration",
+                                                   borrowed=self.passes - ran))
         if self._tracker is not None:
             for row in self._rows[first_row:]:
                 row["launch"] = reference[row["launch"]].launch_id
-        self._notes["launches_completed_from_earlier_group"] = sum(
-            1 for p in group.passes for launch in p[:done] if launch.wanted)
-        self._notes["passes_from_earlier_group"] = borrowed
+        if done:
+            self._notes["launches_completed_from_earlier_group"] = completed
+            self._notes["passes_from_earlier_group"] = self.passes - fewest  # the most a row took
         return done, common
 
     # -- per-launch modes: kernel and iteration ---------------------------------------------------------
@@ -477,15 +519,26 @@ class PerLaunchModes:
         count = range_profiler.num_ranges(image)
         reference = group.passes[0]
         keep = min(_launches.matched_prefix(group.passes), count)
+        cut, cut_pass, keep = self._past_a_cut(group.passes, keep, count)
         first_row = len(self._rows)
-        earlier = []
+        earlier, completed = [], 0
         for index in range(keep):
             launch = reference[index]
             raw = np.asarray(evaluate_raw(self, image, index), dtype=np.float64)
+            ran = self.passes
+            if index >= cut:  # past the end of a last iteration cut short: its pass from the group before
+                raw[cut_pass] = self._last_group[1][index][cut_pass]
+                ran -= 1
+                completed += sum(1 for p in group.passes[:ran] if p[index].wanted)
             earlier.append(raw)
             if launch.wanted:
                 self._rows.append(self._launch_row(launch, index, values_of(self, raw), group.index,
-                                                   group.first_iteration, self.passes, "iteration"))
+                                                   group.first_iteration, ran, "iteration",
+                                                   borrowed=self.passes - ran))
+        if completed:
+            self._notes["launches_completed_from_earlier_group"] = self._notes.get(
+                "launches_completed_from_earlier_group", 0) + completed
+            self._notes["passes_from_earlier_group"] = max(self._notes.get("passes_from_earlier_group", 0), 1)
         self._last_group = ([s.signature for s in reference[:keep]], earlier)
         if self._tracker is not None:  # found iterations: a row's launch is its ID in the session, not its position
             for row in self._rows[first_row:]:

@@ -350,3 +350,85 @@ def test_an_incomplete_group_after_another_loop_is_not_completed(auto):
         warnings.simplefilter("always")
         p.close()
     assert "launches_completed_from_earlier_group" not in p._notes
+
+
+def test_launches_past_a_last_iteration_cut_short_take_its_pass_from_the_group_before(auto):
+    # As above with 3 passes, but the script's last launch (a gemm) begins an iteration it does not finish: the last
+    # group ran one full iteration and one cut after gemm. gemm gets passes 0-1 from it; relu only pass 0, and the
+    # pass plan says which counters pass 1 collected (n), so relu's n comes from the group before whatever the image
+    # holds there (7777 here), as o (pass 2) does for both.
+    from gpuscope._gpu.pass_plan import PassPlan
+
+    p = auto(passes=3)
+    p.metrics = ["m", "n", "o"]
+    p._plan = PassPlan(requested=("m", "n", "o"), collected=("m", "n", "o"), groups=(("m",), ("n",), ("o",)),
+                       derived=())
+    for name in ("n", "o"):
+        p.properties[name] = p.properties["m"]
+
+    def evaluate(image, index, metrics):
+        if image.profiler.pass_index != 0:  # the incomplete group's image
+            return [index + 0.5, 7777.0, float("nan")]
+        return [float(index), 1000.0 * len(p.groups) + index, 2000.0 * len(p.groups) + index]
+
+    p._host = SimpleNamespace(evaluate=evaluate)
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13 + ["gemm"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.close()
+    assert not [w for w in caught if "incomplete group was dropped" in str(w.message)]
+    gemm, relu = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
+    assert (gemm["kernel"], relu["kernel"]) == ("gemm", "relu")
+    assert list(gemm["values"]) == [0.5, 7777.0, 6000.0] and list(relu["values"]) == [1.5, 3001.0, 6001.0]
+    assert (gemm["iterations"], gemm["passes_from_earlier_group"]) == (2, 1)
+    assert (relu["iterations"], relu["passes_from_earlier_group"]) == (1, 2)
+    a = p._notes
+    assert (a["launches_completed_from_earlier_group"], a["passes_from_earlier_group"]) == (3, 2)
+    assert "incomplete_group" not in a["launches_unprofiled_by_reason"]
+
+
+def test_without_a_pass_plan_launches_past_the_cut_are_not_completed(auto):
+    p = auto(passes=3)
+    p.metrics = ["m", "n"]
+    p.properties["n"] = p.properties["m"]
+
+    def evaluate(image, index, metrics):
+        partial = image.profiler.pass_index != 0
+        return [index + (0.5 if partial else 0.0), float("nan") if partial else 1000.0 * len(p.groups) + index]
+
+    p._host = SimpleNamespace(evaluate=evaluate)
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13 + ["gemm"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.close()
+    assert [w for w in caught if "dropped from launch 1 of its iterations" in str(w.message)]
+    gemm = [r for r in p._rows if r.get("replay") == "iteration"][-1]
+    assert (gemm["kernel"], gemm["launch"], list(gemm["values"])) == ("gemm", 26, [0.5, 3000.0])
+    assert p._notes["launches_unprofiled_by_reason"]["incomplete_group"] == 1  # relu of the full iteration
+
+
+def test_a_complete_group_whose_last_iteration_was_cut_keeps_its_launches(auto):
+    # (gemm, relu) x 11 then gemm: the loop is followed from launch 8; group 2 is iterations 7, 8 and the gemm that
+    # began a ninth and ended the script. The group is complete, but relu ran in 2 of its 3 passes: it keeps them,
+    # with pass 2's counter (o) from relu of group 1, rather than being dropped as a launch the passes differ on.
+    from gpuscope._gpu.pass_plan import PassPlan
+
+    p = auto(passes=3)
+    p.metrics = ["m", "n", "o"]
+    p._plan = PassPlan(requested=("m", "n", "o"), collected=("m", "n", "o"), groups=(("m",), ("n",), ("o",)),
+                       derived=())
+    for name in ("n", "o"):
+        p.properties[name] = p.properties["m"]
+    p._host = SimpleNamespace(evaluate=lambda image, index, metrics: [
+        float(index), 1000.0 * len(p.groups) + index, 2000.0 * len(p.groups) + index])
+    feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 11 + ["gemm"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.close()
+    assert not [w for w in caught if "did not launch the same kernels" in str(w.message)]
+    gemm, relu = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
+    assert list(gemm["values"]) == [0.0, 3000.0, 6000.0] and list(relu["values"]) == [1.0, 3001.0, 4001.0]
+    assert [(r["iterations"], r["passes_from_earlier_group"]) for r in (gemm, relu)] == [(3, 0), (2, 1)]
+    a = p._notes
+    assert (a["launches_completed_from_earlier_group"], a["passes_from_earlier_group"]) == (2, 1)
+    assert "unmatched" not in a["launches_unprofiled_by_reason"]
