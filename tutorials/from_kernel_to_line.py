@@ -13,7 +13,8 @@ the 32 threads of a warp read 32 floats 132 bytes apart instead of 128 bytes sid
    Top-Down report: which kernel, and which part of the SM it waits on;
 2. prints each kernel's roofline (FLOP/s, arithmetic intensity at L1, L2 and DRAM, the ceiling that bounds it) and
    memory workload (the busiest level, hit rates, bytes per L1/TEX request: 128 when a warp's loads coalesce);
-3. prints occupancy: what the launch allows and what the SMs achieved;
+3. prints occupancy: what the launch allows (from the registers per thread and shared memory the session recorded
+   for each launch) and what the SMs achieved;
 4. runs the step again under ``gpuscope.profile_source`` (PC sampling, then SASS instruction counts) and prints each
    kernel's hottest source lines with their executions and stall samples;
 
@@ -39,7 +40,7 @@ STRIDE = 33
 
 
 def collect():
-    """Profile the two kernels on the GPU: the session's Dataset, registers per thread, and the source tables."""
+    """Profile the two kernels on the GPU: the session's Dataset and the source tables."""
     from numba import cuda
 
     @cuda.jit(lineinfo=True)  # lineinfo: instructions and PC samples map to source lines
@@ -68,16 +69,17 @@ def collect():
     with gs.Profiler(["topdown", "roofline-fp", "memory", "occupancy"], mode="kernel") as prof:
         step()
     print(f"{prof.passes} passes per launch ({len(prof.metrics)} metrics)\n")
-    registers = {}
-    for kernel in (scaled_copy, scaled_gather):
-        regs = kernel.get_regs_per_thread()
-        registers[kernel.py_func.__name__] = int(next(iter(regs.values())) if isinstance(regs, dict) else regs)
     tables = gs.profile_source(step, period=2**10, kernels=[scaled_copy, scaled_gather])
-    return prof.dataset, registers, tables
+    return prof.dataset, tables
 
 
-def explain(ds, registers=None, tables=None, out="."):
-    """Print (and return) what the profile says, kernel by kernel, and write the two figures into *out*."""
+def explain(ds, tables=None, out=".", registers=None):
+    """Print (and return) what the profile says, kernel by kernel, and write the two figures into *out*.
+
+    The occupancy takes each launch's registers per thread and shared memory from the Dataset, where a kernel-mode
+    session records them; *registers* (as :func:`gpuscope.occupancy` takes them) gives them for a Dataset that
+    does not hold them.
+    """
     lines = []
     say = lines.append
     rl = gs.roofline(ds, by="kernel")
@@ -99,7 +101,8 @@ def explain(ds, registers=None, tables=None, out="."):
         requests = float(m["l1_requests"].sel(space="global"))
         if requests > 0:  # 128 bytes per request when a warp's 32 float loads coalesce
             say(f"  global memory: {float(m['l1_bytes'].sel(space='global')) / requests:.0f} bytes per L1/TEX request")
-    if registers is not None:
+    recorded = "registers_per_thread" in ds.coords and bool((ds["registers_per_thread"] >= 0).any())
+    if registers is not None or recorded:
         occ = gs.occupancy(ds, registers=registers)
         for i, kernel in enumerate(str(k) for k in ds["kernel"].values):
             say(f"== {kernel} (launch {i}): occupancy {float(occ['theoretical_occupancy'][i]):.0f}% allowed "
@@ -130,7 +133,7 @@ def explain(ds, registers=None, tables=None, out="."):
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
-    ds, registers, tables = collect()
+    ds, tables = collect()
     print(gs.report(ds))  # 1. which kernel, and what its warps wait on (Top-Down)
-    explain(ds, registers, tables, out)
+    explain(ds, tables, out)
     print(f"\nwrote {os.path.join(out, 'roofline.png')} and {os.path.join(out, 'memory_chart.png')}")

@@ -53,6 +53,8 @@ class Selected:
     wanted: bool = True  # False: a launch the filters leave out (iteration mode counts it all the same)
     qualname: str = ""  # the readable (demangled) symbol: module.outer.<locals>.function, ns::kernel<float>
     launch_id: int = -1  # which launch of the session's context it was, counting those the filters left out
+    function: int = 0  # the launch call's CUfunction handle, 0 where unknown (callbacks.Launch.function)
+    shared_dynamic: int = 0  # bytes of dynamic shared memory per block the launch call asked for
 
     @property
     def signature(self) -> tuple:
@@ -112,7 +114,8 @@ class _Base:
                 return None
         name = self.kernel_names.name(qualname, short) if wanted else short  # rows' names: told apart if need be
         return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
-                        qualname=qualname, launch_id=launch_id)
+                        qualname=qualname, launch_id=launch_id, function=launch.function,
+                        shared_dynamic=launch.shared_dynamic)
 
 
 class KernelReplay(_Base):

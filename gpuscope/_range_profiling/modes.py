@@ -61,6 +61,7 @@ class PerLaunchModes:
     _found_period = None  # the period of the loop the pass group under way was begun on
     _first_loop = None  # (offset, found_at) of the first loop found in the launch stream
     _last_group = None  # iteration replay: (signatures, raw values) of the last complete group's rows, by position
+    _function_resources = None  # registers and static shared memory per kernel function (see _functions)
 
     def _use_kernel(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -678,6 +679,11 @@ class PerLaunchModes:
                "first_iteration": first_iteration, "iterations": iterations, "values": values}
         if replay == "iteration":  # passes taken from the same launch of the group before (an incomplete last group)
             row["passes_from_earlier_group"] = borrowed
+        # the function's registers and static shared memory, asked of the driver once per function and session;
+        # the dynamic shared memory is the launch call's (gpuscope._schema.dataset.RESOURCE_COORDS)
+        registers, static = _functions(self)(launch.function)
+        row.update(registers_per_thread=registers, shared_memory_static=static,
+                   shared_memory_dynamic=launch.shared_dynamic)
         if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
             row["replay"] = replay
         return row
@@ -688,6 +694,17 @@ class PerLaunchModes:
 _REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
 _REPLAY_WARN_GIB = 4.0
 _REPLAY_JUDGED = 3  # launches after the first before a cost alone (no cause seen) is warned about
+
+
+def _functions(session):
+    """The session's :class:`gpuscope._gpu.functions.FunctionResources`: each kernel function's registers and static
+    shared memory, asked of the driver at the first row of a launch of it (made on first use, kept on the session)."""
+    functions = getattr(session, "_function_resources", None)
+    if functions is None:
+        from gpuscope._gpu.functions import FunctionResources
+
+        functions = session._function_resources = FunctionResources()
+    return functions
 
 
 def _capacity(launches: int) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 from gpuscope._schema.dataset import (
     EXEC_TABLE,
     RANGE_COORDS,
+    RESOURCE_COORDS,
     SAMPLE_RANGE_ATTRS,
     SAMPLE_SPAN_ATTRS,
     SCHEMA_VERSION,
@@ -315,11 +316,13 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
     Schema: dim ``range`` (one row per profiled range: a user range, or one kernel launch), so
     ``ds.to_dataframe()`` has one row per range; one variable per metric (exact CUPTI name, float64) with attrs
     ``units``, ``description``, ``metric_type``, ``hw_unit``; one scalar coord per range for each of
-    :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``) and any other scalar key the
-    records carry. The ``range`` dimension coordinate is the row number (0, 1, ..., unique; :func:`index`), so
-    Datasets computed from these (:func:`gpuscope.topdown`) align and merge with them; select by path or kernel
-    through the coordinates (``ds.isel(range=ds.kernel.isin(["fma", "stream"]))``). Attrs: device and versions,
-    ``kind="range"``, ``metrics``, plus *attrs* (metric set, mode, passes, ...).
+    :data:`RANGE_COORDS`, :data:`SHAPE_COORDS` (``grid_x`` ... ``block_z``), :data:`RESOURCE_COORDS`
+    (``registers_per_thread``, ``shared_memory_static``, ``shared_memory_dynamic``: -1 where a record does not
+    give them) and any other scalar key the records carry. The ``range`` dimension coordinate is the row number
+    (0, 1, ..., unique; :func:`index`), so Datasets computed from these (:func:`gpuscope.topdown`) align and merge
+    with them; select by path or kernel through the coordinates (``ds.isel(range=ds.kernel.isin(["fma",
+    "stream"]))``). Attrs: device and versions, ``kind="range"``, ``metrics``, plus *attrs* (metric set, mode,
+    passes, ...).
 
     Parameters
     ----------
@@ -346,6 +349,9 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
         for i, axis in enumerate("xyz"):
             name = f"{what}_{axis}"
             coords[name] = xr.DataArray(shape[:, i], dims="range", attrs=SHAPE_COORDS[name][2])
+    for name, (dtype, fill, cattrs) in RESOURCE_COORDS.items():
+        column = [fill if r.get(name) is None else r[name] for r in records]
+        coords[name] = xr.DataArray(np.array(column, dtype=dtype).reshape(n), dims="range", attrs=dict(cattrs))
     extra = sorted({k for r in records for k in r} - _RECORD_KEYS - set(coords))
     for key in extra:
         coords[key] = xr.DataArray(_extra_coord(key, [r.get(key) for r in records]), dims="range")

@@ -189,7 +189,7 @@ def _merge_range(datasets, offsets):
             for ds, pos in zip(reversed(datasets), reversed(positions)):  # the lowest rank's value wins
                 values[pos] = ds[name].values
             coords[name] = ("range", values.astype(dtype), cattrs)
-    known = {**_dataset.RANGE_COORDS, **_dataset.SHAPE_COORDS}
+    known = {**_dataset.RANGE_COORDS, **_dataset.SHAPE_COORDS, **_dataset.RESOURCE_COORDS}
     other = [c for c in dict.fromkeys(c for ds in datasets for c in ds.coords)
              if c not in coords and c != "range" and all(ds[c].dims == ("range",) for ds in datasets if c in ds.coords)]
     for name in other:

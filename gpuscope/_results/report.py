@@ -49,11 +49,11 @@ def report(ds, page: str = "summary", **options) -> Report:
         per kernel, the sections Nsight Compute's ``--page details`` shows, as far as the Dataset's metrics allow:
         launch, speed of light (roofline position: FLOP/s and bandwidths against their peaks, arithmetic
         intensity, bound), memory workload (bandwidth, busy share and hit rate per level), occupancy (achieved;
-        theoretical with ``registers=``) and instructions (pipe utilisation, instruction classes); a note names
-        each section the Dataset cannot give and the set that collects it. A :class:`Details` indexed by
-        (kernel, section, quantity) with columns ``value`` and ``unit``: the values of :func:`gpuscope.roofline`,
-        :func:`gpuscope.memory_workload`, :func:`gpuscope.occupancy` and :func:`gpuscope.instruction_mix` with
-        ``by="kernel"``.
+        theoretical from the registers that kernel, iteration and auto modes record, or ``registers=``) and
+        instructions (pipe utilisation, instruction classes); a note names each section the Dataset cannot give
+        and the set that collects it. A :class:`Details` indexed by (kernel, section, quantity) with columns
+        ``value`` and ``unit``: the values of :func:`gpuscope.roofline`, :func:`gpuscope.memory_workload`,
+        :func:`gpuscope.occupancy` and :func:`gpuscope.instruction_mix` with ``by="kernel"``.
     by : str, optional
         Range results: a coordinate to group by (default: ``kernel`` for launches, ``name`` for user ranges).
         PM sampling: ``"range"`` (default when user ranges were open) or ``"phase"`` (default for a
@@ -62,7 +62,10 @@ def report(ds, page: str = "summary", **options) -> Report:
         PC sampling: how many stall reasons to show per kernel (default 3).
     registers, shared_memory : optional
         Details page: registers per thread and shared memory per block, as :func:`gpuscope.occupancy` takes them
-        (a number, ``{kernel: value}`` or one value per launch), for the theoretical occupancy.
+        (a number, ``{kernel: value}`` or one value per launch), for the theoretical occupancy. Sessions in
+        kernel, iteration and auto mode record both for each launch (``registers_per_thread``,
+        ``shared_memory_static``, ``shared_memory_dynamic``), so they are needed only for user ranges and files
+        recorded before gpuscope kept them; given values win over recorded ones.
 
     Returns
     -------

@@ -14,8 +14,10 @@ Sections, each the analysis of :mod:`gpuscope.metrics` on the kernel's launches 
     :func:`gpuscope.metrics.memory_workload.memory_workload`: bandwidth, busy share and hit rate per level, the
     busiest unit, shared-memory bank conflicts (the ``memory`` set).
 ``occupancy``
-    achieved occupancy, warps and SM activity (the ``occupancy`` set); with ``registers=`` the theoretical
-    occupancy, its limiter and the waves of :func:`gpuscope.metrics.occupancy.occupancy`.
+    achieved occupancy, warps and SM activity (the ``occupancy`` set); the theoretical occupancy, its limiter and
+    the waves of :func:`gpuscope.metrics.occupancy.occupancy`, from the registers per thread and shared memory
+    that kernel, iteration and auto modes record for each launch (``registers_per_thread``,
+    ``shared_memory_static``, ``shared_memory_dynamic``), or from ``registers=`` (and ``shared_memory=``).
 ``instructions``
     :func:`gpuscope.metrics.instruction_mix.instruction_mix`: instructions executed and issued, threads per
     instruction, each pipe's utilisation, each class's share (the ``instructions`` set).
@@ -206,7 +208,7 @@ def _missing(section: str, names, what: str = "") -> str:
             f"{SECTIONS[section]!r} set collects them ('full' collects every section).")
 
 
-def details(ds, *, by: str | None = None, registers=None, shared_memory=0) -> Details:
+def details(ds, *, by: str | None = None, registers=None, shared_memory=None) -> Details:
     """The details page of range results (see the module docstring); :func:`gpuscope.report` with
     ``page="details"`` calls it.
 
@@ -217,13 +219,17 @@ def details(ds, *, by: str | None = None, registers=None, shared_memory=0) -> De
     by : str, optional
         A coordinate to group by (default: the kernel's readable name for launches, the path for user ranges).
     registers, shared_memory : optional
-        Registers per thread and shared memory per block, as :func:`gpuscope.occupancy` takes them: with
-        *registers* the occupancy section adds the theoretical occupancy, its limiter and the waves.
+        Registers per thread and shared memory per block, as :func:`gpuscope.occupancy` takes them, over what the
+        Dataset records (``registers_per_thread``, ``shared_memory_static``, ``shared_memory_dynamic``: kernel,
+        iteration and auto modes record them). With registers from either, the occupancy section adds the
+        theoretical occupancy, its limiter and the waves.
 
     Raises
     ------
     ValueError
         A Dataset whose metrics are all NaN or inf; per-launch *registers* of the wrong length.
+    gpuscope.errors.MissingMetricsError
+        *registers* is given, but the SM's limits are neither in the Dataset nor known for its chip.
     """
     from gpuscope.errors import MissingMetricsError
     from gpuscope.metrics import instruction_mix, memory_workload, occupancy, roofline
@@ -247,7 +253,15 @@ def details(ds, *, by: str | None = None, registers=None, shared_memory=0) -> De
             analyses[section] = function(grouped, by=_GROUP)
         except MissingMetricsError as exc:
             notes.append(_missing(section, exc.missing))
-    per_launch = None if registers is None else occupancy.occupancy(ds, registers, shared_memory)
+    recorded, _ = occupancy.recorded_resources(ds)
+    per_launch = None
+    if registers is not None:
+        per_launch = occupancy.occupancy(ds, registers, shared_memory)
+    elif recorded is not None and np.isfinite(recorded).any():
+        try:  # registers the session recorded: the SM's limits are recorded with them
+            per_launch = occupancy.occupancy(ds, None, shared_memory)
+        except MissingMetricsError as exc:
+            notes.append(f"no theoretical occupancy: {exc}")
     measured = [v for v in (occupancy.ACHIEVED, occupancy.ACHIEVED_WARPS, occupancy.SM_ACTIVE, occupancy.SM_ELAPSED)
                 if v in ds.data_vars]
     # the occupancy set's measured part: achieved occupancy (the other two come with it, or from other sets)
@@ -255,10 +269,18 @@ def details(ds, *, by: str | None = None, registers=None, shared_memory=0) -> De
         else None
     if combined is None:
         notes.append(_missing("occupancy", [occupancy.ACHIEVED], "measured occupancy"))
-    if registers is None:
-        notes.append("theoretical occupancy, its limiter and the waves need each kernel's registers per thread: "
+    if registers is None and (recorded is None or not np.isfinite(recorded).any()):
+        held = ("none is recorded (registers_per_thread is -1: user ranges, or functions the driver could not be "
+                "asked about)" if recorded is not None else
+                "the Dataset does not hold them (recorded before gpuscope kept them)")
+        notes.append(f"theoretical occupancy, its limiter and the waves need each kernel's registers per thread, and "
+                     f"{held}: a session in kernel, iteration or auto mode records them for each launch; otherwise "
                      "gpuscope.report(ds, page='details', registers={kernel: n}) (Numba: "
                      "kernel.get_regs_per_thread(); CuPy: kernel.attributes['num_regs']).")
+    elif per_launch is not None and recorded is not None and registers is None and not np.isfinite(recorded).all():
+        notes.append("theoretical occupancy only for the launches whose registers per thread the session recorded "
+                     "(registers_per_thread is -1 for the others: user ranges, or functions the driver could not be "
+                     "asked about); give the others with registers={kernel: n}.")
     rows = []
     for k in order:
         sections = {"launch": _launch(ds, key, k)}

@@ -6,7 +6,8 @@ quantity ``<analysis>.<variable>.<label>`` after the variable it is: ``roofline.
 ``gs.memory_workload(ds)["hit_rate"].sel(level="L2")``. An analysis whose metrics the Dataset lacks gives nothing.
 Occupancy is not here: its measured part is the ``occupancy`` set's own metric
 (``sm__warps_active.avg.pct_of_peak_sustained_active``), which compare and the trace carry as a metric, and its
-theoretical part needs each kernel's registers, which a Dataset does not hold.
+theoretical part is a property of the launch, not a measurement (:func:`gpuscope.occupancy`, from the registers and
+shared memory that kernel, iteration and auto modes record for each launch), not one of these quantities.
 """
 
 from __future__ import annotations

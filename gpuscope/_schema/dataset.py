@@ -367,6 +367,26 @@ SHAPE_COORDS = {
 }
 
 
+#: What each launch asks of an SM, for the theoretical occupancy (:func:`gpuscope.metrics.occupancy.occupancy`):
+#: name -> (dtype, fill value for "unknown", attrs). Kernel, iteration and auto modes record them for every launch
+#: row: the registers and static shared memory from the driver for the launched function (``cuFuncGetAttribute``,
+#: asked once per function and session when the rows are built: Nsight Compute's
+#: ``launch__registers_per_thread`` and ``launch__shared_mem_per_block_static``), the dynamic shared memory from the
+#: launch call. -1 for user ranges and decorated launches in user mode, where the driver could not be asked (the
+#: function's module was unloaded first), and in files written before gpuscope recorded them (which lack the coords).
+RESOURCE_COORDS = {
+    "registers_per_thread": (np.int64, -1, {
+        "units": "register/thread", "description": "registers per thread of the launched function "
+                                                   "(CU_FUNC_ATTRIBUTE_NUM_REGS), -1 where unknown (user ranges)"}),
+    "shared_memory_static": (np.int64, -1, {
+        "units": "byte/block", "description": "statically allocated shared memory per block of the launched "
+                                              "function (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES), -1 where unknown"}),
+    "shared_memory_dynamic": (np.int64, -1, {
+        "units": "byte/block", "description": "dynamic shared memory per block the launch call asked for "
+                                              "(sharedMemBytes), -1 where unknown (user ranges)"}),
+}
+
+
 def index(ds):
     """*ds* with the index its schema promises: range results get the ``range`` dimension coordinate, the row
     number of each range (0, 1, ..., unique, kept by ``isel``, so that Datasets derived from one another align).

@@ -126,12 +126,22 @@ def other_client_refusal(who: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """One kernel launch seen by the driver, at the entry of the launch call: symbol, grid, block, context."""
+    """One kernel launch seen by the driver, at the entry of the launch call: symbol, grid, block, context, and the
+    kernel function and dynamic shared memory the call was given.
+
+    ``function`` is the launch call's ``f`` (a ``CUfunction``, or a ``CUkernel`` the driver accepts in its place) as
+    an integer, 0 where the call gave none; the registers and static shared memory of the function are asked of the
+    driver later, when rows are built (:mod:`gpuscope._gpu.functions`), never in the callback. ``shared_dynamic`` is
+    the call's ``sharedMemBytes`` (``config->sharedMemBytes`` for ``cuLaunchKernelEx``): bytes of dynamic shared
+    memory per block.
+    """
 
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     context: int
+    function: int = 0
+    shared_dynamic: int = 0
 
 
 CUPTI_CB_DOMAIN_RESOURCE = 3
@@ -567,11 +577,13 @@ class LaunchRecorder:
                     self._on_graph(d.correlationId)
                 return
             if cbid in _EX:
-                g = ctypes.cast(d.functionParams, POINTER(_LaunchExParams)).contents.config.contents
+                p = _LaunchExParams.from_address(d.functionParams)
+                g, function = p.config.contents, p.f
             else:
                 g = _LaunchParams.from_address(d.functionParams)
+                function = g.f
             launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
-                            d.context or 0)
+                            d.context or 0, function or 0, g.shared)
             token = self._on_enter(launch)
             if token is not None and self._on_exit is not None:
                 self._pending.token = token

@@ -48,8 +48,9 @@ class GpuscopeAccessor:
         """:func:`gpuscope.metrics.memory_workload.memory_workload` of this Dataset."""
         return _m("memory_workload").memory_workload(self._ds, by, **kwargs)
 
-    def occupancy(self, registers=None, shared_memory=0, **kwargs) -> xr.Dataset:
-        """:func:`gpuscope.metrics.occupancy.occupancy` of this Dataset."""
+    def occupancy(self, registers=None, shared_memory=None, **kwargs) -> xr.Dataset:
+        """:func:`gpuscope.metrics.occupancy.occupancy` of this Dataset (registers and shared memory from its
+        ``registers_per_thread``, ``shared_memory_static`` and ``shared_memory_dynamic`` where not given)."""
         return _m("occupancy").occupancy(self._ds, registers, shared_memory, **kwargs)
 
     def instruction_mix(self, by=None, **kwargs) -> xr.Dataset:

@@ -35,8 +35,12 @@ Limits come from the Dataset: the warps and blocks an SM holds from the ``occupa
 and SM count from the device attrs a session records (:data:`gpuscope._schema.dataset.SM_LIMIT_ATTRS`,
 ``sm_count``), the sub-partitions and shared-memory sizes from the chip's table
 (:mod:`gpuscope.metrics.architectures`); ``limits=`` overrides any of them. The registers and shared memory of
-each kernel come from the caller: Numba's ``kernel.get_regs_per_thread()`` and ``get_shared_mem_per_block()``,
-CuPy's ``kernel.attributes``.
+each launch come from the Dataset where the session recorded them: kernel, iteration and auto modes ask the driver
+for each launched function's registers per thread and static shared memory and keep the launch's dynamic shared
+memory, in the range coords ``registers_per_thread``, ``shared_memory_static`` and ``shared_memory_dynamic``
+(:data:`gpuscope._schema.dataset.RESOURCE_COORDS`; -1 for user ranges). Otherwise, and over them, they come from
+the caller: Numba's ``kernel.get_regs_per_thread()`` and ``get_shared_mem_per_block()``, CuPy's
+``kernel.attributes``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import architectures as _arch
 
 __all__ = ["LIMITERS", "DRIVER_MIN_SHARED_MEMORY", "SMLimits", "sm_limits", "driver_shared_memory",
-           "theoretical_occupancy", "occupancy"]
+           "theoretical_occupancy", "recorded_resources", "occupancy"]
 
 #: The limits on blocks per SM, in the order ties are named.
 LIMITERS = ("registers", "shared_memory", "warps", "blocks")
@@ -63,6 +67,9 @@ MAX_WARPS = "sm__warps_active.avg.peak_sustained"
 MAX_BLOCKS = "sm__ctas_active.avg.peak_sustained"
 BLOCKS_LAUNCHED = "sm__ctas_launched.sum"
 SM_ACTIVE, SM_ELAPSED = "sm__cycles_active.avg", "sm__cycles_elapsed.avg"
+#: The range coords in which a session records each launch's registers per thread and its static and dynamic shared
+#: memory per block (:data:`gpuscope._schema.dataset.RESOURCE_COORDS`).
+REGISTERS, SHARED_STATIC, SHARED_DYNAMIC = "registers_per_thread", "shared_memory_static", "shared_memory_dynamic"
 WARP_SIZE = 32
 #: Registers are given to a warp in units of this many (every architecture CUPTI profiles).
 REGISTER_UNIT = 256
@@ -261,6 +268,15 @@ def _per_row(value, ds: xr.Dataset, dim: str, what: str) -> np.ndarray:
                     f"got {type(value).__name__}")
 
 
+def _given(value, recorded: np.ndarray | None, ds: xr.Dataset, dim: str, what: str) -> np.ndarray | None:
+    """One float per row: *value* (as :func:`_per_row` reads it) where it gives one, else *recorded*; *recorded*
+    where *value* is None."""
+    if value is None:
+        return recorded
+    given = _per_row(value, ds, dim, what)
+    return given if recorded is None else np.where(np.isfinite(given), given, recorded)
+
+
 def _shape(ds: xr.Dataset, what: str, dim: str) -> np.ndarray | None:
     axes = [f"{what}_{a}" for a in "xyz"]
     if not all(a in ds.coords for a in axes):
@@ -269,19 +285,56 @@ def _shape(ds: xr.Dataset, what: str, dim: str) -> np.ndarray | None:
     return np.where(size > 0, size, np.nan)
 
 
-def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim: str = "range",
+def _recorded(ds: xr.Dataset, name: str, dim: str) -> np.ndarray | None:
+    """The range coord *name* as one float per row, NaN where it is -1 (unknown); None where *ds* lacks it."""
+    if name not in ds.coords or ds[name].dims != (dim,):
+        return None
+    values = np.asarray(ds[name], dtype=float)
+    return np.where(values >= 0, values, np.nan)
+
+
+def recorded_resources(ds: xr.Dataset, dim: str = "range") -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The registers per thread and the shared memory per block (static + dynamic) that the session recorded for
+    each row of *ds* (:data:`REGISTERS`, :data:`SHARED_STATIC`, :data:`SHARED_DYNAMIC`), as floats.
+
+    Registers are NaN where a row has -1 (a user range, a function the driver could not be asked about); a part of
+    the shared memory that a row does not know counts 0, as the shared memory does where nothing is recorded. Either
+    is None where the Dataset lacks its coords (recorded before gpuscope kept them).
+    """
+    registers = _recorded(ds, REGISTERS, dim)
+    static, dynamic = _recorded(ds, SHARED_STATIC, dim), _recorded(ds, SHARED_DYNAMIC, dim)
+    if static is None and dynamic is None:
+        return registers, None
+    n = ds.sizes[dim]
+    static = np.zeros(n) if static is None else np.nan_to_num(static, nan=0.0)
+    dynamic = np.zeros(n) if dynamic is None else np.nan_to_num(dynamic, nan=0.0)
+    return registers, static + dynamic
+
+
+def occupancy(ds: xr.Dataset, registers=None, shared_memory=None, limits=None, dim: str = "range",
               shared_memory_config=None) -> xr.Dataset:
     """Theoretical and achieved occupancy, waves and tail of each launch.
+
+    A session in kernel, iteration or auto mode records each launch's registers per thread and its static and
+    dynamic shared memory per block (the coords ``registers_per_thread``, ``shared_memory_static`` and
+    ``shared_memory_dynamic``), so ``gs.occupancy(ds)`` needs no arguments for its launches; user ranges have -1
+    there, and files recorded before gpuscope kept them lack the coords: give *registers* (and *shared_memory*) for
+    those.
 
     Parameters
     ----------
     ds : xarray.Dataset
         Range results (kernel launches, with ``block_*`` and ``grid_*`` coordinates), best with the ``occupancy``
         set (achieved occupancy, the SM's warp and block limits).
-    registers : int, mapping or DataArray
-        Registers per thread: one number, ``{kernel name: registers}``, or one value per range.
-    shared_memory : int, mapping or DataArray
-        Bytes of shared memory per block (static + dynamic), given as *registers* is.
+    registers : int, mapping or DataArray, optional
+        Registers per thread: one number, ``{kernel name: registers}``, or one value per range. Given values win
+        over the Dataset's ``registers_per_thread``; rows they leave out (a kernel the mapping does not name, NaN)
+        take the Dataset's value where it has one (not -1). By default the Dataset's value; a row without one gets
+        NaN.
+    shared_memory : int, mapping or DataArray, optional
+        Bytes of shared memory per block (static + dynamic), given as *registers* is, and winning over the Dataset
+        as *registers* does. By default ``shared_memory_static + shared_memory_dynamic`` of the Dataset (a part it
+        does not know, -1, counts 0), or 0 where it lacks those coords.
     limits : SMLimits or mapping, optional
         The SM's limits, or some of them (field names of :class:`SMLimits`) over what the Dataset records.
     dim : str
@@ -299,8 +352,8 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
         (and along ``limit``: :data:`LIMITERS`), ``blocks_per_sm``, ``limited_by``, ``theoretical_warps``,
         ``theoretical_occupancy``, ``achieved_warps`` and ``achieved_occupancy`` (NaN without the ``occupancy``
         set), ``sm_active`` (percent of elapsed SM cycles that were active), ``waves_per_sm``, ``tail_blocks``,
-        ``tail_share``, ``tail_utilization``. NaN (and ``limited_by`` ``""``) where a row has no block shape (a user range) or no
-        registers. Row coordinates and Dataset attrs kept.
+        ``tail_share``, ``tail_utilization``. NaN (and ``limited_by`` ``""``) where a row has no block shape (a
+        user range) or no registers. Row coordinates and Dataset attrs kept.
 
     Raises
     ------
@@ -309,19 +362,33 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     ValueError
         *dim* is not in *ds*, or the per-row values do not match its length.
     gpuscope.errors.MissingMetricsError
-        *registers* is not given, or the SM limits are not known (see :func:`sm_limits`).
+        *registers* is not given and no row of the Dataset records them (user ranges, older files), or the SM
+        limits are not known (see :func:`sm_limits`).
+
+    Examples
+    --------
+    >>> with gs.Profiler("occupancy", mode="kernel") as prof:            # doctest: +SKIP
+    ...     run()
+    >>> gs.occupancy(prof.dataset)[["theoretical_occupancy", "limited_by", "waves_per_sm"]]   # doctest: +SKIP
     """
     ds = _validate.dataset(ds, "ds")
     if dim not in ds.dims:
         raise ValueError(f"the Dataset has no dimension {dim!r} (dims: {list(ds.dims)})")
-    if registers is None:
-        raise MissingMetricsError("the theoretical occupancy needs the registers per thread of each kernel: pass "
-                                  "registers= (Numba: kernel.get_regs_per_thread(); CuPy: kernel.attributes"
-                                  "['num_regs'])", ())
+    recorded_regs, recorded_smem = recorded_resources(ds, dim)
+    if registers is None and (recorded_regs is None or not np.isfinite(recorded_regs).any()):
+        what = ("none is recorded (registers_per_thread is -1: user ranges, or functions the driver could not be "
+                "asked about)" if recorded_regs is not None else
+                "the Dataset does not record them (recorded before gpuscope kept registers_per_thread)")
+        raise MissingMetricsError(f"the theoretical occupancy needs the registers per thread of each kernel, and "
+                                  f"{what}. A session in kernel, iteration or auto mode records them for each "
+                                  "launch; otherwise pass registers= (Numba: kernel.get_regs_per_thread(); CuPy: "
+                                  "kernel.attributes['num_regs'])", ())
     lim = sm_limits(ds, limits)
     n = ds.sizes[dim]
-    regs = _per_row(registers, ds, dim, "registers")
-    smem = _per_row(shared_memory, ds, dim, "shared_memory")
+    regs = _given(registers, recorded_regs, ds, dim, "registers")
+    smem = _given(shared_memory, recorded_smem, ds, dim, "shared_memory")
+    if smem is None:
+        smem = np.zeros(n)
     config = np.full(n, np.nan) if shared_memory_config is None else _per_row(
         shared_memory_config, ds, dim, "shared_memory_config")
     threads = _shape(ds, "block", dim)
@@ -366,8 +433,10 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=0, limits=None, dim:
     out = xr.Dataset({
         "threads_per_block": row_var(threads, "thread", "threads per block"),
         "grid_blocks": row_var(grid, "block", "blocks in the grid"),
-        "registers": row_var(regs, "register/thread", "registers per thread"),
-        "shared_memory": row_var(smem, "byte/block", "shared memory per block, static and dynamic"),
+        "registers": row_var(regs, "register/thread", "registers per thread (given, or as the session recorded "
+                             "them)"),
+        "shared_memory": row_var(smem, "byte/block", "shared memory per block, static and dynamic (given, or as the "
+                                 "session recorded it)"),
         "shared_memory_config": row_var(configured, "byte", "shared memory the driver configured an SM with for the "
                                         "launch (given, or estimated as the driver picks it)"),
         "block_limit": xr.DataArray(table, dims=(dim, "limit"), coords={"limit": list(LIMITERS)},

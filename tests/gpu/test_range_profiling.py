@@ -33,6 +33,25 @@ def chain(x):  # modifies its own input: replays must see the same input each pa
         x[i] = v + n
 
 
+@cuda.jit
+def staged(x):  # 1 KiB of static shared memory, and the launch's dynamic shared memory
+    tile = cuda.shared.array(256, np.float32)
+    extra = cuda.shared.array(0, np.float32)
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    if i < x.size:
+        tile[t] = x[i]
+        extra[t] = 1.0
+    cuda.syncthreads()
+    if i < x.size:
+        x[i] = tile[t] + extra[t]
+
+
+def _numba_one(value) -> int:
+    """A Numba per-signature value (a dict where no signature is given) as one number."""
+    return int(next(iter(value.values())) if isinstance(value, dict) else value)
+
+
 @pytest.fixture
 def x():
     return cuda.to_device(np.zeros(N, np.float32))
@@ -80,6 +99,39 @@ def test_numba_decorator_user_mode(x):
     assert (int(ds.grid_x[0]), int(ds.grid_y[0]), int(ds.block_x[0])) == (N // 256, 1, 256)
     assert ds["sm__ctas_launched.sum"].values.tolist() == [N // 256] * 3
     assert float(x.copy_to_host()[0]) == 3.0
+
+
+@pytest.mark.parametrize("mode", ["kernel", "iteration"])
+def test_launch_rows_record_registers_and_shared_memory(x, mode):
+    """Each launch row holds the function's registers per thread and static shared memory as the driver gives them
+    (Numba's own numbers for its kernel) and the dynamic shared memory the launch asked for, so gs.occupancy(ds)
+    needs no arguments; a user range has -1."""
+    dynamic = 256 * 4
+    staged[N // 256, 256, 0, dynamic](x)  # compiled and loaded before the session
+    cuda.synchronize()
+    with gs.Profiler(CHEAP, mode=mode) as prof:
+        for _ in range(2 * prof.passes + 1):  # iteration mode: the first iteration sizes the image
+            with gs.range("step"):
+                staged[N // 256, 256, 0, dynamic](x)
+                staged[N // 128, 128, 0, 0](x)
+    ds = prof.dataset
+    assert ds.sizes["range"] >= 2
+    registers = _numba_one(staged.get_regs_per_thread())
+    static = _numba_one(staged.get_shared_mem_per_block())
+    assert static == 1024
+    assert set(ds.registers_per_thread.values.tolist()) == {registers}
+    assert set(ds.shared_memory_static.values.tolist()) == {static}
+    assert ds.shared_memory_dynamic.values.tolist()[:2] == [dynamic, 0]
+    occ = gs.occupancy(ds)
+    assert occ.registers.values.tolist()[:2] == [registers] * 2
+    assert occ.shared_memory.values.tolist()[:2] == [static + dynamic, static]
+    assert np.isfinite(occ.theoretical_occupancy.values).all()
+    with gs.Profiler(CHEAP) as prof:  # user mode: ranges, not launches
+        for _ in range(prof.cycles):
+            with gs.range("step"):
+                staged[N // 256, 256, 0, dynamic](x)
+    user = prof.dataset
+    assert user.registers_per_thread.values.tolist() == [-1] and user.shared_memory_dynamic.values.tolist() == [-1]
 
 
 def test_cupy_kernels():

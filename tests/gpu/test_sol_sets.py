@@ -140,6 +140,25 @@ def test_occupancy_section_values_equal_ncus_in_the_same_run(work):
 
 
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
+def test_the_recorded_registers_and_shared_memory_are_ncus_launch_statistics(work):
+    """Kernel mode records each launch's registers per thread and static shared memory (cuFuncGetAttribute) and its
+    dynamic shared memory (the launch call's sharedMemBytes): ncu's launch__ values of the same launches, so
+    gs.occupancy(ds) without arguments gives ncu's theoretical occupancy."""
+    ds = rs.collect(work, "occupancy")
+    gs.release()  # ncu's child needs the counters
+    available = rs.sections_available(shutil.which("ncu"))
+    sections = [s for s in rs.SECTIONS["occupancy"] if s in available]
+    rows = rs.run_ncu(shutil.which("ncu"), list(map(str, ds.data_vars)), sections)["rows"]
+    assert not rs.matched(ds, rows)
+    for coord, theirs in (("registers_per_thread", "launch__registers_per_thread"),
+                          ("shared_memory_static", "launch__shared_mem_per_block_static"),
+                          ("shared_memory_dynamic", "launch__shared_mem_per_block_dynamic")):
+        assert ds[coord].values.tolist() == [int(r[theirs]) for r in rows], coord
+    oc = gs.occupancy(ds)
+    assert oc.theoretical_occupancy.values.tolist() == [r["sm__maximum_warps_per_active_cycle_pct"] for r in rows]
+
+
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not installed")
 def test_instruction_section_values_equal_ncus_in_the_same_run(work):
     ours, same, sections = _sections(work, "instructions")
     pipes = ("alu", "cbu", "fma", "fp64", "lsu", "tensor", "uniform", "xu")

@@ -432,3 +432,32 @@ def test_a_complete_group_whose_last_iteration_was_cut_keeps_its_launches(auto):
     a = p._notes
     assert (a["launches_completed_from_earlier_group"], a["passes_from_earlier_group"]) == (2, 1)
     assert "unmatched" not in a["launches_unprofiled_by_reason"]
+
+
+def test_rows_of_both_replays_carry_registers_and_shared_memory(auto, monkeypatch):
+    """Kernel replay's rows before the loop is found and iteration replay's after: each row has its function's
+    registers and static shared memory (asked of the driver once per function) and its launch's dynamic shared
+    memory, which the Dataset holds as coords."""
+    from gpuscope._results import build
+    from gpuscope._gpu import functions
+
+    asked = []
+    held = {0x10: (24, 0), 0x20: (40, 2048), 0x30: (128, 0)}
+    monkeypatch.setattr(functions, "function_resources", lambda handle: asked.append(handle) or held[handle])
+    kernels = {"fill": (0x10, 0), "gemm": (0x20, 8192), "relu": (0x30, 0)}
+    p = auto(passes=2)
+    for symbol in ["fill"] + ["gemm", "relu"] * 13:
+        function, dynamic = kernels[symbol]
+        token = p._on_enter(Launch(symbol, (1, 1, 1), (32, 1, 1), CTX, function, dynamic))
+        p._rp.launch()
+        if token is not None:
+            p._on_exit(token)
+    close(p)
+    assert {r.get("replay") for r in p._rows} == {"kernel", "iteration"}
+    for row in p._rows:
+        function, dynamic = kernels[row["kernel"]]
+        assert (row["registers_per_thread"], row["shared_memory_static"], row["shared_memory_dynamic"]) == (
+            *held[function], dynamic), row
+    assert sorted(asked) == [0x10, 0x20, 0x30]  # once per function, whichever replay built the row
+    ds = build.range_dataset(p._rows, p.metrics, p.properties, chip="GH100", attrs={"mode": "auto"})
+    assert ds.registers_per_thread.values.tolist() == [held[kernels[k][0]][0] for k in ds.kernel.values.tolist()]

@@ -320,3 +320,35 @@ def test_a_sessions_collectors_share_one_table_of_names():
     iterations.end()
     assert [s.kernel for s in kernel_phase.selected] == ["fma"]
     assert [s.kernel for s in iterations.take_group().passes[0]] == ["main.<locals>.fma", "fma"]
+
+
+def test_kernel_rows_carry_registers_and_shared_memory_asked_once_per_function(monkeypatch):
+    """Each row gets its function's registers and static shared memory (the driver asked once per function for the
+    session, across emptied images; -1 where it refuses) and its launch's dynamic shared memory."""
+    from gpuscope._gpu import functions
+    from gpuscope.cupti import range_profiler
+
+    asked = []
+    held = {0xA0: (16, 0), 0xB0: (168, 1024)}
+
+    def query(handle):
+        asked.append(handle)
+        return held.get(handle, (-1, -1))
+
+    monkeypatch.setattr(functions, "function_resources", query)
+    session = KernelRows(KernelFilter.build(), capacity=2)
+    monkeypatch.setattr(range_profiler, "num_ranges",
+                        lambda image: len(session._collector.selected) - session.emptied_at)
+    launches = [("stream", 0xA0, 0), ("gemm", 0xB0, 213188), ("stream", 0xA0, 0), ("gone", 0xDEAD, 512),
+                ("gemm", 0xB0, 4096), ("bare", 0, 0)]
+    _run(session._collector, [Launch(s, (1, 1, 1), (128, 1, 1), CTX, f, dyn) for s, f, dyn in launches])
+    session._collect_kernels()
+    assert session._notes["image_flushes"] == 2  # three images: the cache outlives each
+    rows = [(r["kernel"], r["registers_per_thread"], r["shared_memory_static"], r["shared_memory_dynamic"])
+            for r in session._rows]
+    assert rows == [("stream", 16, 0, 0), ("gemm", 168, 1024, 213188), ("stream", 16, 0, 0), ("gone", -1, -1, 512),
+                    ("gemm", 168, 1024, 4096), ("bare", -1, -1, 0)]
+    assert asked == [0xA0, 0xB0, 0xDEAD]  # once per function; no handle, no question
+    ds = _results.range_dataset(session._rows, ["m"], {"m": {}}, chip="GH100", attrs={"mode": "kernel"})
+    assert ds.registers_per_thread.values.tolist() == [16, 168, 16, -1, 168, -1]
+    assert ds.shared_memory_dynamic.values.tolist() == [0, 213188, 0, 512, 4096, 0]

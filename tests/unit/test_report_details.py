@@ -4,6 +4,7 @@ the Dataset cannot give is named with the set that collects it, and ``gpuscope s
 ``gpuscope compare`` print them from saved files."""
 
 import functools
+import json
 import warnings
 from pathlib import Path
 
@@ -120,6 +121,55 @@ def test_occupancy_is_the_analysis_with_registers_and_the_measured_part_without(
     assert ("fma", "occupancy", "achieved occupancy") in without.index
     assert ("fma", "occupancy", "theoretical occupancy") not in without.index
     assert any("registers per thread" in n for n in without.notes)
+
+
+def with_launch_resources(ds):
+    """*ds* as a kernel-mode session records it now: each launch's registers per thread and static and dynamic shared
+    memory as coords (ncu's launch__ values of the same launches, tests/fixtures/sol/ncu_<set>.json)."""
+    rows = json.loads((FIXTURES / f"ncu_{ds.attrs['metric_set']}.json").read_text())["rows"]
+    return ds.assign_coords({name: ("range", np.asarray([r[f"launch__{key}"] for r in rows], dtype=np.int64))
+                             for name, key in (("registers_per_thread", "registers_per_thread"),
+                                               ("shared_memory_static", "shared_mem_per_block_static"),
+                                               ("shared_memory_dynamic", "shared_mem_per_block_dynamic"))})
+
+
+THEORETICAL = ("theoretical occupancy", "theoretical warps per SM", "blocks per SM", "limited by",
+               "registers per thread", "shared memory per SM", "waves per SM")
+
+
+def test_a_kernel_mode_recording_shows_theoretical_occupancy_without_registers():
+    ds = recording("occupancy")
+    launches = with_launch_resources(ds)
+    regs, smem = launch_shapes(ds)
+    d, given = page(launches), page(ds, registers=regs, shared_memory=smem)
+    for kernel in launches.kernel.values.tolist():
+        for quantity in THEORETICAL:
+            assert value(d, kernel, "occupancy", quantity) == value(given, kernel, "occupancy", quantity)
+    assert value(d, GEMM, "occupancy", "limited by") == "registers+shared_memory"
+    assert not any("registers per thread" in n for n in d.notes)
+    # launches the driver could not tell about: the others are shown, and a note says why those are not
+    unknown = launches.assign_coords(registers_per_thread=("range", [16, -1, 168, 32, 32]))
+    partial = page(unknown)
+    assert np.isnan(value(partial, "fma", "occupancy", "theoretical occupancy"))
+    assert value(partial, "stream", "occupancy", "theoretical occupancy") == value(d, "stream", "occupancy",
+                                                                                   "theoretical occupancy")
+    assert any("only for the launches whose registers" in n for n in partial.notes)
+    # user ranges record none: the note says where registers come from
+    none = page(launches.assign_coords(registers_per_thread=("range", [-1] * 5)))
+    assert ("fma", "occupancy", "theoretical occupancy") not in none.index
+    assert any("kernel, iteration or auto mode records them" in n for n in none.notes)
+
+
+def test_show_details_of_a_kernel_mode_file_shows_theoretical_occupancy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    launches = with_launch_resources(recording("occupancy"))
+    path = saved(tmp_path, launches, "occupancy")
+    assert gs.open_dataset(path).registers_per_thread.values.tolist() == [16, 16, 168, 32, 32]
+    assert cli.main(["show", str(path), "--page", "details"]) == 0
+    out = capsys.readouterr().out
+    gemm = out[out.index(f"\n{GEMM}\n"):]
+    assert "    theoretical occupancy" in gemm and "    limited by                registers+shared_memory" in gemm
+    assert "registers=" not in out
 
 
 @pytest.mark.parametrize("name", SETS)

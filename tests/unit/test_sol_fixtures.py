@@ -233,6 +233,60 @@ def test_occupancy_equals_ncus_launch_statistics():
                                              "registers+warps"]
 
 
+def with_launch_resources(ds, rows):
+    """*ds* with the coords a kernel-mode session records for each launch, holding ncu's ``launch__`` values of the
+    same launches: ``registers_per_thread`` (``launch__registers_per_thread``), ``shared_memory_static`` and
+    ``shared_memory_dynamic`` (``launch__shared_mem_per_block_static`` / ``_dynamic``)."""
+    static = [int(r["launch__shared_mem_per_block_static"]) for r in rows]
+    dynamic = [int(r["launch__shared_mem_per_block_dynamic"]) for r in rows]
+    assert [s + d for s, d in zip(static, dynamic)] == ds.attrs["launch_shared_memory_bytes"]
+    return ds.assign_coords(registers_per_thread=("range", np.asarray(ds.attrs["launch_registers"], dtype=np.int64)),
+                            shared_memory_static=("range", np.asarray(static, dtype=np.int64)),
+                            shared_memory_dynamic=("range", np.asarray(dynamic, dtype=np.int64)))
+
+
+def test_occupancy_without_arguments_takes_the_launches_registers_and_shared_memory_from_the_dataset():
+    ds, rows = recording("occupancy")
+    launches = with_launch_resources(ds, rows)
+    explicit = gs.occupancy(launches, registers=xr.DataArray(ds.attrs["launch_registers"], dims="range"),
+                            shared_memory=xr.DataArray(ds.attrs["launch_shared_memory_bytes"], dims="range"))
+    xr.testing.assert_identical(gs.occupancy(launches), explicit)
+    xr.testing.assert_identical(launches.gpuscope.occupancy(), explicit)
+    # ncu's launch statistics, as test_occupancy_equals_ncus_launch_statistics has them from the arguments
+    assert [float(v) for v in explicit.theoretical_occupancy] == [
+        r["sm__maximum_warps_per_active_cycle_pct"] for r in rows]
+    assert explicit.shared_memory.values.tolist() == [0, 0, 213188, 44, 44]  # the GEMM's is dynamic, cub's static
+
+
+def test_given_registers_and_shared_memory_win_over_the_datasets():
+    ds, rows = recording("occupancy")
+    launches = with_launch_resources(ds, rows)
+    assert gs.occupancy(launches, registers=64).registers.values.tolist() == [64] * 5
+    assert gs.occupancy(launches, shared_memory=0).shared_memory.values.tolist() == [0] * 5
+    # a mapping that names one kernel: the others keep the Dataset's values
+    out = gs.occupancy(launches, registers={"fma": 64})
+    assert out.registers.values.tolist() == [16, 64, 168, 32, 32]
+    assert float(out.block_limit.sel(limit="registers")[FMA]) == 4  # 64 registers x 256 threads: 4 blocks per SM
+
+
+def test_launches_without_recorded_registers_get_nan_and_none_at_all_is_an_error():
+    ds, rows = recording("occupancy")
+    launches = with_launch_resources(ds, rows)
+    unknown = launches.assign_coords(registers_per_thread=("range", [16, -1, 168, 32, 32]),
+                                     shared_memory_static=("range", [0, -1, 0, 44, 44]))
+    out, full = gs.occupancy(unknown), gs.occupancy(launches)
+    assert np.isnan(float(out.theoretical_occupancy[FMA])) and str(out.limited_by.values[FMA]) == ""
+    others = [i for i in range(5) if i != FMA]
+    assert out.theoretical_occupancy.values[others].tolist() == full.theoretical_occupancy.values[others].tolist()
+    assert gs.occupancy(unknown, registers={"fma": 16}).theoretical_occupancy.values.tolist() == (
+        full.theoretical_occupancy.values.tolist())  # its static shared memory, unknown, counts 0: fma has none
+    none = launches.assign_coords(registers_per_thread=("range", [-1] * 5))
+    with pytest.raises(gs.MissingMetricsError, match="none is recorded.*kernel, iteration or auto mode.*registers="):
+        gs.occupancy(none)
+    with pytest.raises(gs.MissingMetricsError, match="does not record them.*registers="):
+        gs.occupancy(ds)  # the file as recorded, before gpuscope kept the coords
+
+
 PIPES = ("alu", "cbu", "fma", "fp64", "lsu", "tensor", "uniform", "xu")
 
 

@@ -157,3 +157,61 @@ def test_a_failing_graph_hook_is_a_warning_and_the_launch_is_still_counted(fake)
         recorder._on_callback(callbacks.CBID_cuGraphLaunch, ctypes.addressof(data))
     assert recorder.graph_launches == 1 and recorder.graph_correlations == {3}
     recorder.close()
+
+
+# -- what a launch callback reads from the driver call's parameters ------------------------------------------------
+# The parameter structs as cuda.h and generated_cuda_meta.h lay them out, whole: gpuscope reads only their leading
+# fields (callbacks._LaunchParams, _LaunchExParams), at the offsets these give.
+
+class CuLaunchKernelParams(ctypes.Structure):  # cuLaunchKernel_params, cuLaunchCooperativeKernel_params
+    _fields_ = ([("f", ctypes.c_void_p)]
+                + [(n, ctypes.c_uint) for n in ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
+                                                 "blockDimZ", "sharedMemBytes")]
+                + [("hStream", ctypes.c_void_p), ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p)])
+
+
+class CUlaunchConfig(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_uint) for n in ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
+                                               "blockDimZ", "sharedMemBytes")]
+                + [("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)])
+
+
+class CuLaunchKernelExParams(ctypes.Structure):  # cuLaunchKernelEx_params
+    _fields_ = [("config", ctypes.POINTER(CUlaunchConfig)), ("f", ctypes.c_void_p),
+                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p)]
+
+
+def _heard(cbid, params):
+    """The Launch a recorder hears at the entry of a launch call with *params*."""
+    heard = []
+    recorder = callbacks.LaunchRecorder(heard.append)
+    data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER, symbolName=b"_Z4tilePf",
+                                        context=0xC7, functionParams=ctypes.addressof(params))
+    recorder._on_callback(cbid, ctypes.addressof(data))
+    recorder.close()
+    (launch,) = heard
+    return launch
+
+
+@pytest.mark.parametrize("cbid", [callbacks.CBID_cuLaunchKernel, callbacks.CBID_cuLaunchKernel_ptsz,
+                                  callbacks.CBID_cuLaunchCooperativeKernel])
+def test_a_launch_carries_its_function_and_dynamic_shared_memory(fake, cbid):
+    params = CuLaunchKernelParams(0x7F00DEAD0000, 64, 2, 1, 128, 2, 1, 6144, 0x5, 0x6, 0x7)
+    launch = _heard(cbid, params)
+    assert launch == callbacks.Launch("_Z4tilePf", (64, 2, 1), (128, 2, 1), 0xC7, 0x7F00DEAD0000, 6144)
+
+
+@pytest.mark.parametrize("cbid", [callbacks.CBID_cuLaunchKernelEx, callbacks.CBID_cuLaunchKernelEx_ptsz])
+def test_a_launch_ex_carries_its_function_and_the_configs_dynamic_shared_memory(fake, cbid):
+    config = CUlaunchConfig(132, 1, 1, 384, 1, 1, 213188, 0x5, 0x8, 1)
+    params = CuLaunchKernelExParams(ctypes.pointer(config), 0x7F00BEEF0000, 0x6, 0x7)
+    launch = _heard(cbid, params)
+    assert (launch.grid, launch.block, launch.function, launch.shared_dynamic) == (
+        (132, 1, 1), (384, 1, 1), 0x7F00BEEF0000, 213188)
+
+
+def test_a_launch_without_a_function_handle_says_0(fake):
+    launch = _heard(callbacks.CBID_cuLaunchKernel, CuLaunchKernelParams(None, 1, 1, 1, 32, 1, 1, 0))
+    assert (launch.function, launch.shared_dynamic) == (0, 0)
+    made = callbacks.Launch("k", (1, 1, 1), (32, 1, 1), 1)  # as before: symbol, grid, block, context
+    assert (made.function, made.shared_dynamic) == (0, 0)

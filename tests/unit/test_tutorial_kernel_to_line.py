@@ -4,10 +4,12 @@ fp16 GEMM and a CuPy sum in two cub kernels), and the PC samples an H100 recorde
 (tests/fixtures/pc). The collecting half needs a GPU: benchmarks/device_check.sh runs the tutorial."""
 
 import importlib.util
+import json
 import runpy
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -37,9 +39,15 @@ def recorded():
 
 def test_explain_says_what_bounds_each_kernel_and_draws_both_figures(tutorial, recorded, tmp_path):
     ds, tables = recorded
-    registers = xr.DataArray(ds.attrs["launch_registers"], dims="range")
+    # what a kernel-mode session records for each launch (ncu's launch__ values of the same launches): the occupancy
+    # needs no registers= then
+    rows = json.loads((SOL / "ncu_occupancy.json").read_text())["rows"]
+    registers = np.asarray(ds.attrs["launch_registers"], dtype=np.int64)
+    ds = ds.assign_coords({"registers_per_thread": ("range", registers)} | {
+        f"shared_memory_{part}": ("range", np.asarray([r[f"launch__shared_mem_per_block_{part}"] for r in rows],
+                                                      dtype=np.int64)) for part in ("static", "dynamic")})
     try:
-        text = tutorial["explain"](ds, registers, tables, out=str(tmp_path))
+        text = tutorial["explain"](ds, tables, out=str(tmp_path))
     finally:
         plt.close("all")
     blocks = text.split("== ")
@@ -50,6 +58,10 @@ def test_explain_says_what_bounds_each_kernel_and_draws_both_figures(tutorial, r
     assert "bound: compute" in fma
     assert "busiest" in stream and "bytes per L1/TEX request" in stream
     assert any(b.startswith("stream (launch 0): occupancy") for b in blocks)
+    given = tutorial["explain"](ds.drop_vars(["registers_per_thread"]), tables, out=str(tmp_path),
+                                registers=xr.DataArray(registers, dims="range"))  # a Dataset without them
+    plt.close("all")
+    assert given == text
     # the PC samples' hottest lines, with their text
     hot = next(b for b in blocks if b.startswith("stream: hottest lines"))
     assert "samples (most: " in hot and "line " in hot
