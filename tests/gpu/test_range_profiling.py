@@ -113,7 +113,7 @@ def test_launch_rows_record_registers_and_shared_memory(x, mode):
         for _ in range(2 * prof.passes + 1):  # iteration mode: the first iteration sizes the image
             with gs.range("step"):
                 staged[N // 256, 256, 0, dynamic](x)
-                staged[N // 128, 128, 0, 0](x)
+                staged[N // 128, 128, 0, dynamic // 2](x)  # extra[t] needs a float per thread
     ds = prof.dataset
     assert ds.sizes["range"] >= 2
     registers = _numba_one(staged.get_regs_per_thread())
@@ -121,10 +121,10 @@ def test_launch_rows_record_registers_and_shared_memory(x, mode):
     assert static == 1024
     assert set(ds.registers_per_thread.values.tolist()) == {registers}
     assert set(ds.shared_memory_static.values.tolist()) == {static}
-    assert ds.shared_memory_dynamic.values.tolist()[:2] == [dynamic, 0]
+    assert ds.shared_memory_dynamic.values.tolist()[:2] == [dynamic, dynamic // 2]
     occ = gs.occupancy(ds)
     assert occ.registers.values.tolist()[:2] == [registers] * 2
-    assert occ.shared_memory.values.tolist()[:2] == [static + dynamic, static]
+    assert occ.shared_memory.values.tolist()[:2] == [static + dynamic, static + dynamic // 2]
     assert np.isfinite(occ.theoretical_occupancy.values).all()
     with gs.Profiler(CHEAP) as prof:  # user mode: ranges, not launches
         for _ in range(prof.cycles):
