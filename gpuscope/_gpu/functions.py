@@ -1,5 +1,10 @@
 """What the driver knows of a kernel function: its registers per thread and its static shared memory per block.
 
+A launch call's ``f`` is a ``CUfunction`` (a module's function: CuPy's kernels) or a ``CUkernel`` (the library API,
+which the CUDA runtime and cuda.core use: Numba's, cuBLAS's and cub's kernels, on the H100 with CUDA 13):
+``cuFuncGetAttribute`` answers for the first and ``CUDA_ERROR_INVALID_HANDLE`` for the second, which
+``cuKernelGetAttribute`` answers for on the context's device.
+
 Kernel, iteration and auto modes hear each launch's ``CUfunction`` handle in CUPTI's launch callbacks
 (:class:`gpuscope.cupti.callbacks.Launch`). The callback keeps only the handle; when the launches' rows are built,
 :class:`FunctionResources` asks the driver (``cuFuncGetAttribute`` through cuda.bindings) once per handle for
@@ -28,19 +33,25 @@ def function_resources(handle: int) -> tuple[int, int]:
         from cuda.bindings import driver
     except ImportError:  # analysis-only installs have no cuda-bindings, and no launches to ask about
         return UNKNOWN, UNKNOWN
+    attribute = driver.CUfunction_attribute
+    which = (attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
     try:
-        function = driver.CUfunction(int(handle))
+        asked = [_attribute(driver, driver.cuFuncGetAttribute, w, driver.CUfunction(int(handle))) for w in which]
+        if UNKNOWN in asked:  # a CUkernel (the library API: the runtime, cuda.core and so Numba, cuBLAS, cub)
+            err, device = driver.cuCtxGetDevice()
+            if err == driver.CUresult.CUDA_SUCCESS:
+                kernel = driver.CUkernel(int(handle))
+                asked = [_attribute(driver, driver.cuKernelGetAttribute, w, kernel, device) for w in which]
     except Exception:
         return UNKNOWN, UNKNOWN
-    attribute = driver.CUfunction_attribute
-    return (_attribute(driver, attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function),
-            _attribute(driver, attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function))
+    return asked[0], asked[1]
 
 
-def _attribute(driver, which, function) -> int:
-    """``cuFuncGetAttribute(which, function)``, or :data:`UNKNOWN` where the driver refuses."""
+def _attribute(driver, call, which, *handle) -> int:
+    """``call(which, *handle)`` (``cuFuncGetAttribute`` or ``cuKernelGetAttribute``), or :data:`UNKNOWN` where the
+    driver refuses (``CUDA_ERROR_INVALID_HANDLE`` for a handle of the other kind)."""
     try:
-        err, value = driver.cuFuncGetAttribute(which, function)
+        err, value = call(which, *handle)
     except Exception:
         return UNKNOWN
     if err != driver.CUresult.CUDA_SUCCESS:

@@ -26,12 +26,28 @@ class StandInDriver:
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_NUM_REGS=NUM_REGS,
                                            CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES=SHARED_SIZE_BYTES)
 
-    def __init__(self, held):
+    def __init__(self, held, kernels=None):
         self.held, self.calls = dict(held), []
+        self.kernels, self.kernel_calls = dict(kernels or {}), []  # CUkernel handles (the library API's)
 
     @staticmethod
     def CUfunction(handle):  # noqa: N802 (cuda.bindings' name)
         return ("CUfunction", handle)
+
+    @staticmethod
+    def CUkernel(handle):  # noqa: N802
+        return ("CUkernel", handle)
+
+    def cuCtxGetDevice(self):  # noqa: N802
+        return SUCCESS, 0
+
+    def cuKernelGetAttribute(self, attribute, kernel, device):  # noqa: N802
+        handle = kernel[1]
+        self.kernel_calls.append((attribute, handle, device))
+        if handle not in self.kernels:
+            return INVALID_HANDLE, 0
+        registers, static = self.kernels[handle]
+        return SUCCESS, registers if attribute == NUM_REGS else static
 
     def cuFuncGetAttribute(self, attribute, function):  # noqa: N802
         handle = function[1]
@@ -45,7 +61,7 @@ class StandInDriver:
 @pytest.fixture
 def driver(monkeypatch):
     """A stand-in driver where function_resources imports cuda.bindings' (installed or not)."""
-    stand_in = StandInDriver({0xA0: (16, 0), 0xB0: (168, 1024)})
+    stand_in = StandInDriver({0xA0: (16, 0), 0xB0: (168, 1024)}, kernels={0xC0: (32, 2048)})
     monkeypatch.setitem(sys.modules, "cuda.bindings", SimpleNamespace(driver=stand_in))
     return stand_in
 
@@ -53,6 +69,15 @@ def driver(monkeypatch):
 def test_the_driver_gives_registers_and_static_shared_memory(driver):
     assert functions.function_resources(0xB0) == (168, 1024)
     assert sorted(driver.calls) == [(SHARED_SIZE_BYTES, 0xB0), (NUM_REGS, 0xB0)]
+
+
+def test_a_cukernel_is_asked_with_cukernelgetattribute(driver):
+    # Numba (through cuda.core), the CUDA runtime, cuBLAS and cub launch CUkernels: cuFuncGetAttribute refuses them
+    # (CUDA_ERROR_INVALID_HANDLE on the H100) and cuKernelGetAttribute answers, for the context's device
+    assert functions.function_resources(0xC0) == (32, 2048)
+    assert sorted(driver.kernel_calls) == [(SHARED_SIZE_BYTES, 0xC0, 0), (NUM_REGS, 0xC0, 0)]
+    driver.kernel_calls.clear()
+    assert functions.function_resources(0xA0) == (16, 0) and driver.kernel_calls == []  # a CUfunction: one ask
 
 
 def test_an_unknown_function_or_no_handle_is_minus_one(driver):
