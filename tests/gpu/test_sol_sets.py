@@ -150,10 +150,14 @@ def test_the_recorded_registers_and_shared_memory_are_ncus_launch_statistics(wor
     sections = [s for s in rs.SECTIONS["occupancy"] if s in available]
     rows = rs.run_ncu(shutil.which("ncu"), list(map(str, ds.data_vars)), sections)["rows"]
     assert not rs.matched(ds, rows)
-    for coord, theirs in (("registers_per_thread", "launch__registers_per_thread"),
-                          ("shared_memory_static", "launch__shared_mem_per_block_static"),
+    for coord, theirs in (("shared_memory_static", "launch__shared_mem_per_block_static"),
                           ("shared_memory_dynamic", "launch__shared_mem_per_block_dynamic")):
         assert ds[coord].values.tolist() == [int(r[theirs]) for r in rows], coord
+    # the driver gives the registers the code uses, ncu those allocated, in units of 8 per thread (fma: 14 and 16 on
+    # the H100); the occupancy rounds them as the SM allocates them
+    registers = ds["registers_per_thread"].values
+    assert (registers > 0).all() and ((registers + 7) // 8 * 8).tolist() == [
+        int(r["launch__registers_per_thread"]) for r in rows]
     oc = gs.occupancy(ds)
     assert oc.theoretical_occupancy.values.tolist() == [r["sm__maximum_warps_per_active_cycle_pct"] for r in rows]
 
