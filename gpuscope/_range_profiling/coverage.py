@@ -126,10 +126,12 @@ def _from_the_loop(rows, seen: int, first: int, found_at: int) -> dict:
         launch = row.get("launch", -1)
         if launch >= first:
             profiled += int(row["iterations"])
-            searched += first <= launch <= found_at
+            # a kernel-replay row is one launch; an iteration row (a shorter loop followed before this one took
+            # over) stands for its passes' launches, from its first on
+            searched += int(row["iterations"]) if first <= launch <= found_at else 0
     return {"loop_first_launch": int(first), "launches_from_the_loop": int(seen - first),
             "launches_profiled_from_the_loop": int(profiled),
-            "launches_searching_in_the_loop": int(found_at + 1 - first - searched)}
+            "launches_searching_in_the_loop": max(int(found_at + 1 - first - searched), 0)}
 
 
 def from_the_loop_text(attrs) -> str:

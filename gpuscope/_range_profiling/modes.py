@@ -59,7 +59,7 @@ class PerLaunchModes:
     _coverage = None  # auto mode following the launch stream: what it left unprofiled (coverage.Coverage)
     _graphs = None  # the kernels of CUDA graph launches (graphs.GraphKernels)
     _found_period = None  # the period of the loop the pass group under way was begun on
-    _first_loop = None  # (offset, found_at) of the first loop found in the launch stream
+    _first_loop = None  # (offset, found_at) of the loop found in the launch stream (the longest, if it relocked)
     _last_group = None  # iteration replay: (signatures, raw values) of the last complete group's rows, by position
     _function_resources = None  # registers and static shared memory per kernel function (see _functions)
 
@@ -221,6 +221,10 @@ class PerLaunchModes:
             self._key = None  # the dropped group's passes were submitted to this profiler
         rep = self._tracker.repetition
         self._configure(ProfilerRange.AUTO, ReplayMode.USER, _capacity(len(rep.period)))
+        if self._found_period is None or len(rep.period) > len(self._found_period):
+            # a longer loop took over (the one followed was a repetition inside it, or in the setup): coverage
+            # "from the loop's first iteration" counts from this one's
+            self._first_loop = (rep.offset, rep.found_at)
         self._found_period = rep.period
         self._notes.update(repetition_period=len(rep.period), repetition_offset=rep.offset,
                            repetition_found_at=rep.found_at)

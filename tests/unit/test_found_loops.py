@@ -196,6 +196,8 @@ def test_a_group_cut_by_a_longer_loop_is_dropped_on_a_fresh_profiler(auto):
     assert all(n == 2 for n in p.groups)
     after = [r for r in rows(p, "iteration") if r[1] > 26]
     assert after[:4] == [("a", 27), ("b", 28), ("c", 29), ("log", 30)]
+    # coverage "from the loop's first iteration" counts from the loop that took over, not the (a, b, c) inside it
+    assert p._notes["loop_first_launch"] == p._notes["repetition_offset"] > 0
 
 
 def test_what_the_loop_leaves_out_is_counted_per_kernel_and_said(auto):
@@ -303,6 +305,8 @@ def test_a_pytorch_like_scripts_warm_up_is_counted_as_the_loops_iterations_durin
     a = p._notes
     from_loop = a["launches_from_the_loop"]
     assert a["loop_first_launch"] >= init and from_loop == len(stream) - a["loop_first_launch"]
+    # the period-1 fills of the initialisation were followed first: the loop counted from is the step that took over
+    assert a["loop_first_launch"] == a["repetition_offset"] and a["repetition_period"] == 76
     # all 20 measured steps are profiled (10 groups of two); what the loop lost is its iterations during the search
     assert a["launches_profiled_from_the_loop"] >= 20 * 76
     assert a["launches_profiled_from_the_loop"] + a["launches_searching_in_the_loop"] == from_loop
