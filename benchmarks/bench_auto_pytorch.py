@@ -20,6 +20,11 @@ Prints per case the wall time, the time over the plain process, the rows and the
 the coverage the Dataset reports (launches seen, profiled, unprofiled by reason) and the share of the launches of
 the measured steps that it profiled, at least (profiled launches minus all warm-up launches, over the steps'
 launches, taking the period found as the launches per step). Writes ``auto.json``.
+
+``--record-stream FILE.npz`` instead runs the script in this process under gpuscope's launch callbacks alone (no
+session, nothing profiled) and writes the launch stream the driver saw: each launch's kernel symbol (an index into
+``symbols``), grid and block. ``tests/fixtures/range/pytorch_stream_gh100.npz`` is that recording on the H100, on
+which ``tests/unit/test_pytorch_stream.py`` runs the loop finder and auto mode's bookkeeping.
 """
 
 from __future__ import annotations
@@ -77,6 +82,28 @@ def run(cmd, env=None, timeout=540):
     return wall, proc
 
 
+def record_stream(path: str, warmup: int, steps: int) -> None:
+    """The launches of SCRIPT as the driver sees them, in order: symbols, grid and block."""
+    import numpy as np
+
+    from gpuscope.cupti.callbacks import LaunchRecorder
+
+    seen = []
+    recorder = LaunchRecorder(lambda launch: seen.append((launch.symbol, launch.grid, launch.block)))
+    try:
+        sys.argv = ["train_step.py", str(warmup), str(steps)]
+        exec(compile(SCRIPT, "train_step.py", "exec"), {"__name__": "__main__"})
+    finally:
+        recorder.close()
+    symbols = sorted({s for s, _, _ in seen})
+    index = {s: i for i, s in enumerate(symbols)}
+    np.savez_compressed(path, symbols=np.array(symbols), symbol=np.array([index[s] for s, _, _ in seen], np.int32),
+                        grid=np.array([g for _, g, _ in seen], np.int64), block=np.array([b for _, _, b in seen],
+                                                                                        np.int64),
+                        warmup=warmup, steps=steps)
+    print(f"{len(seen)} launches of {len(symbols)} kernels written to {path}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--warmup", type=int, default=3)
@@ -84,7 +111,11 @@ def main():
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--ncu-count", type=int, default=76)
     ap.add_argument("--out", default="auto_out")
+    ap.add_argument("--record-stream", metavar="FILE", help="record the script's launch stream to FILE (.npz)")
     args = ap.parse_args()
+    if args.record_stream:
+        record_stream(args.record_stream, args.warmup, args.steps)
+        return
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     script = out / "train_step.py"
