@@ -18,7 +18,8 @@ then the outer one once it has repeated ``min_repeats`` times, if its body has a
 
 Algorithm: ``run[p]`` counts the launches ``k``, up to the current one, with ``s[k] == s[k - p]``; the stream is
 p-periodic over its last ``run[p] + p`` launches, and ``min_repeats`` copies are confirmed when ``run[p]`` reaches
-``(min_repeats - 1) * p``. At launch ``i`` only the periods ``i - j``, for the earlier launches ``j`` of the same
+``(min_repeats - 1) * p`` (two copies, ``run[p] == p``, for a period of :data:`LONG_PERIOD` launches or more that holds
+:data:`LONG_KINDS` different signatures or more). At launch ``i`` only the periods ``i - j``, for the earlier launches ``j`` of the same
 signature, can extend their run; the other runs are left stale and read as 0. Searching thus costs, per launch, the
 number of earlier occurrences of its signature among the last ``max_period`` launches, and holds at most
 ``max_period`` launches. The tracker searches on while it is locked, as long as a strike came in the last
@@ -136,6 +137,16 @@ def _check(min_repeats, max_period) -> None:
         raise ValueError(f"max_period must be an integer >= 1, not {max_period!r}")
 
 
+#: A period of at least this many launches, holding at least :data:`LONG_KINDS` different signatures, is confirmed
+#: by two back-to-back copies instead of ``min_repeats``: a training script's step is long, its warm-up short, and the
+#: first warm-up step unlike the others (the optimizer makes its state), so three copies are often not done before
+#: the measured steps begin (the H100's PyTorch step: 69 launches of 36 kernels, 3 warm-up steps; confirmed at launch
+#: 310, inside the first measured step, with three copies, at 241 with two). Few kinds are left to three copies: every
+#: multiple of a short loop's period is a two-copy repetition, and so are long stretches of aperiodic streams of few
+#: kernels (squares of the Thue-Morse sequence).
+LONG_PERIOD, LONG_KINDS = 32, 8
+
+
 class _Search:
     """The runs of every candidate period over the launches pushed so far (indices must be consecutive)."""
 
@@ -155,7 +166,7 @@ class _Search:
             p = index - j
             run = runs[p] + 1 if updated[p] == index - 1 else 1
             runs[p], updated[p] = run, index
-            if run >= need * p:
+            if run >= need * p or (run == p >= LONG_PERIOD and self._kinds(p) >= LONG_KINDS):
                 if confirmed is None:
                     confirmed = []
                 confirmed.append((p, run))
@@ -170,6 +181,10 @@ class _Search:
         occurrences.append(index)
         self.window.append(signature)
         return confirmed
+
+    def _kinds(self, p: int) -> int:
+        """Different signatures among the last *p* launches pushed (the period a two-copy repetition would have)."""
+        return len(set(list(self.window)[-p:]))
 
     def repetition(self, index: int, p: int, run: int) -> Repetition:
         """The repetition of period *p* confirmed at *index* (the launch just pushed) with *run*, its iterations

@@ -45,13 +45,14 @@ def test_the_first_repetition_is_in_the_initialisation_and_the_tracker_follows_t
     rep = tracker.repetition
     measured = len(stream) - steps * PERIOD  # the first launch of the measured steps: 244
     assert len(rep.period) == PERIOD and rep.offset == 104  # the second warm-up step: the first one differs
-    # confirmed on its third copy, inside the first measured step
-    assert rep.found_at == rep.offset + 3 * PERIOD - 1 == 310 and measured < rep.found_at < measured + PERIOD
+    # a period of many kernels: confirmed on its second copy, at the end of the warm-up (on its third copy, as a
+    # period of few kernels is, it would be launch 310, inside the first measured step)
+    assert rep.found_at == rep.offset + 2 * PERIOD - 1 == 241 < measured
     body = stream[rep.offset:rep.offset + PERIOD]
     assert all(stream[k:k + PERIOD] == body for k in range(rep.offset, measured + (steps - 2) * PERIOD, PERIOD))
     assert stream[rep.offset - PERIOD:rep.offset] != body  # the first warm-up step (the optimizer makes its state)
     labelled = sum(e.kind in (Step.BEGIN, Step.INSIDE, Step.RESTART) for e in events[rep.found_at + 1:])
-    assert labelled == len(stream) - rep.found_at - 1 == 1313  # every launch after the lock is in an iteration
+    assert labelled == len(stream) - rep.found_at - 1 == 1382  # every launch after the lock is in an iteration
     assert tracker.losses == 1 and tracker.relocks == 0  # the period-1 lock was lost before the step was found
 
 
@@ -72,11 +73,12 @@ def test_auto_mode_profiles_every_step_after_the_lock(auto):  # noqa: F811
     a = p._notes
     assert a["repetition_period"] == PERIOD and a["loop_first_launch"] == 104
     # the coverage `gpuscope run --set topdown` reported for this script on the H100
-    assert (a["launches_seen"], a["launches_profiled"]) == (1624, 1381)
-    assert a["launches_unprofiled_by_reason"] == {"searching": 226, "between_iterations": 15, "loop_changed": 2}
-    assert a["launches_completed_from_earlier_group"] == 209
+    assert (a["launches_seen"], a["launches_profiled"]) == (1624, 1450)
+    assert a["launches_unprofiled_by_reason"] == {"searching": 157, "between_iterations": 15, "loop_changed": 2}
+    assert a["launches_completed_from_earlier_group"] == 278
     measured = len(stream) - steps * PERIOD
-    after_lock = len(stream) - a["repetition_found_at"] - 1
-    unprofiled_after_lock = a["launches_unprofiled_by_reason"]["between_iterations"] + 2
-    assert unprofiled_after_lock / after_lock < 0.015  # 98.7 % of the launches after the lock profiled
-    assert a["repetition_found_at"] - measured + 1 == 67  # the first measured step's launches the search ran
+    assert a["repetition_found_at"] < measured  # the search ended in the warm-up
+    # so of the measured steps' launches only those between iterations and where the loop changed run unprofiled
+    unprofiled = a["launches_unprofiled_by_reason"]["between_iterations"] + a["launches_unprofiled_by_reason"][
+        "loop_changed"]
+    assert 1 - unprofiled / (steps * PERIOD) > 0.98  # 98.8 %: the issue asks for 95 % after the warm-up

@@ -64,14 +64,21 @@ CODES = {Step.SEARCHING: "s", Step.BEGIN: "B", Step.INSIDE: "i", Step.RESTART: "
 
 
 def reference(stream, min_repeats=3, max_period=256):
-    """The definition, checked directly: the first launch ending min_repeats copies of a period, shortest period."""
+    """The definition, checked directly: the first launch ending min_repeats copies of a period (two of a period of
+    LONG_PERIOD launches or more holding LONG_KINDS different signatures or more), shortest period."""
+    from gpuscope._range_profiling.repetition import LONG_KINDS, LONG_PERIOD
+
     for i in range(len(stream)):
         for p in range(1, max_period + 1):
-            start = i - min_repeats * p + 1
-            if start < 0:
+            if i - 2 * p + 1 < 0:
                 break
+            long = p >= LONG_PERIOD and len(set(stream[i - p + 1 : i + 1])) >= LONG_KINDS
+            copies = 2 if long else min_repeats
+            start = i - copies * p + 1
+            if start < 0:
+                continue
             if all(stream[k] == stream[k - p] for k in range(start + p, i + 1)):
-                return Repetition(start, tuple(stream[start : start + p]), i, min_repeats)
+                return Repetition(start, tuple(stream[start : start + p]), i, copies)
     return None
 
 
@@ -263,9 +270,9 @@ def test_period_one():
 
 def test_max_period_bound():
     body = kernels(256)
-    assert find(body * 3) == Repetition(0, tuple(body), 767, 3)
+    assert find(body * 3) == Repetition(0, tuple(body), 511, 2)  # a long period of many kernels: two copies
     assert find(kernels(257) * 3) is None
-    assert find(kernels(257) * 3, max_period=257).found_at == 770
+    assert find(kernels(257) * 3, max_period=257).found_at == 513
     tracker, _ = run(kernels(257) * 3)
     assert not tracker.locked
 
@@ -515,3 +522,34 @@ def test_a_loop_the_tracker_follows_entirely_stops_the_search():
     events = [tracker.feed(s) for s in stream]
     assert tracker.repetition.period == tuple([D] * 40 + [E]) and tracker.relocks == 1
     assert codes(events[-41:]) == "B" + "i" * 40
+
+
+# -- long periods: two copies (a training step with a short warm-up) -------------------------------------------------
+def test_a_long_period_of_many_kernels_is_confirmed_on_two_copies():
+    body = kernels(40)  # 40 launches of 40 kernels
+    setup = [launch("init", (7, 1, 1))] * 2
+    rep = find(setup + body * 5)
+    assert rep == Repetition(2, tuple(body), 2 + 2 * 40 - 1, 2)
+    tracker, events = run(setup + body * 5)
+    assert codes(events) == "s" * 82 + ("B" + "i" * 39) * 3
+
+
+def test_a_long_period_of_few_kernels_still_needs_three_copies():
+    # 36 launches of 2 kernels, with no three copies of anything inside: two copies of such a stretch happen in
+    # aperiodic streams of few kernels (test_no_repetition_never_locks), so it takes three
+    body = thue_morse(36)
+    assert len(set(body)) == 2 and find(body * 2) is None
+    assert find(body * 3) == Repetition(0, tuple(body), 3 * 36 - 1, 3)
+
+
+def test_a_setup_block_repeated_twice_is_followed_until_the_loop_takes_over():
+    # two identical initialisation blocks of many kernels (two layers made alike), then the training step: the
+    # tracker locks on the block, loses it when the step begins, and follows the step from its second copy on
+    block = [launch(f"init_{i}", (8 + i, 1, 1)) for i in range(40)]
+    step = [launch(f"step_{i}", (64 + i, 1, 1)) for i in range(50)]
+    stream = block * 2 + step * 10
+    tracker, events = run(stream)
+    assert tracker.repetition.period == tuple(step) and tracker.repetition.found_at == 80 + 2 * 50 - 1
+    assert tracker.losses == 1
+    after = events[tracker.repetition.found_at + 1:]
+    assert labelled(after) == len(after) == 8 * 50  # every later step in an iteration
