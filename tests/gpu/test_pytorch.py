@@ -271,8 +271,8 @@ def test_torch_profilers_cupti_teardown_between_sessions(first):
 
 def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
     """`gpuscope run` on a PyTorch training step (transformer encoder layer, bf16 autocast, fused AdamW), 3 warm-up
-    steps then 20: auto mode finds the step as the loop by the first measured step and profiles at least 95% of the
-    launches from there on; the last pass group, which has fewer steps than the set has passes, takes its other passes
+    steps then 20: auto mode finds the step as the loop during the warm-up and profiles at least 95% of the launches
+    from there on; the last pass group, which has fewer steps than the set has passes, takes its other passes
     from the group before (benchmarks/bench_auto_pytorch.py)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_auto_pytorch import SCRIPT
@@ -291,13 +291,13 @@ def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
     warm = seen - steps * period
     assert warm > 0
     said = {k: ds.attrs[k] for k in ds.attrs if k.startswith(("launches", "repetition"))}
-    # the search confirms the loop on its third copy: this script's first warm-up step differs from the others
-    # (the optimizer's state is made), so it ends inside the first measured step (launch 310 of 1,624 on the H100);
-    # from there on at most 5% of the launches run unprofiled (between iterations, where the loop changed), the last
-    # pass group completed from the group before
+    # the step, many kernels, is confirmed on its second copy: by the end of the warm-up (launch 241 of 1,624 on the
+    # H100; the first warm-up step differs from the others: the optimizer makes its state); from there on at most 5%
+    # of the launches run unprofiled (between iterations, where the loop changed), the last pass group completed
+    # from the group before
     why = {k: int(v) for k, v in ds.attrs["launches_unprofiled_by_reason"].items()}
-    assert int(ds.attrs["repetition_found_at"]) < warm + period, said
+    assert int(ds.attrs["repetition_found_at"]) < warm, said
     assert sum(n for k, n in why.items() if k != "searching") <= 0.05 * steps * period, said
-    assert int(ds.attrs["launches_completed_from_earlier_group"]) > 0, said  # 19 to 20 iterations, 8 passes
+    assert int(ds.attrs["launches_completed_from_earlier_group"]) > 0, said  # 21 iterations of 8 passes: 5 left
     assert profiled <= seen and passes == 8
     assert ds["launch"].values.min() >= 0 and ds["launch"].values.max() < seen  # the process's launch IDs
