@@ -122,6 +122,16 @@ def auto(monkeypatch):
     return make
 
 
+def one_pass_each(p, names) -> None:
+    """Give the stand-in session a pass plan of one metric per pass, *names* in pass order (as the ``topdown`` set's
+    plan gives each pass counters of its own)."""
+    from gpuscope._gpu.pass_plan import PassPlan
+
+    p.metrics = list(names)
+    p._plan = PassPlan(requested=tuple(names), collected=tuple(names), groups=tuple((m,) for m in names), derived=())
+    p.properties = {m: p.properties["m"] for m in names}
+
+
 def feed(p, stream) -> None:
     """The launch callbacks' calls for each launch, the stand-in profiler hearing it in between."""
     for signature in stream:
@@ -136,13 +146,17 @@ def rows(p, replay: str) -> list:
     return [(r["kernel"], r["launch"]) for r in p._rows if r.get("replay") == replay]
 
 
-def close(p) -> list[str]:
-    """Close the session; the texts of the warnings about what auto mode left unprofiled."""
+def said(p) -> list[str]:
+    """Close the session; the texts of every warning it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         p.close()
-    texts = [str(w.message) for w in caught if issubclass(w.category, GpuscopeWarning)]
-    return [t for t in texts if t.startswith(("Auto mode profiled", "No repeated sequence"))]
+    return [str(w.message) for w in caught if issubclass(w.category, GpuscopeWarning)]
+
+
+def close(p) -> list[str]:
+    """Close the session; the texts of the warnings about what auto mode left unprofiled."""
+    return [t for t in said(p) if t.startswith(("Auto mode profiled", "No repeated sequence"))]
 
 
 def test_rows_carry_the_sessions_launch_ids_and_the_search_replays_each_kernel_once(auto):
@@ -331,10 +345,7 @@ def test_an_incomplete_last_group_is_completed_from_the_group_before(auto):
 
     p._host = SimpleNamespace(evaluate=evaluate)
     feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 14)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        p.close()
-    assert not [w for w in caught if "incomplete group was dropped" in str(w.message)]
+    assert not [t for t in said(p) if "incomplete group was dropped" in t]
     last = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
     assert [(r["kernel"], r["launch"]) for r in last] == [("gemm", 26), ("relu", 27)]
     assert [list(r["values"]) for r in last] == [[0.5, 3000.0], [1.5, 3001.0]]
@@ -353,9 +364,7 @@ def test_an_incomplete_group_after_another_loop_is_not_completed(auto):
     # the last group's launches differ from the group before's (another loop took over): nothing to borrow from
     p = auto(passes=2)
     feed(p, ["a", "b"] * 9 + ["c", "d", "e"] * 7)
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        p.close()
+    said(p)
     assert "launches_completed_from_earlier_group" not in p._notes
 
 
@@ -364,14 +373,8 @@ def test_launches_past_a_last_iteration_cut_short_take_its_pass_from_the_group_b
     # group ran one full iteration and one cut after gemm. gemm gets passes 0-1 from it; relu only pass 0, and the
     # pass plan says which counters pass 1 collected (n), so relu's n comes from the group before whatever the image
     # holds there (7777 here), as o (pass 2) does for both.
-    from gpuscope._gpu.pass_plan import PassPlan
-
     p = auto(passes=3)
-    p.metrics = ["m", "n", "o"]
-    p._plan = PassPlan(requested=("m", "n", "o"), collected=("m", "n", "o"), groups=(("m",), ("n",), ("o",)),
-                       derived=())
-    for name in ("n", "o"):
-        p.properties[name] = p.properties["m"]
+    one_pass_each(p, ["m", "n", "o"])
 
     def evaluate(image, index, metrics):
         if image.profiler.pass_index != 0:  # the incomplete group's image
@@ -380,10 +383,7 @@ def test_launches_past_a_last_iteration_cut_short_take_its_pass_from_the_group_b
 
     p._host = SimpleNamespace(evaluate=evaluate)
     feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13 + ["gemm"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        p.close()
-    assert not [w for w in caught if "incomplete group was dropped" in str(w.message)]
+    assert not [t for t in said(p) if "incomplete group was dropped" in t]
     gemm, relu = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
     assert (gemm["kernel"], relu["kernel"]) == ("gemm", "relu")
     assert list(gemm["values"]) == [0.5, 7777.0, 6000.0] and list(relu["values"]) == [1.5, 3001.0, 6001.0]
@@ -405,10 +405,7 @@ def test_without_a_pass_plan_launches_past_the_cut_are_not_completed(auto):
 
     p._host = SimpleNamespace(evaluate=evaluate)
     feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 13 + ["gemm"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        p.close()
-    assert [w for w in caught if "dropped from launch 1 of its iterations" in str(w.message)]
+    assert [t for t in said(p) if "dropped from launch 1 of its iterations" in t]
     gemm = [r for r in p._rows if r.get("replay") == "iteration"][-1]
     assert (gemm["kernel"], gemm["launch"], list(gemm["values"])) == ("gemm", 26, [0.5, 3000.0])
     assert p._notes["launches_unprofiled_by_reason"]["incomplete_group"] == 1  # relu of the full iteration
@@ -418,21 +415,12 @@ def test_a_complete_group_whose_last_iteration_was_cut_keeps_its_launches(auto):
     # (gemm, relu) x 11 then gemm: the loop is followed from launch 8; group 2 is iterations 7, 8 and the gemm that
     # began a ninth and ended the script. The group is complete, but relu ran in 2 of its 3 passes: it keeps them,
     # with pass 2's counter (o) from relu of group 1, rather than being dropped as a launch the passes differ on.
-    from gpuscope._gpu.pass_plan import PassPlan
-
     p = auto(passes=3)
-    p.metrics = ["m", "n", "o"]
-    p._plan = PassPlan(requested=("m", "n", "o"), collected=("m", "n", "o"), groups=(("m",), ("n",), ("o",)),
-                       derived=())
-    for name in ("n", "o"):
-        p.properties[name] = p.properties["m"]
+    one_pass_each(p, ["m", "n", "o"])
     p._host = SimpleNamespace(evaluate=lambda image, index, metrics: [
         float(index), 1000.0 * len(p.groups) + index, 2000.0 * len(p.groups) + index])
     feed(p, ["fill_a", "fill_b"] + ["gemm", "relu"] * 11 + ["gemm"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        p.close()
-    assert not [w for w in caught if "did not launch the same kernels" in str(w.message)]
+    assert not [t for t in said(p) if "did not launch the same kernels" in t]
     gemm, relu = [r for r in p._rows if r.get("replay") == "iteration"][-2:]
     assert list(gemm["values"]) == [0.0, 3000.0, 6000.0] and list(relu["values"]) == [1.0, 3001.0, 4001.0]
     assert [(r["iterations"], r["passes_from_earlier_group"]) for r in (gemm, relu)] == [(3, 0), (2, 1)]

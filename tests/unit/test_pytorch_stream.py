@@ -10,7 +10,6 @@ the H100 for the same script (docs/measurements.md, "The last pass group complet
 """
 
 import sys
-import warnings
 from pathlib import Path
 
 from types import SimpleNamespace
@@ -20,7 +19,7 @@ import numpy as np
 from gpuscope._range_profiling.repetition import Step, Tracker, find
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_found_loops import auto, feed  # noqa: E402, F401  (auto: the stand-in session fixture)
+from test_found_loops import auto, feed, one_pass_each, said  # noqa: E402, F401  (auto: a stand-in session)
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "range" / "pytorch_stream_gh100.npz"
 PERIOD = 69
@@ -58,18 +57,11 @@ def test_the_first_repetition_is_in_the_initialisation_and_the_tracker_follows_t
 
 def test_auto_mode_profiles_every_step_after_the_lock(auto):  # noqa: F811
     stream, warmup, steps = recorded()
-    from gpuscope._gpu.pass_plan import PassPlan
-
     p = auto(passes=8)  # the topdown set: 8 passes, each its own counters (as its pass plan collects them)
-    p.metrics = [f"m{k}" for k in range(8)]
-    p._plan = PassPlan(requested=tuple(p.metrics), collected=tuple(p.metrics), groups=tuple((m,) for m in p.metrics),
-                       derived=())
-    p.properties = {m: p.properties["m"] for m in p.metrics}
+    one_pass_each(p, [f"m{k}" for k in range(8)])
     p._host = SimpleNamespace(evaluate=lambda image, index, metrics: [float(index)] * len(metrics))
     feed(p, stream)
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        p.close()
+    said(p)
     a = p._notes
     assert a["repetition_period"] == PERIOD and a["loop_first_launch"] == 104
     # the coverage `gpuscope run --set topdown` reported for this script on the H100
