@@ -97,10 +97,14 @@ _WHY = {"searching": "while it searched for the loop", "between_iterations": "be
 def coverage_note(ds) -> str:
     """What auto mode, following the launch stream, profiled of what it saw (attrs ``launches_seen``,
     ``launches_profiled`` and, once it found a loop, ``launches_from_the_loop``...: gpuscope._range_profiling.coverage),
-    or ``""`` for other sessions."""
+    and the launches of a last pass group completed from the group before (iteration replay in any mode), or ``""``."""
+    completed = int(ds.attrs.get("launches_completed_from_earlier_group", 0) or 0)
+    last = (f"{completed:,} launch{'' if completed == 1 else 'es'} in the last pass group, with up to "
+            f"{int(ds.attrs.get('passes_from_earlier_group', 0) or 0)} of their passes from the group before "
+            "(passes_from_earlier_group)") if completed > 0 else ""
     seen, profiled = ds.attrs.get("launches_seen"), ds.attrs.get("launches_profiled")
     if seen is None or profiled is None or int(seen) <= 0:
-        return ""
+        return last
     seen, profiled = int(seen), int(profiled)
     text = f"auto mode profiled {profiled:,} of the {seen:,} launches it saw ({100 * profiled / seen:.0f}%)"
     total = int(ds.attrs.get("launches_from_the_loop", 0) or 0)
@@ -108,11 +112,8 @@ def coverage_note(ds) -> str:
         ours = int(ds.attrs["launches_profiled_from_the_loop"])
         text += (f"; from the loop's first iteration (launch {int(ds.attrs['loop_first_launch'])}) on, {ours:,} of "
                  f"{total:,} ({100 * ours / total:.0f}%)")
-    completed = int(ds.attrs.get("launches_completed_from_earlier_group", 0) or 0)
-    if completed > 0:
-        borrowed = int(ds.attrs.get("passes_from_earlier_group", 0) or 0)
-        text += (f"; {completed:,} in the last pass group, with {borrowed} of their passes from the group before "
-                 "(passes_from_earlier_group)")
+    if last:
+        text += f"; {last}"
     why = ds.attrs.get("launches_unprofiled_by_reason")
     if isinstance(why, dict) and why:
         text += "; not profiled: " + ", ".join(f"{int(n):,} {_WHY.get(reason, reason.replace('_', ' '))}"

@@ -508,7 +508,14 @@ def test_the_first_lines_say_what_auto_mode_profiled_of_what_it_saw():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         head = " ".join(str(gs.report(ds)).split("\nkernel ")[0].split())
-    assert ("(launch 37) on, 1,381 of 1,587 (87%); 276 in the last pass group, with 4 of their passes from the group "
-            "before (passes_from_earlier_group); not profiled: 226 while it searched for the loop.") in head
+    assert ("(launch 37) on, 1,381 of 1,587 (87%); 276 launches in the last pass group, with up to 4 of their passes "
+            "from the group before (passes_from_earlier_group); not profiled: 226 while it searched for the loop.") in head
     plain = gs.open_dataset(demo.RECORDED_LAUNCHES)
     assert "Auto mode profiled" not in str(gs.report(plain))
+    # iteration mode over ranges or prof.step(): no coverage of a launch stream, the completed launches all the same
+    plain.attrs.update(launches_completed_from_earlier_group=3, passes_from_earlier_group=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        head = " ".join(str(gs.report(plain)).split("\nkernel ")[0].split())
+    assert ("). 3 launches in the last pass group, with up to 5 of their passes from the group before "
+            "(passes_from_earlier_group).") in head and "Auto mode" not in head
