@@ -300,26 +300,52 @@ class PerLaunchModes:
             return None
         return MultiPassRangeError(message)
 
-    def _past_a_cut(self, passes, keep: int, count: int) -> tuple[int, list, int]:
+    def _past_a_cut(self, passes, keep: int, count: int) -> tuple[list | None, int]:
         """A complete group whose last iteration was cut short (the loop ended inside it, or launches after it began
-        one): the launches the other passes have in common past the cut, as far as they are the launches of the
-        group before, can take the cut pass's counters (known from the pass plan) from that group.
+        one): the launches the other passes have in common past the cut (*keep*), as far as they are the launches
+        of the group before, can take the cut pass's counters (known from the pass plan) from that group.
 
-        Returns (the cut, indices of the cut pass's counters in the raw values, launches kept); the cut is *keep*
-        (nothing past it) where that cannot be done."""
+        Returns (indices of the cut pass's counters in the raw values, launches kept); (None, *keep*) where that
+        cannot be done."""
         from gpuscope._range_profiling import launches as _launches
 
-        plan, last = getattr(self, "_plan", None), self._last_group
-        if (len(passes) < 2 or len(passes[-1]) >= len(passes[0]) or keep != len(passes[-1]) or last is None
-                or plan is None or plan.several or len(passes) != len(plan.groups)):
-            return keep, [], keep
-        signatures = last[0]
-        stop = min(_launches.matched_prefix(passes[:-1]), count, len(signatures))
-        reach = keep
-        while reach < stop and passes[0][reach].signature == signatures[reach]:
-            reach += 1
-        cut_pass = [plan.collected.index(m) for m in plan.groups[len(passes) - 1]]
-        return keep, cut_pass, reach
+        if len(passes) < 2 or len(passes[-1]) >= len(passes[0]) or keep != len(passes[-1]) or not self._last_group:
+            return None, keep
+        cut_pass = self._pass_counters(len(passes) - 1)
+        if cut_pass is None:
+            return None, keep
+        return cut_pass, self._like_the_group_before(passes[0], keep,
+                                                     min(_launches.matched_prefix(passes[:-1]), count))
+
+    def _pass_counters(self, k: int) -> list | None:
+        """Indices in the raw values (:func:`evaluate_raw`) of the counters pass *k* collects: the pass plan's group
+        *k*; None without a plan that says (CUPTI's own schedule, a last group of several passes)."""
+        plan = getattr(self, "_plan", None)
+        if plan is None or plan.several or k >= len(plan.groups):
+            return None
+        return [plan.collected.index(m) for m in plan.groups[k]]
+
+    def _like_the_group_before(self, reference, start: int, stop: int) -> int:
+        """From position *start*, up to *stop*, how far *reference*'s launches are those of the last complete group
+        at the same positions (same kernel, grid and block)."""
+        signatures = self._last_group[0]
+        stop = min(stop, len(signatures))
+        while start < stop and reference[start].signature == signatures[start]:
+            start += 1
+        return start
+
+    def _launch_ids(self, reference, first_row: int) -> None:
+        """Found iterations: the rows from *first_row* on (made with their position in the iteration as ``launch``)
+        get their launch's ID in the session, that of *reference*'s launch (the group's first pass) there."""
+        if self._tracker is not None:
+            for row in self._rows[first_row:]:
+                row["launch"] = reference[row["launch"]].launch_id
+
+    def _note_completed(self, launches: int, borrowed: int) -> None:
+        """Count *launches* completed with up to *borrowed* passes from the group before, over the session."""
+        notes, key = self._notes, "launches_completed_from_earlier_group"
+        notes[key] = notes.get(key, 0) + launches
+        notes["passes_from_earlier_group"] = max(notes.get("passes_from_earlier_group", 0), borrowed)
 
     def _complete_last_group(self) -> tuple[int, int]:
         """Rows for the launches of an incomplete last pass group: the counters of the passes it ran, those of the
@@ -356,18 +382,12 @@ class PerLaunchModes:
         except Exception as exc:  # the group is dropped as before
             self._notes["completion_error"] = f"{type(exc).__name__}: {exc}"
             return 0, common
-        signatures, earlier = last
+        earlier = last[1]
         reference = passes[0]
-        done = 0
-        while done < min(common, len(signatures)) and reference[done].signature == signatures[done]:
-            done += 1
-        plan = getattr(self, "_plan", None)
-        cut_pass = None  # indices in the raw values of the cut pass's counters
-        if cut is not None:
-            if plan is not None and not plan.several and run - 1 < len(plan.groups):
-                cut_pass = [plan.collected.index(m) for m in plan.groups[run - 1]]
-            else:
-                done = min(done, cut)
+        done = self._like_the_group_before(reference, 0, common)
+        cut_pass = None if cut is None else self._pass_counters(run - 1)  # indices of the cut pass's counters
+        if cut is not None and cut_pass is None:
+            done = min(done, cut)
         first_row, completed, fewest = len(self._rows), 0, run
         for index in range(done):
             launch = reference[index]
@@ -383,12 +403,9 @@ class PerLaunchModes:
                 self._rows.append(self._launch_row(launch, index, values_of(self, raw), group.index,
                                                    group.first_iteration, ran, "iteration",
                                                    borrowed=self.passes - ran))
-        if self._tracker is not None:
-            for row in self._rows[first_row:]:
-                row["launch"] = reference[row["launch"]].launch_id
+        self._launch_ids(reference, first_row)
         if done:
-            self._notes["launches_completed_from_earlier_group"] = completed
-            self._notes["passes_from_earlier_group"] = self.passes - fewest  # the most a row took
+            self._note_completed(completed, self.passes - fewest)  # the most passes a row took
         return done, common
 
     # -- per-launch modes: kernel and iteration ---------------------------------------------------------
@@ -524,7 +541,8 @@ class PerLaunchModes:
         count = range_profiler.num_ranges(image)
         reference = group.passes[0]
         keep = min(_launches.matched_prefix(group.passes), count)
-        cut, cut_pass, keep = self._past_a_cut(group.passes, keep, count)
+        cut = keep
+        cut_pass, keep = self._past_a_cut(group.passes, keep, count)
         first_row = len(self._rows)
         earlier, completed = [], 0
         for index in range(keep):
@@ -541,13 +559,9 @@ class PerLaunchModes:
                                                    group.first_iteration, ran, "iteration",
                                                    borrowed=self.passes - ran))
         if completed:
-            self._notes["launches_completed_from_earlier_group"] = self._notes.get(
-                "launches_completed_from_earlier_group", 0) + completed
-            self._notes["passes_from_earlier_group"] = max(self._notes.get("passes_from_earlier_group", 0), 1)
+            self._note_completed(completed, 1)
         self._last_group = ([s.signature for s in reference[:keep]], earlier)
-        if self._tracker is not None:  # found iterations: a row's launch is its ID in the session, not its position
-            for row in self._rows[first_row:]:
-                row["launch"] = reference[row["launch"]].launch_id
+        self._launch_ids(reference, first_row)
         self._rp.initialize_counter_data(image)
         self._group_index += 1
         lost = [s.kernel for s in reference[keep:] if s.wanted]
