@@ -18,13 +18,14 @@ then the outer one once it has repeated ``min_repeats`` times, if its body has a
 
 Algorithm: ``run[p]`` counts the launches ``k``, up to the current one, with ``s[k] == s[k - p]``; the stream is
 p-periodic over its last ``run[p] + p`` launches, and ``min_repeats`` copies are confirmed when ``run[p]`` reaches
-``(min_repeats - 1) * p`` (two copies, ``run[p] == p``, for a period of :data:`LONG_PERIOD` launches or more that holds
-:data:`LONG_KINDS` different signatures or more). At launch ``i`` only the periods ``i - j``, for the earlier launches ``j`` of the same
-signature, can extend their run; the other runs are left stale and read as 0. Searching thus costs, per launch, the
-number of earlier occurrences of its signature among the last ``max_period`` launches, and holds at most
-``max_period`` launches. The tracker searches on while it is locked, as long as a strike came in the last
-``min_repeats * max_period`` launches; after that many launches without one it stops (O(1) per launch), keeping
-the launches since the lock (at most ``min_repeats * max_period``) so that the next strike can search them again.
+``(min_repeats - 1) * p`` (two copies, ``run[p] == p``, for a period of :data:`LONG_PERIOD` launches or more
+that holds :data:`LONG_KINDS` different signatures or more). At launch ``i`` only the periods ``i - j``, for the
+earlier launches ``j`` of the same signature, can extend their run; the other runs are left stale and read as 0.
+Searching thus costs, per launch, the number of earlier occurrences of its signature among the last
+``max_period`` launches, and holds at most ``max_period`` launches. The tracker searches on while it is locked, as
+long as a strike came in the last ``min_repeats * max_period`` launches; after that many launches without one it
+stops (O(1) per launch), keeping the launches since the lock (at most ``min_repeats * max_period``) so that the
+next strike can search them again.
 
 The tracker never guesses: it gives a launch a position only if its signature is the period's signature at that
 position.

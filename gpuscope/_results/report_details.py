@@ -254,10 +254,11 @@ def details(ds, *, by: str | None = None, registers=None, shared_memory=None) ->
         except MissingMetricsError as exc:
             notes.append(_missing(section, exc.missing))
     recorded, _ = occupancy.recorded_resources(ds)
+    some_recorded = recorded is not None and bool(np.isfinite(recorded).any())
     per_launch = None
     if registers is not None:
         per_launch = occupancy.occupancy(ds, registers, shared_memory)
-    elif recorded is not None and np.isfinite(recorded).any():
+    elif some_recorded:
         try:  # registers the session recorded: the SM's limits are recorded with them
             per_launch = occupancy.occupancy(ds, None, shared_memory)
         except MissingMetricsError as exc:
@@ -269,7 +270,7 @@ def details(ds, *, by: str | None = None, registers=None, shared_memory=None) ->
         else None
     if combined is None:
         notes.append(_missing("occupancy", [occupancy.ACHIEVED], "measured occupancy"))
-    if registers is None and (recorded is None or not np.isfinite(recorded).any()):
+    if registers is None and not some_recorded:
         held = ("none is recorded (registers_per_thread is -1: user ranges, or functions the driver could not be "
                 "asked about)" if recorded is not None else
                 "the Dataset does not hold them (recorded before gpuscope kept them)")
