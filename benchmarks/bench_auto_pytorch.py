@@ -174,8 +174,9 @@ def main():
               f"{steps_launches} launches of the {args.steps} steps, at least {100 * at_least:.1f}% profiled")
     if "launches_from_the_loop" in a:
         after = a["launches_from_the_loop"] - a["launches_searching_in_the_loop"]
-        print(f"auto: from the loop's first launch ({a['loop_first_launch']}) on, {a['launches_profiled_from_the_loop']} "
-              f"of {a['launches_from_the_loop']} profiled, {a['launches_searching_in_the_loop']} of them while searching; "
+        print(f"auto: from the loop's first launch ({a['loop_first_launch']}) on, "
+              f"{a['launches_profiled_from_the_loop']} of {a['launches_from_the_loop']} profiled, "
+              f"{a['launches_searching_in_the_loop']} of them while searching; "
               f"after the search {100 * a['launches_profiled_from_the_loop'] / max(after, 1):.1f}% profiled "
               f"({a.get('launches_completed_from_earlier_group', 0)} in the last pass group, "
               f"{a.get('passes_from_earlier_group', 0)} passes from the group before)")

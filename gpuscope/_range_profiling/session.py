@@ -21,8 +21,9 @@ Two collection modes (measured on an H100, see docs/range-profiling.md):
     profiled by kernel replay while the launch stream is searched for a loop (:mod:`gpuscope._range_profiling.repetition`): a
     top-level range coming later switches to iteration mode over the ranges (setup launches keep their rows);
     a sequence of (kernel, grid, block) repeated three times (twice if long, of many kernels) switches to
-    iteration mode over the iterations it marks; neither, and the session stays in kernel mode. ``Profiler.mode_used`` and the Dataset's ``mode``,
-    ``iterations_found_by`` and per-row ``replay`` say what happened.
+    iteration mode over the iterations it marks; neither, and the session stays in kernel mode.
+    ``Profiler.mode_used`` and the Dataset's ``mode``, ``iterations_found_by`` and per-row ``replay`` say what
+    happened.
 
 This module holds the session's options, lifecycle (start, close, the kept profiler) and Dataset; user ranges,
 pass groups and user replay are :mod:`gpuscope._range_profiling.user`'s, kernel, iteration and auto modes
