@@ -294,10 +294,10 @@ calls = {}
 _api.observe(lambda name, s: calls.__setitem__(name, calls.get(name, 0.0) + s))
 marks = {"imported": time.perf_counter() - t0}
 execute = _run.execute
-def timed(script, args):
+def timed(*args, **kwargs):
     marks["script_start"] = time.perf_counter() - t0
     try:
-        return execute(script, args)
+        return execute(*args, **kwargs)
     finally:
         marks["script_end"] = time.perf_counter() - t0
 _run.execute = timed

@@ -235,12 +235,12 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     cm = _chip_metrics(resolve_chip(chip), MetricKind.RANGE)
     stored = _stored_plans().get(cm.chip, {}).get("|".join(metrics))
     if stored is not None:
-        # the greedy packing again, asking the stored groups instead of CUPTI (a subset of a one-pass group is one
-        # pass; a last group stored as {"several": [...]} needs several passes); one config of all groups then
-        # checks that each is still one pass under the loaded CUPTI (the last, of several, as many as on its own)
+        # the greedy packing again, asking the stored groups instead of CUPTI (a last group stored as
+        # {"several": [...]} needs several passes); one config of all groups then checks that each is still one
+        # pass under the loaded CUPTI (the last, of several, as many as on its own)
         several = list(stored[-1]["several"]) if stored and isinstance(stored[-1], dict) else None
         groups = [frozenset(g) for g in (stored[:-1] if several is not None else stored)]
-        found = pass_plan.plan(metrics, cm.has, lambda names: any(set(names) <= g for g in groups),
+        found = pass_plan.plan(metrics, cm.has, functools.partial(_fits_a_stored_group, groups),
                                cm.chip in pass_plan.SPREAD_CHIPS)
         expected = [set(g) for g in groups] + ([set(several)] if several is not None else [])
         if found is not None and [set(g) for g in found.groups] == expected:
@@ -252,6 +252,23 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
         return host.num_passes(config_image(list(names), cm.chip, "range")) == 1
 
     return pass_plan.plan(metrics, cm.has, one_pass, cm.chip in pass_plan.SPREAD_CHIPS)
+
+
+def _fits_a_stored_group(groups, names) -> bool:
+    """Whether *names* is one pass by the stored *groups*: a subset of one of them, where the packing's
+    :data:`~gpuscope._gpu.pass_plan.ANCHOR` may join any stall group (the packing tries each stall group with
+    ``ANCHOR``, and only at the end gives the groups after the first their own counter of active warps,
+    :data:`~gpuscope._gpu.pass_plan.SPREAD_ANCHORS`, or none where there are more groups than counters)."""
+    from gpuscope._gpu import pass_plan
+
+    warp = {pass_plan.ANCHOR, *pass_plan.SPREAD_ANCHORS}
+    names = set(names)
+    core, anchors = names - warp, names & warp
+
+    def stalls(g) -> bool:
+        return any(m.startswith("smsp__warps_issue_stalled_") for m in g)
+
+    return any(core <= g and (anchors <= g or (anchors == {pass_plan.ANCHOR} and stalls(g))) for g in groups)
 
 
 @functools.cache
