@@ -21,12 +21,10 @@ import sys
 import threading
 import traceback
 
+from gpuscope._commands.results_worker import EXIT_NOTHING_PROFILED
 from gpuscope.errors import GpuscopeError
 
 __all__ = ["RunOptions", "run_script", "parse_sample", "EXIT_NOTHING_PROFILED"]
-
-#: Exit status when the script succeeded but no launch or range was profiled (a filter that matched nothing).
-EXIT_NOTHING_PROFILED = 6
 
 
 @dataclasses.dataclass
@@ -371,8 +369,22 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     """
     out = out or sys.stdout
     check_options(opts)
+    worker = _results_worker(opts, profiler_factory)
+    try:
+        return _run(opts, profiler_factory, sampler_factory, out, worker)
+    finally:
+        if worker is not None:
+            from gpuscope._gpu import keep as _keep
+
+            worker.close()
+            _keep.results_elsewhere(False)
+
+
+def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> int:
+    from gpuscope._commands import results_worker as _worker
+
     with _nvtx_routed(opts):
-        with _results_imported_meanwhile():
+        with contextlib.nullcontext() if worker is not None else _results_imported_meanwhile():
             session = _session(opts, profiler_factory, sampler_factory)
             session.__enter__()
         close_error = None
@@ -387,33 +399,40 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4
-    from gpuscope._pm_sampling.multi import each_device
+    request = {"code": code, "output": opts.output, "trace": opts.trace, "report": opts.report,
+               "sampled": opts.sample is not None, "filters": _filters(opts)}
+    answer = None
+    if worker is not None:
+        import shutil
 
-    ds = session.dataset
-    if opts.output:
-        from gpuscope._results.io import save_dataset
-
-        save_dataset(ds, opts.output)
-        print(f"gpuscope run: saved {opts.output}" + (" (the script failed; this is what was collected)" if code else ""),
-              file=sys.stderr)
-    parts = each_device(ds)  # several devices sampled: each one's samples, reported and traced on its own
-    size = sum(p.sizes.get("range", p.sizes.get("time", 0)) for p in parts)
-    if opts.trace and size:
-        from gpuscope._results.trace import to_perfetto
-
-        to_perfetto(*parts, path=opts.trace)
-        print(f"gpuscope run: wrote {opts.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
-    if size == 0:
-        what = "no kernel launch was profiled" if opts.sample is None else "no PM sample was taken"
-        filters = _filters(opts)
-        print(f"gpuscope run: {what}" + (f": nothing matched {filters}" if filters else "")
-              + ". Check the names with: gpuscope run --mode kernel script.py (no filters) and the report's kernel "
-              "column.", file=sys.stderr)
-        return code or EXIT_NOTHING_PROFILED
-    if opts.report:
-        from gpuscope._results.report import report
-
-        for part in parts:
-            label = f"\ndevice {part.attrs['device_index']}:" if len(parts) > 1 else ""
-            print(f"{label}\n{report(part)}", file=out)
+        try:
+            answer = worker.results(session.dataset_inputs(), {**request, "width": shutil.get_terminal_size().columns})
+        except _worker.WorkerFailed as exc:
+            print(f"gpuscope run: warning: {exc}; making the results in this process", file=sys.stderr)
+    code, lines = answer if answer is not None else _worker.results(session.dataset, request)
+    for stream, text in lines:
+        print(text, file=out if stream == "out" else sys.stderr)
     return code
+
+
+#: ``GPUSCOPE_RESULTS_PROCESS=0``: ``gpuscope run`` makes its results in the profiled process, not in a results
+#: process of their own (:mod:`gpuscope._commands.results_worker`).
+RESULTS_PROCESS_VAR = "GPUSCOPE_RESULTS_PROCESS"
+
+
+def _results_worker(opts: RunOptions, profiler_factory):
+    """The results process of this run: for a range-profiling session whose Profiler gives its Dataset's inputs
+    (PM sampling and stand-in Profilers make their results here), unless GPUSCOPE_RESULTS_PROCESS=0."""
+    if opts.sample is not None or os.environ.get(RESULTS_PROCESS_VAR, "1").strip() == "0":
+        return None
+    if profiler_factory is None:
+        from gpuscope._range_profiling.session import Profiler as profiler_factory
+    if not callable(getattr(profiler_factory, "dataset_inputs", None)):
+        return None
+    from gpuscope._commands.results_worker import ResultsWorker
+    from gpuscope._gpu import keep as _keep
+
+    worker = ResultsWorker.start()
+    if worker is not None:
+        _keep.results_elsewhere()  # the session imports no xarray in the background either
+    return worker

@@ -73,7 +73,7 @@ from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
            "session_open", "session_closed", "answer", "retry_when_busy", "ask_holders", "detach_cupti", "DETACH_ENV",
-           "import_xarray_soon", "imports_done"]
+           "import_xarray_soon", "imports_done", "results_elsewhere"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
@@ -631,11 +631,21 @@ def import_xarray_soon() -> None:
     its first ``import xarray`` (a DataLoader worker, a ``multiprocessing`` child started with fork)."""
     global _importer, _fork
     with _import_lock:
-        if _importer is not None or "xarray" in sys.modules:
+        if _importer is not None or "xarray" in sys.modules or _imports_elsewhere:
             return
         _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
         _fork, os.fork = os.fork, _fork_after_import
         _importer.start()
+
+
+_imports_elsewhere = False  # results_elsewhere(): another process makes this process's Datasets
+
+
+def results_elsewhere(on: bool = True) -> None:
+    """While *on*, this process's session results are made in another process (``gpuscope run``'s results process,
+    :mod:`gpuscope._commands.results_worker`): sessions import no xarray in the background."""
+    global _imports_elsewhere
+    _imports_elsewhere = bool(on)
 
 
 def _import_xarray() -> None:

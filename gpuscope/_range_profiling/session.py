@@ -560,32 +560,48 @@ class Profiler(UserRanges, PerLaunchModes):
         if self._state != "closed":
             raise SessionConflictError("Profiler.dataset is ready once the session is closed (after the with block).")
         if self._dataset is None:
-            from gpuscope._results import build as _results
-
-            attrs = {"metric_set": self.metric_set, "mode": self.mode_used.value, "mode_requested": self.mode.value,
-                     "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
-                     "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._set_attrs,
-                     **self._notes}
-            if self._plan is not None:
-                attrs.update(self._plan.attrs())
-            elif self._groups:
-                attrs.update(pass_plan="given", pass_groups=[", ".join(g) for g in self._groups])
-            else:
-                attrs["pass_plan"] = "cupti"
-            ds = _results.range_dataset(self._rows, self.metrics, self.properties, self.device_info, self.chip,
-                                        attrs)
-            if self._plan is not None:
-                for name, formula in self._plan.formulas().items():
-                    if name in ds:
-                        ds[name].attrs["formula"] = formula
-            self._dataset = ds
+            self._dataset = build_dataset(self.dataset_inputs())
         return self._dataset
+
+    def dataset_inputs(self) -> dict:
+        """What :attr:`dataset` is built from, as plain picklable data (:func:`build_dataset`): ``gpuscope run``
+        builds the Dataset in a process of its own (:mod:`gpuscope._commands.results_worker`)."""
+        if self._state != "closed":
+            raise SessionConflictError("Profiler.dataset is ready once the session is closed (after the with block).")
+        attrs = {"metric_set": self.metric_set, "mode": self.mode_used.value, "mode_requested": self.mode.value,
+                 "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
+                 "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._set_attrs,
+                 **self._notes}
+        if self._plan is not None:
+            attrs.update(self._plan.attrs())
+        elif self._groups:
+            attrs.update(pass_plan="given", pass_groups=[", ".join(g) for g in self._groups])
+        else:
+            attrs["pass_plan"] = "cupti"
+        from gpuscope._results.build import _pm_device_attrs
+
+        return {"records": self._rows, "metrics": list(self.metrics), "properties": self.properties,
+                "device_info": self.device_info, "chip": self.chip, "attrs": attrs,
+                "device_attrs": _pm_device_attrs(self.device_info, self.chip),
+                "formulas": self._plan.formulas() if self._plan is not None else {}}
 
     def report(self, **options):
         """The readable per-kernel (and per-range) summary of :attr:`dataset` (see :func:`gpuscope.report`)."""
         from gpuscope._results.report import report
 
         return report(self.dataset, **options)
+
+
+def build_dataset(inputs: dict):
+    """The range Dataset of :meth:`Profiler.dataset_inputs` (what :attr:`Profiler.dataset` returns)."""
+    from gpuscope._results import build as _results
+
+    ds = _results.range_dataset(inputs["records"], inputs["metrics"], inputs["properties"], inputs["device_info"],
+                                inputs["chip"], inputs["attrs"], inputs.get("device_attrs"))
+    for name, formula in inputs["formulas"].items():
+        if name in ds:
+            ds[name].attrs["formula"] = formula
+    return ds
 
 
 def _properties(host, metric: str) -> dict:

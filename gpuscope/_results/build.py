@@ -310,7 +310,8 @@ def _extra_coord(key: str, column: list):
     return np.array([fill if v is None else v for v in column], dtype=dtype)
 
 
-def range_dataset(records, metrics, properties, device_info=None, chip: str = "", attrs: dict | None = None):
+def range_dataset(records, metrics, properties, device_info=None, chip: str = "", attrs: dict | None = None,
+                  device_attrs: dict | None = None):
     """Range-profiler results.
 
     Schema: dim ``range`` (one row per profiled range: a user range, or one kernel launch), so
@@ -333,6 +334,9 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
         The metric names, in the order of each record's ``values``.
     properties : dict
         metric name -> attrs dict.
+    device_attrs : dict, optional
+        The device's, CUPTI's and gpuscope's attrs as made where the session ran (default: made here, from
+        *device_info* and *chip*; ``gpuscope run``'s results process gets them from the run).
     """
     import xarray as xr
 
@@ -358,7 +362,8 @@ def range_dataset(records, metrics, properties, device_info=None, chip: str = ""
     data_vars = {
         m: xr.DataArray(values[:, i], dims="range", attrs=dict(properties.get(m, {}))) for i, m in enumerate(metrics)
     }
-    all_attrs = {"kind": "range", "gpuscope_schema": SCHEMA_VERSION, **_pm_device_attrs(device_info, chip)}
+    device = _pm_device_attrs(device_info, chip) if device_attrs is None else device_attrs
+    all_attrs = {"kind": "range", "gpuscope_schema": SCHEMA_VERSION, **device}
     all_attrs.update(metrics=metrics)
     all_attrs.update(attrs or {})
     return index(xr.Dataset(data_vars, coords=coords, attrs=all_attrs))

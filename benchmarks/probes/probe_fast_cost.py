@@ -1,0 +1,140 @@
+"""Probe: where a warm PC-sampling block and a warm fast Top-Down spend their time, by PC sampling's device buffer.
+
+Each case runs in a fresh process and prints one JSON object per session (stages, CUPTI calls in ms through the
+shim's observer, samples, whether CUPTI's device buffer overflowed)::
+
+    python3 benchmarks/probes/probe_fast_cost.py all --out fast_cost.json
+    python3 benchmarks/probes/probe_fast_cost.py case pc:32        # one case, in this process
+
+Cases:
+
+``pc:<MiB>``
+    Four ``gs.pc_sample(period=2**10, hardware_buffer_size=<MiB>)`` blocks around one short launch, then two
+    around 40 long ones (tens of ms of GPU time): the cost of the device buffer's size, and whether a small one
+    loses samples (0: CUPTI's default, 512 MiB).
+``fast``
+    Four ``gs.profile_fast_topdown`` calls around one launch, and the time of each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_session_cost import Calls  # noqa: E402
+
+CASES = ["pc:0", "pc:128", "pc:32", "pc:8", "fast"]
+
+
+def _work():
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit(lineinfo=True)
+    def fma(x, iters):
+        i = cuda.grid(1)
+        if i < x.size:
+            v = x[i]
+            for _ in range(iters):
+                v = v * 1.000001 + 0.5
+            x[i] = v
+
+    x = cuda.to_device(np.ones(1 << 20, np.float32))
+
+    def short():
+        fma[4096, 256](x, 2000)
+
+    def long():
+        for _ in range(40):
+            fma[4096, 256](x, 20000)
+
+    for f in (short, long):
+        f()
+        cuda.synchronize()
+    gpu = {}
+    for name, f in (("short", short), ("long", long)):
+        t = time.perf_counter()
+        f()
+        cuda.synchronize()
+        gpu[name] = round(time.perf_counter() - t, 4)
+    return short, long, cuda.synchronize, gpu
+
+
+def case(name: str) -> list[dict]:
+    import gpuscope as gs
+
+    short, long, sync, gpu = _work()
+    calls = Calls()
+    out = []
+    if name.startswith("pc:"):
+        mib = int(name.split(":")[1])
+        size = {"hardware_buffer_size": mib << 20} if mib else {}
+        for i, work in enumerate([short] * 4 + [long] * 2):
+            t0 = time.perf_counter()
+            s = gs.pc_sample(period=2**10, **size)
+            s.__enter__()
+            t1 = time.perf_counter()
+            work()
+            sync()
+            t2 = time.perf_counter()
+            s.__exit__(None, None, None)
+            t3 = time.perf_counter()
+            ds = s.dataset
+            out.append({"case": name, "session": i, "work": "short" if work is short else "long",
+                        "wall_s": gpu["short" if work is short else "long"],
+                        "enter_s": round(t1 - t0, 4), "body_s": round(t2 - t1, 4), "exit_s": round(t3 - t2, 4),
+                        "total_s": round(t3 - t0, 4), "samples": int(ds.attrs.get("total_samples", 0)),
+                        "dropped": int(ds.attrs.get("dropped_samples", 0)),
+                        "buffer_full": int(ds.attrs.get("hardware_buffer_full", 0)), "calls_ms": calls.take()})
+    elif name == "fast":
+        from gpuscope._gpu import keep as _keep
+
+        for i in range(4):
+            t0 = time.perf_counter()
+            ds = gs.profile_fast_topdown(short)
+            t1 = time.perf_counter()
+            out.append({"case": name, "session": i, "total_s": round(t1 - t0, 4),
+                        "samples": int(ds.attrs.get("pc_total_samples", 0)), "calls_ms": calls.take()})
+        t0 = time.perf_counter()
+        _keep.detach_cupti()
+        out.append({"case": "detach alone", "total_s": round(time.perf_counter() - t0, 4), "calls_ms": calls.take()})
+    else:
+        raise SystemExit(f"unknown case {name!r}; one of {CASES}")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--out", default=None)
+    a.add_argument("--cases", default=",".join(CASES))
+    c = sub.add_parser("case")
+    c.add_argument("name")
+    args = p.parse_args()
+    if args.cmd == "case":
+        for row in case(args.name):
+            print(json.dumps(row), flush=True)
+        return
+    rows = []
+    for name in args.cases.split(","):
+        r = subprocess.run([sys.executable, __file__, "case", name], capture_output=True, text=True, timeout=300)
+        got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        if r.returncode:
+            got.append({"case": name, "error": r.stderr[-2000:]})
+        rows += got
+        for row in got:
+            print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

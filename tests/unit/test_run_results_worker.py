@@ -1,0 +1,162 @@
+"""gpuscope run's results process (gpuscope/_commands/results_worker.py): the Dataset built, saved and reported
+in a process of its own from the session's plain data, the same as the run would make them itself; and whatever
+goes wrong with that process, the run makes them itself."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import gpuscope as gs
+from gpuscope import cli
+from gpuscope._commands import results_worker as _worker
+from gpuscope._commands import run as _run
+from gpuscope._gpu.device import DeviceInfo
+from gpuscope._range_profiling import session as _session
+
+METRICS = ["gpu__time_duration.sum", "smsp__inst_executed.sum", "sm__cycles_elapsed.max"]
+
+
+def _inputs(n=6):
+    """A kernel-mode session's data as gpuscope.Profiler.dataset_inputs gives it: two kernels, n launches."""
+    rng = np.random.default_rng(3)
+    records = [{"name": k, "kernel": k, "symbol": f"_Z{len(k)}{k}v", "launch": i, "depth": 1, "parent": "",
+                "values": [float(v) for v in rng.uniform(1e3, 1e6, len(METRICS))], "grid": (128, 1, 1),
+                "block": (256, 1, 1), "registers_per_thread": 32, "replay": "kernel"}
+               for i, k in enumerate(["stream", "fma"] * (n // 2))]
+    device = DeviceInfo(index=0, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
+                        memory_bytes=80 << 30, sm_clock_khz=1980000, memory_clock_khz=2619000,
+                        pci_bus_id="0000:19:00.0")
+    properties = {m: {"units": "nsecond" if "duration" in m else "", "description": m} for m in METRICS}
+    return {"records": records, "metrics": METRICS, "properties": properties, "device_info": device,
+            "chip": "GH100", "attrs": {"metric_set": "", "mode": "kernel", "mode_requested": "kernel", "passes": 1},
+            "formulas": {"sm__cycles_elapsed.max": "a formula"}}
+
+
+class Recorded:
+    """A closed session whose data is _inputs(): it gives its Dataset's inputs, as gpuscope.Profiler does."""
+
+    made: list = []
+
+    def __init__(self, metrics, device=0, *, mode="user", **filters):
+        self.n = 0 if filters.get("kernels") == ["nomatch"] else 6
+        Recorded.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def dataset_inputs(self):
+        return _inputs(self.n)
+
+    @property
+    def dataset(self):
+        return _session.build_dataset(self.dataset_inputs())
+
+
+@pytest.fixture
+def recorded(monkeypatch, tmp_path):
+    Recorded.made = []
+    monkeypatch.setattr(_session, "Profiler", Recorded)
+    path = tmp_path / "work.py"
+    path.write_text("print('script says hi')\n")
+    return path
+
+
+def _undated(text: str) -> str:
+    return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", "(when)", text)
+
+
+def test_the_dataset_of_the_inputs_is_the_sessions():
+    ds = _session.build_dataset(_inputs())
+    assert ds.sizes["range"] == 6 and list(ds["kernel"].values[:2]) == ["stream", "fma"]
+    assert ds["sm__cycles_elapsed.max"].attrs["formula"] == "a formula"
+    assert ds.attrs["compute_capability"] == "9.0" and ds.attrs["mode"] == "kernel"
+
+
+def test_the_results_process_reports_and_saves_what_the_run_would(recorded, tmp_path, capsys, monkeypatch):
+    assert cli.main(["run", "-o", str(tmp_path / "a.nc"), "--trace", str(tmp_path / "a.json"), str(recorded)]) == 0
+    there = capsys.readouterr()
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    assert cli.main(["run", "-o", str(tmp_path / "b.nc"), "--trace", str(tmp_path / "b.json"), str(recorded)]) == 0
+    here = capsys.readouterr()
+    assert "script says hi" in there.out and "stream" in there.out and "fma" in there.out
+    assert _undated(there.out) == _undated(here.out)  # the same report, but for when each Dataset was made
+    assert there.err.replace("a.", "b.") == here.err and "saved" in there.err and "wrote" in there.err
+    a, b = gs.open_dataset(tmp_path / "a.nc"), gs.open_dataset(tmp_path / "b.nc")
+    for name in METRICS:
+        np.testing.assert_array_equal(a[name].values, b[name].values)
+    assert {k: v for k, v in a.attrs.items() if "created" not in k} == {
+        k: v for k, v in b.attrs.items() if "created" not in k}
+
+
+def test_nothing_profiled_is_said_by_the_results_process_too(recorded, capsys):
+    assert cli.main(["run", "-k", "nomatch", str(recorded)]) == _run.EXIT_NOTHING_PROFILED
+    assert "nothing matched -k nomatch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["import sys; sys.exit(3)", "import sys; sys.stdout.write('garbage')",
+                                     "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+def test_a_results_process_that_fails_leaves_the_results_to_the_run(recorded, capsys, monkeypatch, command):
+    started = []
+
+    def broken():
+        proc = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        started.append(proc)
+        return _worker.ResultsWorker(proc)
+
+    monkeypatch.setattr(_worker.ResultsWorker, "start", staticmethod(broken))
+    assert cli.main(["run", str(recorded)]) == 0
+    out = capsys.readouterr()
+    assert "stream" in out.out and "fma" in out.out  # the report, made here
+    assert "warning: the results process" in out.err and "making the results in this process" in out.err
+    assert started[0].poll() is not None  # nothing left running
+
+
+def test_a_results_process_that_answers_with_an_error_leaves_it_to_the_run(recorded, capsys, monkeypatch, tmp_path):
+    """The worker's error (here: the output folder vanished during the script) is the run's own error too."""
+    out = tmp_path / "gone" / "r.nc"
+    out.parent.mkdir()
+    body = f"import shutil\nshutil.rmtree({str(out.parent)!r})\n"
+    recorded.write_text(body)
+    assert cli.main(["run", "-o", str(out), str(recorded)]) != 0
+    err = capsys.readouterr().err
+    assert "warning: the results process" in err and "gpuscope run: error:" in err
+
+
+def test_stand_in_and_sampling_sessions_make_their_results_in_the_run(monkeypatch):
+    assert _run._results_worker(_run.RunOptions(script="s.py", sample=("pm-default", "100us")), None) is None
+
+    class NoInputs:
+        pass
+
+    assert _run._results_worker(_run.RunOptions(script="s.py"), NoInputs) is None
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    assert _run._results_worker(_run.RunOptions(script="s.py"), Recorded) is None
+
+
+def test_the_run_process_does_not_import_xarray_when_the_results_process_makes_them(tmp_path):
+    """The point of the results process: the profiled process never pays xarray's and pandas' import."""
+    script = tmp_path / "work.py"
+    script.write_text("pass\n")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from gpuscope._range_profiling import session as _session
+        import test_stand_in
+        _session.Profiler = test_stand_in.Recorded
+        from gpuscope import cli
+        code = cli.main(["run", {str(script)!r}])
+        print("IMPORTED", code, "xarray" in sys.modules, "pandas" in sys.modules)
+    """)
+    (tmp_path / "test_stand_in.py").write_text(
+        "import sys\nsys.path.insert(0, " + repr(str(__import__('pathlib').Path(__file__).parent)) + ")\n"
+        "from test_run_results_worker import Recorded\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("IMPORTED"))
+    assert line == "IMPORTED 0 False False", done.stderr[-2000:]
