@@ -248,6 +248,37 @@ def test_hardware_buffer_follows_the_period():
         P.PCSampler(period=2**13, hardware_buffer_size=4096)
 
 
+def test_a_hardware_buffer_that_overflows_keeps_the_samples_and_says_so(monkeypatch):
+    """On the H100 at period 2**10, cuptiPCSamplingGetData answers OUT_OF_MEMORY once a hardware buffer of 128 MiB
+    or less is full (benchmarks/probes/probe_fast_cost.py): the block stops asking, disables (which brings what
+    CUPTI still holds), keeps every record it had, marks the buffer full and warns; it does not raise."""
+    from gpuscope.cupti import pc_sampling as C
+    from gpuscope.errors import CuptiMemoryError
+
+    rec = _records()
+    sampler = P.PCSampler(period=1024, drain_interval=None, hardware_buffer_size=128 << 20)
+    sampler._state, sampler._context, sampler._buffer = "sampling", _Context(), _Buffer(PCRecords.empty())
+    sampler.reason_indices, sampler.reason_names = INDICES, NAMES
+    calls = []
+
+    def get_data(ctx, buf):
+        calls.append(1)
+        if len(calls) == 1:
+            return rec  # drained before the buffer filled
+        raise CuptiMemoryError(8, "cuptiPCSamplingGetData", "CUPTI_ERROR_OUT_OF_MEMORY")
+
+    monkeypatch.setattr(P, "_synchronize", lambda ctx: None)
+    monkeypatch.setattr(P, "_get_data", get_data)
+    monkeypatch.setattr(C, "disable", lambda ctx: calls.append("disable"))
+    monkeypatch.setattr(P.PCSampler, "build", lambda self: "built")
+    assert sampler._drain_once() == 0 and sampler._drain_once() == 0 and sampler._drain_once() == 0
+    assert calls == [1, 1]  # not asked again once full
+    with pytest.warns(gs.GpuscopeWarning, match=r"hardware buffer filled.*does not count"):
+        sampler.close()
+    assert calls == [1, 1, "disable"] and sampler.dataset == "built"
+    assert sampler.records.hardware_buffer_full and sampler.records.total_samples == rec.total_samples
+
+
 def test_a_full_hardware_buffer_is_said_to_lose_uncounted_samples():
     text = _messages.overflow_message(0, 2_479_002, True, 10)
     assert "lost samples" in text and "does not count" in text and "period=32768" in text
