@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 
@@ -80,16 +79,16 @@ class ResultsWorker:
 
     @classmethod
     def start(cls) -> ResultsWorker | None:
-        """Start the worker (``python -m gpuscope._commands.results_worker``, gpuscope found where this process
-        found it); None where it cannot start (the run then makes its results itself)."""
-        import gpuscope
+        """Start the worker (``<python> -I -c``, with this process's import path, as gpuscope's other children:
+        :mod:`gpuscope.cupti._python`); None where it cannot start (the run then makes its results itself)."""
+        import json
 
-        root = os.path.dirname(os.path.dirname(os.path.abspath(gpuscope.__file__)))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        from gpuscope.cupti import _python
+
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "gpuscope._commands.results_worker"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        except OSError:
+            proc = subprocess.Popen([_python.interpreter(), "-I", "-c", _BOOT, json.dumps(_python.sys_path())],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        except OSError:  # no interpreter to start (a frozen application without GPUSCOPE_PYTHON), or no process
             return None
         return cls(proc)
 
@@ -130,6 +129,11 @@ class ResultsWorker:
                 stream.close()
 
 
+#: The worker's first lines: Ctrl-C is the script's to stop, not the results' (the run still wants them).
+_BOOT = ("import signal, sys, json; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "sys.path[:0] = json.loads(sys.argv[1]); from gpuscope._commands.results_worker import main; main()")
+
+
 def _warm() -> None:
     """Build a one-row Dataset while the script runs: xarray looks for its array modules (dask, cupy, sparse, ...)
     at its first Dataset, 0.2 s on the H100 machine."""
@@ -139,8 +143,7 @@ def _warm() -> None:
                    "device_info": None, "chip": "", "attrs": {}, "device_attrs": {}, "formulas": {}})
 
 
-def main() -> None:  # the worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the script; the run still wants its results
+def main() -> None:  # the worker (started by _BOOT)
     import importlib
 
     for name in _IMPORTS:
@@ -161,6 +164,3 @@ def main() -> None:  # the worker
     sys.stderr.flush()
     os._exit(0)  # the files are written and closed: the interpreter's teardown (0.3-0.5 s with pandas) helps no one
 
-
-if __name__ == "__main__":
-    main()

@@ -179,7 +179,7 @@ class Profiler(UserRanges, PerLaunchModes):
         from gpuscope._gpu import metric_lists as _lists
         from gpuscope._range_profiling import nvtx as _nvtx
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
-        from gpuscope.cupti import host, profiler
+        from gpuscope.cupti import _lib, host, profiler
         from gpuscope.cupti._types import ProfilerType
 
         try:
@@ -210,6 +210,7 @@ class Profiler(UserRanges, PerLaunchModes):
         self.print_report = bool(report)
         self.metric_set = metrics if isinstance(metrics, str) else ""
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
+        _lib.load_soon()  # libcupti is found and loaded while CUDA initialises
         self.device_info = _device.device_info(self.device)
         self._context = _device.PrimaryContext(self.device)
         profiler.initialize(self._context.handle)

@@ -282,3 +282,34 @@ def test_the_version_probe_never_starts_a_frozen_app(monkeypatch):
                                                         r"frozen application: sys.executable \(.*\) is the application"):
         _lib._probe_version_in_child("/x/libcupti.so.13")
     assert started == []
+
+
+def test_load_soon_loads_once_on_a_thread_and_load_finds_it(monkeypatch):
+    """A session starts loading libcupti on a thread while CUDA initialises; its own load() then gets the same
+    library (or waits for the thread), and a second load_soon starts nothing."""
+    import threading
+
+    from gpuscope.cupti import _lib
+
+    opened, entered, release = [], threading.Event(), threading.Event()
+
+    def slow_open(path, found_via):
+        entered.set()
+        release.wait(10)
+        opened.append(threading.current_thread().name)
+        return "the library"
+
+    monkeypatch.setattr(_lib, "_loaded", None)
+    monkeypatch.setattr(_lib, "_loading", None)
+    monkeypatch.setattr(_lib, "_candidates", lambda: [("/x/libcupti.so", "test")])
+    monkeypatch.setattr(_lib, "_pathfinder_path", lambda: None)
+    monkeypatch.setattr(_lib, "_open", slow_open)
+    _lib.load_soon()
+    thread = _lib._loading
+    _lib.load_soon()
+    assert _lib._loading is thread and thread.name == "gpuscope-cupti-load"
+    assert entered.wait(10)  # the thread is loading; the session's load() waits for it
+    threading.Timer(0.2, release.set).start()
+    assert _lib.load() == "the library"
+    thread.join(10)
+    assert opened == ["gpuscope-cupti-load"]

@@ -160,3 +160,26 @@ def test_the_run_process_does_not_import_xarray_when_the_results_process_makes_t
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("IMPORTED"))
     assert line == "IMPORTED 0 False False", done.stderr[-2000:]
+
+
+def test_the_results_process_outlives_ctrl_c_and_never_outlives_the_run():
+    """Ctrl-C (SIGINT to the whole process group) stops the script, not the results the run still wants; the run
+    stops the process whatever happened (close), and a process whose run died reads the end of its input and
+    ends."""
+    import os
+    import signal
+    import time
+
+    worker = _worker.ResultsWorker.start()
+    try:
+        time.sleep(0.5)  # its first lines have run
+        os.kill(worker._proc.pid, signal.SIGINT)
+        code, lines = worker.results(_inputs(), {"code": 0, "report": True, "width": 100})
+        assert code == 0 and lines[0][0] == "out" and "stream" in lines[0][1]
+    finally:
+        worker.close()
+    assert worker._proc.poll() is not None
+    orphan = _worker.ResultsWorker.start()
+    orphan._proc.stdin.close()  # what the run's death does: the end of its input
+    assert orphan._proc.wait(timeout=60) == 0
+    orphan.close()
