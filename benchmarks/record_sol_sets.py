@@ -66,10 +66,12 @@ COUNTS = ("smsp__sass_thread_inst_executed_op_", "sm__ops_path_tensor_src_", "sm
 DISPATCHED = ("smsp__inst_executed_pipe_fmaheavy.sum",)
 #: The GEMM's warps wait for each other in loops (Hopper's warp-specialised kernels poll their barriers): how often
 #: they go round depends on timing, so its instruction totals, pipes and its control and misc classes differ, by
-#: 0.5 % at most in that recording. Its FLOPs, tensor work and memory instructions are compared.
+#: 0.5 % at most in that recording, and its integer class too (512 of 34.2 M instructions in a later GPU-suite run,
+#: 2026-11-26). Its FLOPs, tensor work and memory instructions are compared.
 GEMM_POLLING = ("smsp__inst_executed", "smsp__thread_inst_executed",
                 "smsp__sass_thread_inst_executed_op_control_pred_on.sum",
-                "smsp__sass_thread_inst_executed_op_misc_pred_on.sum")
+                "smsp__sass_thread_inst_executed_op_misc_pred_on.sum",
+                "smsp__sass_thread_inst_executed_op_integer_pred_on.sum")
 #: Columns of ncu's raw page that are not metrics.
 IDENTITY = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
             "Grid Size", "Device", "CC")
