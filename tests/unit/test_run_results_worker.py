@@ -31,9 +31,14 @@ def _inputs(n=6):
                         memory_bytes=80 << 30, sm_clock_khz=1980000, memory_clock_khz=2619000,
                         pci_bus_id="0000:19:00.0")
     properties = {m: {"units": "nsecond" if "duration" in m else "", "description": m} for m in METRICS}
+    device_attrs = {"chip": "GH100", "gpuscope_version": gs.__version__, "cupti_version": "13.0",
+                    "created": "2026-11-26T12:00:00+00:00", "driver_cuda_version": "13.0", "device_index": 0,
+                    "device_name": device.name, "compute_capability": "9.0", "sm_count": 132,
+                    "sm_clock_khz": device.sm_clock_khz, "memory_clock_khz": device.memory_clock_khz,
+                    "memory_bytes": device.memory_bytes}  # as the run makes them (Profiler.dataset_inputs)
     return {"records": records, "metrics": METRICS, "properties": properties, "device_info": device,
             "chip": "GH100", "attrs": {"metric_set": "", "mode": "kernel", "mode_requested": "kernel", "passes": 1},
-            "formulas": {"sm__cycles_elapsed.max": "a formula"}}
+            "device_attrs": device_attrs, "formulas": {"sm__cycles_elapsed.max": "a formula"}}
 
 
 class Recorded:
@@ -183,3 +188,21 @@ def test_the_results_process_outlives_ctrl_c_and_never_outlives_the_run():
     orphan._proc.stdin.close()  # what the run's death does: the end of its input
     assert orphan._proc.wait(timeout=60) == 0
     orphan.close()
+
+
+def test_the_results_are_made_without_cuda_or_cupti():
+    """The results process builds, saves and reports from the run's data alone: it loads no CUPTI and no CUDA driver
+    binding (the device attrs come from the run)."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+        from test_run_results_worker import _inputs
+        from gpuscope._commands import results_worker as W
+        from gpuscope._range_profiling.session import build_dataset
+        from gpuscope.cupti import _lib
+        status, lines = W.results(build_dataset(_inputs()), {{"code": 0, "report": True, "width": 100}})
+        print("LOADED", _lib._loaded is not None, "cuda.bindings.driver" in sys.modules, "fma" in lines[0][1])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("LOADED"))
+    assert line == "LOADED False False True", done.stderr[-2000:]
