@@ -78,15 +78,17 @@ class ResultsWorker:
         self._proc = proc
 
     @classmethod
-    def start(cls) -> ResultsWorker | None:
+    def start(cls, imports=()) -> ResultsWorker | None:
         """Start the worker (``<python> -I -c``, with this process's import path, as gpuscope's other children:
-        :mod:`gpuscope.cupti._python`); None where it cannot start (the run then makes its results itself)."""
+        :mod:`gpuscope.cupti._python`), importing *imports* too while it waits (``h5netcdf`` for ``-o``); None where
+        it cannot start (the run then makes its results itself)."""
         import json
 
         from gpuscope.cupti import _python
 
         try:
-            proc = subprocess.Popen([_python.interpreter(), "-I", "-c", _BOOT, json.dumps(_python.sys_path())],
+            proc = subprocess.Popen([_python.interpreter(), "-I", "-c", _BOOT, json.dumps(_python.sys_path()),
+                                     json.dumps(list(imports))],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         except OSError:  # no interpreter to start (a frozen application without GPUSCOPE_PYTHON), or no process
             return None
@@ -131,7 +133,8 @@ class ResultsWorker:
 
 #: The worker's first lines: Ctrl-C is the script's to stop, not the results' (the run still wants them).
 _BOOT = ("import signal, sys, json; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-         "sys.path[:0] = json.loads(sys.argv[1]); from gpuscope._commands.results_worker import main; main()")
+         "sys.path[:0] = json.loads(sys.argv[1]); from gpuscope._commands.results_worker import main; "
+         "main(json.loads(sys.argv[2]))")
 
 
 def _warm() -> None:
@@ -143,11 +146,16 @@ def _warm() -> None:
                    "device_info": None, "chip": "", "attrs": {}, "device_attrs": {}, "formulas": {}})
 
 
-def main() -> None:  # the worker (started by _BOOT)
+def main(extra=()) -> None:  # the worker (started by _BOOT)
     import importlib
 
     for name in _IMPORTS:
         importlib.import_module(name)
+    for name in extra:  # what this run's options need (h5netcdf for -o): where it is missing, the save says so
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     _warm()
     data = sys.stdin.buffer.read()  # the run's data, or nothing when the run ended without it
     if not data:

@@ -432,7 +432,7 @@ def _results_worker(opts: RunOptions, profiler_factory):
     from gpuscope._commands.results_worker import ResultsWorker
     from gpuscope._gpu import keep as _keep
 
-    worker = ResultsWorker.start()
+    worker = ResultsWorker.start(("h5netcdf", "xarray.backends.h5netcdf_") if opts.output else ())
     if worker is not None:
         _keep.results_elsewhere()  # the session imports no xarray in the background either
     return worker

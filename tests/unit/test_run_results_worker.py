@@ -110,7 +110,7 @@ def test_nothing_profiled_is_said_by_the_results_process_too(recorded, capsys):
 def test_a_results_process_that_fails_leaves_the_results_to_the_run(recorded, capsys, monkeypatch, command):
     started = []
 
-    def broken():
+    def broken(imports=()):
         proc = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         started.append(proc)
         return _worker.ResultsWorker(proc)
@@ -206,3 +206,12 @@ def test_the_results_are_made_without_cuda_or_cupti():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("LOADED"))
     assert line == "LOADED False False True", done.stderr[-2000:]
+
+
+def test_what_the_options_need_is_imported_early_and_a_missing_module_is_left_to_the_save():
+    worker = _worker.ResultsWorker.start(("h5netcdf", "no_such_module_for_gpuscope"))
+    try:
+        code, lines = worker.results(_inputs(), {"code": 0, "report": True, "width": 100})
+        assert code == 0 and "fma" in lines[0][1]
+    finally:
+        worker.close()
