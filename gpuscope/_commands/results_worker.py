@@ -92,6 +92,9 @@ class ResultsWorker:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         except OSError:  # no interpreter to start (a frozen application without GPUSCOPE_PYTHON), or no process
             return None
+        from gpuscope._gpu import keep as _keep
+
+        _keep.results_elsewhere(True)  # while it runs, sessions import no xarray in the background either
         return cls(proc)
 
     def results(self, inputs: dict, request: dict) -> tuple[int, list[tuple[str, str]]]:
@@ -123,6 +126,9 @@ class ResultsWorker:
 
     def close(self) -> None:
         """Stop the worker if it still runs (safe to call twice; the run calls it whatever happened)."""
+        from gpuscope._gpu import keep as _keep
+
+        _keep.results_elsewhere(False)
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()

@@ -21,6 +21,7 @@ import sys
 import threading
 import traceback
 
+from gpuscope._commands import results_worker as _worker
 from gpuscope._commands.results_worker import EXIT_NOTHING_PROFILED
 from gpuscope.errors import GpuscopeError
 
@@ -374,15 +375,10 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
         return _run(opts, profiler_factory, sampler_factory, out, worker)
     finally:
         if worker is not None:
-            from gpuscope._gpu import keep as _keep
-
             worker.close()
-            _keep.results_elsewhere(False)
 
 
 def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> int:
-    from gpuscope._commands import results_worker as _worker
-
     with _nvtx_routed(opts):
         with contextlib.nullcontext() if worker is not None else _results_imported_meanwhile():
             session = _session(opts, profiler_factory, sampler_factory)
@@ -429,10 +425,4 @@ def _results_worker(opts: RunOptions, profiler_factory):
         from gpuscope._range_profiling.session import Profiler as profiler_factory
     if not callable(getattr(profiler_factory, "dataset_inputs", None)):
         return None
-    from gpuscope._commands.results_worker import ResultsWorker
-    from gpuscope._gpu import keep as _keep
-
-    worker = ResultsWorker.start(("h5netcdf", "xarray.backends.h5netcdf_") if opts.output else ())
-    if worker is not None:
-        _keep.results_elsewhere()  # the session imports no xarray in the background either
-    return worker
+    return _worker.ResultsWorker.start(("h5netcdf", "xarray.backends.h5netcdf_") if opts.output else ())
