@@ -25,9 +25,21 @@ profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the sta
 process (before the script, the script, after it, CUPTI calls). ``--process mixed`` runs them in a process that also imported
 CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 
-``--run`` adds whole processes: a script of 30 steps x 3 Numba kernels run plainly, under ``gpuscope run --set
-topdown`` (``--launch-count 3`` and every launch), and under ``ncu`` with the same metrics (``-c 3`` and every
-launch), all in this run; costs are each process minus the plain one.
+``--run`` adds whole processes: a script run plainly, under ``gpuscope run --set topdown`` (``--launch-count 3``
+and every launch), and under ``ncu`` with the same metrics (``-c 3`` and every launch), all in this run, the cases
+interleaved ``--repeat`` times; costs are each process's median minus the plain one's, and the median of the
+repeats' ratios to ncu's. ``--script`` picks the scripts: ``numba`` (30 steps x 3 Numba kernels), ``held`` (the same
+after a CuPy GEMM, holding 16 GB of device arrays) and ``pytorch`` (``bench_auto_pytorch``'s training step, 3 warm-up
+steps and ``--steps``). The runs compared with ncu's (``count3``, ``full3``) save nothing, as ncu prints its page;
+the others save with ``-o`` (their rows are counted from the file), and ``count3o`` is ``count3`` saving. ``count3``
+prints its report, as a user's run does, and ``count3n`` is ``count3`` without it; the other gpuscope cases run with
+``--no-report``.
+``gpuscope run -c 3`` against ``ncu -c 3`` on all three::
+
+    python3 benchmarks/bench_session_cost.py --modes "" --run --cases plain,count3,count3o,ncu3 --repeat 8 \
+        --steps 30 --script numba,held --out run3.json
+    python3 benchmarks/bench_session_cost.py --modes "" --run --cases plain,count3,ncu3 --repeat 6 --steps 5 \
+        --script pytorch --out run3_torch.json
 
 Warm PM sessions with worker processes, in a plain process and in one that imported CuPy and holds 8 GB of device
 arrays (where keeping the sampler without its workers' images crashed, docs/measurements.md)::
@@ -102,6 +114,18 @@ for step in range(STEPS):
         add[4096, 1024](x, y)
         fma[4096, 1024](x, 200)
 cuda.synchronize()
+'''
+
+
+#: What the ``held`` script does before :data:`SCRIPT`'s Numba kernels: a CuPy GEMM, and 16 GB of device arrays held.
+HELD = '''
+import cupy as cp
+_a = cp.random.rand(2048, 2048, dtype=cp.float32)
+(_a @ _a).sum().item()
+_held = [cp.empty(1 << 30, cp.uint8) for _ in range(16)]
+for _h in _held:
+    _h[:1] = 1
+cp.cuda.Device().synchronize()
 '''
 
 
@@ -308,83 +332,124 @@ print("RUNBREAKDOWN " + json.dumps({"rc": code, "marks": marks, "cupti_ms": top}
 """
 
 
-def run_breakdown(steps: int) -> dict:
-    """Stages of ``gpuscope run --set topdown --launch-count 3`` on the 3-kernel script, inside its process."""
+def run_breakdown(steps: int, script: str = "numba") -> dict:
+    """Stages of ``gpuscope run --set topdown --launch-count 3`` on *script* (:func:`script_text`), inside its
+    process, and the wall time of the plain script's process beside it."""
     tmp = Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
-    script = tmp / "three_kernels.py"
-    script.write_text(SCRIPT.replace("STEPS", str(steps)))
+    path = tmp / f"{script}_script.py"
+    path.write_text(script_text(script, steps))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", RUN_CHILD, str(script)], capture_output=True, text=True, env=env,
+    subprocess.run([sys.executable, str(path)], capture_output=True, env=env, timeout=300)
+    plain = time.perf_counter() - t
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", RUN_CHILD, str(path)], capture_output=True, text=True, env=env,
                        timeout=300)
     wall = time.perf_counter() - t
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RUNBREAKDOWN ")), None)
     shutil.rmtree(tmp, ignore_errors=True)
     out = json.loads(line[13:]) if line else {"rc": p.returncode, "stderr": p.stderr[-1500:]}
-    out["process_wall_s"] = round(wall, 3)
+    out.update(script=script, process_wall_s=round(wall, 3), plain_process_wall_s=round(plain, 3))
     return out
 
 
-CASES = ("plain", "count3", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3", "ncufull3")
+CASES = ("plain", "count3", "count3o", "count3n", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3", "ncufull3")
+
+
+def script_text(script: str, steps: int) -> str:
+    """The source of a whole-process case's script: ``numba`` (:data:`SCRIPT`), ``held`` (the same in a process that
+    first ran a CuPy GEMM and holds 16 GB of device arrays) or ``pytorch`` (3 warm-up steps, then *steps* training
+    steps of ``bench_auto_pytorch``'s transformer encoder layer)."""
+    if script == "numba":
+        return SCRIPT.replace("STEPS", str(steps))
+    if script == "held":
+        return HELD + SCRIPT.replace("STEPS", str(steps))
+    if script == "pytorch":
+        from bench_auto_pytorch import SCRIPT as TORCH
+
+        line = "warmup, steps = int(sys.argv[1]), int(sys.argv[2])"
+        assert line in TORCH
+        return TORCH.replace(line, f"warmup, steps = 3, {steps}")
+    raise ValueError(f"unknown script {script!r}: numba, held or pytorch")
 
 
 def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, ...] = (),
-                    timeout: float = 580) -> list[dict]:
+                    timeout: float = 580, script: str = "numba") -> list[dict]:
     """Plain script, gpuscope run and ncu on the same script, in this run: wall seconds of each process. *only*
-    (keys of :data:`CASES`) picks cases; by default kernel mode and ncu are left out above 100 steps."""
+    (keys of :data:`CASES`) picks cases; by default kernel mode and ncu are left out above 100 steps. The cases run
+    interleaved (each repeat runs every case once, in turn), so that a slow minute of the machine falls on all of
+    them; each case's ``over_plain_s`` is its median minus the plain script's, and ``paired_ratio`` (where ncu's
+    matching case ran) the median over the repeats of (case - plain) / (ncu - plain) of the same repeat."""
     import gpuscope as gs
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuscope-bench-"))
-    script = tmp / "three_kernels.py"
-    script.write_text(SCRIPT.replace("STEPS", str(steps)))
+    path = tmp / f"{script}_script.py"
+    path.write_text(script_text(script, steps))
     metrics = ",".join(gs.metric_set("topdown").metrics)
     py = sys.executable
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"),
+                                                      os.environ.get("PYTHONPATH", "")]))
     run = [py, "-m", "gpuscope", "run", "--set", "topdown", "--no-report"]
-    cases = [("plain", "plain", [py, str(script)]),
-             ("count3", "gpuscope run --launch-count 3", [*run, "--launch-count", "3", str(script)]),
-             ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(script)]),
-             ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(script), "annotate"]),
-             ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(script)]),
+    cases = [("plain", "plain", [py, str(path)]),
+             # as a user runs it: the report printed (ncu prints its page)
+             ("count3", "gpuscope run --launch-count 3", [*run[:-1], "--launch-count", "3", str(path)]),
+             ("count3o", "gpuscope run --launch-count 3 -o run.nc", [*run[:-1], "--launch-count", "3", str(path)]),
+             ("count3n", "gpuscope run --launch-count 3 --no-report", [*run, "--launch-count", "3", str(path)]),
+             ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(path)]),
+             ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(path), "annotate"]),
+             ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(path)]),
              ("full3", "gpuscope run --set full --mode kernel --launch-count 3",
               [py, "-m", "gpuscope", "run", "--set", "full", "--mode", "kernel", "--no-report", "--launch-count", "3",
-               str(script)])]
+               str(path)])]
     if ncu:
         cases += [("ncu3", "ncu -c 3", [ncu, "--metrics", metrics, "-c", "3", "--csv", "--page", "raw", py,
-                                        str(script)]),
+                                        str(path)]),
                   ("ncuall", "ncu (every launch)", [ncu, "--metrics", metrics, "--csv", "--page", "raw", py,
-                                                    str(script)]),
+                                                    str(path)]),
                   ("ncufull3", "ncu --set full -c 3", [ncu, "--set", "full", "-c", "3", "--csv", "--page", "raw", py,
-                                                       str(script)])]
+                                                       str(path)])]
+    if script != "numba":  # the annotated variant is the Numba script's
+        cases = [c for c in cases if c[0] != "annotated"]
     if only:
         cases = [c for c in cases if c[0] in only or c[0] == "plain"]
     elif steps > 100:  # kernel mode and ncu on every launch take minutes there
         cases = [c for c in cases if c[0] in ("plain", "auto", "annotated")]
-    cases = [(label, cmd) for _, label, cmd in cases]
-    out = []
-    for label, cmd in cases:
-        walls, rc, err, info = [], 0, "", {}
-        for _ in range(repeat):
+    out = [{"case": label, "key": key, "script": script, "steps": steps, "wall_s": [], "rc": 0}
+           for key, label, _ in cases]
+    for _ in range(repeat):
+        for row, (_, _, cmd) in zip(out, cases):
             saved = tmp / "run.nc"
             saved.unlink(missing_ok=True)
-            full = cmd[:-1] + ["-o", str(saved), cmd[-1]] if cmd[1:3] == ["-m", "gpuscope"] else list(cmd)
+            # the cases measured against ncu's do not save (ncu prints its page), the others save to count rows
+            saves = cmd[1:3] == ["-m", "gpuscope"] and row["key"] not in ("count3", "count3n", "full3")
+            full = cmd[:-1] + ["-o", str(saved), cmd[-1]] if saves else list(cmd)
             if full[-1] == "annotate":  # the option goes before the script, "annotate" after it
                 full = cmd[:-2] + ["-o", str(saved), cmd[-2], "annotate"]
             t = time.perf_counter()
             try:
                 p = subprocess.run(full, capture_output=True, text=True, env=env, timeout=timeout)
-                rc, err = p.returncode, p.stderr[-400:]
+                if p.returncode:
+                    row["rc"], row["stderr"] = p.returncode, p.stderr[-400:]
             except subprocess.TimeoutExpired:
-                rc, err = "timeout", f"stopped after {timeout} s"
-            walls.append(time.perf_counter() - t)
+                row["rc"], row["stderr"] = "timeout", f"stopped after {timeout} s"
+            row["wall_s"].append(round(time.perf_counter() - t, 3))
             if saved.exists():
-                info = _rows_of(saved)
-        out.append({"case": label, "steps": steps, "wall_s": [round(w, 3) for w in walls], "rc": rc, **info,
-                    **({"stderr": err} if rc else {})})
-        print(json.dumps(out[-1]), flush=True)
-    plain = min(out[0]["wall_s"])
+                row.update(_rows_of(saved))
+            print(json.dumps({k: row[k] for k in ("case", "script", "wall_s", "rc")}), flush=True)
+    plain = out[0]["wall_s"]
+    ncu_of = {"count3": "ncu3", "count3o": "ncu3", "count3n": "ncu3", "auto": "ncuall", "kernel": "ncuall", "full3": "ncufull3"}
+    by_key = {o["key"]: o for o in out}
     for o in out:
-        o["over_plain_s"] = round(min(o["wall_s"]) - plain, 3)
+        o["over_plain_s"] = round(statistics.median(o["wall_s"]) - statistics.median(plain), 3)
+        o["over_plain_best_s"] = round(min(o["wall_s"]) - min(plain), 3)
+        other = by_key.get(ncu_of.get(o["key"], ""))
+        if other is not None:
+            ratios = [(w - p) / (n - p) for w, n, p in zip(o["wall_s"], other["wall_s"], plain) if n > p]
+            if ratios:
+                o["paired_ratio"] = round(statistics.median(ratios), 3)
+                o["paired_ratios"] = [round(r, 3) for r in ratios]
+                o["ratio_of_medians"] = round(o["over_plain_s"] / (statistics.median(other["wall_s"]) -
+                                                                   statistics.median(plain)), 3)
         if o.get("rows"):
             o["ms_per_row"] = round(o["over_plain_s"] / o["rows"] * 1e3, 1)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -419,7 +484,10 @@ def summary(results: dict) -> str:
             continue
         lines.append(_summary_row(r, r["mode"], ss[0], ss[1:]))
     for w in results.get("processes", []):
-        lines.append(f"whole process, {w['steps']} steps: {w['case']}: {w['wall_s']} s, over plain {w['over_plain_s']} s "
+        ratio = (f", {w['ratio_of_medians']} of ncu's on the medians, paired median {w['paired_ratio']}"
+                 if "paired_ratio" in w else "")
+        lines.append(f"whole process, {w.get('script', 'numba')} script, {w['steps']} steps: {w['case']}: "
+                     f"{w['wall_s']} s, over plain {w['over_plain_s']} s (median){ratio} "
                      f"(rc {w['rc']}; rows {w.get('rows', '-')}, {w.get('ms_per_row', '-')} ms/row, mode "
                      f"{w.get('mode', '-')}, found by {w.get('iterations_found_by', '-')})")
     return "\n".join(lines)
@@ -449,6 +517,8 @@ def main():
     ap.add_argument("--cases", default="", help=f"comma list of {','.join(CASES)} (default: all; above 100 steps "
                                                 "plain, auto and annotated)")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--script", default="numba", help="comma list of the whole-process scripts: numba (30 steps x 3 "
+                    "Numba kernels), held (the same after a CuPy GEMM, 16 GB held) and pytorch (a training step)")
     ap.add_argument("--run-breakdown", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -463,11 +533,14 @@ def main():
             print(json.dumps(r), flush=True)
     if args.run:
         ncu = args.ncu if Path(args.ncu).exists() else None
-        for steps in map(int, str(args.steps).split(",")):
-            results["processes"] += whole_processes(ncu, steps, args.repeat,
-                                                    tuple(c for c in args.cases.split(",") if c), args.timeout)
+        for script in args.script.split(","):
+            for steps in map(int, str(args.steps).split(",")):
+                results["processes"] += whole_processes(ncu, steps, args.repeat,
+                                                        tuple(c for c in args.cases.split(",") if c), args.timeout,
+                                                        script)
     if args.run_breakdown:
-        results["run_breakdown"] = run_breakdown(int(str(args.steps).split(",")[0]))
+        results["run_breakdown"] = [run_breakdown(int(str(args.steps).split(",")[0]), script)
+                                    for script in args.script.split(",")]
         print(json.dumps(results["run_breakdown"]))
     text = summary(results)
     results["summary"] = text

@@ -12,8 +12,10 @@ Cases:
     Four ``gs.pc_sample(period=2**10, hardware_buffer_size=<MiB>)`` blocks around one short launch, then two
     around 40 long ones (tens of ms of GPU time): the cost of the device buffer's size, and whether a small one
     loses samples (0: CUPTI's default, 512 MiB).
-``fast``
-    Four ``gs.profile_fast_topdown`` calls around one launch, and the time of each part.
+``fast`` / ``fast:<MiB>``
+    Four ``gs.profile_fast_topdown`` calls around one launch, and the time of each part (the PC block, the range
+    session's ``with`` block, the rest: the Datasets and the Top-Down); ``<MiB>`` sets the PC block's first hardware
+    buffer (:data:`gpuscope._pc_sampling.fast.FIRST_BUFFER`, 32 MiB).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_session_cost import Calls  # noqa: E402
 
-CASES = ["pc:0", "pc:128", "pc:32", "pc:8", "fast"]
+CASES = ["pc:0", "pc:128", "pc:32", "pc:8", "pc:2", "fast", "fast:8"]
 
 
 def _work():
@@ -84,15 +86,44 @@ def case(name: str) -> list[dict]:
                         "total_s": round(t3 - t0, 4), "samples": int(ds.attrs.get("total_samples", 0)),
                         "dropped": int(ds.attrs.get("dropped_samples", 0)),
                         "buffer_full": int(ds.attrs.get("hardware_buffer_full", 0)), "calls_ms": calls.take()})
-    elif name == "fast":
+    elif name.startswith("fast"):
         from gpuscope._gpu import keep as _keep
+        from gpuscope._pc_sampling import fast as _fast
+        from gpuscope._range_profiling.session import Profiler
 
+        if ":" in name:  # the PC block's first hardware buffer, in MiB
+            _fast.FIRST_BUFFER = int(name.split(":")[1]) << 20
+        stages = {}
+        block = _fast._pc_block
+
+        def timed_block(*a, **k):
+            t = time.perf_counter()
+            try:
+                return block(*a, **k)
+            finally:
+                stages["pc_block_s"] = round(time.perf_counter() - t, 4)
+
+        class TimedProfiler(Profiler):
+            def __enter__(self):
+                stages["t_range"] = time.perf_counter()
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                try:
+                    return super().__exit__(*exc)
+                finally:
+                    stages["range_session_s"] = round(time.perf_counter() - stages.pop("t_range"), 4)
+
+        _fast._pc_block = timed_block
         for i in range(4):
             t0 = time.perf_counter()
-            ds = gs.profile_fast_topdown(short)
+            ds = gs.profile_fast_topdown(short, profiler=TimedProfiler)
             t1 = time.perf_counter()
-            out.append({"case": name, "session": i, "total_s": round(t1 - t0, 4),
-                        "samples": int(ds.attrs.get("pc_total_samples", 0)), "calls_ms": calls.take()})
+            out.append({"case": name, "session": i, "total_s": round(t1 - t0, 4), **stages,
+                        "rest_s": round(t1 - t0 - stages.get("pc_block_s", 0) - stages.get("range_session_s", 0),
+                                        4),
+                        "samples": int(ds.attrs.get("pc_total_samples", 0)), "pc_blocks": int(ds.attrs["pc_blocks"]),
+                        "calls_ms": calls.take()})
         t0 = time.perf_counter()
         _keep.detach_cupti()
         out.append({"case": "detach alone", "total_s": round(time.perf_counter() - t0, 4), "calls_ms": calls.take()})

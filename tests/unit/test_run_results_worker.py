@@ -215,3 +215,24 @@ def test_what_the_options_need_is_imported_early_and_a_missing_module_is_left_to
         assert code == 0 and "fma" in lines[0][1]
     finally:
         worker.close()
+
+
+def test_a_run_that_saves_warms_the_save_up_on_a_file_it_removes(tmp_path, monkeypatch):
+    import tempfile
+
+    from gpuscope._results import io as _io
+
+    saved = []
+    real = _io.save_dataset
+
+    def watched(ds, path):
+        real(ds, path)
+        saved.append((path, gs.open_dataset(path).sizes["range"]))
+
+    monkeypatch.setattr(_io, "save_dataset", watched)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _worker._warm(save=False)
+    assert saved == []
+    _worker._warm(save=True)
+    assert len(saved) == 1 and saved[0][1] == 1 and saved[0][0].startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # removed at once

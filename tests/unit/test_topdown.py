@@ -80,6 +80,17 @@ def test_hand_computed_case():
     assert float(out.retire + out.divergence + out.frontend + out.backend) == pytest.approx(100.0)
 
 
+def test_level_checks_add_nodes_of_other_dim_orders_by_name_not_position():
+    out = td.topdown(range_dataset()).expand_dims(device=[0, 1])  # nodes (device, range)
+    assert max(td.check_levels(out).values()) < 1e-12
+    # one node transposed to (range, device), another with a wrong value in one cell: still found where it is
+    out["retire"] = out["retire"].transpose("range", "device")
+    assert max(td.check_levels(out).values()) < 1e-12
+    out["frontend"] = out["frontend"].copy(data=out["frontend"].values + np.array([[0.0, 0.0], [0.0, 7.0]]))
+    with pytest.raises(ValueError, match="misses 100% by up to 7 points"):
+        td.check_levels(out)
+
+
 def test_memory_bound_range_is_all_long_scoreboard():
     out = td.topdown(range_dataset()).isel(range=1)
     assert float(out.retire) == pytest.approx(10.0)  # IPC 0.4 of 4
