@@ -32,8 +32,9 @@ repeats' ratios to ncu's. ``--script`` picks the scripts: ``numba`` (30 steps x 
 after a CuPy GEMM, holding 16 GB of device arrays) and ``pytorch`` (``bench_auto_pytorch``'s training step, 3 warm-up
 steps and ``--steps``). The runs compared with ncu's (``count3``, ``full3``) save nothing, as ncu prints its page;
 the others save with ``-o`` (their rows are counted from the file), and ``count3o`` is ``count3`` saving. ``count3``
-prints its report, as a user's run does, and ``count3n`` is ``count3`` without it; the other gpuscope cases run with
-``--no-report``.
+prints its report, as a user's run does, ``count3n`` is ``count3`` without it, and ``count3b`` is ``count3`` with the
+range profiler's first Start made before the script (``GPUSCOPE_FIRST_START_BESIDE=0``); the other gpuscope cases run
+with ``--no-report``.
 ``gpuscope run -c 3`` against ``ncu -c 3`` on all three::
 
     python3 benchmarks/bench_session_cost.py --modes "" --run --cases plain,count3,count3o,ncu3 --repeat 8 \
@@ -353,7 +354,8 @@ def run_breakdown(steps: int, script: str = "numba") -> dict:
     return out
 
 
-CASES = ("plain", "count3", "count3o", "count3n", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3", "ncufull3")
+CASES = ("plain", "count3", "count3o", "count3n", "count3b", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3",
+         "ncufull3")
 
 
 def script_text(script: str, steps: int) -> str:
@@ -395,6 +397,8 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
              ("count3", "gpuscope run --launch-count 3", [*run[:-1], "--launch-count", "3", str(path)]),
              ("count3o", "gpuscope run --launch-count 3 -o run.nc", [*run[:-1], "--launch-count", "3", str(path)]),
              ("count3n", "gpuscope run --launch-count 3 --no-report", [*run, "--launch-count", "3", str(path)]),
+             ("count3b", "gpuscope run --launch-count 3, the first Start before the script",
+              ["env", "GPUSCOPE_FIRST_START_BESIDE=0", *run[:-1], "--launch-count", "3", str(path)]),
              ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(path)]),
              ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(path), "annotate"]),
              ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(path)]),
@@ -437,7 +441,8 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
                 row.update(_rows_of(saved))
             print(json.dumps({k: row[k] for k in ("case", "script", "wall_s", "rc")}), flush=True)
     plain = out[0]["wall_s"]
-    ncu_of = {"count3": "ncu3", "count3o": "ncu3", "count3n": "ncu3", "auto": "ncuall", "kernel": "ncuall", "full3": "ncufull3"}
+    ncu_of = {"count3": "ncu3", "count3o": "ncu3", "count3n": "ncu3", "count3b": "ncu3", "auto": "ncuall",
+              "kernel": "ncuall", "full3": "ncufull3"}
     by_key = {o["key"]: o for o in out}
     for o in out:
         o["over_plain_s"] = round(statistics.median(o["wall_s"]) - statistics.median(plain), 3)

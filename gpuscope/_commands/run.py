@@ -382,6 +382,8 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
     with _nvtx_routed(opts):
         with contextlib.nullcontext() if worker is not None else _results_imported_meanwhile():
             session = _session(opts, profiler_factory, sampler_factory)
+            if hasattr(session, "first_start_beside") and os.environ.get(FIRST_START_VAR, "1").strip() != "0":
+                session.first_start_beside = True  # CUPTI's first Start while the script imports and compiles
             session.__enter__()
         close_error = None
         try:
@@ -410,6 +412,10 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
         print(text, file=out if stream == "out" else sys.stderr)
     return code
 
+
+#: ``GPUSCOPE_FIRST_START_BESIDE=0``: the range profiler's first ``cuptiRangeProfilerStart`` (kernel and auto modes)
+#: is made before the script starts, not on a thread beside it (:attr:`gpuscope.Profiler.first_start_beside`).
+FIRST_START_VAR = "GPUSCOPE_FIRST_START_BESIDE"
 
 #: ``GPUSCOPE_RESULTS_PROCESS=0``: ``gpuscope run`` makes its results in the profiled process, not in a results
 #: process of their own (:mod:`gpuscope._commands.results_worker`).

@@ -74,13 +74,17 @@ class PerLaunchModes:
                                                  self._annotate, timestamp,
                                                  capacity=0 if self._fixed_ranges else self.max_ranges,
                                                  on_full=self._flush_kernels, names=self._kernel_names())
-        self._start_first()
+        if self._first_began:  # started beside the code (first_start_beside): this pass is kernel replay's first
+            self._first_taken = True
+        else:
+            self._start_first()
         self._collector.rp = self._rp  # a new one where the kept one was refused
         self._running = self._collector.running = True
 
     def _use_iteration(self) -> None:
         from gpuscope.cupti._types import ProfilerRange, ReplayMode
 
+        self._stop_first_untaken()  # auto mode leaving kernel replay before its first launch
         self.mode_used = Mode.ITERATION
         self.cycles = self.passes
         if not self._size_from_first:
@@ -108,6 +112,8 @@ class PerLaunchModes:
         self._running = self._collector.running = False
 
     def _on_enter(self, launch):
+        if (self._first_thread is not None or self._first_error is not None) and not self._first_started():
+            return None  # CUPTI refused the first Start: nothing is profiled, close() says why
         collector = self._collector
         if collector is None:  # auto, undecided: a launch outside every range starts kernel replay
             if launch.context != self._context.handle or _ranges.current_path() is not None:

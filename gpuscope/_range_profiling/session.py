@@ -169,6 +169,12 @@ class Profiler(UserRanges, PerLaunchModes):
     _reused_now = False  # the profiler of the last _configure was a kept one
     _tracker = _end_after = None  # auto mode without ranges: the launch-stream tracker; a found iteration's last
     _nvtx = None  # the NVTX ranges taken while open (nvtx.NvtxRanges)
+    #: Kernel and auto modes: make the first ``cuptiRangeProfilerStart`` (0.1-0.25 s of CUPTI, without the GIL) on a
+    #: thread, so that the code after :meth:`start` runs meanwhile; the first launch, range or close waits for it.
+    #: ``gpuscope run`` sets it: the script imports and compiles while CUPTI starts (docs/measurements.md).
+    first_start_beside = False
+    _first_thread = _first_error = None  # the thread of that Start, and what it raised
+    _first_began = _first_taken = False  # a pass started beside; kernel replay took it as its first
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
@@ -319,6 +325,8 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._use_iteration()
             else:  # kernel, or auto until it chooses: configured here, not in a launch callback
                 self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+                if self.first_start_beside and self._nvtx_filter is None:
+                    self._start_first_soon()
                 if self.mode is Mode.KERNEL:
                     self._use_kernel()
             if self.mode is Mode.USER and self.continuous:
@@ -379,6 +387,40 @@ class Profiler(UserRanges, PerLaunchModes):
         if self._collector is not None:
             self._collector.rp = self._rp
 
+    def _start_first_soon(self) -> None:
+        """The first ``cuptiRangeProfilerStart`` of kernel replay on a thread (:attr:`first_start_beside`);
+        :meth:`_first_started` waits for it."""
+        def first():
+            try:
+                self._context.make_current()
+                self._start_first()
+            except BaseException as exc:  # noqa: BLE001  said where the session is next used
+                self._first_error = exc
+
+        self._first_began = True
+        self._first_thread = threading.Thread(target=first, name="gpuscope-first-start", daemon=True)
+        self._first_thread.start()
+
+    def _first_started(self) -> bool:
+        """Wait for the first Start made beside the caller's code, if one is under way; False where it failed (the
+        session then profiles nothing, and :meth:`close` raises what CUPTI said)."""
+        thread = self._first_thread
+        if thread is not None:
+            thread.join()
+            self._first_thread = None
+            if self._first_error is not None:
+                self._first_began = False
+            elif self._collector is not None:
+                self._collector.rp = self._rp  # a new one where the kept one was refused
+        return self._first_error is None
+
+    def _stop_first_untaken(self) -> None:
+        """A pass started beside the code that kernel replay did not take (auto mode went to iteration replay, or
+        the session ends before its first launch): stopped before its profiler is closed or kept."""
+        if self._first_began and not self._first_taken and self._first_started():
+            self._first_began = False
+            self._rp.stop()
+
     def _start_first(self) -> None:
         """The session's first ``cuptiRangeProfilerStart``. A kept profiler that CUPTI refuses there was forgotten
         by CUPTI (another CUPTI client of the process called ``cuptiFinalize`` while nothing of gpuscope's was
@@ -420,6 +462,10 @@ class Profiler(UserRanges, PerLaunchModes):
         if os.getpid() != self._pid:  # a forked child: the session and its CUPTI state are the parent's
             self._state = "closed"
             return
+        if not self._first_started():  # CUPTI refused the first Start made beside the code: nothing was profiled
+            self._state = "closed"
+            self._teardown()
+            raise self._first_error
         error = None
         clean = False  # the profiler stopped and no pass group half collected: it may be kept
         try:
@@ -501,9 +547,11 @@ class Profiler(UserRanges, PerLaunchModes):
         if nvtx is not None:
             nvtx.close(report=False)
         _ranges.remove_listener(self)
+        self._first_started()
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
-                   or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False)))
+                   or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False))
+                   or (self._first_began and not self._first_taken))
         recorder, self._recorder = getattr(self, "_recorder", None), None
         if recorder is not None:
             recorder.close()

@@ -66,6 +66,8 @@ class UserRanges:
     def range_push(self, path: str) -> None:
         if os.getpid() != self._pid or self._foreign():
             return
+        if (self._first_thread is not None or self._first_error is not None) and not self._first_started():
+            return  # CUPTI refused the first Start: nothing is profiled, close() says why
         if self._per_launch:
             if "/" not in path:
                 self._iteration_push(path)
@@ -74,6 +76,8 @@ class UserRanges:
 
     def range_pop(self, path: str) -> None:
         if os.getpid() != self._pid or self._foreign():
+            return
+        if self._first_error is not None:
             return
         if self._per_launch:
             if "/" not in path and path == self._iter_path and not self._steps and self._collector.in_iteration:

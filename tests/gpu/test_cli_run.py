@@ -109,3 +109,25 @@ def test_failing_script_and_empty_filter(tmp_path):
     assert gs.open_dataset(tmp_path / "partial.nc").sizes["range"] == 20
     none = gpuscope("run", "--set", "launch", "-k", "nosuchkernel", SCRIPT, cwd=tmp_path)
     assert none.returncode == 6 and "nothing matched -k nosuchkernel" in none.stderr
+
+
+def test_the_first_start_beside_the_script_profiles_what_a_start_before_it_does(tmp_path):
+    """`gpuscope run` makes the range profiler's first Start on a thread while the script starts (kernel and auto
+    modes); GPUSCOPE_FIRST_START_BESIDE=0 makes it before the script. Both profile the same first launches, with the
+    same exact counts, in auto mode with -c (as the issue's `-c 3`) and in kernel mode."""
+    counts = ["smsp__inst_executed.sum", "sm__ctas_launched.sum", "smsp__thread_inst_executed.sum"]
+    for mode in ("auto", "kernel"):
+        got = {}
+        for name, env in (("beside", {}), ("before", {"GPUSCOPE_FIRST_START_BESIDE": "0"})):
+            out = tmp_path / f"{mode}_{name}.nc"
+            done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--metrics", ",".join(counts), "--mode",
+                                   mode, "-c", "3", "--no-report", "-o", str(out), str(SCRIPT)], capture_output=True,
+                                  text=True, cwd=tmp_path, timeout=300, env={**os.environ, **env})
+            assert done.returncode == 0, done.stderr[-3000:]
+            got[name] = gs.open_dataset(out)
+        beside, before = got["beside"], got["before"]
+        assert beside.sizes["range"] == before.sizes["range"] == 3
+        assert beside["launch"].values.tolist() == before["launch"].values.tolist() == [0, 1, 2]
+        assert beside["kernel"].values.tolist() == before["kernel"].values.tolist()
+        for m in counts:
+            assert beside[m].values.tolist() == before[m].values.tolist(), m
