@@ -408,8 +408,10 @@ class Profiler(UserRanges, PerLaunchModes):
         if thread is not None:
             thread.join()
             self._first_thread = None
-            if self._first_error is not None:
-                self._first_began = False
+            if self._first_error is not None:  # nothing started: nothing to stop at the close
+                self._first_began = self._running = False
+                if self._collector is not None:
+                    self._collector.running = False
             elif self._collector is not None:
                 self._collector.rp = self._rp  # a new one where the kept one was refused
         return self._first_error is None

@@ -77,6 +77,20 @@ def test_a_refused_first_start_profiles_nothing_and_the_close_says_why(session):
     p.close()  # once is enough
 
 
+def test_a_refused_first_start_in_kernel_mode_is_not_stopped_at_the_close(session):
+    p = session(passes=2)
+    beside(p, refuse=RuntimeError("CUPTI_ERROR_UNKNOWN"))
+    p.mode = p.mode_used = type(p.mode_used).KERNEL
+    p._warn_replay_cost = lambda *a, **k: None
+    p._use_kernel()  # as start() does in kernel mode: the pass is taken before the Start has come back
+    rp = p._rp
+    stopped = []
+    rp.stop = lambda: stopped.append("stop")  # CUPTI would refuse it, a warning at the close
+    with pytest.raises(RuntimeError, match="CUPTI_ERROR_UNKNOWN"):
+        p.close()
+    assert rp.closed and stopped == []
+
+
 def test_auto_mode_going_to_iteration_replay_before_a_launch_stops_the_pass_started_beside(session):
     p = session(passes=2)
     p._recorder = SimpleNamespace(resume=lambda: None, pause=lambda: None, close=lambda: None)
