@@ -425,7 +425,7 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
             saved = tmp / "run.nc"
             saved.unlink(missing_ok=True)
             # the cases measured against ncu's do not save (ncu prints its page), the others save to count rows
-            saves = cmd[1:3] == ["-m", "gpuscope"] and row["key"] not in ("count3", "count3n", "full3")
+            saves = cmd[1:3] == ["-m", "gpuscope"] and row["key"] not in ("count3", "count3n", "count3b", "full3")
             full = cmd[:-1] + ["-o", str(saved), cmd[-1]] if saves else list(cmd)
             if full[-1] == "annotate":  # the option goes before the script, "annotate" after it
                 full = cmd[:-2] + ["-o", str(saved), cmd[-2], "annotate"]
