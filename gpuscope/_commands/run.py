@@ -170,7 +170,19 @@ def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
         from gpuscope._range_profiling.session import Profiler as profiler_factory
     kwargs = _profiler_kwargs(opts)
     _check_supported(profiler_factory, kwargs)
+    if os.environ.get(FIRST_START_VAR, "1").strip() != "0" and _accepts(profiler_factory, "first_start_beside"):
+        kwargs["first_start_beside"] = True  # CUPTI's first Start (and its queries) while the script imports
     return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
+
+
+def _accepts(factory, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _check_supported(factory, kwargs) -> None:
@@ -382,8 +394,6 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
     with _nvtx_routed(opts):
         with contextlib.nullcontext() if worker is not None else _results_imported_meanwhile():
             session = _session(opts, profiler_factory, sampler_factory)
-            if hasattr(session, "first_start_beside") and os.environ.get(FIRST_START_VAR, "1").strip() != "0":
-                session.first_start_beside = True  # CUPTI's first Start while the script imports and compiles
             session.__enter__()
         close_error = None
         try:

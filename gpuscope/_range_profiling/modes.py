@@ -69,7 +69,8 @@ class PerLaunchModes:
         from gpuscope.cupti.activity import timestamp
 
         self.mode_used = Mode.KERNEL
-        self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+        if self._first_thread is None:  # else that thread configures it (the collector gets its rp once it ended)
+            self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
         self._collector = _launches.KernelReplay(self._rp, self._context.handle, self.filter, _readable,
                                                  self._annotate, timestamp,
                                                  capacity=0 if self._fixed_ranges else self.max_ranges,

@@ -175,18 +175,19 @@ class Profiler(UserRanges, PerLaunchModes):
     first_start_beside = False
     _first_thread = _first_error = None  # the thread of that Start, and what it raised
     _first_began = _first_taken = False  # a pass started beside; kernel replay took it as its first
+    _unchecked = False  # the config was made without the availability query, left to the first Start's thread
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
-                 report: bool = False, pass_groups=None, nvtx=None, nvtx_exclude=None):
+                 report: bool = False, pass_groups=None, nvtx=None, nvtx_exclude=None,
+                 first_start_beside: bool = False):
         from gpuscope._gpu import device as _device
         from gpuscope._gpu import keep as _keep
         from gpuscope._gpu import metric_lists as _lists
         from gpuscope._range_profiling import nvtx as _nvtx
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
-        from gpuscope.cupti import _lib, host, profiler
-        from gpuscope.cupti._types import ProfilerType
+        from gpuscope.cupti import _lib, profiler
 
         try:
             self.mode = Mode(mode)
@@ -215,6 +216,7 @@ class Profiler(UserRanges, PerLaunchModes):
         self._seen: dict[str, int] = {}
         self.print_report = bool(report)
         self.metric_set = metrics if isinstance(metrics, str) else ""
+        self.first_start_beside = bool(first_start_beside)
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
         _lib.load_soon()  # libcupti is found and loaded while CUDA initialises
         self.device_info = _device.device_info(self.device)
@@ -229,10 +231,16 @@ class Profiler(UserRanges, PerLaunchModes):
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
             # GH100 (tests/unit/test_host.py). Another process holding the counters makes it HARDWARE_BUSY.
-            if profiler.availability_cached(self.device):
-                _keep.ask_holders(self.device)  # the cache asks CUPTI nothing, so nothing would fail busy here
-            self._availability = _keep.retry_when_busy(self.device, lambda: profiler.pm_counter_availability(
-                self.device), _keep.RANGE_SESSION)
+            # With the first Start beside the caller's code and no image kept yet, the query (0.1-0.16 s) is made
+            # on that thread instead, and the config built here without it is checked there before the Enable.
+            self._unchecked = (self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO)
+                               and self._nvtx_filter is None and not profiler.availability_cached(self.device))
+            if self._unchecked:
+                self._availability = None
+            else:
+                if profiler.availability_cached(self.device):
+                    _keep.ask_holders(self.device)  # the cache asks CUPTI nothing, so nothing would fail busy here
+                self._availability = self._query_availability()
 
             self._plan, self._groups = None, ()
             if pass_groups is None:
@@ -243,19 +251,11 @@ class Profiler(UserRanges, PerLaunchModes):
             if self._plan is not None:
                 self.metrics = list(self._plan.requested)  # with the per-pass clocks, so that the Dataset has them
 
-            def make():
-                h = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, self._availability)
-                if self._groups:
-                    for group in self._groups:
-                        h.add_pass_group(group)
-                else:
-                    h.add_metrics(self.metrics)
-                config = h.config_image()
-                config.flags.writeable = False
-                return _keep.HostSetup(h, config, host.num_passes(config),
-                                       {m: _properties(h, m) for m in self.metrics})
-
-            setup = _keep.host_for(self.device, self.chip, (tuple(self.metrics), self._groups), make)
+            if self._unchecked:  # not kept for other sessions until checked against the device's counters
+                setup = self._host_setup(None)
+            else:
+                setup = _keep.host_for(self.device, self.chip, (tuple(self.metrics), self._groups),
+                                       lambda: self._host_setup(self._availability))
             self._host, self._config, self.passes = setup.host, setup.config, setup.passes
             self.properties = {m: dict(p) for m, p in setup.properties.items()}
         except BaseException:
@@ -267,6 +267,49 @@ class Profiler(UserRanges, PerLaunchModes):
         self._dataset = None
         self._rows: list[dict] = []
         self._notes: dict = {}
+
+    def _query_availability(self):
+        """PM sampling's counter-availability image of the device (kept per device and process); another process
+        holding the counters is asked to give them back first (:func:`gpuscope._gpu.keep.retry_when_busy`)."""
+        from gpuscope._gpu import keep as _keep
+        from gpuscope.cupti import profiler
+
+        return _keep.retry_when_busy(self.device, lambda: profiler.pm_counter_availability(self.device),
+                                     _keep.RANGE_SESSION)
+
+    def _host_setup(self, availability):
+        """The CUPTI host object, config image, pass count and metric properties of this session's metrics."""
+        from gpuscope._gpu import keep as _keep
+        from gpuscope.cupti import host
+        from gpuscope.cupti._types import ProfilerType
+
+        h = host.ProfilerHost(self.chip, ProfilerType.RANGE_PROFILER, availability)
+        if self._groups:
+            for group in self._groups:
+                h.add_pass_group(group)
+        else:
+            h.add_metrics(self.metrics)
+        config = h.config_image()
+        config.flags.writeable = False
+        return _keep.HostSetup(h, config, host.num_passes(config), {m: _properties(h, m) for m in self.metrics})
+
+    def _check_availability(self) -> None:
+        """On the first Start's thread, before the Enable: the availability query the constructor left to it
+        (:attr:`first_start_beside`), and the config image made with its answer. Where that image differs from the
+        one made without it (a counter the device cannot give), the session takes it and its pass count; either
+        way, it is what later sessions of the process reuse."""
+        from gpuscope._gpu import keep as _keep
+
+        if not self._unchecked:
+            return
+        self._availability = self._query_availability()
+        checked = self._host_setup(self._availability)
+        self._unchecked = False
+        if bytes(checked.config) != bytes(self._config):
+            self._host, self._config, self.passes = checked.host, checked.config, checked.passes
+            self.cycles = self.passes * self.max_depth
+            self._notes["config_changed_by_availability"] = 1
+        _keep.host_for(self.device, self.chip, (tuple(self.metrics), self._groups), lambda: checked)
 
     def __repr__(self):
         mode = self.mode.value if self.mode_used is self.mode else f"{self.mode.value}->{self.mode_used.value}"
@@ -323,10 +366,13 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._configure(ProfilerRange.USER, ReplayMode.USER, self.max_ranges, self.max_depth)
             elif self.mode is Mode.ITERATION:
                 self._use_iteration()
-            else:  # kernel, or auto until it chooses: configured here, not in a launch callback
-                self._configure(ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
+            else:  # kernel, or auto until it chooses: configured here (or on the first Start's thread), not in a
+                # launch callback
+                kernel_replay = (ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
                 if self.first_start_beside and self._nvtx_filter is None:
-                    self._start_first_soon()
+                    self._start_first_soon(kernel_replay)
+                else:
+                    self._configure(*kernel_replay)
                 if self.mode is Mode.KERNEL:
                     self._use_kernel()
             if self.mode is Mode.USER and self.continuous:
@@ -387,12 +433,17 @@ class Profiler(UserRanges, PerLaunchModes):
         if self._collector is not None:
             self._collector.rp = self._rp
 
-    def _start_first_soon(self) -> None:
-        """The first ``cuptiRangeProfilerStart`` of kernel replay on a thread (:attr:`first_start_beside`);
-        :meth:`_first_started` waits for it."""
+    def _start_first_soon(self, configure: tuple | None = None) -> None:
+        """The first ``cuptiRangeProfilerStart`` of kernel replay on a thread (:attr:`first_start_beside`), after
+        the availability query and check the constructor left to it and, with *configure* (:meth:`_configure`'s
+        arguments), the Enable and SetConfig; :meth:`_first_started` waits for it. Nothing else of the session
+        touches ``self._rp`` until then."""
         def first():
             try:
                 self._context.make_current()
+                if configure is not None:
+                    self._check_availability()
+                    self._configure(*configure)
                 self._start_first()
             except BaseException as exc:  # noqa: BLE001  said where the session is next used
                 self._first_error = exc
@@ -409,6 +460,8 @@ class Profiler(UserRanges, PerLaunchModes):
             thread.join()
             self._first_thread = None
             if self._first_error is not None:  # nothing started: nothing to stop at the close
+                _warn(f"gpuscope: the session could not start ({self._first_error}); nothing is profiled, and its "
+                      "close raises this error.")
                 self._first_began = self._running = False
                 if self._collector is not None:
                     self._collector.running = False

@@ -333,3 +333,27 @@ def test_results_modules_load_while_the_session_starts_and_no_thread_is_left_for
     assert sorted(map(str, order[:3])) == ["import begins", "import ends", "session enters"]
     assert order.index("session enters") < order.index("import ends")
     assert order[3][0] == "script" and "gpuscope-run-imports" not in order[3][1]
+
+
+def test_the_session_is_made_with_its_first_start_beside_the_script_unless_turned_off(monkeypatch, tmp_path, capsys):
+    """``gpuscope run`` asks the Profiler at construction for the first Start beside the script (so that it leaves
+    the availability query to that thread too); GPUSCOPE_FIRST_START_BESIDE=0 does not, nor is a Profiler without
+    the option given it."""
+    class BesideProfiler(FakeProfiler):
+        def __init__(self, metrics, device=0, *, first_start_beside=False, **kwargs):
+            super().__init__(metrics, device, **kwargs)
+            self.args["first_start_beside"] = first_start_beside
+
+    monkeypatch.setattr(_session, "Profiler", BesideProfiler)
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    path = script(tmp_path, "pass\n")
+    FakeProfiler.made = []
+    assert cli.main(["run", "--no-report", str(path)]) == 0
+    monkeypatch.setenv(_run.FIRST_START_VAR, "0")
+    assert cli.main(["run", "--no-report", str(path)]) == 0
+    assert [p.args["first_start_beside"] for p in FakeProfiler.made] == [True, False]
+    monkeypatch.delenv(_run.FIRST_START_VAR)
+    monkeypatch.setattr(_session, "Profiler", FakeProfiler)
+    assert cli.main(["run", "--no-report", str(path)]) == 0  # no such option: not given
+    assert "first_start_beside" not in FakeProfiler.made[-1].args
+    capsys.readouterr()
