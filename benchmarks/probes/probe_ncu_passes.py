@@ -1,0 +1,178 @@
+"""Probe: which pass of a kernel replay each of the ``topdown`` set's values comes from, in ncu and in gpuscope.
+
+Run on the GPU machine from the repository root:
+
+    source tests/gpu/device_env.sh; python3 benchmarks/probes/probe_ncu_passes.py --out $OUT/passes
+
+Neither tool says which pass collected which counter, so the kernel tells: ``timed_work`` reads the GPU's
+``%globaltimer`` when it starts and runs ``base * (1 + sqrt(us since t0) / 8)`` iterations of the same loop, ``t0``
+being the timer just before the launch. Each replay pass runs later than the one before, so it does more of the
+same work; the stall mix per iteration stays the same. Run once so (``scaled``) and once with ``base`` iterations in
+every pass (``flat``), each ``*_per_warp_active.pct`` share's ratio scaled / flat is the work of the pass of its
+stall counter over the work of the pass of its denominator (``smsp__warps_active``): 1 where both are one pass,
+more where the stall counter came later. ``gpu__time_duration.sum`` and ``sm__cycles_elapsed.max`` give their
+pass's work itself; ``smsp__inst_executed.avg.per_cycle_active`` the ratio of two passes' work again.
+
+The same is done for gpuscope in kernel mode with its pass plan (whose layout is known: the check that the method
+reads passes right) and with CUPTI's own schedule (``pass_groups="cupti"``). Writes ``passes.json`` (every value of
+every launch) and prints, per metric, the median ratio for each tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe_pass_consistency import run_ncu  # noqa: E402
+
+SOURCE = r"""
+extern "C" __global__ void now(long long* out) {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    out[0] = t;
+}
+
+extern "C" __global__ void timed_work(const float* __restrict__ src, float* dst, long long t0, int scaled,
+                                      int base, unsigned n) {
+    __shared__ int loops;
+    if (threadIdx.x == 0) {
+        long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        double us = (t - t0) * 1e-3;
+        loops = scaled ? (int)(base * (1.0 + sqrt(us > 0.0 ? us : 0.0) / 8.0)) : base;
+    }
+    __syncthreads();
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned idx = i;
+    float acc = 0.f;
+    for (int k = 0; k < loops; ++k) {
+        idx = (idx * 1664525u + 1013904223u) % n;
+        acc = fmaf(acc, 0.999f, src[idx]);
+        acc = fmaf(acc, 1.0001f, 0.5f);
+    }
+    dst[i] = acc;
+}
+"""
+
+
+class TimedWork:
+    def __init__(self, base: int):
+        import cupy as cp
+
+        self.cp, self.base = cp, base
+        module = cp.RawModule(code=SOURCE)
+        self.now, self.work = module.get_function("now"), module.get_function("timed_work")
+        self.n = 1 << 24
+        self.src = cp.random.random(self.n, dtype=cp.float32)
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self.grid, self.block = (sms * 4,), (256,)  # one wave: every block starts with the pass
+        self.dst = cp.zeros(self.grid[0] * self.block[0], dtype=cp.float32)
+        self.stamp = cp.zeros(1, dtype=cp.int64)
+
+    def launch(self, scaled: bool) -> None:
+        cp = self.cp
+        self.now((1,), (1,), (self.stamp,))
+        t0 = int(self.stamp.get()[0])  # synchronises: the launch below starts a few tens of us after t0
+        self.work(self.grid, self.block, (self.src, self.dst, cp.int64(t0), cp.int32(int(scaled)),
+                                          cp.int32(self.base), cp.uint32(self.n)))
+        cp.cuda.Device().synchronize()
+
+
+def child(scaled: bool, launches: int, base: int) -> None:
+    work = TimedWork(base)
+    work.launch(False)  # compiled and warm before the profiled launches
+    work.cp.cuda.runtime.profilerStart()
+    for _ in range(launches):
+        work.launch(scaled)
+    work.cp.cuda.runtime.profilerStop()
+
+
+def gpuscope_rows(work, metrics, scaled: bool, launches: int, groups) -> list[dict]:
+    import gpuscope as gs
+
+    with gs.Profiler(metrics=metrics, mode="kernel", kernels=["timed_work"], pass_groups=groups) as prof:
+        for _ in range(launches):
+            work.launch(scaled)
+    ds = prof.dataset
+    return [{m: float(ds[m].values[i]) for m in metrics if m in ds} for i in range(ds.sizes["range"])]
+
+
+def ratios(scaled: list[dict], flat: list[dict], metrics) -> dict:
+    out = {}
+    for m in metrics:
+        a = np.array([r.get(m, np.nan) for r in scaled], dtype=float)
+        b = np.array([r.get(m, np.nan) for r in flat], dtype=float)
+        if a.size and b.size and np.nanmedian(b) != 0:
+            r = a / np.nanmedian(b)
+            out[m] = {"median": float(np.nanmedian(r)), "min": float(np.nanmin(r)), "max": float(np.nanmax(r))}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", nargs="?", default="probe", choices=("probe", "scaled", "flat"))
+    ap.add_argument("--launches", type=int, default=10)
+    ap.add_argument("--base", type=int, default=64)
+    ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    ap.add_argument("--out", default="passes_out")
+    args = ap.parse_args()
+    if args.mode != "probe":
+        child(args.mode == "scaled", args.launches, args.base)
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import gpuscope as gs
+
+    metrics = list(gs.metric_set("topdown").metrics)
+    work = TimedWork(args.base)
+    work.launch(False)
+    start = work.cp.cuda.Event(), work.cp.cuda.Event()
+    start[0].record()
+    work.launch(False)
+    start[1].record()
+    start[1].synchronize()
+    results = {"flat_launch_ms": work.cp.cuda.get_elapsed_time(*start)}
+    for label, groups in (("gpuscope_plan", None), ("gpuscope_cupti", "cupti")):
+        for scaled in (True, False):
+            key = f"{label}_{'scaled' if scaled else 'flat'}"
+            try:
+                results[key] = {"rows": gpuscope_rows(work, metrics, scaled, args.launches, groups)}
+            except Exception as exc:
+                results[key] = {"error": repr(exc)}
+            print(key, len(results[key].get("rows", ())), results[key].get("error", ""), flush=True)
+    gs.release()
+    for scaled in ("scaled", "flat"):
+        key = f"ncu_{scaled}"
+        try:
+            results[key] = run_ncu(args.ncu, metrics, 0, extra=("-k", "regex:timed_work", "--print-units", "base"),
+                                   child=[__file__, scaled, "--launches", str(args.launches), "--base", str(args.base)])
+        except Exception as exc:
+            results[key] = {"error": repr(exc)}
+        print(key, len(results[key].get("rows", ())), results[key].get("error", "")[:300], flush=True)
+    table = {}
+    for tool in ("ncu", "gpuscope_plan", "gpuscope_cupti"):
+        a, b = results.get(f"{tool}_scaled", {}), results.get(f"{tool}_flat", {})
+        if "rows" in a and "rows" in b:
+            table[tool] = ratios(a["rows"], b["rows"], metrics)
+    results["ratios"] = table
+    (out / "passes.json").write_text(json.dumps(results))
+    print(f"flat launch {results['flat_launch_ms']:.3f} ms; scaled/flat, median over {args.launches} launches:")
+    tools = list(table)
+    print("| metric | " + " | ".join(tools) + " |")
+    print("|---|" + "---|" * len(tools))
+    for m in metrics:
+        short = m.replace("smsp__warp_issue_stalled_", "").replace("_per_warp_active.pct", "")
+        cells = [f"{table[t][m]['median']:.2f}" if m in table[t] else "" for t in tools]
+        print(f"| {short} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
