@@ -5,8 +5,8 @@ Run on the GPU machine from the repository root:
     source tests/gpu/device_env.sh; python3 benchmarks/probes/probe_ncu_passes.py --out $OUT/passes
 
 Neither tool says which pass collected which counter, so the kernel tells: ``timed_work`` reads the GPU's
-``%globaltimer`` when it starts and runs ``base * (1 + sqrt(us since t0) / 8)`` iterations of the same loop, ``t0``
-being the timer just before the launch. Each replay pass runs later than the one before, so it does more of the
+``%globaltimer`` when it starts and runs ``base * (1 + (us since t0) / scale_us)`` iterations of the same loop,
+``t0`` being the timer just before the launch. Each replay pass runs later than the one before, so it does more of the
 same work; the stall mix per iteration stays the same. Run once so (``scaled``) and once with ``base`` iterations in
 every pass (``flat``), each ``*_per_warp_active.pct`` share's ratio scaled / flat is the work of the pass of its
 stall counter over the work of the pass of its denominator (``smsp__warps_active``): 1 where both are one pass,
@@ -41,13 +41,13 @@ extern "C" __global__ void now(long long* out) {
 }
 
 extern "C" __global__ void timed_work(const float* __restrict__ src, float* dst, long long t0, int scaled,
-                                      int base, unsigned n) {
+                                      int base, unsigned n, double scale_us) {
     __shared__ int loops;
     if (threadIdx.x == 0) {
         long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         double us = (t - t0) * 1e-3;
-        loops = scaled ? (int)(base * (1.0 + sqrt(us > 0.0 ? us : 0.0) / 8.0)) : base;
+        loops = scaled ? (int)(base * (1.0 + (us > 0.0 ? us : 0.0) / scale_us)) : base;
     }
     __syncthreads();
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -64,10 +64,10 @@ extern "C" __global__ void timed_work(const float* __restrict__ src, float* dst,
 
 
 class TimedWork:
-    def __init__(self, base: int):
+    def __init__(self, base: int, scale_us: float):
         import cupy as cp
 
-        self.cp, self.base = cp, base
+        self.cp, self.base, self.scale_us = cp, base, scale_us
         module = cp.RawModule(code=SOURCE)
         self.now, self.work = module.get_function("now"), module.get_function("timed_work")
         self.n = 1 << 24
@@ -82,12 +82,12 @@ class TimedWork:
         self.now((1,), (1,), (self.stamp,))
         t0 = int(self.stamp.get()[0])  # synchronises: the launch below starts a few tens of us after t0
         self.work(self.grid, self.block, (self.src, self.dst, cp.int64(t0), cp.int32(int(scaled)),
-                                          cp.int32(self.base), cp.uint32(self.n)))
+                                          cp.int32(self.base), cp.uint32(self.n), cp.float64(self.scale_us)))
         cp.cuda.Device().synchronize()
 
 
-def child(scaled: bool, launches: int, base: int) -> None:
-    work = TimedWork(base)
+def child(scaled: bool, launches: int, base: int, scale_us: float) -> None:
+    work = TimedWork(base, scale_us)
     work.launch(False)  # compiled and warm before the profiled launches
     work.cp.cuda.runtime.profilerStart()
     for _ in range(launches):
@@ -102,7 +102,8 @@ def gpuscope_rows(work, metrics, scaled: bool, launches: int, groups) -> list[di
         for _ in range(launches):
             work.launch(scaled)
     ds = prof.dataset
-    return [{m: float(ds[m].values[i]) for m in metrics if m in ds} for i in range(ds.sizes["range"])]
+    names = [m for m in ds.data_vars if ds[m].dims == ("range",) and ds[m].dtype.kind == "f"]  # raw counters too
+    return [{m: float(ds[m].values[i]) for m in names} for i in range(ds.sizes["range"])]
 
 
 def ratios(scaled: list[dict], flat: list[dict], metrics) -> dict:
@@ -116,23 +117,30 @@ def ratios(scaled: list[dict], flat: list[dict], metrics) -> dict:
     return out
 
 
+def work_chip() -> str:
+    from gpuscope.cupti import profiler
+
+    return profiler.chip_name(0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", nargs="?", default="probe", choices=("probe", "scaled", "flat"))
-    ap.add_argument("--launches", type=int, default=10)
-    ap.add_argument("--base", type=int, default=64)
+    ap.add_argument("--launches", type=int, default=6)
+    ap.add_argument("--base", type=int, default=512, help="loop iterations of an unscaled pass (about 1.4 ms)")
+    ap.add_argument("--scale-us", type=float, default=2000.0, help="one more base of iterations every this many us")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--out", default="passes_out")
     args = ap.parse_args()
     if args.mode != "probe":
-        child(args.mode == "scaled", args.launches, args.base)
+        child(args.mode == "scaled", args.launches, args.base, args.scale_us)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import gpuscope as gs
 
     metrics = list(gs.metric_set("topdown").metrics)
-    work = TimedWork(args.base)
+    work = TimedWork(args.base, args.scale_us)
     work.launch(False)
     start = work.cp.cuda.Event(), work.cp.cuda.Event()
     start[0].record()
@@ -153,7 +161,8 @@ def main():
         key = f"ncu_{scaled}"
         try:
             results[key] = run_ncu(args.ncu, metrics, 0, extra=("-k", "regex:timed_work", "--print-units", "base"),
-                                   child=[__file__, scaled, "--launches", str(args.launches), "--base", str(args.base)])
+                                   child=[__file__, scaled, "--launches", str(args.launches), "--base", str(args.base),
+                                          "--scale-us", str(args.scale_us)])
         except Exception as exc:
             results[key] = {"error": repr(exc)}
         print(key, len(results[key].get("rows", ())), results[key].get("error", "")[:300], flush=True)
@@ -161,7 +170,13 @@ def main():
     for tool in ("ncu", "gpuscope_plan", "gpuscope_cupti"):
         a, b = results.get(f"{tool}_scaled", {}), results.get(f"{tool}_flat", {})
         if "rows" in a and "rows" in b:
-            table[tool] = ratios(a["rows"], b["rows"], metrics)
+            table[tool] = ratios(a["rows"], b["rows"], sorted(set(a["rows"][0]) & set(b["rows"][0])))
+    from gpuscope._gpu import metric_lists as lists
+
+    try:
+        results["plan_groups"] = [list(g) for g in lists.consistent_plan(tuple(metrics), work_chip()).groups]
+    except Exception as exc:  # the table does not need it
+        results["plan_groups"] = repr(exc)
     results["ratios"] = table
     (out / "passes.json").write_text(json.dumps(results))
     print(f"flat launch {results['flat_launch_ms']:.3f} ms; scaled/flat, median over {args.launches} launches:")
