@@ -166,11 +166,13 @@ def main():
         except Exception as exc:
             results[key] = {"error": repr(exc)}
         print(key, len(results[key].get("rows", ())), results[key].get("error", "")[:300], flush=True)
+    (out / "passes.json").write_text(json.dumps(results))
     table = {}
     for tool in ("ncu", "gpuscope_plan", "gpuscope_cupti"):
         a, b = results.get(f"{tool}_scaled", {}), results.get(f"{tool}_flat", {})
         if "rows" in a and "rows" in b:
-            table[tool] = ratios(a["rows"], b["rows"], sorted(set(a["rows"][0]) & set(b["rows"][0])))
+            names = [m for m in a["rows"][0] if m in b["rows"][0] and isinstance(a["rows"][0][m], float)]
+            table[tool] = ratios(a["rows"], b["rows"], sorted(names))
     from gpuscope._gpu import metric_lists as lists
 
     try:
