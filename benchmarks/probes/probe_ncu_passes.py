@@ -13,9 +13,12 @@ stall counter over the work of the pass of its denominator (``smsp__warps_active
 more where the stall counter came later. ``gpu__time_duration.sum`` and ``sm__cycles_elapsed.max`` give their
 pass's work itself; ``smsp__inst_executed.avg.per_cycle_active`` the ratio of two passes' work again.
 
-The same is done for gpuscope in kernel mode with its pass plan (whose layout is known: the check that the method
-reads passes right) and with CUPTI's own schedule (``pass_groups="cupti"``). Writes ``passes.json`` (every value of
-every launch) and prints, per metric, the median ratio for each tool.
+ncu runs twice more with the raw counters behind the ratios asked as well (``ncu_raw``; they are the counters its
+ratios are made of, so its schedule should not change, which the ratios of both runs check): each raw counter's
+scaled / flat ratio is the work of its own pass. The default kernel, ``mixed_work``, stalls for most reasons, so
+that every reason's counter is large enough to be placed; ``timed_work`` is global loads and FMAs only. The same is
+done for gpuscope in kernel mode with its pass plan, whose layout is known: the check that the method reads passes
+right. Writes ``passes.json`` (every value of every launch) and prints, per metric, the median ratio for each tool.
 """
 
 from __future__ import annotations
@@ -60,16 +63,63 @@ extern "C" __global__ void timed_work(const float* __restrict__ src, float* dst,
     }
     dst[i] = acc;
 }
+
+__constant__ float ctab[4096];
+
+// The same scaling over a loop that stalls for most reasons: global loads (long_scoreboard, lg_throttle), a
+// divergent constant-memory index (imc_miss), divergent MUFU work (branch_resolving, short_scoreboard,
+// math_pipe_throttle), shared-memory atomics (mio_throttle), __syncthreads (barrier), __threadfence (membar),
+// __nanosleep (sleeping) and dependent FMAs (wait).
+extern "C" __global__ void mixed_work(const float* __restrict__ src, float* dst, long long t0, int scaled,
+                                      int base, unsigned n, double scale_us) {
+    __shared__ int loops;
+    __shared__ float sh[256];
+    sh[threadIdx.x & 255] = 0.f;
+    if (threadIdx.x == 0) {
+        long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        double us = (t - t0) * 1e-3;
+        loops = scaled ? (int)(base * (1.0 + (us > 0.0 ? us : 0.0) / scale_us)) : base;
+    }
+    __syncthreads();
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned idx = i, lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int k = 0; k < loops; ++k) {
+        idx = (idx * 1664525u + 1013904223u) % n;
+        acc = fmaf(acc, 0.999f, src[idx]);
+        acc += ctab[(idx >> 5) & 4095];
+        if (lane & 1) acc = __sinf(acc) * 1.0001f;
+        else acc = __expf(-fabsf(acc)) + __fsqrt_rn(fabsf(acc));
+        atomicAdd(&sh[idx & 255], 1.0f);
+        if ((k & 7) == 0) __syncthreads();
+        if ((k & 15) == 0) __threadfence();
+        if ((k & 31) == 0) __nanosleep(200);
+        for (int j = 0; j < 4; ++j) acc = fmaf(acc, 1.0001f, 0.5f);
+    }
+    __syncthreads();
+    dst[i] = acc + sh[threadIdx.x & 255];
+}
 """
+
+#: The raw counters behind the set's ratios, asked of ncu beside the ratios (``--raw``): their own scaled / flat
+#: ratio is the work of the pass that collected each, with no denominator in between.
+RAW = ["smsp__warps_active.sum", "smsp__cycles_active.sum", "smsp__inst_executed.sum", "smsp__inst_issued.sum",
+       "smsp__thread_inst_executed.sum"] + [f"smsp__warps_issue_stalled_{r}.sum" for r in (
+           "no_instruction", "barrier", "membar", "branch_resolving", "sleeping", "misc", "dispatch_stall",
+           "math_pipe_throttle", "long_scoreboard", "imc_miss", "mio_throttle", "drain", "lg_throttle",
+           "short_scoreboard", "wait", "tex_throttle", "selected", "not_selected")]
 
 
 class TimedWork:
-    def __init__(self, base: int, scale_us: float):
+    def __init__(self, base: int, scale_us: float, kernel: str = "mixed_work"):
         import cupy as cp
 
-        self.cp, self.base, self.scale_us = cp, base, scale_us
+        self.cp, self.base, self.scale_us, self.kernel = cp, base, scale_us, kernel
         module = cp.RawModule(code=SOURCE)
-        self.now, self.work = module.get_function("now"), module.get_function("timed_work")
+        self.now, self.work = module.get_function("now"), module.get_function(kernel)
+        table = module.get_global("ctab")
+        cp.ndarray((4096,), cp.float32, table).set(np.linspace(0.0, 1.0, 4096, dtype=np.float32))
         self.n = 1 << 24
         self.src = cp.random.random(self.n, dtype=cp.float32)
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -86,8 +136,8 @@ class TimedWork:
         cp.cuda.Device().synchronize()
 
 
-def child(scaled: bool, launches: int, base: int, scale_us: float) -> None:
-    work = TimedWork(base, scale_us)
+def child(scaled: bool, launches: int, base: int, scale_us: float, kernel: str) -> None:
+    work = TimedWork(base, scale_us, kernel)
     work.launch(False)  # compiled and warm before the profiled launches
     work.cp.cuda.runtime.profilerStart()
     for _ in range(launches):
@@ -98,7 +148,7 @@ def child(scaled: bool, launches: int, base: int, scale_us: float) -> None:
 def gpuscope_rows(work, metrics, scaled: bool, launches: int, groups) -> list[dict]:
     import gpuscope as gs
 
-    with gs.Profiler(metrics=metrics, mode="kernel", kernels=["timed_work"], pass_groups=groups) as prof:
+    with gs.Profiler(metrics=metrics, mode="kernel", kernels=[work.kernel], pass_groups=groups) as prof:
         for _ in range(launches):
             work.launch(scaled)
     ds = prof.dataset
@@ -127,20 +177,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", nargs="?", default="probe", choices=("probe", "scaled", "flat"))
     ap.add_argument("--launches", type=int, default=6)
+    ap.add_argument("--kernel", default="mixed_work", choices=("mixed_work", "timed_work"))
     ap.add_argument("--base", type=int, default=512, help="loop iterations of an unscaled pass (about 1.4 ms)")
     ap.add_argument("--scale-us", type=float, default=2000.0, help="one more base of iterations every this many us")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--out", default="passes_out")
     args = ap.parse_args()
     if args.mode != "probe":
-        child(args.mode == "scaled", args.launches, args.base, args.scale_us)
+        child(args.mode == "scaled", args.launches, args.base, args.scale_us, args.kernel)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import gpuscope as gs
 
     metrics = list(gs.metric_set("topdown").metrics)
-    work = TimedWork(args.base, args.scale_us)
+    work = TimedWork(args.base, args.scale_us, args.kernel)
     work.launch(False)
     start = work.cp.cuda.Event(), work.cp.cuda.Event()
     start[0].record()
@@ -148,7 +199,7 @@ def main():
     start[1].record()
     start[1].synchronize()
     results = {"flat_launch_ms": work.cp.cuda.get_elapsed_time(*start)}
-    for label, groups in (("gpuscope_plan", None), ("gpuscope_cupti", "cupti")):
+    for label, groups in (("gpuscope_plan", None),):
         for scaled in (True, False):
             key = f"{label}_{'scaled' if scaled else 'flat'}"
             try:
@@ -157,18 +208,20 @@ def main():
                 results[key] = {"error": repr(exc)}
             print(key, len(results[key].get("rows", ())), results[key].get("error", ""), flush=True)
     gs.release()
-    for scaled in ("scaled", "flat"):
-        key = f"ncu_{scaled}"
-        try:
-            results[key] = run_ncu(args.ncu, metrics, 0, extra=("-k", "regex:timed_work", "--print-units", "base"),
-                                   child=[__file__, scaled, "--launches", str(args.launches), "--base", str(args.base),
-                                          "--scale-us", str(args.scale_us)])
-        except Exception as exc:
-            results[key] = {"error": repr(exc)}
-        print(key, len(results[key].get("rows", ())), results[key].get("error", "")[:300], flush=True)
+    for tool, asked in (("ncu", metrics), ("ncu_raw", metrics + RAW)):
+        for scaled in ("scaled", "flat"):
+            key = f"{tool}_{scaled}"
+            child_args = [__file__, scaled, "--launches", str(args.launches), "--base", str(args.base),
+                          "--scale-us", str(args.scale_us), "--kernel", args.kernel]
+            try:
+                results[key] = run_ncu(args.ncu, asked, 0, child=child_args,
+                                       extra=("-k", f"regex:{args.kernel}", "--print-units", "base"))
+            except Exception as exc:
+                results[key] = {"error": repr(exc)}
+            print(key, len(results[key].get("rows", ())), results[key].get("error", "")[:300], flush=True)
     (out / "passes.json").write_text(json.dumps(results))
     table = {}
-    for tool in ("ncu", "gpuscope_plan", "gpuscope_cupti"):
+    for tool in ("ncu", "ncu_raw", "gpuscope_plan"):
         a, b = results.get(f"{tool}_scaled", {}), results.get(f"{tool}_flat", {})
         if "rows" in a and "rows" in b:
             names = [m for m in a["rows"][0] if m in b["rows"][0] and isinstance(a["rows"][0][m], float)]
@@ -185,7 +238,7 @@ def main():
     tools = list(table)
     print("| metric | " + " | ".join(tools) + " |")
     print("|---|" + "---|" * len(tools))
-    for m in metrics:
+    for m in list(metrics) + RAW + ["sm__warps_active.sum"]:
         short = m.replace("smsp__warp_issue_stalled_", "").replace("_per_warp_active.pct", "")
         cells = [f"{table[t][m]['median']:.2f}" if m in table[t] else "" for t in tools]
         print(f"| {short} | " + " | ".join(cells) + " |")
