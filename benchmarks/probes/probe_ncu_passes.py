@@ -50,7 +50,7 @@ extern "C" __global__ void timed_work(const float* __restrict__ src, float* dst,
         long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         double us = (t - t0) * 1e-3;
-        loops = scaled ? (int)(base * (1.0 + (us > 0.0 ? us : 0.0) / scale_us)) : base;
+        loops = scaled ? (int)(base * fmin(1.0 + (us > 0.0 ? us : 0.0) / scale_us, 1000.0)) : base;
     }
     __syncthreads();
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -79,7 +79,7 @@ extern "C" __global__ void mixed_work(const float* __restrict__ src, float* dst,
         long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         double us = (t - t0) * 1e-3;
-        loops = scaled ? (int)(base * (1.0 + (us > 0.0 ? us : 0.0) / scale_us)) : base;
+        loops = scaled ? (int)(base * fmin(1.0 + (us > 0.0 ? us : 0.0) / scale_us, 1000.0)) : base;
     }
     __syncthreads();
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -179,7 +179,8 @@ def main():
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--kernel", default="mixed_work", choices=("mixed_work", "timed_work"))
     ap.add_argument("--base", type=int, default=512, help="loop iterations of an unscaled pass (about 1.4 ms)")
-    ap.add_argument("--scale-us", type=float, default=2000.0, help="one more base of iterations every this many us")
+    ap.add_argument("--scale-us", type=float, default=2000.0, help="one more base of iterations every this many us "
+                    "(the probe sets it to two flat passes, and base to make a flat pass 1.5 ms)")
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--out", default="passes_out")
     args = ap.parse_args()
@@ -193,12 +194,24 @@ def main():
     metrics = list(gs.metric_set("topdown").metrics)
     work = TimedWork(args.base, args.scale_us, args.kernel)
     work.launch(False)
-    start = work.cp.cuda.Event(), work.cp.cuda.Event()
-    start[0].record()
-    work.launch(False)
-    start[1].record()
-    start[1].synchronize()
-    results = {"flat_launch_ms": work.cp.cuda.get_elapsed_time(*start)}
+
+    def flat_ms() -> float:
+        start = work.cp.cuda.Event(), work.cp.cuda.Event()
+        start[0].record()
+        work.launch(False)
+        start[1].record()
+        start[1].synchronize()
+        return work.cp.cuda.get_elapsed_time(*start)
+
+    # about 1.5 ms a flat pass, and one more base every two of them: each pass then does about 1.75 times the
+    # work of the pass before (a later pass starts after the passes before it ran, so the growth compounds)
+    first = flat_ms()
+    work.base = args.base = max(4, int(args.base * 1.5 / first))
+    results = {"flat_launch_ms": flat_ms(), "base": args.base}
+    work.scale_us = args.scale_us = 2000.0 * results["flat_launch_ms"]
+    results["scale_us"] = args.scale_us
+    print(f"base {args.base}: flat {results['flat_launch_ms']:.3f} ms (first {first:.3f} ms), scale {args.scale_us:.0f} us",
+          flush=True)
     for label, groups in (("gpuscope_plan", None),):
         for scaled in (True, False):
             key = f"{label}_{'scaled' if scaled else 'flat'}"
