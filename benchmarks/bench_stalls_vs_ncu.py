@@ -61,6 +61,34 @@ def collect(work, reps, metrics, mode, pass_groups):
             "launches": len(rows), "pass_anchors": anchors}
 
 
+def collect_layout(work, reps, groups):
+    """Kernel mode with *groups* (raw counters, one pass each, in pass order: ``--layout``), the set's values made
+    from them as ncu makes its own: each share its stall counter over ``smsp__warps_active.sum``, whichever pass
+    each came from."""
+    import gpuscope as gs
+
+    raw = list(dict.fromkeys(m for g in groups for m in g))
+    t0 = time.perf_counter()
+    with gs.Profiler(metrics=raw, mode="kernel", pass_groups=groups) as prof:
+        for _ in range(reps):
+            work.step()
+    ds = prof.dataset
+    wall = time.perf_counter() - t0
+    rows = []
+    for i, k in enumerate(ds["kernel"].values):
+        v = {m: float(ds[m].values[i]) for m in raw}
+        row = {"kernel": str(k), "gpu__time_duration.sum": v["gpu__time_duration.sum"],
+               "sm__cycles_elapsed.max": v["sm__cycles_elapsed.max"],
+               "smsp__inst_executed.avg.per_cycle_active": v["smsp__inst_executed.sum"] / v["smsp__cycles_active.sum"],
+               "smsp__inst_issued.avg.per_cycle_active": v["smsp__inst_issued.sum"] / v["smsp__cycles_active.sum"],
+               "smsp__thread_inst_executed_per_inst_executed.ratio":
+                   v["smsp__thread_inst_executed.sum"] / v["smsp__inst_executed.sum"]}
+        for r in REASONS:
+            row[PCT.format(r)] = 100 * v[f"smsp__warps_issue_stalled_{r}.sum"] / v["smsp__warps_active.sum"]
+        rows.append(row)
+    return {"rows": rows, "wall_s": wall, "passes": prof.passes, "launches": len(rows), "groups": groups}
+
+
 def fixture(work, metrics, pass_groups, path):
     """One rep's CuPy and Numba launches in kernel mode, the image kept for the CPU tests."""
     import gpuscope as gs
@@ -259,6 +287,11 @@ def main():
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--out", default="stalls_out")
     ap.add_argument("--app-runs", type=int, default=2, help="ncu runs with --replay-mode application (0: none)")
+    ap.add_argument("--layout", action="append", default=[], help="a JSON file of pass groups of raw counters in "
+                    "pass order: one more kernel-mode run, kernel_layout_<file's stem>, its shares made as ncu makes "
+                    "its own (benchmarks/probes/probe_ncu_passes.py); may be given more than once")
+    ap.add_argument("--only-kernel", action="store_true", help="kernel mode and ncu's kernel replay only (no "
+                    "iteration mode, PC sampling, fixtures or application replay)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,8 +302,16 @@ def main():
     work.step()
     work.step()
     results = {}
-    for mode in ("kernel", "iteration"):
-        for label, groups in (("plan", None), ("cupti", "cupti")):
+    for layout in map(Path, args.layout):
+        name = f"kernel_layout_{layout.stem}"
+        try:
+            results[name] = res = collect_layout(work, args.reps, json.loads(layout.read_text()))
+            print(f"{name}: {res['launches']} rows, {res['passes']} passes, {res['wall_s']:.1f} s", flush=True)
+        except Exception as exc:
+            results[name] = {"error": repr(exc)}
+            print(f"{name}: {exc!r}", flush=True)
+    for mode in ("kernel",) if args.only_kernel else ("kernel", "iteration"):
+        for label, groups in (("plan", None),) if args.only_kernel else (("plan", None), ("cupti", "cupti")):
             name = f"{mode}_{label}"
             try:
                 results[name] = collect(work, args.reps, metrics, mode, groups)
@@ -279,14 +320,18 @@ def main():
             except Exception as exc:
                 results[name] = {"error": repr(exc)}
                 print(f"{name}: {exc!r}", flush=True)
+    if args.only_kernel:
+        args.app_runs = 0
     try:
+        if args.only_kernel:
+            raise RuntimeError("--only-kernel")
         results["pc"] = collect_pc(work, args.reps)
         print(f"pc: {len(results['pc']['kernels'])} kernels, {results['pc']['total_samples']} samples, "
               f"{results['pc']['wall_s']:.1f} s", flush=True)
     except Exception as exc:
         results["pc"] = {"error": repr(exc)}
         print(f"pc: {exc!r}", flush=True)
-    for label, groups in (("plan", None), ("cupti", "cupti")):
+    for label, groups in () if args.only_kernel else (("plan", None), ("cupti", "cupti")):
         try:
             fixture(work, metrics, groups, out / f"fixture_{label}.npz")
         except Exception as exc:
