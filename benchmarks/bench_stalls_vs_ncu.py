@@ -9,11 +9,14 @@ The workload is :class:`probe_pass_consistency.Work` (``benchmarks/probes/``): a
 AdamW), CuPy 1 M-element elementwise kernels, a reduction and a small GEMM, and two long Numba kernels; ``--reps``
 steps after two warm-up steps. gpuscope collects the ``topdown`` set in kernel mode and in iteration mode, each with
 its consistent pass plan (the default) and with CUPTI's own schedule (``pass_groups="cupti"``, what gpuscope did
-before); ``ncu --clock-control none --cache-control none`` collects the same metrics on the same launches, twice.
+before), and in kernel mode with Nsight Compute's own pass layout too (``pass_groups="ncu"``);
+``ncu --clock-control none --cache-control none`` collects the same metrics on the same launches, twice.
 Per launch: the largest difference over the 18 ``*_per_warp_active.pct`` stall shares (percentage points), the sum
 of the shares, and the level-2 verdict of the Top-Down, against ``ncu_1``; ``ncu_2`` against ``ncu_1`` is the
 yardstick. Writes ``stalls.json`` (every row) and ``fixture_*.npz`` (one rep's CuPy and Numba launches with
 ``max_ranges=8``: the counter-data image, config and metric lists, for CPU tests), and prints the table.
+``--only-kernel`` runs kernel mode (plan and ncu's layout) and ncu's kernel replay only; ``--layout FILE`` adds a
+kernel-mode run with pass groups of raw counters read from a JSON file, its shares made as ncu makes its own.
 """
 
 from __future__ import annotations
@@ -311,7 +314,8 @@ def main():
             results[name] = {"error": repr(exc)}
             print(f"{name}: {exc!r}", flush=True)
     for mode in ("kernel",) if args.only_kernel else ("kernel", "iteration"):
-        for label, groups in (("plan", None),) if args.only_kernel else (("plan", None), ("cupti", "cupti")):
+        layouts = (("plan", None), ("cupti", "cupti")) + ((("ncu", "ncu"),) if mode == "kernel" else ())
+        for label, groups in layouts if not args.only_kernel else (("plan", None), ("ncu", "ncu")):
             name = f"{mode}_{label}"
             try:
                 results[name] = collect(work, args.reps, metrics, mode, groups)

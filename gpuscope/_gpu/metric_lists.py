@@ -254,6 +254,32 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
     return pass_plan.plan(metrics, cm.has, one_pass, cm.chip in pass_plan.SPREAD_CHIPS)
 
 
+@functools.lru_cache(maxsize=16)
+def ncu_layout_plan(metrics: tuple[str, ...], chip: str):
+    """The :func:`gpuscope._gpu.pass_plan.ncu_plan` of resolved *metrics* on *chip* (``pass_groups="ncu"``).
+
+    Raises
+    ------
+    ValueError
+        Nsight Compute's layout was not measured on *chip*, or *metrics* hold no warp-stall share it places.
+    """
+    from gpuscope._gpu import pass_plan
+    from gpuscope.cupti import host
+
+    cm = _chip_metrics(resolve_chip(chip), MetricKind.RANGE)
+    layout = pass_plan.NCU_LAYOUTS.get(cm.chip)
+    if layout is None:
+        raise ValueError(f"pass_groups='ncu': Nsight Compute's pass layout was measured on "
+                         f"{', '.join(sorted(pass_plan.NCU_LAYOUTS))} only, not on {cm.chip}; use the default "
+                         "pass_groups=None (each share's counters in one pass) or 'cupti'.")
+    found = pass_plan.ncu_plan(metrics, layout,
+                               lambda names: host.num_passes(config_image(list(names), cm.chip, "range")) == 1)
+    if found is None:
+        raise ValueError("pass_groups='ncu' lays out the warp-stall shares of the 'topdown' set "
+                         "(smsp__warp_issue_stalled_*_per_warp_active.pct); these metrics hold none it places.")
+    return found
+
+
 def _fits_a_stored_group(groups, names) -> bool:
     """Whether *names* is one pass by the stored *groups*: a subset of one of them, where the packing's
     :data:`~gpuscope._gpu.pass_plan.ANCHOR` may join any stall group (the packing tries each stall group with

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["ANCHOR", "CYCLES", "SPREAD_ANCHORS", "PassPlan", "plan"]
+__all__ = ["ANCHOR", "CYCLES", "NCU_ANCHOR", "NCU_LAYOUTS", "SPREAD_ANCHORS", "PassPlan", "ncu_plan", "plan"]
 
 #: The denominator collected with every stall group: active warp-cycles, counted per SM (it fits beside three stall
 #: counters on GH100 where ``smsp__warps_active`` fits beside two, so the plan needs no more passes than CUPTI's).
@@ -114,6 +114,7 @@ class PassPlan:
     derived: tuple[tuple[str, str, str, float], ...]
     anchors: tuple[str, ...] = ()
     several: bool = False
+    name: str = "consistent"
 
     def __post_init__(self):
         where = {m: i for i, m in enumerate(self.collected)}
@@ -152,7 +153,7 @@ class PassPlan:
 
     def attrs(self) -> dict:
         """Dataset attrs that record the plan: the groups, one string per pass, lead first."""
-        return {"pass_plan": "consistent", "pass_groups": [", ".join(g) for g in self.groups],
+        return {"pass_plan": self.name, "pass_groups": [", ".join(g) for g in self.groups],
                 "pass_anchors": list(self.anchors)}
 
 
@@ -254,3 +255,67 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
     requested = tuple(metrics) + tuple(a for a in anchors if a not in metrics)
     return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors), bool(several))
+
+
+def _stall(reason: str) -> str:
+    return f"smsp__warps_issue_stalled_{reason}.sum"
+
+
+#: The denominator of Nsight Compute's stall shares: active warp-cycles counted per SMSP.
+NCU_ANCHOR = "smsp__warps_active.sum"
+#: Nsight Compute's pass layout of the ``topdown`` set's counters, by chip, in pass order (``pass_groups="ncu"``).
+#: Measured on an H100 with ncu's kernel replay (``benchmarks/probes/probe_ncu_passes.py``: a kernel whose work
+#: grows with the time since its launch, so that each counter's value tells the pass that collected it). Every
+#: counter ncu's ratios are made of stood in one of six passes, each doing about 1.5 times the work of the one
+#: before (instructions, cycles and the duration; wait and sleeping; the denominator with dispatch_stall,
+#: branch_resolving and barrier; math_pipe_throttle, long_scoreboard and lg_throttle; membar, not_selected, misc;
+#: no_instruction, selected and short_scoreboard). mio_throttle came with the first pass, where CUPTI cannot add it
+#: to one pass: it goes to the first with room. imc_miss, drain and tex_throttle, which that kernel could not make
+#: grow, are where CUPTI has room for them, imc_miss in the second pass: with it in a last pass instead, the shares
+#: of kernels under 10 us differed from ncu's by 5.4 points (median of the largest difference) against 2.0
+#: (docs/measurements.md). 7 passes, as CUPTI's own schedule of the set.
+NCU_LAYOUTS = {
+    "GH100": (
+        ("gpu__time_duration.sum", "sm__cycles_elapsed.max", "smsp__inst_executed.sum", "smsp__inst_issued.sum",
+         "smsp__thread_inst_executed.sum", CYCLES),
+        (_stall("wait"), _stall("sleeping"), _stall("imc_miss")),
+        (NCU_ANCHOR, _stall("dispatch_stall"), _stall("branch_resolving"), _stall("barrier")),
+        (_stall("math_pipe_throttle"), _stall("long_scoreboard"), _stall("lg_throttle")),
+        (_stall("membar"), _stall("not_selected"), _stall("misc"), _stall("mio_throttle")),
+        (_stall("no_instruction"), _stall("selected"), _stall("short_scoreboard")),
+        (_stall("drain"), _stall("tex_throttle")),
+    ),
+}
+
+
+def ncu_plan(metrics: Sequence[str], layout: Sequence[Sequence[str]],
+             one_pass: Callable[[Sequence[str]], bool]) -> PassPlan | None:
+    """The stall shares of *metrics* collected in Nsight Compute's pass *layout* (:data:`NCU_LAYOUTS`), each share
+    its stall counter over :data:`NCU_ANCHOR` whichever passes they came from, as ncu computes it: the values of a
+    launch then agree with ncu's launch by launch, its inconsistencies on kernels of a few microseconds included.
+    None where *metrics* hold no stall share or one whose counter the layout lacks. The other requested metrics
+    join the first pass where they fit, else a last group that CUPTI schedules."""
+    metrics = list(dict.fromkeys(metrics))
+    placed = {m for g in layout for m in g}
+    derived: list[tuple[str, str, str, float]] = []
+    rest: list[str] = []
+    for m in metrics:
+        if found := _STALL.match(m):
+            raw = _stall(found.group(1))
+            if raw not in placed:
+                return None
+            derived.append((m, raw, NCU_ANCHOR, 100.0))
+        elif (pc := _PER_CYCLE.match(m)) and f"{pc.group(1)}.sum" in placed:
+            derived.append((m, f"{pc.group(1)}.sum", CYCLES, 1.0))
+        elif m == _THREAD_RATIO[0]:
+            derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
+        elif m not in placed:
+            rest.append(m)
+    if not any(_STALL.match(d[0]) for d in derived):
+        return None
+    first, several = list(layout[0]), []
+    for m in rest:
+        (first if one_pass([*first, m]) else several).append(m)
+    groups = (tuple(first), *(tuple(g) for g in layout[1:])) + ((tuple(several),) if several else ())
+    collected = tuple(dict.fromkeys(m for g in groups for m in g))
+    return PassPlan(tuple(metrics), collected, groups, tuple(derived), (), bool(several), name="ncu")

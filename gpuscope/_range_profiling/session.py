@@ -135,8 +135,11 @@ class Profiler(UserRanges, PerLaunchModes):
         ``topdown`` set), gpuscope's consistent plan (:mod:`gpuscope._gpu.pass_plan`): each share's counters in
         one pass, and no share in the first pass, which under kernel replay is the only one not replayed; the
         shares of kernels of a few microseconds then add up to 100% of warp-active cycles and agree with ncu
-        (``docs/topdown.md``). ``"cupti"``: CUPTI schedules the list as it likes. A list of lists: each list is a
-        pass group CUPTI schedules on its own (metrics in no list form one more group).
+        (``docs/topdown.md``). ``"ncu"``: Nsight Compute's own pass layout (measured on GH100: H100, H200), each
+        share its stall counter over a warp-active count of another pass, as ncu computes it: to compare with ncu
+        launch by launch, its inconsistencies on kernels under about 20 us included (their shares then need not
+        add up to 100%). ``"cupti"``: CUPTI schedules the list as it likes. A list of lists: each list is a pass
+        group CUPTI schedules on its own (metrics in no list form one more group).
 
     Attributes
     ----------
@@ -246,7 +249,10 @@ class Profiler(UserRanges, PerLaunchModes):
             if pass_groups is None:
                 self._plan = _lists.consistent_plan(tuple(self.metrics), self.chip)
                 self._groups = self._plan.groups if self._plan is not None else ()
-            elif pass_groups != "cupti":
+            elif isinstance(pass_groups, str) and pass_groups == "ncu":
+                self._plan = _lists.ncu_layout_plan(tuple(self.metrics), self.chip)
+                self._groups = self._plan.groups
+            elif not (isinstance(pass_groups, str) and pass_groups == "cupti"):
                 self._groups = _lists.checked_groups(pass_groups, self.metrics)
             if self._plan is not None:
                 self.metrics = list(self._plan.requested)  # with the per-pass clocks, so that the Dataset has them
