@@ -127,14 +127,17 @@ def test_agrees_with_ncu_launch_by_launch():
     # against 4.3 for the others)
     assert ok.any() and (~ok).any(), explained
     assert np.median(diff[ok]) < np.median(diff[~ok]), explained
-    # with ncu's own layout (pass_groups="ncu"), gpuscope follows ncu where ncu's shares do not add up, which the
-    # consistent plan cannot (measured under 10 us: 3.4 points against 7.7, ncu against itself 3.0)
+    # with ncu's own layout (pass_groups="ncu"), gpuscope's short-kernel shares add up about as rarely as ncu's do
+    # (measured: within 100 +/- 5% on 59-61% of launches under 10 us, ncu's 58%, the consistent plan's 94%)
     assert layout["attrs"]["pass_plan"] == "ncu" and layout["passes"] == 7
-    theirs = np.abs(np.array(layout["shares"]) - ref).max(axis=1)
-    off = (dur < 10) & (np.abs(ref.sum(axis=1) - 100) > 5)
-    assert off.sum() >= 5, explained
-    assert np.median(theirs[off]) < np.median(diff[off]), (np.round(theirs[off], 1), explained)
-    assert np.median(theirs[dur < 10]) < 10, np.round(theirs, 1)
+    theirs = np.array(layout["shares"])
+    short = dur < 10
+
+    def within(s):
+        return float(np.mean(np.abs(s[short].sum(axis=1) - 100) <= 5))
+
+    assert abs(within(theirs) - within(ref)) < abs(within(shares) - within(ref)), (within(theirs), within(ref))
+    assert np.median(np.abs(theirs - ref).max(axis=1)[short]) < 10, np.round(np.abs(theirs - ref).max(axis=1), 1)
 
 
 def _explain(shares, ref, diff, ok, ncu, attrs):
