@@ -73,6 +73,7 @@ def _run(args) -> int:
         output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
         kernel_times=args.kernel_times, force=args.force,
         nvtx=args.nvtx, nvtx_include=args.nvtx_include, nvtx_exclude=args.nvtx_exclude,
+        pass_groups=None if args.pass_groups == "plan" else args.pass_groups,
     )
     return _run.run_script(opts)
 
@@ -137,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default): iteration replay over the script's top-level gpuscope.range, or over the "
                         "loop found in its launch stream, kernel replay elsewhere; kernel: every launch replayed; "
                         "user: gpuscope.range blocks and decorated kernels")
+    r.add_argument("--pass-groups", choices=("plan", "ncu", "cupti"), default="plan",
+                   help="how the passes are laid out for warp-stall shares: plan (default): each share's counters in "
+                        "one pass; ncu: Nsight Compute's own layout (GH100), to compare with ncu launch by launch; "
+                        "cupti: CUPTI's schedule")
     r.add_argument("-k", "--kernels", "--kernel-name", dest="kernels", action="append", metavar="NAMES",
                    help="profile only these kernels: names (demangled, or parts of symbols) or regex:PATTERN, "
                         "comma-separated or repeated (a regex: entry is never split at its commas)")

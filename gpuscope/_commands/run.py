@@ -51,6 +51,7 @@ class RunOptions:
     nvtx: bool = False  # take the script's NVTX ranges as gpuscope ranges (NVTX routed to CUPTI before it starts)
     nvtx_include: list | None = None  # NVTX range patterns (imply nvtx)
     nvtx_exclude: list | None = None
+    pass_groups: str | None = None  # "ncu" or "cupti": how the passes are laid out (None: gpuscope's plan)
 
 
 class RunError(GpuscopeError, ValueError):
@@ -86,6 +87,8 @@ def check_options(opts: RunOptions) -> None:
                        "script.py [args...]; or a module: gpuscope run [options] -m module [args...]).")
     if opts.kernel_times and opts.sample is None:
         raise RunError("--kernel-times goes with --sample: range profiling records its kernels anyway.")
+    if opts.pass_groups is not None and opts.sample is not None:
+        raise RunError("--pass-groups lays out range profiling's passes; PM sampling (--sample) has one pass.")
     if not isinstance(opts.device, int):
         if opts.sample is None:
             raise RunError(f"--device {_device_text(opts.device)} goes with --sample (PM sampling of several "
@@ -156,6 +159,8 @@ def _profiler_kwargs(opts: RunOptions) -> dict:
             kwargs[name] = value
     if _takes_nvtx(opts):
         kwargs.update(_nvtx_kwargs(opts))
+    if opts.pass_groups is not None:
+        kwargs["pass_groups"] = opts.pass_groups
     return kwargs
 
 
@@ -197,7 +202,8 @@ def _check_supported(factory, kwargs) -> None:
     missing = [k for k in kwargs if k not in params]
     if missing:
         flags = {"kernels": "-k/--kernels", "exclude": "--exclude", "launch_skip": "--launch-skip",
-                 "launch_count": "--launch-count", "mode": "--mode", "nvtx": "--nvtx", "nvtx_exclude": "--nvtx-exclude"}
+                 "launch_count": "--launch-count", "mode": "--mode", "nvtx": "--nvtx", "nvtx_exclude": "--nvtx-exclude",
+                 "pass_groups": "--pass-groups"}
         raise RunError(f"This gpuscope's Profiler does not support {', '.join(flags.get(m, m) for m in missing)} "
                        "yet; run without it.")
 

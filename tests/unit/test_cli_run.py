@@ -357,3 +357,25 @@ def test_the_session_is_made_with_its_first_start_beside_the_script_unless_turne
     assert cli.main(["run", "--no-report", str(path)]) == 0  # no such option: not given
     assert "first_start_beside" not in FakeProfiler.made[-1].args
     capsys.readouterr()
+
+
+def test_pass_groups_go_to_the_profiler_and_not_with_sampling(monkeypatch, tmp_path, capsys):
+    class GroupsProfiler(FakeProfiler):
+        def __init__(self, metrics, device=0, *, pass_groups=None, first_start_beside=False, **kwargs):
+            super().__init__(metrics, device, **kwargs)
+            self.args["pass_groups"] = pass_groups
+
+    monkeypatch.setattr(_session, "Profiler", GroupsProfiler)
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    path = script(tmp_path, "pass\n")
+    FakeProfiler.made = []
+    for groups in ("ncu", "cupti", "plan"):
+        assert cli.main(["run", "--no-report", "--pass-groups", groups, str(path)]) == 0
+    assert cli.main(["run", "--no-report", str(path)]) == 0
+    assert [p.args["pass_groups"] for p in FakeProfiler.made] == ["ncu", "cupti", None, None]
+    capsys.readouterr()
+    assert cli.main(["run", "--pass-groups", "ncu", "--sample", "pm-fast", str(path)]) == cli.EXIT_USAGE
+    assert "--pass-groups lays out range profiling's passes" in capsys.readouterr().err
+    monkeypatch.setattr(_session, "Profiler", FakeProfiler)  # a Profiler without the option: a clear message
+    assert cli.main(["run", "--pass-groups", "ncu", str(path)]) == cli.EXIT_USAGE
+    assert "does not support --pass-groups" in capsys.readouterr().err
