@@ -175,7 +175,8 @@ def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
         from gpuscope._range_profiling.session import Profiler as profiler_factory
     kwargs = _profiler_kwargs(opts)
     _check_supported(profiler_factory, kwargs)
-    if os.environ.get(FIRST_START_VAR, "1").strip() != "0" and _accepts(profiler_factory, "first_start_beside"):
+    if (opts.mode in ("kernel", "auto") and not _takes_nvtx(opts) and os.environ.get(FIRST_START_VAR, "1").strip()
+            != "0" and _accepts(profiler_factory, "first_start_beside")):
         kwargs["first_start_beside"] = True  # CUPTI's first Start (and its queries) while the script imports
     return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
 

@@ -140,6 +140,12 @@ class Profiler(UserRanges, PerLaunchModes):
         launch by launch, its inconsistencies on kernels under about 20 us included (their shares then need not
         add up to 100%). ``"cupti"``: CUPTI schedules the list as it likes. A list of lists: each list is a pass
         group CUPTI schedules on its own (metrics in no list form one more group).
+    first_start_beside : bool
+        Kernel and auto modes: make CUPTI's counter-availability query (the first session of the process), the
+        range profiler's Enable and its first ``cuptiRangeProfilerStart`` (0.25-0.4 s of CUPTI, without the GIL)
+        on a thread, so that the code after :meth:`start` runs meanwhile; the first launch, range or close waits
+        for it. What CUPTI refuses there is warned at the first launch, nothing is profiled, and :meth:`close`
+        raises it. ``gpuscope run`` sets it (``GPUSCOPE_FIRST_START_BESIDE=0`` does not).
 
     Attributes
     ----------
@@ -172,9 +178,7 @@ class Profiler(UserRanges, PerLaunchModes):
     _reused_now = False  # the profiler of the last _configure was a kept one
     _tracker = _end_after = None  # auto mode without ranges: the launch-stream tracker; a found iteration's last
     _nvtx = None  # the NVTX ranges taken while open (nvtx.NvtxRanges)
-    #: Kernel and auto modes: make the first ``cuptiRangeProfilerStart`` (0.1-0.25 s of CUPTI, without the GIL) on a
-    #: thread, so that the code after :meth:`start` runs meanwhile; the first launch, range or close waits for it.
-    #: ``gpuscope run`` sets it: the script imports and compiles while CUPTI starts (docs/measurements.md).
+    #: The constructor's ``first_start_beside`` (stand-in sessions of the tests set it on the class's instances).
     first_start_beside = False
     _first_thread = _first_error = None  # the thread of that Start, and what it raised
     _first_began = _first_taken = False  # a pass started beside; kernel replay took it as its first

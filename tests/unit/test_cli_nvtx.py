@@ -80,7 +80,7 @@ def test_include_and_exclude_patterns_reach_the_profiler_and_imply_nvtx(run):
 
 def test_without_nvtx_nothing_is_routed(run):
     code, seen, options = run()
-    assert code == 0 and seen is None and options == {"mode": "auto"}
+    assert code == 0 and seen is None and options == {"mode": "auto", "first_start_beside": True}  # no NVTX filter
 
 
 def test_a_variable_set_before_is_left_as_it_was(run, monkeypatch):
