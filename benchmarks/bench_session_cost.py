@@ -326,10 +326,29 @@ def timed(*args, **kwargs):
     finally:
         marks["script_end"] = time.perf_counter() - t0
 _run.execute = timed
+from gpuscope._range_profiling import session as _session
+close = _session.Profiler.close
+def closed(self):
+    try:
+        return close(self)
+    finally:
+        marks.setdefault("session_closed", time.perf_counter() - t0)
+_session.Profiler.close = closed
 code = cli.main(["run", "--set", "topdown", "--launch-count", "3", "--no-report", sys.argv[1]])
 marks["done"] = time.perf_counter() - t0
 top = dict(sorted(((k, round(v * 1e3, 1)) for k, v in calls.items() if v > 0.005), key=lambda kv: -kv[1]))
 print("RUNBREAKDOWN " + json.dumps({"rc": code, "marks": marks, "cupti_ms": top}))
+"""
+
+#: The plain script, timed in its process as RUN_CHILD times the profiled one: its end, then the process's exit.
+PLAIN_CHILD = r"""
+import runpy, sys, time
+t0 = time.perf_counter()
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print(f"PLAINEND {time.perf_counter() - t0:.4f}", flush=True)
 """
 
 
@@ -341,8 +360,10 @@ def run_breakdown(steps: int, script: str = "numba") -> dict:
     path.write_text(script_text(script, steps))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t = time.perf_counter()
-    subprocess.run([sys.executable, str(path)], capture_output=True, env=env, timeout=300)
+    q = subprocess.run([sys.executable, "-c", PLAIN_CHILD, str(path)], capture_output=True, text=True, env=env,
+                       timeout=300)
     plain = time.perf_counter() - t
+    plain_end = next((float(ln.split()[1]) for ln in q.stdout.splitlines() if ln.startswith("PLAINEND ")), None)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", RUN_CHILD, str(path)], capture_output=True, text=True, env=env,
                        timeout=300)
@@ -350,7 +371,12 @@ def run_breakdown(steps: int, script: str = "numba") -> dict:
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RUNBREAKDOWN ")), None)
     shutil.rmtree(tmp, ignore_errors=True)
     out = json.loads(line[13:]) if line else {"rc": p.returncode, "stderr": p.stderr[-1500:]}
-    out.update(script=script, process_wall_s=round(wall, 3), plain_process_wall_s=round(plain, 3))
+    out.update(script=script, process_wall_s=round(wall, 3), plain_process_wall_s=round(plain, 3),
+               plain_script_end_s=plain_end)
+    marks = out.get("marks", {})
+    if "done" in marks and plain_end is not None:  # the exit after all of gpuscope's work, against the plain one's
+        out["exit_s"] = round(wall - marks["done"], 3)
+        out["plain_exit_s"] = round(plain - plain_end, 3)
     return out
 
 
