@@ -22,7 +22,8 @@ session changes the configuration, so the range profiler kept from the one befor
 enabled; CUPTI does not let an enabled profiler change configuration, ``benchmarks/probes/probe_config_switch.py``).
 The first three sessions are cold (the first of each configuration) and the rest warm; each row says how its
 profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown --launch-count 3`` inside its
-process (before the script, the script, after it, CUPTI calls). ``--process mixed`` runs them in a process that also imported
+process (before the script, the script, the session's close, after it, CUPTI calls), and the exit against the plain
+script's own (timed the same way in its process). ``--process mixed`` runs them in a process that also imported
 CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 
 ``--run`` adds whole processes: a script run plainly, under ``gpuscope run --set topdown`` (``--launch-count 3``
