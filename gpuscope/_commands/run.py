@@ -174,33 +174,31 @@ def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
     if profiler_factory is None:
         from gpuscope._range_profiling.session import Profiler as profiler_factory
     kwargs = _profiler_kwargs(opts)
-    _check_supported(profiler_factory, kwargs)
+    params = _parameters(profiler_factory)
+    _check_supported(params, kwargs)
     if (opts.mode in ("kernel", "auto") and not _takes_nvtx(opts) and os.environ.get(FIRST_START_VAR, "1").strip()
-            != "0" and _accepts(profiler_factory, "first_start_beside")):
+            != "0" and params is not None and _takes(params, "first_start_beside")):
         kwargs["first_start_beside"] = True  # CUPTI's first Start (and its queries) while the script imports
     return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
 
 
-def _accepts(factory, name: str) -> bool:
+def _parameters(factory):
+    """*factory*'s parameters, or None where its signature cannot be read."""
     import inspect
 
     try:
-        params = inspect.signature(factory).parameters
+        return inspect.signature(factory).parameters
     except (TypeError, ValueError):
-        return False
+        return None
+
+
+def _takes(params, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _check_supported(factory, kwargs) -> None:
-    import inspect
-
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    missing = [k for k in kwargs if k not in params]
+def _check_supported(params, kwargs) -> None:
+    """A clear message for options the Profiler does not take (*params*: its parameters; None: not known)."""
+    missing = [] if params is None else [k for k in kwargs if not _takes(params, k)]
     if missing:
         flags = {"kernels": "-k/--kernels", "exclude": "--exclude", "launch_skip": "--launch-skip",
                  "launch_count": "--launch-count", "mode": "--mode", "nvtx": "--nvtx", "nvtx_exclude": "--nvtx-exclude",

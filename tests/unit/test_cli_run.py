@@ -44,6 +44,14 @@ class FakeProfiler:
         return ds
 
 
+class NewerProfiler(FakeProfiler):
+    """A FakeProfiler that also takes the newer options, recorded in ``args``."""
+
+    def __init__(self, metrics, device=0, *, first_start_beside=False, pass_groups=None, **kwargs):
+        super().__init__(metrics, device, **kwargs)
+        self.args.update(first_start_beside=first_start_beside, pass_groups=pass_groups)
+
+
 @pytest.fixture
 def fake(monkeypatch):
     FakeProfiler.made = []
@@ -339,12 +347,7 @@ def test_the_session_is_made_with_its_first_start_beside_the_script_unless_turne
     """``gpuscope run`` asks the Profiler at construction for the first Start beside the script (so that it leaves
     the availability query to that thread too); GPUSCOPE_FIRST_START_BESIDE=0 does not, nor is a Profiler without
     the option given it."""
-    class BesideProfiler(FakeProfiler):
-        def __init__(self, metrics, device=0, *, first_start_beside=False, **kwargs):
-            super().__init__(metrics, device, **kwargs)
-            self.args["first_start_beside"] = first_start_beside
-
-    monkeypatch.setattr(_session, "Profiler", BesideProfiler)
+    monkeypatch.setattr(_session, "Profiler", NewerProfiler)
     monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
     path = script(tmp_path, "pass\n")
     FakeProfiler.made = []
@@ -360,12 +363,7 @@ def test_the_session_is_made_with_its_first_start_beside_the_script_unless_turne
 
 
 def test_pass_groups_go_to_the_profiler_and_not_with_sampling(monkeypatch, tmp_path, capsys):
-    class GroupsProfiler(FakeProfiler):
-        def __init__(self, metrics, device=0, *, pass_groups=None, first_start_beside=False, **kwargs):
-            super().__init__(metrics, device, **kwargs)
-            self.args["pass_groups"] = pass_groups
-
-    monkeypatch.setattr(_session, "Profiler", GroupsProfiler)
+    monkeypatch.setattr(_session, "Profiler", NewerProfiler)
     monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
     path = script(tmp_path, "pass\n")
     FakeProfiler.made = []
