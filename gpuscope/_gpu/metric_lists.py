@@ -248,10 +248,14 @@ def consistent_plan(metrics: tuple[str, ...], chip: str):
             if host.num_passes(grouped_config_image(found.groups, cm.chip)) == passes:
                 return found
 
-    def one_pass(names) -> bool:
-        return host.num_passes(config_image(list(names), cm.chip, "range")) == 1
+    return pass_plan.plan(metrics, cm.has, functools.partial(_one_pass, cm.chip), cm.chip in pass_plan.SPREAD_CHIPS)
 
-    return pass_plan.plan(metrics, cm.has, one_pass, cm.chip in pass_plan.SPREAD_CHIPS)
+
+def _one_pass(chip: str, names) -> bool:
+    """Whether *names* fit in one range-profiler pass on *chip* on their own (the host API's pass count)."""
+    from gpuscope.cupti import host
+
+    return host.num_passes(config_image(list(names), chip, "range")) == 1
 
 
 @functools.lru_cache(maxsize=16)
@@ -264,7 +268,6 @@ def ncu_layout_plan(metrics: tuple[str, ...], chip: str):
         Nsight Compute's layout was not measured on *chip*, or *metrics* hold no warp-stall share it places.
     """
     from gpuscope._gpu import pass_plan
-    from gpuscope.cupti import host
 
     cm = _chip_metrics(resolve_chip(chip), MetricKind.RANGE)
     layout = pass_plan.NCU_LAYOUTS.get(cm.chip)
@@ -272,8 +275,7 @@ def ncu_layout_plan(metrics: tuple[str, ...], chip: str):
         raise ValueError(f"pass_groups='ncu': Nsight Compute's pass layout was measured on "
                          f"{', '.join(sorted(pass_plan.NCU_LAYOUTS))} only, not on {cm.chip}; use the default "
                          "pass_groups=None (each share's counters in one pass) or 'cupti'.")
-    found = pass_plan.ncu_plan(metrics, layout,
-                               lambda names: host.num_passes(config_image(list(names), cm.chip, "range")) == 1)
+    found = pass_plan.ncu_plan(metrics, layout, functools.partial(_one_pass, cm.chip))
     if found is None:
         raise ValueError("pass_groups='ncu' lays out the warp-stall shares of the 'topdown' set "
                          "(smsp__warp_issue_stalled_*_per_warp_active.pct); these metrics hold none it places.")
