@@ -253,10 +253,10 @@ class Profiler(UserRanges, PerLaunchModes):
             if pass_groups is None:
                 self._plan = _lists.consistent_plan(tuple(self.metrics), self.chip)
                 self._groups = self._plan.groups if self._plan is not None else ()
-            elif isinstance(pass_groups, str) and pass_groups == "ncu":
+            elif pass_groups == "ncu":
                 self._plan = _lists.ncu_layout_plan(tuple(self.metrics), self.chip)
                 self._groups = self._plan.groups
-            elif not (isinstance(pass_groups, str) and pass_groups == "cupti"):
+            elif pass_groups != "cupti":
                 self._groups = _lists.checked_groups(pass_groups, self.metrics)
             if self._plan is not None:
                 self.metrics = list(self._plan.requested)  # with the per-pass clocks, so that the Dataset has them
@@ -287,8 +287,9 @@ class Profiler(UserRanges, PerLaunchModes):
         return _keep.retry_when_busy(self.device, lambda: profiler.pm_counter_availability(self.device),
                                      _keep.RANGE_SESSION)
 
-    def _host_setup(self, availability):
-        """The CUPTI host object, config image, pass count and metric properties of this session's metrics."""
+    def _host_setup(self, availability, properties: dict | None = None):
+        """The CUPTI host object, config image, pass count and metric properties of this session's metrics (the
+        *properties* given, where they are known already: they do not depend on the availability image)."""
         from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import host
         from gpuscope.cupti._types import ProfilerType
@@ -301,7 +302,9 @@ class Profiler(UserRanges, PerLaunchModes):
             h.add_metrics(self.metrics)
         config = h.config_image()
         config.flags.writeable = False
-        return _keep.HostSetup(h, config, host.num_passes(config), {m: _properties(h, m) for m in self.metrics})
+        if properties is None:
+            properties = {m: _properties(h, m) for m in self.metrics}
+        return _keep.HostSetup(h, config, host.num_passes(config), properties)
 
     def _check_availability(self) -> None:
         """On the first Start's thread, before the Enable: the availability query the constructor left to it
@@ -313,7 +316,7 @@ class Profiler(UserRanges, PerLaunchModes):
         if not self._unchecked:
             return
         self._availability = self._query_availability()
-        checked = self._host_setup(self._availability)
+        checked = self._host_setup(self._availability, {m: dict(p) for m, p in self.properties.items()})
         self._unchecked = False
         if bytes(checked.config) != bytes(self._config):
             self._host, self._config, self.passes = checked.host, checked.config, checked.passes

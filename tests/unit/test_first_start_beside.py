@@ -198,6 +198,7 @@ def _unchecked_topdown(monkeypatch):
     p._plan, p._groups, p.metrics = plan, plan.groups, list(plan.requested)
     setup = p._host_setup(None)
     p._host, p._config, p.passes, p._unchecked = setup.host, setup.config, setup.passes, True
+    p.properties = {m: dict(x) for m, x in setup.properties.items()}
     p.cycles = p.passes
     return p, setup, calls
 
@@ -207,12 +208,15 @@ def test_the_config_made_without_the_availability_query_is_checked_against_the_d
 
     p, unchecked, calls = _unchecked_topdown(monkeypatch)
     assert keep._hosts == {}  # an unchecked config is not kept for other sessions
+    monkeypatch.setattr("gpuscope._range_profiling.session._properties",
+                        lambda host, m: pytest.fail("metric properties asked of CUPTI again"))
     p._check_availability()
     assert calls == [0, 0] and not p._unchecked and p._availability is not None
     assert bytes(p._config) == bytes(unchecked.config) and p.passes == 8  # GH100: the same image
     assert "config_changed_by_availability" not in p._notes
     kept = keep.host_for(0, "GH100", (tuple(p.metrics), p._groups), lambda: pytest.fail("not kept"))
     assert kept.host is not unchecked.host and bytes(kept.config) == bytes(p._config)
+    assert kept.properties == unchecked.properties  # the session's
     p._check_availability()  # once is enough
     assert calls == [0, 0]
 
@@ -225,8 +229,8 @@ def test_a_config_the_devices_counters_change_is_taken_with_its_passes(monkeypat
     made = p._host_setup
     fewer = host.config_image("GH100", host.ProfilerType.RANGE_PROFILER, ["sm__cycles_elapsed.max"])
 
-    def setup(availability):  # a device whose answer leaves fewer counters: another config image
-        real = made(availability)
+    def setup(availability, properties=None):  # a device whose answer leaves fewer counters: another config image
+        real = made(availability, properties)
         return keep.HostSetup(real.host, fewer, host.num_passes(fewer), real.properties)
 
     p._host_setup = setup
