@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # its workload is the probe's
 
-from probe_pass_consistency import PCT, REASONS, ImageTap, Work, run_ncu  # noqa: E402
+from probe_pass_consistency import PCT, REASONS, ImageTap, Work, run_ncu, session  # noqa: E402
 
 BUCKETS = (("< 10 us", 0, 10), ("10-50 us", 10, 50), (">= 50 us", 50, np.inf))
 
@@ -68,19 +68,11 @@ def collect_layout(work, reps, groups):
     """Kernel mode with *groups* (raw counters, one pass each, in pass order: ``--layout``), the set's values made
     from them as ncu makes its own: each share its stall counter over ``smsp__warps_active.sum``, whichever pass
     each came from."""
-    import gpuscope as gs
-
     raw = list(dict.fromkeys(m for g in groups for m in g))
-    t0 = time.perf_counter()
-    with gs.Profiler(metrics=raw, mode="kernel", pass_groups=groups) as prof:
-        for _ in range(reps):
-            work.step()
-    ds = prof.dataset
-    wall = time.perf_counter() - t0
+    res = session(work, reps, raw, groups)
     rows = []
-    for i, k in enumerate(ds["kernel"].values):
-        v = {m: float(ds[m].values[i]) for m in raw}
-        row = {"kernel": str(k), "gpu__time_duration.sum": v["gpu__time_duration.sum"],
+    for v in res["rows"]:
+        row = {"kernel": v["kernel"], "gpu__time_duration.sum": v["gpu__time_duration.sum"],
                "sm__cycles_elapsed.max": v["sm__cycles_elapsed.max"],
                "smsp__inst_executed.avg.per_cycle_active": v["smsp__inst_executed.sum"] / v["smsp__cycles_active.sum"],
                "smsp__inst_issued.avg.per_cycle_active": v["smsp__inst_issued.sum"] / v["smsp__cycles_active.sum"],
@@ -89,7 +81,7 @@ def collect_layout(work, reps, groups):
         for r in REASONS:
             row[PCT.format(r)] = 100 * v[f"smsp__warps_issue_stalled_{r}.sum"] / v["smsp__warps_active.sum"]
         rows.append(row)
-    return {"rows": rows, "wall_s": wall, "passes": prof.passes, "launches": len(rows), "groups": groups}
+    return {"rows": rows, "wall_s": res["wall_s"], "passes": res["passes"], "launches": len(rows), "groups": groups}
 
 
 def fixture(work, metrics, pass_groups, path):
