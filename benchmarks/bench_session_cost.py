@@ -34,8 +34,10 @@ after a CuPy GEMM, holding 16 GB of device arrays) and ``pytorch`` (``bench_auto
 steps and ``--steps``). The runs compared with ncu's (``count3``, ``full3``) save nothing, as ncu prints its page;
 the others save with ``-o`` (their rows are counted from the file), and ``count3o`` is ``count3`` saving. ``count3``
 prints its report, as a user's run does, ``count3n`` is ``count3`` without it, and ``count3b`` is ``count3`` with the
-range profiler's first Start made before the script (``GPUSCOPE_FIRST_START_BESIDE=0``); the other gpuscope cases run
-with ``--no-report``.
+range profiler's first Start made before the script (``GPUSCOPE_FIRST_START_BESIDE=0``), ``count3m`` ``count3`` with
+the set's metrics given as a list, whose session is made before the script (CUDA's initialisation, the primary context,
+CUPTI's profiler and the config image) while its first Start stays beside it; the other gpuscope cases run with
+``--no-report``.
 ``gpuscope run -c 3`` against ``ncu -c 3`` on all three::
 
     python3 benchmarks/bench_session_cost.py --modes "" --run --cases plain,count3,count3o,ncu3 --repeat 8 \
@@ -381,8 +383,8 @@ def run_breakdown(steps: int, script: str = "numba") -> dict:
     return out
 
 
-CASES = ("plain", "count3", "count3o", "count3n", "count3b", "auto", "annotated", "kernel", "ncu3", "ncuall", "full3",
-         "ncufull3")
+CASES = ("plain", "count3", "count3o", "count3n", "count3b", "count3m", "auto", "annotated", "kernel", "ncu3", "ncuall",
+         "full3", "ncufull3")
 
 
 def script_text(script: str, steps: int) -> str:
@@ -426,6 +428,10 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
              ("count3n", "gpuscope run --launch-count 3 --no-report", [*run, "--launch-count", "3", str(path)]),
              ("count3b", "gpuscope run --launch-count 3, the first Start before the script",
               ["env", "GPUSCOPE_FIRST_START_BESIDE=0", *run[:-1], "--launch-count", "3", str(path)]),
+             # the same metrics as a list: the constructor's CUDA and CUPTI work on the caller's thread, before the
+             # script (a set's name lets it run beside the script), the first Start still beside it
+             ("count3m", "gpuscope run --launch-count 3, the session made before the script",
+              [py, "-m", "gpuscope", "run", "--metrics", metrics, "--launch-count", "3", str(path)]),
              ("auto", "gpuscope run (every launch; auto: the loop found)", [*run, str(path)]),
              ("annotated", "gpuscope run, script with gs.range('step')", [*run, str(path), "annotate"]),
              ("kernel", "gpuscope run --mode kernel (every launch)", [*run, "--mode", "kernel", str(path)]),
@@ -452,7 +458,8 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
             saved = tmp / "run.nc"
             saved.unlink(missing_ok=True)
             # the cases measured against ncu's do not save (ncu prints its page), the others save to count rows
-            saves = cmd[1:3] == ["-m", "gpuscope"] and row["key"] not in ("count3", "count3n", "count3b", "full3")
+            saves = cmd[1:3] == ["-m", "gpuscope"] and row["key"] not in ("count3", "count3n", "count3b", "count3m",
+                                                                          "full3")
             full = cmd[:-1] + ["-o", str(saved), cmd[-1]] if saves else list(cmd)
             if full[-1] == "annotate":  # the option goes before the script, "annotate" after it
                 full = cmd[:-2] + ["-o", str(saved), cmd[-2], "annotate"]
@@ -468,8 +475,8 @@ def whole_processes(ncu: str | None, steps: int, repeat: int, only: tuple[str, .
                 row.update(_rows_of(saved))
             print(json.dumps({k: row[k] for k in ("case", "script", "wall_s", "rc")}), flush=True)
     plain = out[0]["wall_s"]
-    ncu_of = {"count3": "ncu3", "count3o": "ncu3", "count3n": "ncu3", "count3b": "ncu3", "auto": "ncuall",
-              "kernel": "ncuall", "full3": "ncufull3"}
+    ncu_of = {"count3": "ncu3", "count3o": "ncu3", "count3n": "ncu3", "count3b": "ncu3", "count3m": "ncu3",
+              "auto": "ncuall", "kernel": "ncuall", "full3": "ncufull3"}
     by_key = {o["key"]: o for o in out}
     for o in out:
         o["over_plain_s"] = round(statistics.median(o["wall_s"]) - statistics.median(plain), 3)

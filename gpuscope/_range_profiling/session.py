@@ -183,18 +183,16 @@ class Profiler(UserRanges, PerLaunchModes):
     _first_thread = _first_error = None  # the thread of that Start, and what it raised
     _first_began = _first_taken = False  # a pass started beside; kernel replay took it as its first
     _unchecked = False  # the config was made without the availability query, left to the first Start's thread
+    _setup_thread = _setup_error = None  # the constructor's work left to a thread (_set_up_beside), what it raised
 
     def __init__(self, metrics="launch", device: int = 0, *, mode="user", max_depth: int = 1,
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False, pass_groups=None, nvtx=None, nvtx_exclude=None,
                  first_start_beside: bool = False):
-        from gpuscope._gpu import device as _device
-        from gpuscope._gpu import keep as _keep
-        from gpuscope._gpu import metric_lists as _lists
         from gpuscope._range_profiling import nvtx as _nvtx
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
-        from gpuscope.cupti import _lib, profiler
+        from gpuscope.cupti import _lib
 
         try:
             self.mode = Mode(mode)
@@ -226,9 +224,61 @@ class Profiler(UserRanges, PerLaunchModes):
         self.first_start_beside = bool(first_start_beside)
         _check_free(self.device)  # before any CUPTI call: CUPTI refuses them while another session is enabled
         _lib.load_soon()  # libcupti is found and loaded while CUDA initialises
+        if self._set_up_beside(metrics, pass_groups):
+            # CUDA's initialisation, CUPTI's queries and the config image on a thread, while the caller's code
+            # starts: the first Start's thread (start()) waits for them, and so the first launch, range or close
+            self.device_info = self.chip = self._context = None
+            self.metrics, self._set_attrs, self.properties = [], {}, {}
+            self.passes = self.cycles = None
+            self._setup_thread = threading.Thread(target=self._setup_quietly, args=(metrics, pass_groups),
+                                                  name="gpuscope-setup", daemon=True)
+            self._setup_thread.start()
+        else:
+            self._setup(metrics, pass_groups)
+        self._state = "new"
+        self._dataset = None
+        self._rows: list[dict] = []
+        self._notes: dict = {}
+
+    def _set_up_beside(self, metrics, pass_groups) -> bool:
+        """Whether the constructor leaves the rest of its work to a thread (:attr:`first_start_beside`, kernel and
+        auto modes): only for a named set of gpuscope's with the default pass plan, whose names need no chip to
+        be right, so that a typo in a metric name is still said before the caller's code runs."""
+        from gpuscope._gpu import metric_lists as _lists
+
+        return (self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO) and self._nvtx_filter is None
+                and pass_groups is None and isinstance(metrics, str) and metrics in _lists.metric_sets("range"))
+
+    def _setup_quietly(self, metrics, pass_groups) -> None:
+        try:
+            self._setup(metrics, pass_groups)
+        except BaseException as exc:  # noqa: BLE001  said where the session is next used (the first Start's thread)
+            self._setup_error = exc
+
+    def _set_up(self) -> None:
+        """Wait for the constructor's work left to a thread, if any; raise what it raised."""
+        if self._setup_thread is not None:
+            self._setup_thread.join()
+            if self._setup_error is not None:
+                raise self._setup_error
+
+    def _setup(self, metrics, pass_groups) -> None:
+        """The device, its primary context, CUPTI's profiler and the session's metrics, passes and config image
+        (on the caller's thread, or on one beside it: :meth:`_set_up_beside`)."""
+        from gpuscope._gpu import device as _device
+        from gpuscope._gpu import keep as _keep
+        from gpuscope._gpu import metric_lists as _lists
+        from gpuscope._range_profiling import nvtx as _nvtx
+        from gpuscope.cupti import profiler
+
         self.device_info = _device.device_info(self.device)
-        self._context = _device.PrimaryContext(self.device)
-        profiler.initialize(self._context.handle)
+        context = _device.PrimaryContext(self.device)
+        try:
+            profiler.initialize(context.handle)
+        except BaseException:
+            context.close()
+            raise
+        self._context = context
         try:
             if self._nvtx_filter is not None:
                 _nvtx.check_injection()
@@ -238,10 +288,12 @@ class Profiler(UserRanges, PerLaunchModes):
             # PM sampling's availability query (it needs no context, and gpuscope keeps it per device and
             # process): the config images built from it and from the range profiler's are byte-identical on
             # GH100 (tests/unit/test_host.py). Another process holding the counters makes it HARDWARE_BUSY.
-            # With the first Start beside the caller's code and no image kept yet, the query (0.1-0.16 s) is made
-            # on that thread instead, and the config built here without it is checked there before the Enable.
+            # With the first Start beside the caller's code, no image kept yet and this made on the caller's thread,
+            # the query (0.1-0.16 s) is made on the first Start's thread instead, and the config built here without
+            # it is checked there before the Enable.
             self._unchecked = (self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO)
-                               and self._nvtx_filter is None and not profiler.availability_cached(self.device))
+                               and self._nvtx_filter is None and self._setup_thread is None
+                               and not profiler.availability_cached(self.device))
             if self._unchecked:
                 self._availability = None
             else:
@@ -269,14 +321,11 @@ class Profiler(UserRanges, PerLaunchModes):
             self._host, self._config, self.passes = setup.host, setup.config, setup.passes
             self.properties = {m: dict(p) for m, p in setup.properties.items()}
         except BaseException:
+            self._context = None
             profiler.deinitialize()
-            self._context.close()
+            context.close()
             raise
         self.cycles = self.passes * self.max_depth
-        self._state = "new"
-        self._dataset = None
-        self._rows: list[dict] = []
-        self._notes: dict = {}
 
     def _query_availability(self):
         """PM sampling's counter-availability image of the device (kept per device and process); another process
@@ -344,7 +393,6 @@ class Profiler(UserRanges, PerLaunchModes):
         from gpuscope._gpu import keep as _keep
         from gpuscope.cupti import callbacks
         from gpuscope.cupti._types import ProfilerRange, ReplayMode
-        from gpuscope.cupti.activity import timestamp
 
         if self._state != "new":
             raise SessionConflictError(f"This Profiler was already {self._state}; make a new one.")
@@ -367,14 +415,13 @@ class Profiler(UserRanges, PerLaunchModes):
         self._group_index = 0
         self._iteration: dict[str, int] = {}
         try:
-            self._context.make_current()
-            self._context_id = self._context.unique_id()
+            beside = self._setup_thread is not None  # the context is the setup thread's to make
+            if not beside:
+                self._made_current()
             from gpuscope._gpu import modules as _modules
 
             _modules.watch()  # modules loaded while a session is open are read (the kernel-replay cost warning)
             _keep.import_xarray_soon()  # the Dataset needs it; meanwhile CUPTI works without the GIL
-            # the clock link: wall clock at a CUPTI time, so open_ranks can put ranks' start_ns on one clock
-            self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
             if self.mode is Mode.USER:
                 self._configure(ProfilerRange.USER, ReplayMode.USER, self.max_ranges, self.max_depth)
             elif self.mode is Mode.ITERATION:
@@ -386,7 +433,9 @@ class Profiler(UserRanges, PerLaunchModes):
                     self._start_first_soon(kernel_replay)
                 else:
                     self._configure(*kernel_replay)
-                if self.mode is Mode.KERNEL:
+                if self.mode is Mode.KERNEL and beside:
+                    self.mode_used = Mode.KERNEL  # the first Start's thread makes the collector (it needs the context)
+                elif self.mode is Mode.KERNEL:
                     self._use_kernel()
             if self.mode is Mode.USER and self.continuous:
                 self._start_first()
@@ -407,6 +456,15 @@ class Profiler(UserRanges, PerLaunchModes):
             raise
         self._state = "open"
         return self
+
+    def _made_current(self) -> None:
+        """The context current on this thread; its id, and the clock link of the session's start: the wall clock at a
+        CUPTI time, so that open_ranks can put ranks' start_ns on one clock."""
+        from gpuscope.cupti.activity import timestamp
+
+        self._context.make_current()
+        self._context_id = self._context.unique_id()
+        self._notes.update(session_start_ns=int(timestamp()), wall_clock_ns=time.time_ns())
 
     def _configure(self, range_mode, replay_mode, ranges: int, depth: int = 1) -> None:
         """Make ``self._rp`` a stopped range profiler with this configuration and ``self._image`` its counter-data
@@ -453,10 +511,16 @@ class Profiler(UserRanges, PerLaunchModes):
         touches ``self._rp`` until then."""
         def first():
             try:
-                self._context.make_current()
+                if self._setup_thread is not None:  # the constructor's work, left to a thread
+                    self._set_up()
+                    self._made_current()
+                else:
+                    self._context.make_current()
                 if configure is not None:
                     self._check_availability()
                     self._configure(*configure)
+                if self._setup_thread is not None and self.mode is Mode.KERNEL:
+                    self._use_kernel()  # the collector, now that the context is known (takes this pass as its first)
                 self._start_first()
             except BaseException as exc:  # noqa: BLE001  said where the session is next used
                 self._first_error = exc
@@ -616,6 +680,8 @@ class Profiler(UserRanges, PerLaunchModes):
             nvtx.close(report=False)
         _ranges.remove_listener(self)
         self._first_started()
+        if self._setup_thread is not None:  # a session closed before it started: its setup may be under way
+            self._setup_thread.join()
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
                    or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False))
@@ -637,8 +703,9 @@ class Profiler(UserRanges, PerLaunchModes):
                 except Exception as exc:
                     _warn(f"cuptiRangeProfilerStop during cleanup failed: {exc}")
                 rp.close()
-            profiler.deinitialize()
-            self._context.close()
+            if self._context is not None:  # else the setup made beside the code failed, and undid its own work
+                profiler.deinitialize()
+                self._context.close()
         self._running = False
         if getattr(self, "_holding", False):
             self._holding = False
