@@ -387,6 +387,10 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     """
     out = out or sys.stdout
     check_options(opts)
+    if opts.sample is None and profiler_factory is None:
+        from gpuscope.cupti import _lib
+
+        _lib.load_soon()  # libcupti (0.2 s) loads while the results process starts and the session's modules import
     worker = _results_worker(opts, profiler_factory)
     try:
         return _run(opts, profiler_factory, sampler_factory, out, worker)

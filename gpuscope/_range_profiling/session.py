@@ -399,8 +399,9 @@ class Profiler(UserRanges, PerLaunchModes):
         with _active_lock:
             _check_free(self.device)
             _active[self.device] = self
-        _keep.session_open(self.device, _keep.RANGE_SESSION)  # until _teardown: other processes are told it is open
-        self._holding = True
+        beside = self._setup_thread is not None  # the device and its context are the setup thread's to make
+        if not beside:  # else on the first Start's thread (the rendezvous is named by the GPU's PCI id: cuInit)
+            self._hold_counters()
         self._thread = threading.get_ident()
         self._pid = os.getpid()
         self._stack: list[bool] = []  # per open gpuscope range: was it pushed to CUPTI?
@@ -415,7 +416,6 @@ class Profiler(UserRanges, PerLaunchModes):
         self._group_index = 0
         self._iteration: dict[str, int] = {}
         try:
-            beside = self._setup_thread is not None  # the context is the setup thread's to make
             if not beside:
                 self._made_current()
             from gpuscope._gpu import modules as _modules
@@ -456,6 +456,14 @@ class Profiler(UserRanges, PerLaunchModes):
             raise
         self._state = "open"
         return self
+
+    def _hold_counters(self) -> None:
+        """Until :meth:`_teardown`, other gpuscope processes that ask for the device's counters are told a session is
+        open (:func:`gpuscope._gpu.keep.session_open`)."""
+        from gpuscope._gpu import keep as _keep
+
+        _keep.session_open(self.device, _keep.RANGE_SESSION)
+        self._holding = True
 
     def _made_current(self) -> None:
         """The context current on this thread; its id, and the clock link of the session's start: the wall clock at a
@@ -513,6 +521,7 @@ class Profiler(UserRanges, PerLaunchModes):
             try:
                 if self._setup_thread is not None:  # the constructor's work, left to a thread
                     self._set_up()
+                    self._hold_counters()
                     self._made_current()
                 else:
                     self._context.make_current()

@@ -282,7 +282,8 @@ def _open(path: str, found_via: str) -> CuptiLibrary:
     return CuptiLibrary(path=path, found_via=found_via, api_version=api_version, version=version, cdll=cdll)
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # held by load() while it loads
+_soon_lock = threading.Lock()  # load_soon's own: a second load_soon must not wait for the loading under _lock
 _loaded: CuptiLibrary | None = None
 _loading: threading.Thread | None = None
 
@@ -292,7 +293,7 @@ def load_soon() -> None:
     (``cuInit``, the primary context: 0.2 s on the H100) run while libcupti is found and loaded (0.17 s); the
     session's own :func:`load` then finds it loaded, or waits for the thread, or raises what loading raised."""
     global _loading
-    with _lock:
+    with _soon_lock:
         if _loaded is not None or _loading is not None:
             return
         _loading = threading.Thread(target=_load_quietly, name="gpuscope-cupti-load", daemon=True)
@@ -307,8 +308,8 @@ def _load_quietly() -> None:
 
 
 def _forget_loading_in_child() -> None:  # a child forked while the thread held the lock has no such thread
-    global _lock, _loading
-    _lock, _loading = threading.Lock(), None
+    global _lock, _soon_lock, _loading
+    _lock, _soon_lock, _loading = threading.Lock(), threading.Lock(), None
 
 
 os.register_at_fork(after_in_child=_forget_loading_in_child)

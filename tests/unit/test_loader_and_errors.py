@@ -286,8 +286,9 @@ def test_the_version_probe_never_starts_a_frozen_app(monkeypatch):
 
 def test_load_soon_loads_once_on_a_thread_and_load_finds_it(monkeypatch):
     """A session starts loading libcupti on a thread while CUDA initialises; its own load() then gets the same
-    library (or waits for the thread), and a second load_soon starts nothing."""
+    library (or waits for the thread), and a second load_soon starts nothing and does not wait for the loading."""
     import threading
+    import time
 
     from gpuscope.cupti import _lib
 
@@ -306,9 +307,12 @@ def test_load_soon_loads_once_on_a_thread_and_load_finds_it(monkeypatch):
     monkeypatch.setattr(_lib, "_open", slow_open)
     _lib.load_soon()
     thread = _lib._loading
-    _lib.load_soon()
+    assert entered.wait(10)  # the thread is loading (under load's lock)
+    waited = time.perf_counter()
+    _lib.load_soon()  # another caller (gpuscope run, then the Profiler) neither waits for it nor loads again
+    assert time.perf_counter() - waited < 5 and not release.is_set()
     assert _lib._loading is thread and thread.name == "gpuscope-cupti-load"
-    assert entered.wait(10)  # the thread is loading; the session's load() waits for it
+    # the session's load() waits for the thread
     threading.Timer(0.2, release.set).start()
     assert _lib.load() == "the library"
     thread.join(10)

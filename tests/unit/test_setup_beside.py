@@ -137,3 +137,52 @@ def test_a_session_closed_before_it_started_waits_for_its_setup_and_undoes_it(de
     assert [c[0] for c in device.calls] == ["device_info", "initialize", "deinitialize"]
     assert Context.made == Context.closed == 1 and p._state == "closed"
     assert "gpuscope-setup" not in {t.name for t in threading.enumerate()} - before
+
+
+class StandInRangeProfiler:
+    def __init__(self):
+        self.started = self.closed = False
+
+    def start(self):
+        self.started = True
+
+    def stop(self):
+        self.started = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_start_leaves_every_cuda_call_to_the_threads_and_the_first_launch_finds_the_session_made(device, monkeypatch):
+    """``start()`` on the caller's thread makes no CUDA call (the rendezvous is named by the GPU's PCI id, so it is
+    opened on the first Start's thread too): the launch callbacks are in place at once, and the first launch waits
+    for the setup, the Enable and the first Start."""
+    from gpuscope._gpu import modules as _modules
+    from gpuscope.cupti import callbacks
+
+    opened = []
+    monkeypatch.setattr(keep, "session_open", lambda d, what: opened.append(threading.current_thread().name))
+    monkeypatch.setattr(keep, "session_closed", lambda d, what: opened.append("closed"))
+    monkeypatch.setattr(_modules, "watch", lambda: None)
+    monkeypatch.setattr(_modules, "pause", lambda: None)
+    monkeypatch.setattr(callbacks, "LaunchRecorder", lambda *a: SimpleNamespace(close=lambda: None, graph_launches=0))
+    made = []
+
+    def configure(self, range_mode, replay_mode, ranges, depth=1):
+        made.append(threading.current_thread().name)
+        self._rp, self._key, self._reused_now = StandInRangeProfiler(), ("stand-in",), False
+
+    monkeypatch.setattr(Profiler, "_configure", configure)
+    device.slow = 0.3
+    t = time.perf_counter()
+    p = Profiler("topdown", mode="kernel", first_start_beside=True).start()
+    assert time.perf_counter() - t < 0.25 and p._state == "open" and p.mode_used.value == "kernel"
+    assert device.calls == [] and opened == [] and p._collector is None  # all of it on the threads
+    assert p._first_started()  # as the first launch does
+    assert {c[1] for c in device.calls} == {"gpuscope-setup"} and opened == made == ["gpuscope-first-start"]
+    assert p._context.current_on == ["gpuscope-first-start"] and p._context_id == 7
+    assert p._collector.context == 0x1234 and p._collector.rp is p._rp and p._rp.started and p._first_taken
+    assert "session_start_ns" in p._notes
+    rp = p._rp
+    p._teardown()
+    assert rp.closed and opened[-1] == "closed" and Context.closed == 1
