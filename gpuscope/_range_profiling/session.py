@@ -144,14 +144,21 @@ class Profiler(UserRanges, PerLaunchModes):
         Kernel and auto modes: make CUPTI's counter-availability query (the first session of the process), the
         range profiler's Enable and its first ``cuptiRangeProfilerStart`` (0.25-0.4 s of CUPTI, without the GIL)
         on a thread, so that the code after :meth:`start` runs meanwhile; the first launch, range or close waits
-        for it. What CUPTI refuses there is warned at the first launch, nothing is profiled, and :meth:`close`
-        raises it. ``gpuscope run`` sets it (``GPUSCOPE_FIRST_START_BESIDE=0`` does not).
+        for it. With a set's name (``"topdown"``) and the default pass plan, the constructor's own work goes to a
+        thread too: CUDA's initialisation, the primary context, CUPTI's profiler and the config image (0.4-0.6 s on
+        an H100), so that neither the constructor nor :meth:`start` makes a CUDA call on the caller's thread, and
+        ``chip``, ``metrics``, ``passes`` and ``properties`` are filled once it ends (None or empty before). A
+        metric list, another pass layout, or a name that is no set's is checked on the caller's thread as
+        without this option, so that a wrong name is said at once. What CUDA or CUPTI refuses on the threads is
+        warned at the first launch, nothing is profiled, and :meth:`close` raises it. ``gpuscope run`` sets it
+        (``GPUSCOPE_FIRST_START_BESIDE=0`` does not).
 
     Attributes
     ----------
     metrics : list of str
     passes : int
-        Passes the metric set needs (from the host API, known before anything runs).
+        Passes the metric set needs (from the host API, known before anything runs; None while the setup of
+        ``first_start_beside`` runs on its thread).
     cycles : int
         Executions per pass group in user mode: ``passes * max_depth``; in iteration mode: ``passes``.
     mode_used : Mode
