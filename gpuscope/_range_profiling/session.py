@@ -759,6 +759,9 @@ class Profiler(UserRanges, PerLaunchModes):
         """
         if self._state != "closed":
             raise SessionConflictError("Profiler.dataset is ready once the session is closed (after the with block).")
+        if self._setup_error is not None:  # no device, chip or metrics to describe (first_start_beside)
+            raise SessionConflictError(f"The session could not be set up ({self._setup_error}), so it has no "
+                                       "Dataset: nothing was profiled.")
         if self._dataset is None:
             self._dataset = build_dataset(self.dataset_inputs())
         return self._dataset

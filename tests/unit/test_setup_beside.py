@@ -127,6 +127,10 @@ def test_a_setup_that_fails_on_the_thread_profiles_nothing_says_so_at_the_first_
         p.close()
     assert p._state == "closed" and [c[0] for c in device.calls] == ["device_info"]  # nothing to undo
     assert Context.made == 0
+    from gpuscope.errors import SessionConflictError
+
+    with pytest.raises(SessionConflictError, match="could not be set up .*no NVIDIA GPU.*nothing was profiled"):
+        p.dataset
 
 
 def test_a_session_closed_before_it_started_waits_for_its_setup_and_undoes_it(device):
