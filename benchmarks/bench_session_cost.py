@@ -21,8 +21,10 @@ launch), and ``alternate`` (``kernel``, ``iteration``, ``user``, ``kernel``, ...
 session changes the configuration, so the range profiler kept from the one before is disabled and a new one
 enabled; CUPTI does not let an enabled profiler change configuration, ``benchmarks/probes/probe_config_switch.py``).
 The first three sessions are cold (the first of each configuration) and the rest warm; each row says how its
-profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown --launch-count 3`` inside its
-process (before the script, the script, the session's close, after it, CUPTI calls), and the exit against the plain
+profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown
+--launch-count 3`` inside its
+process (the Profiler made, started, its setup thread done, the script, the session's close, after it, CUPTI
+calls), and the exit against the plain
 script's own (timed the same way in its process). ``--process mixed`` runs them in a process that also imported
 CuPy, ran a CuPy GEMM and holds ``--hold`` GB of device arrays.
 
@@ -337,6 +339,17 @@ def closed(self):
     finally:
         marks.setdefault("session_closed", time.perf_counter() - t0)
 _session.Profiler.close = closed
+def marked(name, label):  # the end of a Profiler method, wherever it runs (the setup thread's too)
+    method = getattr(_session.Profiler, name)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            marks.setdefault(label, time.perf_counter() - t0)
+    setattr(_session.Profiler, name, wrapper)
+marked("__init__", "session_made")
+marked("start", "session_started")
+marked("_setup", "setup_done")
 code = cli.main(["run", "--set", "topdown", "--launch-count", "3", "--no-report", sys.argv[1]])
 marks["done"] = time.perf_counter() - t0
 top = dict(sorted(((k, round(v * 1e3, 1)) for k, v in calls.items() if v > 0.005), key=lambda kv: -kv[1]))

@@ -457,12 +457,28 @@ class Profiler(UserRanges, PerLaunchModes):
                 from gpuscope._range_profiling.nvtx import NvtxRanges
 
                 self._nvtx = NvtxRanges(self, self._nvtx_filter)
-        except BaseException:
+        except BaseException as exc:
             self._state = "failed"
+            cause = self._setup_failure() if isinstance(exc, Exception) else None
             self._teardown()
+            if cause is not None:  # what made the rest fail (without a driver, CUPTI's callbacks say only UNKNOWN)
+                raise cause from None
             raise
         self._state = "open"
         return self
+
+    def _setup_failure(self) -> BaseException | None:
+        """What the setup made beside the code raised, waited for (None: it did not fail, or there is none); the
+        first Start's thread, which raised it again, is then ended without its warning: start() raises it."""
+        if self._setup_thread is None:
+            return None
+        self._setup_thread.join()
+        if self._setup_error is None:
+            return None
+        if self._first_thread is not None:
+            self._first_thread.join()
+            self._first_thread, self._first_began = None, False
+        return self._setup_error
 
     def _hold_counters(self) -> None:
         """Until :meth:`_teardown`, other gpuscope processes that ask for the device's counters are told a session is

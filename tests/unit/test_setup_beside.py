@@ -190,3 +190,30 @@ def test_start_leaves_every_cuda_call_to_the_threads_and_the_first_launch_finds_
     rp = p._rp
     p._teardown()
     assert rp.closed and opened[-1] == "closed" and Context.closed == 1
+
+
+def test_without_a_driver_start_raises_the_setups_reason_not_what_cupti_said_after_it(device, monkeypatch):
+    """Without a driver CUPTI refuses the launch callbacks with UNKNOWN: start() raises the setup's own error, as
+    the constructor did when it made the setup itself (checked on a machine without a driver: the same message and
+    exit status from ``gpuscope run`` as before)."""
+    import warnings
+
+    from gpuscope._gpu import modules as _modules
+    from gpuscope.cupti import callbacks
+    from gpuscope.errors import CuptiError
+
+    def refused(*args):
+        raise CuptiError("cuptiSubscribe_v2 failed: CUPTI_ERROR_UNKNOWN (CUptiResult 999)")
+
+    monkeypatch.setattr(keep, "session_open", lambda d, what: pytest.fail("no session to tell others of"))
+    monkeypatch.setattr(_modules, "watch", lambda: None)
+    monkeypatch.setattr(_modules, "pause", lambda: None)
+    monkeypatch.setattr(callbacks, "LaunchRecorder", refused)
+    device.fail, device.slow = NoGpuError("The NVIDIA driver is not available on this machine"), 0.1
+    p = Profiler("topdown", mode="kernel", first_start_beside=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # raised once, not also warned
+        with pytest.raises(NoGpuError, match="driver is not available"):
+            p.start()
+    assert p._state == "failed" and p._first_thread is None and Context.made == 0
+    assert "gpuscope-first-start" not in {t.name for t in threading.enumerate()}
