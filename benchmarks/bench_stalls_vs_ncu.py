@@ -187,6 +187,56 @@ def verdicts(rows, metrics):
     return [_verdict({n: float(td[n].values[i]) for n in names})[0] for i in range(len(rows))]
 
 
+def topdown_nodes(values: dict):
+    """The Top-Down nodes of each launch (:func:`gpuscope.topdown`; percent of peak issue slots), by level:
+    ``{level: (names, array launches x nodes)}``, from *values* (metric name -> per-launch array, CC 9.0)."""
+    import warnings
+
+    import xarray as xr
+
+    import gpuscope as gs
+
+    ds = xr.Dataset({m: ("range", np.asarray(v, dtype=float)) for m, v in values.items()},
+                    attrs={"compute_capability": "9.0"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short launches warn of their coverage; both sides alike
+        td = gs.topdown(ds, check="ignore")
+    out = {}
+    for level in (1, 2, 3):
+        names = [n for n in td.data_vars if td[n].attrs.get("level") == level]
+        out[level] = (names, np.stack([td[n].values for n in names], axis=1))
+    return out
+
+
+def node_differences(ours: dict, ref: dict, other: dict, duration_us) -> dict:
+    """The Top-Down as a user reads it, against the same Top-Down of ncu's values: per level and length bucket,
+    the median over launches of the largest node difference (points of peak issue slots) from *ref*'s nodes, for
+    *ours* and for *other* (a second ncu run: the yardstick). Each is metric name -> per-launch array."""
+    mine, base, yard = topdown_nodes(ours), topdown_nodes(ref), topdown_nodes(other)
+    duration_us = np.asarray(duration_us, dtype=float)
+    table = {}
+    for level, (names, nodes) in base.items():
+        table[level] = {}
+        for label, lo, hi in BUCKETS:
+            sel = (duration_us >= lo) & (duration_us < hi)
+            if not sel.any():
+                continue
+            largest = lambda a: float(np.median(np.nanmax(np.abs(a[sel] - nodes[sel]), axis=1)))  # noqa: E731
+            table[level][label] = {"n": int(sel.sum()), "ours": largest(mine[level][1]),
+                                   "ncu": largest(yard[level][1])}
+    return table
+
+
+def nodes_from_fixture(path) -> dict:
+    """:func:`node_differences` of a recording made by :func:`fixture` (``values`` against ``ncu_1``, ``ncu_2``
+    the yardstick; lengths from ``ncu_1``'s durations), with no GPU."""
+    f = np.load(path)
+    ours = {str(m): f["values"][:, i] for i, m in enumerate(f["metrics"])}
+    names = [str(m) for m in f["ncu_metrics"]]
+    ncu = [{m: f[run][:, i] for i, m in enumerate(names)} for run in ("ncu_1", "ncu_2")]
+    return node_differences(ours, ncu[0], ncu[1], ncu[0]["gpu__time_duration.sum"] / 1e3)
+
+
 def compare(results, metrics, ref_name="ncu_1", names=None):
     """Per run (all but the references, or *names*) and duration bucket, against the rows of *ref_name*."""
     ref = results[ref_name]["rows"]
@@ -287,7 +337,14 @@ def main():
                     "its own (benchmarks/probes/probe_ncu_passes.py); may be given more than once")
     ap.add_argument("--only-kernel", action="store_true", help="kernel mode and ncu's kernel replay only (no "
                     "iteration mode, PC sampling, fixtures or application replay)")
+    ap.add_argument("--nodes", metavar="FIXTURE", help="no GPU: print the Top-Down nodes of a recording "
+                    "(tests/fixtures/range/stalls_vs_ncu_gh100.npz) against ncu's values through the same Top-Down")
     args = ap.parse_args()
+    if args.nodes:
+        for level, buckets in nodes_from_fixture(args.nodes).items():
+            print(f"level {level}: " + "; ".join(f"{label} ({b['n']}): gpuscope {b['ours']:.2f}, ncu_2 {b['ncu']:.2f}"
+                                                  for label, b in buckets.items()))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import gpuscope as gs

@@ -105,3 +105,30 @@ def test_report_gives_no_verdict_for_launches_whose_passes_differ(recorded):
     assert "pass_spread over 10%" in note
     n_bad = int((~gs.topdown(ds, check="ignore")["consistent"].values.astype(bool)).sum())
     assert note.startswith(f"{n_bad} launch(es)")
+
+
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_stalls_vs_ncu.py"
+    spec = importlib.util.spec_from_file_location("bench_stalls_vs_ncu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_topdown_a_user_reads_is_as_close_to_ncus_as_ncu_is_to_itself_plus_a_point(recorded):
+    """The Top-Down nodes (percent of peak issue slots) made from gpuscope's values against the same Top-Down made
+    from ncu's: within ncu's own run-to-run difference + 1 point to a tenth (median of the largest node difference,
+    every level and length); the 18 raw shares are not (2.4 points against 0.9 + 1 under 10 us): what is left
+    there is mostly the warp-active count each tool divides by, which the Top-Down normalises away."""
+    ds, ncu1, ncu2, dur = recorded
+    table = _bench().nodes_from_fixture(FIXTURE)
+    assert set(table) == {1, 2, 3} and table[3]["< 10 us"]["n"] == (dur < 10).sum() == 66
+    for level, buckets in table.items():
+        assert set(buckets) == {"< 10 us", "10-50 us", ">= 50 us"}
+        for label, b in buckets.items():
+            assert b["ours"] <= b["ncu"] + 1.1, (level, label, b)  # 1.59 against 0.52 recorded, level 3 < 10 us
+    raw = np.median(np.abs(_ours(ds) - ncu1).max(axis=1)[dur < 10])
+    raw_ncu = np.median(np.abs(ncu2 - ncu1).max(axis=1)[dur < 10])
+    assert raw > raw_ncu + 1.3 and table[3]["< 10 us"]["ours"] < raw - 0.5  # 2.4 against 0.9; nodes 1.6
