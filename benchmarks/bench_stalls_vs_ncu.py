@@ -229,11 +229,13 @@ def node_differences(ours: dict, ref: dict, other: dict, duration_us) -> dict:
 
 def nodes_from_fixture(path) -> dict:
     """:func:`node_differences` of a recording made by :func:`fixture` (``values`` against ``ncu_1``, ``ncu_2``
-    the yardstick; lengths from ``ncu_1``'s durations), with no GPU."""
+    the yardstick; an iteration-mode recording against ncu's application replay, ``ncu_app_1`` and ``ncu_app_2``;
+    lengths from the first ncu run's durations), with no GPU."""
     f = np.load(path)
     ours = {str(m): f["values"][:, i] for i, m in enumerate(f["metrics"])}
     names = [str(m) for m in f["ncu_metrics"]]
-    ncu = [{m: f[run][:, i] for i, m in enumerate(names)} for run in ("ncu_1", "ncu_2")]
+    runs = ("ncu_1", "ncu_2") if "ncu_1" in f.files else ("ncu_app_1", "ncu_app_2")
+    ncu = [{m: f[run][:, i] for i, m in enumerate(names)} for run in runs]
     return node_differences(ours, ncu[0], ncu[1], ncu[0]["gpu__time_duration.sum"] / 1e3)
 
 
