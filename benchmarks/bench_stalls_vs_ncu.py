@@ -344,8 +344,8 @@ def main():
     args = ap.parse_args()
     if args.nodes:
         for level, buckets in nodes_from_fixture(args.nodes).items():
-            print(f"level {level}: " + "; ".join(f"{label} ({b['n']}): gpuscope {b['ours']:.2f}, ncu_2 {b['ncu']:.2f}"
-                                                  for label, b in buckets.items()))
+            print(f"level {level}: " + "; ".join(f"{label} ({b['n']}): gpuscope {b['ours']:.2f}, ncu against itself "
+                                                  f"{b['ncu']:.2f}" for label, b in buckets.items()))
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
