@@ -53,10 +53,6 @@ def _demo(args) -> int:
 
 
 def _run(args) -> int:
-    if not args.sample:  # range profiling: libcupti (0.2 s) loads while gpuscope's modules import
-        from gpuscope.cupti import _lib
-
-        _lib.load_soon()
     from gpuscope._commands import run as _run
     from gpuscope._gpu import metric_lists as _lists
 

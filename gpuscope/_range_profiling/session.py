@@ -253,8 +253,13 @@ class Profiler(UserRanges, PerLaunchModes):
         be right, so that a typo in a metric name is still said before the caller's code runs."""
         from gpuscope._gpu import metric_lists as _lists
 
-        return (self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO) and self._nvtx_filter is None
-                and pass_groups is None and isinstance(metrics, str) and metrics in _lists.metric_sets("range"))
+        return (self._start_beside and pass_groups is None and isinstance(metrics, str) and metrics in _lists.metric_sets("range"))
+
+    @property
+    def _start_beside(self) -> bool:
+        """Whether the first Start is made on a thread beside the caller's code (:attr:`first_start_beside`: kernel
+        and auto modes, without NVTX ranges)."""
+        return self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO) and self._nvtx_filter is None
 
     def _setup_quietly(self, metrics, pass_groups) -> None:
         try:
@@ -262,12 +267,16 @@ class Profiler(UserRanges, PerLaunchModes):
         except BaseException as exc:  # noqa: BLE001  said where the session is next used (the first Start's thread)
             self._setup_error = exc
 
-    def _set_up(self) -> None:
-        """Wait for the constructor's work left to a thread, if any; raise what it raised."""
+    def _setup_waited(self) -> BaseException | None:
+        """Wait for the constructor's work left to a thread, if any; what it raised (None: nothing)."""
         if self._setup_thread is not None:
             self._setup_thread.join()
-            if self._setup_error is not None:
-                raise self._setup_error
+        return self._setup_error
+
+    def _set_up(self) -> None:
+        """Wait for the constructor's work left to a thread, if any; raise what it raised."""
+        if (error := self._setup_waited()) is not None:
+            raise error
 
     def _setup(self, metrics, pass_groups) -> None:
         """The device, its primary context, CUPTI's profiler and the session's metrics, passes and config image
@@ -298,8 +307,7 @@ class Profiler(UserRanges, PerLaunchModes):
             # With the first Start beside the caller's code, no image kept yet and this made on the caller's thread,
             # the query (0.1-0.16 s) is made on the first Start's thread instead, and the config built here without
             # it is checked there before the Enable.
-            self._unchecked = (self.first_start_beside and self.mode in (Mode.KERNEL, Mode.AUTO)
-                               and self._nvtx_filter is None and self._setup_thread is None
+            self._unchecked = (self._start_beside and self._setup_thread is None
                                and not profiler.availability_cached(self.device))
             if self._unchecked:
                 self._availability = None
@@ -436,7 +444,7 @@ class Profiler(UserRanges, PerLaunchModes):
             else:  # kernel, or auto until it chooses: configured here (or on the first Start's thread), not in a
                 # launch callback
                 kernel_replay = (ProfilerRange.AUTO, ReplayMode.KERNEL, self.max_ranges)
-                if self.first_start_beside and self._nvtx_filter is None:
+                if self._start_beside:
                     self._start_first_soon(kernel_replay)
                 else:
                     self._configure(*kernel_replay)
@@ -470,10 +478,7 @@ class Profiler(UserRanges, PerLaunchModes):
     def _setup_failure(self) -> BaseException | None:
         """What the setup made beside the code raised, waited for (None: it did not fail, or there is none); the
         first Start's thread, which raised it again, is then ended without its warning: start() raises it."""
-        if self._setup_thread is None:
-            return None
-        self._setup_thread.join()
-        if self._setup_error is None:
+        if self._setup_waited() is None:
             return None
         if self._first_thread is not None:
             self._first_thread.join()
@@ -712,8 +717,7 @@ class Profiler(UserRanges, PerLaunchModes):
             nvtx.close(report=False)
         _ranges.remove_listener(self)
         self._first_started()
-        if self._setup_thread is not None:  # a session closed before it started: its setup may be under way
-            self._setup_thread.join()
+        self._setup_waited()  # a session closed before it started: its setup may be under way
         collector = getattr(self, "_collector", None)
         started = ((getattr(self, "_running", False) and not getattr(collector, "paused", False))
                    or (getattr(collector, "in_iteration", False) and not getattr(collector, "counting", False))
