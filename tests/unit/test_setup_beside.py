@@ -17,6 +17,7 @@ from gpuscope._range_profiling.session import Profiler
 from gpuscope.cupti import _lib, profiler
 from gpuscope.errors import GpuscopeWarning, NoGpuError
 
+from .test_found_loops import StandInProfiler
 from .test_host import _fake_pm_availability
 
 
@@ -143,20 +144,6 @@ def test_a_session_closed_before_it_started_waits_for_its_setup_and_undoes_it(de
     assert "gpuscope-setup" not in {t.name for t in threading.enumerate()} - before
 
 
-class StandInRangeProfiler:
-    def __init__(self):
-        self.started = self.closed = False
-
-    def start(self):
-        self.started = True
-
-    def stop(self):
-        self.started = False
-
-    def close(self):
-        self.closed = True
-
-
 def test_start_leaves_every_cuda_call_to_the_threads_and_the_first_launch_finds_the_session_made(device, monkeypatch):
     """``start()`` on the caller's thread makes no CUDA call (the rendezvous is named by the GPU's PCI id, so it is
     opened on the first Start's thread too): the launch callbacks are in place at once, and the first launch waits
@@ -174,7 +161,7 @@ def test_start_leaves_every_cuda_call_to_the_threads_and_the_first_launch_finds_
 
     def configure(self, range_mode, replay_mode, ranges, depth=1):
         made.append(threading.current_thread().name)
-        self._rp, self._key, self._reused_now = StandInRangeProfiler(), ("stand-in",), False
+        self._rp, self._key, self._reused_now = StandInProfiler(self.passes, int(replay_mode)), ("stand-in",), False
 
     monkeypatch.setattr(Profiler, "_configure", configure)
     device.slow = 0.3
