@@ -171,25 +171,9 @@ def compare_per_kernel(results, names_from="kernel_plan", refs=("ncu_1", "ncu_2"
     return out
 
 
-def verdicts(rows, metrics):
-    import xarray as xr
-
-    import gpuscope as gs
-    from gpuscope._results.report_topdown import _verdict
-
-    ds = xr.Dataset({m: ("range", [r[m] for r in rows]) for m in metrics}, attrs={"compute_capability": "9.0"})
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        td = gs.topdown(ds, check="ignore")
-    names = [n for n in td.data_vars if "level" in td[n].attrs]
-    return [_verdict({n: float(td[n].values[i]) for n in names})[0] for i in range(len(rows))]
-
-
-def topdown_nodes(values: dict):
-    """The Top-Down nodes of each launch (:func:`gpuscope.topdown`; percent of peak issue slots), by level:
-    ``{level: (names, array launches x nodes)}``, from *values* (metric name -> per-launch array, CC 9.0)."""
+def _topdown(values: dict):
+    """:func:`gpuscope.topdown` of *values* (metric name -> per-launch values, CC 9.0), its warnings silenced (short
+    launches warn of their coverage, gpuscope's and ncu's alike)."""
     import warnings
 
     import xarray as xr
@@ -199,8 +183,22 @@ def topdown_nodes(values: dict):
     ds = xr.Dataset({m: ("range", np.asarray(v, dtype=float)) for m, v in values.items()},
                     attrs={"compute_capability": "9.0"})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # short launches warn of their coverage; both sides alike
-        td = gs.topdown(ds, check="ignore")
+        warnings.simplefilter("ignore")
+        return gs.topdown(ds, check="ignore")
+
+
+def verdicts(rows, metrics):
+    from gpuscope._results.report_topdown import _verdict
+
+    td = _topdown({m: [r[m] for r in rows] for m in metrics})
+    names = [n for n in td.data_vars if "level" in td[n].attrs]
+    return [_verdict({n: float(td[n].values[i]) for n in names})[0] for i in range(len(rows))]
+
+
+def topdown_nodes(values: dict):
+    """The Top-Down nodes of each launch (:func:`gpuscope.topdown`; percent of peak issue slots), by level:
+    ``{level: (names, array launches x nodes)}``, from *values* (metric name -> per-launch array, CC 9.0)."""
+    td = _topdown(values)
     out = {}
     for level in (1, 2, 3):
         names = [n for n in td.data_vars if td[n].attrs.get("level") == level]
