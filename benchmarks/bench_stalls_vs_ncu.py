@@ -51,7 +51,9 @@ def collect(work, reps, metrics, mode, pass_groups):
     ds = prof.dataset
     wall = time.perf_counter() - t0
     rows = [{"kernel": str(k)} for k in ds["kernel"].values]
-    anchors = [a for a in ds.attrs.get("pass_anchors", []) if a in ds and a not in metrics]
+    from gpuscope._gpu.pass_plan import WARMUP_ANCHOR
+
+    anchors = [a for a in [*ds.attrs.get("pass_anchors", []), WARMUP_ANCHOR] if a in ds and a not in metrics]
     for m in [*metrics, *anchors]:
         for row, v in zip(rows, ds[m].values):
             row[m] = float(v)
@@ -66,9 +68,11 @@ def collect(work, reps, metrics, mode, pass_groups):
 
 def collect_layout(work, reps, groups):
     """Kernel mode with *groups* (raw counters, one pass each, in pass order: ``--layout``), the set's values made
-    from them as ncu makes its own: each share its stall counter over ``smsp__warps_active.sum``, whichever pass
+    from them as ncu makes its own: each share its stall counter over ``smsp__warps_active.sum`` (else
+    ``sm__warps_active.sum``, where the groups hold that instead: an earlier plan of gpuscope's), whichever pass
     each came from."""
     raw = list(dict.fromkeys(m for g in groups for m in g))
+    anchor = "smsp__warps_active.sum" if "smsp__warps_active.sum" in raw else "sm__warps_active.sum"
     res = session(work, reps, raw, groups)
     rows = []
     for v in res["rows"]:
@@ -79,7 +83,7 @@ def collect_layout(work, reps, groups):
                "smsp__thread_inst_executed_per_inst_executed.ratio":
                    v["smsp__thread_inst_executed.sum"] / v["smsp__inst_executed.sum"]}
         for r in REASONS:
-            row[PCT.format(r)] = 100 * v[f"smsp__warps_issue_stalled_{r}.sum"] / v["smsp__warps_active.sum"]
+            row[PCT.format(r)] = 100 * v[f"smsp__warps_issue_stalled_{r}.sum"] / v[anchor]
         rows.append(row)
     return {"rows": rows, "wall_s": res["wall_s"], "passes": res["passes"], "launches": len(rows), "groups": groups}
 
@@ -353,15 +357,12 @@ def main():
     work = Work()
     work.step()
     work.step()
+    # a first session in the process costs more per launch (CUPTI's first kernel replays): one, thrown away, so
+    # that every session below is a later one and their costs compare
+    t0 = time.perf_counter()
+    warm = collect(work, 1, metrics, "kernel", None)
+    print(f"warm-up session: {warm['launches']} rows, {time.perf_counter() - t0:.1f} s", flush=True)
     results = {}
-    for layout in map(Path, args.layout):
-        name = f"kernel_layout_{layout.stem}"
-        try:
-            results[name] = res = collect_layout(work, args.reps, json.loads(layout.read_text()))
-            print(f"{name}: {res['launches']} rows, {res['passes']} passes, {res['wall_s']:.1f} s", flush=True)
-        except Exception as exc:
-            results[name] = {"error": repr(exc)}
-            print(f"{name}: {exc!r}", flush=True)
     for mode in ("kernel",) if args.only_kernel else ("kernel", "iteration"):
         layouts = (("plan", None), ("cupti", "cupti")) + ((("ncu", "ncu"),) if mode == "kernel" else ())
         for label, groups in layouts if not args.only_kernel else (("plan", None), ("ncu", "ncu")):
@@ -373,6 +374,14 @@ def main():
             except Exception as exc:
                 results[name] = {"error": repr(exc)}
                 print(f"{name}: {exc!r}", flush=True)
+    for layout in map(Path, args.layout):
+        name = f"kernel_layout_{layout.stem}"
+        try:
+            results[name] = res = collect_layout(work, args.reps, json.loads(layout.read_text()))
+            print(f"{name}: {res['launches']} rows, {res['passes']} passes, {res['wall_s']:.1f} s", flush=True)
+        except Exception as exc:
+            results[name] = {"error": repr(exc)}
+            print(f"{name}: {exc!r}", flush=True)
     if args.only_kernel:
         args.app_runs = 0
     try:

@@ -60,7 +60,9 @@ def _metrics(args) -> int:
                               "metrics": names, "passes_per_metric": per}, indent=2))
             return EXIT_OK
         own = _lists.count_passes(names, chip, kind, plan=False)
-        schedule = f"; gpuscope's pass plan, CUPTI's own schedule: {own}" if own != passes else ""
+        planned = _lists._kind(kind) is _lists.MetricKind.RANGE and _lists.consistent_plan(tuple(names), chip)
+        schedule = (f"; gpuscope's pass plan, CUPTI's own schedule: {own}" if own != passes
+                    else "; gpuscope's pass plan, as many as CUPTI's own schedule" if planned else "")
         from gpuscope._results.report_table import _count
 
         print(f"{_count(passes, 'pass')} for {_count(len(names), 'metric')} ({where(chip)}, CUPTI {version}"

@@ -341,8 +341,8 @@ def count_passes(metrics, chip: str | None = None, kind: str | None = None, coun
     """How many passes (replays) a session needs to collect *metrics* (a set name or a list).
 
     Where the list holds warp-stall shares (the ``topdown`` set), sessions collect it with gpuscope's consistent
-    pass plan (:mod:`gpuscope._gpu.pass_plan`), which takes one or two passes more than CUPTI's own schedule;
-    ``plan=False`` gives CUPTI's own count.
+    pass plan (:mod:`gpuscope._gpu.pass_plan`), which takes as many passes as CUPTI's own schedule for the
+    ``topdown`` set on GH100 (7) and one or two more elsewhere; ``plan=False`` gives CUPTI's own count.
 
     Parameters
     ----------

@@ -58,7 +58,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["ANCHOR", "CYCLES", "NCU_ANCHOR", "NCU_LAYOUTS", "SPREAD_ANCHORS", "PassPlan", "ncu_plan", "plan"]
+__all__ = ["ANCHOR", "CYCLES", "NCU_ANCHOR", "NCU_LAYOUTS", "SPREAD_ANCHORS", "WARMUP_ANCHOR", "PassPlan", "ncu_plan",
+           "plan"]
 
 #: The denominator collected with every stall group: active warp-cycles, counted per SM (it fits beside three stall
 #: counters on GH100 where ``smsp__warps_active`` fits beside two, so the plan needs no more passes than CUPTI's).
@@ -70,6 +71,15 @@ SPREAD_ANCHORS = ("sm__warps_active_realtime.sum", "sm__warps_active_shader_cs_r
 #: The chips on which the :data:`SPREAD_ANCHORS` were checked to count what ``sm__warps_active`` counts, in one pass
 #: (``sm__warps_active_shader_cs`` counts half of it on GH100: a counter of the same name need not agree elsewhere).
 SPREAD_CHIPS = frozenset({"GH100"})
+#: The denominator of the stall reasons of the warm-up pass (the second: a replay's first), a fifth counter of
+#: active warp-cycles, checked on the :data:`SPREAD_CHIPS` only: it counts half of what ``sm__warps_active`` counts
+#: (0.5000 in one pass, ``benchmarks/probes/probe_anchors.py``), hence :data:`WARMUP_SCALE`.
+WARMUP_ANCHOR = "sm__warps_active_shader_cs.sum"
+WARMUP_SCALE = 50.0
+#: The stall reasons the warm-up pass collects over its own :data:`WARMUP_ANCHOR`: those that are rarely more than a
+#: point of a kernel's warp-active cycles (on the 82 launches of ``benchmarks/bench_stalls_vs_ncu.py``, H100: at
+#: most 0.2, 1.6 and 0.0%), three that fit one pass beside the anchor on GH100.
+WARMUP_REASONS = ("misc", "sleeping", "tex_throttle")
 #: The denominator of the per-cycle-active rates (IPC): cycles in which an SMSP had a warp active.
 CYCLES = "smsp__cycles_active.sum"
 #: Collected in the second lead group when no instruction count is asked for: a pass that holds no ratio.
@@ -198,7 +208,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         elif m == _THREAD_RATIO[0] and has(_THREAD_RATIO[1]) and has(_THREAD_RATIO[2]):
             derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
             counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]
-        elif m != ANCHOR and not (spread and m in SPREAD_ANCHORS):  # those the stall passes collect anyway
+        elif m != ANCHOR and not (spread and m in (*SPREAD_ANCHORS, WARMUP_ANCHOR)):  # the plan's own counters
             rest.append(m)
     others: list[str] = []  # for the spare room of the count and stall passes, else the last group
     for m in rest:  # in the first pass where they fit
@@ -208,11 +218,23 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             others.append(m)
     if not first and has(_DURATION):
         first = [_DURATION]
-    counts = list(dict.fromkeys(counts)) or ([FILLER] if has(FILLER) else [])
-    if not first or not counts or not one_pass(counts):
+    counts = list(dict.fromkeys(counts))
+    filler = [] if counts or not has(FILLER) else [FILLER]
+    if not first or not (counts or filler) or not one_pass(counts or filler):
         return None
     rank = {f"smsp__warps_issue_stalled_{r}.sum": k for k, r in enumerate(FIRST_REASONS)}
     items = sorted(dict.fromkeys(items), key=lambda m: (m != CYCLES, rank.get(m, len(rank))))  # stable
+    second = counts or filler  # the second pass: instruction counts (else a filler), no ratio
+    warmup = [_stall(r) for r in WARMUP_REASONS if _stall(r) in items]
+    if (spread and warmup and has(WARMUP_ANCHOR) and one_pass([*first, *counts])
+            and one_pass([WARMUP_ANCHOR, *warmup])):
+        # the counts join the first pass; the second takes the warm-up reasons over a warp-active counter of its own
+        first, second = [*first, *counts], [WARMUP_ANCHOR, *warmup]
+        items = [m for m in items if m not in warmup]
+        derived = [(m, num, WARMUP_ANCHOR, WARMUP_SCALE) if num in warmup else (m, num, den, scale)
+                   for m, num, den, scale in derived]
+    else:
+        warmup = []
     groups: list[list[str]] = []
     for item in items:
         for g in groups:
@@ -229,9 +251,9 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             return [ANCHOR]
         return [SPREAD_ANCHORS[k - 1]] if spread and k <= len(SPREAD_ANCHORS) and has(SPREAD_ANCHORS[k - 1]) else []
 
-    for m in others:  # the instruction-count pass, the stall passes, else a last group that CUPTI schedules
-        if one_pass([*counts, m]):
-            counts.append(m)
+    for m in others:  # the second pass, the stall passes, else a last group that CUPTI schedules
+        if one_pass([*second, m]):
+            second.append(m)
             continue
         for k, g in enumerate(groups):
             if one_pass([*anchor_of(k), *g, m]):
@@ -246,14 +268,15 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
             anchor = None
         stall_groups.append(tuple(g) if anchor is None else (anchor, *g))
         anchors += [anchor] if anchor is not None else []
-    for m in metrics:  # a requested anchor that no stall pass took (fewer stall passes than anchors)
-        if m in SPREAD_ANCHORS and m not in anchors:
+    for m in metrics:  # a requested anchor that no pass took (fewer stall passes than anchors, no warm-up pass)
+        if spread and m in (*SPREAD_ANCHORS, WARMUP_ANCHOR) and m not in (*anchors, *second):
             if not one_pass([*first, m]):
                 return None
             first.append(m)
-    all_groups = (tuple(first), tuple(counts), *stall_groups) + ((tuple(several),) if several else ())
+    all_groups = (tuple(first), tuple(second), *stall_groups) + ((tuple(several),) if several else ())
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
-    requested = tuple(metrics) + tuple(a for a in anchors if a not in metrics)
+    own = [*anchors, *([WARMUP_ANCHOR] if warmup else [])]  # the Dataset holds the warp-active counters
+    requested = tuple(metrics) + tuple(a for a in own if a not in metrics)
     return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors), bool(several))
 
 

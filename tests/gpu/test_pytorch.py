@@ -279,7 +279,7 @@ def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
 
     script = tmp_path / "train_step.py"
     script.write_text(SCRIPT)
-    warmup, steps = 3, 20
+    warmup, steps = 3, 22  # 23 iterations or so profiled: not a multiple of the 7 passes
     done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--set", "topdown", "--no-report", "-o",
                            str(tmp_path / "auto.nc"), str(script), str(warmup), str(steps)],
                           capture_output=True, text=True, timeout=300)
@@ -298,6 +298,6 @@ def test_gpuscope_run_follows_an_unmodified_training_loop(tmp_path):
     why = {k: int(v) for k, v in ds.attrs["launches_unprofiled_by_reason"].items()}
     assert int(ds.attrs["repetition_found_at"]) < warm, said
     assert sum(n for k, n in why.items() if k != "searching") <= 0.05 * steps * period, said
-    assert int(ds.attrs["launches_completed_from_earlier_group"]) > 0, said  # 21 iterations of 8 passes: 5 left
-    assert profiled <= seen and passes == 8
+    assert int(ds.attrs["launches_completed_from_earlier_group"]) > 0, said  # 23 iterations of 7 passes: 2 left
+    assert profiled <= seen and passes == 7
     assert ds["launch"].values.min() >= 0 and ds["launch"].values.max() < seen  # the process's launch IDs

@@ -30,7 +30,7 @@ def test_topdown_with_roofline_fp_memory_and_occupancy_takes_one_pass_more(work)
     with gs.Profiler(["topdown", "roofline-fp", "memory", "occupancy"], mode="kernel") as prof:
         work.step()
     ds = prof.dataset
-    assert prof.passes == 9 == gs.count_passes("topdown", chip="GH100") + 1
+    assert prof.passes == 8 == gs.count_passes("topdown", chip="GH100") + 1
     assert ds.attrs["pass_plan"] == "consistent"
     rl = gs.roofline(ds)
     assert list(rl["precision"].values) == ["fp64", "fp32", "fp16"]

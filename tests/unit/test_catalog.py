@@ -46,7 +46,7 @@ def test_topdown_set_is_the_papers():
     assert gs.count_passes(PAPER_TOPDOWN, chip="GH100", plan=False) == (
         7 if _api.version() == (13, 1) else gs.count_passes("topdown", chip="GH100", plan=False))
     # sessions collect it with the consistent pass plan: the durations and the instruction counts first
-    assert gs.count_passes(PAPER_TOPDOWN, chip="GH100") == gs.count_passes("topdown", chip="GH100") == 8
+    assert gs.count_passes(PAPER_TOPDOWN, chip="GH100") == gs.count_passes("topdown", chip="GH100") == 7
 
 
 def test_search_lists_real_metrics_with_descriptions():

@@ -28,22 +28,42 @@ def test_each_add_metrics_call_is_a_pass_group_of_its_own():
     assert _passes([three, three]) == 4  # the same metrics twice: collected twice
 
 
-def test_topdown_plan_keeps_every_rate_out_of_the_first_two_passes_with_one_pass_more():
+def test_topdown_plan_keeps_the_shares_of_each_pass_over_its_own_counter_in_cuptis_number_of_passes():
     plan = lists.consistent_plan(TOPDOWN, "GH100")
-    assert plan.passes == _passes(plan.groups) == 8 == lists.count_passes("topdown", "GH100", plan=False) + 1
-    assert lists.count_passes("topdown", "GH100") == 8  # what a session collects
+    assert plan.passes == _passes(plan.groups) == 7 == lists.count_passes("topdown", "GH100", plan=False)
+    assert lists.count_passes("topdown", "GH100") == 7  # what a session collects
     assert all(_passes([g]) == 1 for g in plan.groups)
-    first, counts = plan.groups[:2]
-    assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max"}
-    assert all(m.endswith(".sum") and "inst" in m for m in counts)  # counts, the same in every execution
+    first, warmup = plan.groups[:2]
+    # the launch as the program made it: its duration and cycles, and the instruction counts, the same in every
+    # execution
+    assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max", "smsp__inst_executed.sum",
+                          "smsp__inst_issued.sum", "smsp__thread_inst_executed.sum"}
+    # the warm-up pass: the reasons that are rarely more than a point, over a warp-active counter of their own
+    assert warmup == (pass_plan.WARMUP_ANCHOR, *(f"smsp__warps_issue_stalled_{r}.sum" for r in pass_plan.WARMUP_REASONS))
+    formulas = {m: (num, den, scale) for m, num, den, scale in plan.derived}
+    for r in pass_plan.WARMUP_REASONS:
+        assert formulas[f"smsp__warp_issue_stalled_{r}_per_warp_active.pct"] == (
+            f"smsp__warps_issue_stalled_{r}.sum", pass_plan.WARMUP_ANCHOR, 50.0)  # the counter counts half
+    assert formulas["smsp__warp_issue_stalled_wait_per_warp_active.pct"][1:] == (pass_plan.ANCHOR, 100.0)
     anchors = (pass_plan.ANCHOR, *pass_plan.SPREAD_ANCHORS)
     assert plan.anchors == anchors  # a warp-active counter of its own in each of the first four stall passes
     for k, group in enumerate(plan.groups[2:]):
         stalls = group[1:] if k < len(anchors) else group
         assert k >= len(anchors) or group[0] == anchors[k]
         assert all("stalled" in m or (k == 0 and m == pass_plan.CYCLES) for m in stalls)
-    assert plan.requested == TOPDOWN + anchors  # the Dataset holds the anchors
-    assert plan.attrs()["pass_anchors"] == list(anchors)
+    # every stall share once, in the warm-up pass or a stall pass
+    collected = [m for g in plan.groups[1:] for m in g if "stalled" in m]
+    assert len(collected) == len(set(collected)) == 18
+    assert plan.requested == TOPDOWN + anchors + (pass_plan.WARMUP_ANCHOR,)  # the Dataset holds the anchors
+    assert plan.attrs()["pass_anchors"] == list(anchors)  # the spread is the stall passes' alone
+
+
+def test_a_requested_warp_active_counter_is_collected_once():
+    """A session's Dataset lists the plan's counters among its metrics: planned again (a fixture's metric list),
+    each stays in its own pass."""
+    plan = lists.consistent_plan(TOPDOWN, "GH100")
+    again = lists.consistent_plan(plan.requested, "GH100")
+    assert again.groups == plan.groups and again.requested == plan.requested
 
 
 def test_a_metric_of_several_passes_goes_in_a_last_group_and_the_stall_shares_keep_the_plan():
@@ -99,11 +119,23 @@ def _shares(name):
     return f, f["values"][:, stalls].sum(axis=1)
 
 
+def _recorded_plan(f):
+    """The plan a recording was collected with, made by the same packing from its recorded groups (the packing of
+    an earlier gpuscope, where the groups say so: this recording's has no warm-up pass, 8 passes)."""
+    import functools
+
+    groups = [frozenset(g.split("|")) for g in f["groups"]]
+    cm = lists._chip_metrics("GH100", lists.MetricKind.RANGE)
+    plan = pass_plan.plan(tuple(f["metrics"]), cm.has, functools.partial(lists._fits_a_stored_group, groups), True)
+    assert [set(g) for g in plan.groups] == [set(g) for g in groups]
+    return plan
+
+
 def test_recorded_short_kernels_add_up_through_the_plan():
     """The image of CuPy 1 M-element kernels (3-8 us) and two long Numba kernels, collected with the plan on an
     H200, evaluated again here: the same values, and shares near 100%."""
     f, total = _shares("short_kernels_plan_gh100.npz")
-    plan = lists.consistent_plan(tuple(f["metrics"]), "GH100")
+    plan = _recorded_plan(f)
     assert list(plan.collected) == list(f["collected"])
     with host.ProfilerHost("GH100", ProfilerType.RANGE_PROFILER) as h:
         for g in plan.groups:
