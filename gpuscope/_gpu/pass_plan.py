@@ -1,4 +1,4 @@
-"""Pass plans for stall breakdowns: each ratio's counters in one pass, none in the first two passes of a replay.
+"""Pass plans for stall breakdowns: each ratio's counters in one pass, the main ones out of a replay's first two.
 
 CUPTI schedules a metric list into passes as it likes: for the ``topdown`` set on GH100 it puts
 ``smsp__warps_active`` (the denominator of every ``*_per_warp_active.pct`` stall share) in one pass and the 18
@@ -11,12 +11,23 @@ The shares summed to 40-80% of warp-active cycles instead of 100%.
 A :class:`PassPlan` collects instead, for the same requested metrics:
 
 * a **first lead group**: the requested metrics that are neither stall shares nor per-cycle rates (durations,
-  cycle counts): the launch as the program made it;
-* a **second lead group**: instruction counts (``smsp__inst_executed.sum``, ``smsp__inst_issued.sum``,
-  ``smsp__thread_inst_executed.sum``), which do not depend on how an execution went;
+  cycle counts): the launch as the program made it; on the :data:`SPREAD_CHIPS` also the instruction counts
+  (``smsp__inst_executed.sum``, ``smsp__inst_issued.sum``, ``smsp__thread_inst_executed.sum``), which do not
+  depend on how an execution went, where they fit;
+* a **second group**, the replay's warm-up: on those chips the :data:`WARMUP_REASONS` (``misc``, ``sleeping``,
+  ``tex_throttle``: rarely more than a point) over a warp-active counter of that pass, :data:`WARMUP_ANCHOR`; on
+  the others, or where the counts do not fit the first pass, the instruction counts;
 * **stall groups**, one pass each: a few ``smsp__warps_issue_stalled_<reason>.sum`` counters, the largest reasons
-  first; the first also holds the anchor ``sm__warps_active.sum`` (the denominator of every share) and
+  first; the first also holds the anchor ``sm__warps_active.sum`` (the denominator of every other share) and
   ``smsp__cycles_active.sum``, the next ones each a warp-active counter of their own (:data:`SPREAD_ANCHORS`).
+
+The second pass runs a short kernel longer than the later ones (on the H100, 1.2 times the active warp-cycles at
+the median under 10 us, 1.0 from 50 us on: tests/fixtures/range/plan7_rounds_gh100.npz), so only reasons that
+weigh little go there, each over that pass's own count. The ``topdown`` set then takes 7 passes on GH100, as many as
+CUPTI's own schedule (8 with the instruction counts in a pass of their own and the three reasons in the last stall
+passes); on two interleaved rounds of 82 launches, both plans differed from ncu alike (2.7-3.5 against 3.4-3.7
+points under 10 us, each from the other by 1.1, each from its own other round by 1.2 and 1.8) and the 7-pass plan
+cost what CUPTI's schedule costs (65-69 against 66-71 ms a launch; docs/measurements.md).
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
 (:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass, but for
@@ -35,11 +46,13 @@ probe's kernels, which the Top-Down's normalisation over stall reasons cancels),
 give each pass its own denominator. GH100 has several counters of active warp-cycles, though, which agree when
 collected in one pass (``sm__warps_active_realtime`` and ``sm__warps_active_shader_cs_realtime`` equal
 ``sm__warps_active`` to 0.1% at the median, within 1.3% on 2 us kernels; ``tpc__warps_active_shader_cs_realtime``
-within 0.8%: ``benchmarks/probes/probe_anchors.py``, H100). One of them in each of the second to fourth stall
-passes measures how alike the passes ran: their spread, ``pass_spread`` of :func:`gpuscope.metrics.topdown.topdown`,
-is 0.5% (median) on kernels of 50 us and more and 11% under 10 us, and it ranks the launches whose shares
-disagree with ncu's (Spearman 0.71): under 10 us, the launches it passes (23 of 66) differ from ncu by 1.1 points
-(median of the largest share difference), the others by 4.3. Dividing each pass's counts by its own pass's counter was measured too and agrees with
+within 0.8%, but it makes every kernel replay dearer: ``benchmarks/probes/probe_anchors.py``, H100). One of them in
+each of the second and third stall passes measures how alike the passes ran: their spread, ``pass_spread`` of
+:func:`gpuscope.metrics.topdown.topdown`, is 0.5-1.1% (median) on kernels of 50 us and more and 5% under 10 us
+(with the tpc counter in a fourth pass, 0.5% and 11%), and it ranks the launches whose shares disagree with ncu's
+(Spearman 0.71 with four anchors): under 10 us, the launches it passes (40-43 of 66 with three anchors, 23-35 with
+four) differ from ncu by 2.2 points (median of the largest share difference; 1.1-2.0 with four), the others by
+5.8-8.2. Dividing each pass's counts by its own pass's counter was measured too and agrees with
 ncu no better (median largest difference 2.6 against 2.7 points under 10 us) while its sums scatter more (80%
 within 100 +/- 5% against 92%), and in iteration mode too, against ncu's application replay (4.0 against 3.9 points,
 70% within 100 +/- 5% against 79%, on tests/fixtures/range/iteration_vs_ncu_app_gh100.npz): the stall counts of the
@@ -66,12 +79,14 @@ __all__ = ["ANCHOR", "CYCLES", "NCU_ANCHOR", "NCU_LAYOUTS", "SPREAD_ANCHORS", "W
 ANCHOR = "sm__warps_active.sum"
 #: Counters of active warp-cycles that CUPTI collects as counters of their own, one in each stall pass after the
 #: first, in this order: the spread of their values over the anchor's is the spread of the passes' executions.
-SPREAD_ANCHORS = ("sm__warps_active_realtime.sum", "sm__warps_active_shader_cs_realtime.sum",
-                  "tpc__warps_active_shader_cs_realtime.sum")
+#: (``tpc__warps_active_shader_cs_realtime.sum``, which agrees as well, was the third until it was found to make
+#: every kernel replay dearer: 90-92 ms a launch against 73-77 with any of the others, on the 82 launches of
+#: ``benchmarks/bench_stalls_vs_ncu.py``, H100; docs/measurements.md.)
+SPREAD_ANCHORS = ("sm__warps_active_realtime.sum", "sm__warps_active_shader_cs_realtime.sum")
 #: The chips on which the :data:`SPREAD_ANCHORS` were checked to count what ``sm__warps_active`` counts, in one pass
 #: (``sm__warps_active_shader_cs`` counts half of it on GH100: a counter of the same name need not agree elsewhere).
 SPREAD_CHIPS = frozenset({"GH100"})
-#: The denominator of the stall reasons of the warm-up pass (the second: a replay's first), a fifth counter of
+#: The denominator of the stall reasons of the warm-up pass (the second: a replay's first), one more counter of
 #: active warp-cycles, checked on the :data:`SPREAD_CHIPS` only: it counts half of what ``sm__warps_active`` counts
 #: (0.5000 in one pass, ``benchmarks/probes/probe_anchors.py``), hence :data:`WARMUP_SCALE`.
 WARMUP_ANCHOR = "sm__warps_active_shader_cs.sum"

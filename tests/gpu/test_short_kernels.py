@@ -53,7 +53,11 @@ def test_stall_shares_of_short_kernels_add_up(work, mode):
     assert {"warp_state_coverage", "pass_spread", "topdown_uncertainty", "consistent"} <= set(td.coords)
     np.testing.assert_allclose(td["warp_state_coverage"].values, total, rtol=1e-9)
     anchors = ds.attrs["pass_anchors"]
-    assert len(anchors) == 4 and all(a in ds for a in anchors)  # one warp-active counter per stall pass
+    assert len(anchors) == 3 and all(a in ds for a in anchors)  # a warp-active counter in each of 3 stall passes
+    # the warm-up pass's own counter (counting half): a replay's second pass runs short kernels longer (1.2 times
+    # the active warps at the median on the H100), those of 50 us and more alike
+    warm = 2 * ds["sm__warps_active_shader_cs.sum"].values / ds["sm__warps_active.sum"].values
+    assert np.all(np.abs(warm[ds["gpu__time_duration.sum"].values >= 50e3] - 1) < 0.1), np.round(warm, 2)
     spread = td["pass_spread"].values
     long = ds["gpu__time_duration.sum"].values >= 50e3
     # the passes of long kernels run alike (0.5% measured), those of 2-10 us kernels less (11% median)

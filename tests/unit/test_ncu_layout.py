@@ -44,7 +44,8 @@ def test_the_probe_reads_gpuscopes_own_known_layout(probe):
     """The check of the method: the warp-active counters gpuscope's plan puts one in each of stall passes 1-4 come
     back in that order, each pass about 1.7 times the work of the one before."""
     work = _work(probe["gpuscope_scaled"], probe["gpuscope_flat"], probe["gpuscope_metrics"])
-    anchors = [work[a] for a in (pass_plan.ANCHOR, *pass_plan.SPREAD_ANCHORS)]
+    recorded = (pass_plan.ANCHOR, *pass_plan.SPREAD_ANCHORS, "tpc__warps_active_shader_cs_realtime.sum")  # its plan's
+    anchors = [work[a] for a in recorded]
     growth = np.diff(np.log(anchors))
     assert np.all(growth > np.log(1.3)) and np.all(growth < np.log(2.2))
     assert work["gpu__time_duration.sum"] < anchors[0]  # the first pass, before every stall pass
