@@ -15,8 +15,12 @@ Per launch: the largest difference over the 18 ``*_per_warp_active.pct`` stall s
 of the shares, and the level-2 verdict of the Top-Down, against ``ncu_1``; ``ncu_2`` against ``ncu_1`` is the
 yardstick. Writes ``stalls.json`` (every row) and ``fixture_*.npz`` (one rep's CuPy and Numba launches with
 ``max_ranges=8``: the counter-data image, config and metric lists, for CPU tests), and prints the table.
-``--only-kernel`` runs kernel mode (plan and ncu's layout) and ncu's kernel replay only; ``--layout FILE`` adds a
-kernel-mode run with pass groups of raw counters read from a JSON file, its shares made as ncu makes its own.
+A kernel-mode session made first and thrown away makes every measured session a later one of the process (the first
+costs more). ``--only-kernel`` runs kernel mode (plan, CUPTI's schedule and ncu's layout) and ncu's kernel replay
+only; ``--layout FILE`` adds a kernel-mode run with pass groups of raw counters read from a JSON file
+(``benchmarks/layouts/plan8_gh100.json``: the 8-pass plan gpuscope collected before its warm-up pass), its shares
+made as ncu makes its own; ``--rounds N`` runs the kernel-mode sessions N times, interleaved, to tell a change from
+the rounds' own spread; ``--rounds-fixture STALLS_JSON NPZ`` (no GPU) writes such a run's CPU fixture.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ def collect(work, reps, metrics, mode, pass_groups):
     rows = [{"kernel": str(k)} for k in ds["kernel"].values]
     from gpuscope._gpu.pass_plan import WARMUP_ANCHOR
 
-    anchors = [a for a in [*ds.attrs.get("pass_anchors", []), WARMUP_ANCHOR] if a in ds and a not in metrics]
-    for m in [*metrics, *anchors]:
+    anchors = [a for a in ds.attrs.get("pass_anchors", []) if a in ds and a not in metrics]
+    warmup = [WARMUP_ANCHOR] if WARMUP_ANCHOR in ds and WARMUP_ANCHOR not in metrics else []
+    for m in [*metrics, *anchors, *warmup]:
         for row, v in zip(rows, ds[m].values):
             row[m] = float(v)
     td = gs.topdown(ds, check="ignore")
@@ -330,6 +335,31 @@ def print_table(table, ref="ncu_1"):
             print(f"  {name}: {entry['wall_s']:.1f} s, {entry['ms_per_launch']:.1f} ms/launch")
 
 
+def rounds_fixture(stalls_json, path):
+    """The kernel-mode rounds of a ``--rounds 2 --layout benchmarks/layouts/plan8_gh100.json`` run (its
+    ``stalls.json``) as a CPU fixture: per run and round the 18 shares of every launch, ncu's twice, and the plan's
+    first round whole (values, anchors, ``consistent``) for ``gs.topdown``."""
+    from gpuscope._gpu.pass_plan import WARMUP_ANCHOR
+
+    results = json.loads(Path(stalls_json).read_text())
+    share = lambda rows: np.array([[r[PCT.format(x)] for x in REASONS] for r in rows])  # noqa: E731
+    runs = {"plan": "kernel_plan", "plan8": "kernel_layout_plan8_gh100", "ncu_layout": "kernel_ncu",
+            "cupti": "kernel_cupti"}
+    arrays = {f"{short}_{k}": share(results[name + ("" if k == 1 else "_r2")]["rows"])
+              for short, name in runs.items() for k in (1, 2)}
+    plan = results["kernel_plan"]["rows"]
+    metrics = [m for m in plan[0] if m not in ("kernel", "pass_spread", "consistent")]
+    np.savez_compressed(
+        path, reasons=np.array(REASONS), kernels=np.array([r["kernel"] for r in plan]),
+        duration_ns=np.array([r["gpu__time_duration.sum"] for r in results["ncu_1"]["rows"]]),
+        ncu_1=share(results["ncu_1"]["rows"]), ncu_2=share(results["ncu_2"]["rows"]), **arrays,
+        plan_metrics=np.array(metrics), plan_values=np.array([[r[m] for m in metrics] for r in plan]),
+        plan_anchors=np.array([a for a in results["kernel_plan"]["pass_anchors"] if a != WARMUP_ANCHOR]),
+        warmup_anchor=WARMUP_ANCHOR,
+        ms_per_launch=np.array([[1e3 * results[n + t]["wall_s"] / results[n + t]["launches"] for t in ("", "_r2")]
+                                for n in runs.values()]), cost_runs=np.array(list(runs)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
@@ -339,11 +369,18 @@ def main():
     ap.add_argument("--layout", action="append", default=[], help="a JSON file of pass groups of raw counters in "
                     "pass order: one more kernel-mode run, kernel_layout_<file's stem>, its shares made as ncu makes "
                     "its own (benchmarks/probes/probe_ncu_passes.py); may be given more than once")
+    ap.add_argument("--rounds", type=int, default=1, help="run the kernel-mode sessions (plan, CUPTI's schedule, "
+                    "ncu's layout, each --layout) this many times, interleaved")
     ap.add_argument("--only-kernel", action="store_true", help="kernel mode and ncu's kernel replay only (no "
                     "iteration mode, PC sampling, fixtures or application replay)")
     ap.add_argument("--nodes", metavar="FIXTURE", help="no GPU: print the Top-Down nodes of a recording "
                     "(tests/fixtures/range/stalls_vs_ncu_gh100.npz) against ncu's values through the same Top-Down")
+    ap.add_argument("--rounds-fixture", nargs=2, metavar=("STALLS_JSON", "NPZ"), help="no GPU: write the CPU fixture "
+                    "of a --rounds 2 run's stalls.json (tests/fixtures/range/plan7_rounds_gh100.npz)")
     args = ap.parse_args()
+    if args.rounds_fixture:
+        rounds_fixture(*args.rounds_fixture)
+        return
     if args.nodes:
         for level, buckets in nodes_from_fixture(args.nodes).items():
             print(f"level {level}: " + "; ".join(f"{label} ({b['n']}): gpuscope {b['ours']:.2f}, ncu against itself "
@@ -363,25 +400,26 @@ def main():
     warm = collect(work, 1, metrics, "kernel", None)
     print(f"warm-up session: {warm['launches']} rows, {time.perf_counter() - t0:.1f} s", flush=True)
     results = {}
-    for mode in ("kernel",) if args.only_kernel else ("kernel", "iteration"):
-        layouts = (("plan", None), ("cupti", "cupti")) + ((("ncu", "ncu"),) if mode == "kernel" else ())
-        for label, groups in layouts if not args.only_kernel else (("plan", None), ("ncu", "ncu")):
-            name = f"{mode}_{label}"
-            try:
-                results[name] = collect(work, args.reps, metrics, mode, groups)
-                print(f"{name}: {results[name]['launches']} rows, {results[name]['passes']} passes, "
-                      f"{results[name]['wall_s']:.1f} s", flush=True)
-            except Exception as exc:
-                results[name] = {"error": repr(exc)}
-                print(f"{name}: {exc!r}", flush=True)
-    for layout in map(Path, args.layout):
-        name = f"kernel_layout_{layout.stem}"
+
+    def run(name, make):
         try:
-            results[name] = res = collect_layout(work, args.reps, json.loads(layout.read_text()))
+            results[name] = res = make()
             print(f"{name}: {res['launches']} rows, {res['passes']} passes, {res['wall_s']:.1f} s", flush=True)
         except Exception as exc:
             results[name] = {"error": repr(exc)}
             print(f"{name}: {exc!r}", flush=True)
+
+    # --rounds N: the kernel-mode runs N times, interleaved (a process's history moves short kernels' shares, and
+    # a session's cost depends on what ran before it): the later rounds' names end in _r2, _r3, ...
+    for k in range(1, args.rounds + 1):
+        tail = "" if k == 1 else f"_r{k}"
+        for label, groups in (("plan", None), ("cupti", "cupti"), ("ncu", "ncu")):
+            run(f"kernel_{label}{tail}", lambda groups=groups: collect(work, args.reps, metrics, "kernel", groups))
+        for layout in map(Path, args.layout):
+            run(f"kernel_layout_{layout.stem}{tail}",
+                lambda layout=layout: collect_layout(work, args.reps, json.loads(layout.read_text())))
+    for label, groups in () if args.only_kernel else (("plan", None), ("cupti", "cupti")):
+        run(f"iteration_{label}", lambda groups=groups: collect(work, args.reps, metrics, "iteration", groups))
     if args.only_kernel:
         args.app_runs = 0
     try:
