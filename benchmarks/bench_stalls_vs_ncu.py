@@ -5,11 +5,12 @@ not gpuscope dependencies):
 
     source tests/gpu/device_env.sh; python3 benchmarks/bench_stalls_vs_ncu.py --out $OUT/stalls
 
-The workload is :class:`probe_pass_consistency.Work` (``benchmarks/probes/``): a PyTorch training step (MLP block, bf16 autocast, fused
-AdamW), CuPy 1 M-element elementwise kernels, a reduction and a small GEMM, and two long Numba kernels; ``--reps``
-steps after two warm-up steps. gpuscope collects the ``topdown`` set in kernel mode and in iteration mode, each with
-its consistent pass plan (the default) and with CUPTI's own schedule (``pass_groups="cupti"``, what gpuscope did
-before), and in kernel mode with Nsight Compute's own pass layout too (``pass_groups="ncu"``);
+The workload is :class:`probe_pass_consistency.Work` (``benchmarks/probes/``): a PyTorch training step (MLP block,
+bf16 autocast, fused AdamW), CuPy 1 M-element elementwise kernels, a reduction and a small GEMM, and two long Numba
+kernels; ``--reps`` steps after two warm-up steps. gpuscope collects the ``topdown`` set in kernel mode and in
+iteration mode, each with its consistent pass plan (the default) and with CUPTI's own schedule
+(``pass_groups="cupti"``, what gpuscope did before), and in kernel mode with Nsight Compute's own pass layout too
+(``pass_groups="ncu"``);
 ``ncu --clock-control none --cache-control none`` collects the same metrics on the same launches, twice.
 Per launch: the largest difference over the 18 ``*_per_warp_active.pct`` stall shares (percentage points), the sum
 of the shares, and the level-2 verdict of the Top-Down, against ``ncu_1``; ``ncu_2`` against ``ncu_1`` is the
@@ -173,7 +174,8 @@ def compare_per_kernel(results, names_from="kernel_plan", refs=("ncu_1", "ncu_2"
         for label, lo, hi in BUCKETS:
             sel = [d for dur, d, _, _ in items if lo <= dur < hi]
             if sel:
-                entry[label] = {"n": len(sel), "median_max_diff": float(np.median(sel)), "max_max_diff": float(max(sel))}
+                entry[label] = {"n": len(sel), "median_max_diff": float(np.median(sel)),
+                                "max_max_diff": float(max(sel))}
         out[name] = entry
     out["pc_unmatched"] = sorted(set(base) - {k for _, _, _, k in diffs["pc"]})
     out["pc_samples_per_kernel_median"] = float(np.median([s for _, _, s, _ in diffs["pc"]])) if diffs["pc"] else 0
@@ -317,9 +319,10 @@ def print_table(table, ref="ncu_1"):
             b = entry.get(label)
             if b and "consistent" in b:
                 fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+                pct = lambda v: None if v is None else 100 * v  # noqa: E731
                 print(f"  {name} {label}: {b['consistent']} of {b['n']} consistent, median max diff "
                       f"{fmt(b['median_max_diff_consistent'])} (the others {fmt(b['median_max_diff_inconsistent'])})"
-                      f", verdict = {ref} on consistent {fmt(100 * b['verdict_agrees_consistent'] if b['verdict_agrees_consistent'] is not None else None)}%")
+                      f", verdict = {ref} on consistent {fmt(pct(b['verdict_agrees_consistent']))}%")
     print(f"launches where {ref}'s own shares sum to 100 +/- 5, and the others:")
     for name, entry in table.items():
         for label, _, _ in BUCKETS:
