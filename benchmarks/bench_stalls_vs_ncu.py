@@ -248,12 +248,16 @@ def nodes_from_fixture(path) -> dict:
     return node_differences(ours, ncu[0], ncu[1], ncu[0]["gpu__time_duration.sum"] / 1e3)
 
 
+def shares(rows):
+    """The 18 stall shares of each row (launches x :data:`REASONS`, percent)."""
+    return np.array([[r[PCT.format(x)] for x in REASONS] for r in rows])
+
+
 def compare(results, metrics, ref_name="ncu_1", names=None):
     """Per run (all but the references, or *names*) and duration bucket, against the rows of *ref_name*."""
     ref = results[ref_name]["rows"]
     dur = np.array([r["gpu__time_duration.sum"] for r in ref]) / 1e3
-    share = lambda rows: np.array([[r[PCT.format(x)] for x in REASONS] for r in rows])  # noqa: E731
-    base = share(ref)
+    base = shares(ref)
     ref_verdict = verdicts(ref, metrics)
     table = {}
     ref_sum = np.nansum(base, axis=1)
@@ -266,7 +270,7 @@ def compare(results, metrics, ref_name="ncu_1", names=None):
         if n > len(ref):
             table[name] = {"error": f"{len(rows)} rows against ncu's {len(ref)}"}
             continue
-        s = share(rows)
+        s = shares(rows)
         diff = np.nanmax(np.abs(s - base[:n]), axis=1)
         total = np.nansum(s, axis=1)
         verdict = verdicts(rows, metrics)
@@ -345,17 +349,16 @@ def rounds_fixture(stalls_json, path):
     from gpuscope._gpu.pass_plan import WARMUP_ANCHOR
 
     results = json.loads(Path(stalls_json).read_text())
-    share = lambda rows: np.array([[r[PCT.format(x)] for x in REASONS] for r in rows])  # noqa: E731
     runs = {"plan": "kernel_plan", "plan8": "kernel_layout_plan8_gh100", "ncu_layout": "kernel_ncu",
             "cupti": "kernel_cupti"}
-    arrays = {f"{short}_{k}": share(results[name + ("" if k == 1 else "_r2")]["rows"])
+    arrays = {f"{short}_{k}": shares(results[name + ("" if k == 1 else "_r2")]["rows"])
               for short, name in runs.items() for k in (1, 2)}
     plan = results["kernel_plan"]["rows"]
     metrics = [m for m in plan[0] if m not in ("kernel", "pass_spread", "consistent")]
     np.savez_compressed(
         path, reasons=np.array(REASONS), kernels=np.array([r["kernel"] for r in plan]),
         duration_ns=np.array([r["gpu__time_duration.sum"] for r in results["ncu_1"]["rows"]]),
-        ncu_1=share(results["ncu_1"]["rows"]), ncu_2=share(results["ncu_2"]["rows"]), **arrays,
+        ncu_1=shares(results["ncu_1"]["rows"]), ncu_2=shares(results["ncu_2"]["rows"]), **arrays,
         plan_metrics=np.array(metrics), plan_values=np.array([[r[m] for m in metrics] for r in plan]),
         plan_anchors=np.array([a for a in results["kernel_plan"]["pass_anchors"] if a != WARMUP_ANCHOR]),
         warmup_anchor=WARMUP_ANCHOR,

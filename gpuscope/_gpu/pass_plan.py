@@ -200,6 +200,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         Collect the :data:`SPREAD_ANCHORS` (on the chips of :data:`SPREAD_CHIPS`).
     """
     metrics = list(dict.fromkeys(metrics))
+    own = (*SPREAD_ANCHORS, WARMUP_ANCHOR) if spread else ()  # the plan's warp-active counters besides ANCHOR
     stalls = {m: found.group(1) for m in metrics if (found := _STALL.match(m))}
     if not stalls or not has(ANCHOR):
         return None
@@ -223,7 +224,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         elif m == _THREAD_RATIO[0] and has(_THREAD_RATIO[1]) and has(_THREAD_RATIO[2]):
             derived.append((m, _THREAD_RATIO[1], _THREAD_RATIO[2], 1.0))
             counts += [_THREAD_RATIO[1], _THREAD_RATIO[2]]
-        elif m != ANCHOR and not (spread and m in (*SPREAD_ANCHORS, WARMUP_ANCHOR)):  # the plan's own counters
+        elif m != ANCHOR and m not in own:  # the plan's own counters are placed below
             rest.append(m)
     others: list[str] = []  # for the spare room of the count and stall passes, else the last group
     for m in rest:  # in the first pass where they fit
@@ -284,14 +285,14 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         stall_groups.append(tuple(g) if anchor is None else (anchor, *g))
         anchors += [anchor] if anchor is not None else []
     for m in metrics:  # a requested anchor that no pass took (fewer stall passes than anchors, no warm-up pass)
-        if spread and m in (*SPREAD_ANCHORS, WARMUP_ANCHOR) and m not in (*anchors, *second):
+        if m in own and m not in (*anchors, *second):
             if not one_pass([*first, m]):
                 return None
             first.append(m)
     all_groups = (tuple(first), tuple(second), *stall_groups) + ((tuple(several),) if several else ())
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))
-    own = [*anchors, *([WARMUP_ANCHOR] if warmup else [])]  # the Dataset holds the warp-active counters
-    requested = tuple(metrics) + tuple(a for a in own if a not in metrics)
+    counted = [*anchors, *([WARMUP_ANCHOR] if warmup else [])]  # the Dataset holds the warp-active counters
+    requested = tuple(metrics) + tuple(a for a in counted if a not in metrics)
     return PassPlan(requested, collected, all_groups, tuple(derived), tuple(anchors), bool(several))
 
 

@@ -253,7 +253,8 @@ class Profiler(UserRanges, PerLaunchModes):
         be right, so that a typo in a metric name is still said before the caller's code runs."""
         from gpuscope._gpu import metric_lists as _lists
 
-        return (self._start_beside and pass_groups is None and isinstance(metrics, str) and metrics in _lists.metric_sets("range"))
+        return (self._start_beside and pass_groups is None and isinstance(metrics, str)
+                and metrics in _lists.metric_sets("range"))
 
     @property
     def _start_beside(self) -> bool:

@@ -14,6 +14,8 @@ import xarray as xr
 import gpuscope as gs
 from gpuscope._gpu import metric_lists, pass_plan
 
+from .test_ncu_layout import _largest_difference
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "range" / "plan7_rounds_gh100.npz"
 
 
@@ -28,7 +30,7 @@ def _short(rec):
 
 def _largest(a, b, where):
     """Median over the launches *where* of the largest difference over the 18 shares (points)."""
-    return float(np.median(np.nanmax(np.abs(a - b), axis=1)[where]))
+    return float(np.median(_largest_difference(a, b)[where]))
 
 
 def test_the_recording_is_the_plan_of_today(rec):
