@@ -158,8 +158,9 @@ def run_ncu(ncu, metrics, reps, extra=(), child=None):
     """ncu on :func:`workload` in a child process (kernel replay unless *extra* says otherwise), its rows parsed.
     *child*: another script and its arguments to run instead (it profiles between cudaProfilerStart and Stop)."""
     child = child if child is not None else [__file__, "workload", "--reps", str(reps)]
-    cmd = [ncu, "--metrics", ",".join(metrics), "--csv", "--page", "raw", "--clock-control", "none",
-           "--cache-control", "none", "--profile-from-start", "off", *extra, sys.executable, *child]
+    cache = () if "--cache-control" in extra else ("--cache-control", "none")  # ncu refuses an option twice
+    cmd = [ncu, "--metrics", ",".join(metrics), "--csv", "--page", "raw", "--clock-control", "none", *cache,
+           "--profile-from-start", "off", *extra, sys.executable, *child]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0

@@ -13,7 +13,8 @@ A :class:`PassPlan` collects instead, for the same requested metrics:
 * a **first lead group**: the requested metrics that are neither stall shares nor per-cycle rates (durations,
   cycle counts): the launch as the program made it; on the :data:`SPREAD_CHIPS` also the instruction counts
   (``smsp__inst_executed.sum``, ``smsp__inst_issued.sum``, ``smsp__thread_inst_executed.sum``), which do not
-  depend on how an execution went, where they fit;
+  depend on how an execution went, where they fit, and there the first pass keeps the counts alone where the
+  others fit in the first stall pass (for the ``topdown`` set: the duration and elapsed cycles, see below);
 * a **second group**, the replay's warm-up: on those chips the :data:`WARMUP_REASONS` (``misc``, ``sleeping``,
   ``tex_throttle``: rarely more than a point) over a warp-active counter of that pass, :data:`WARMUP_ANCHOR`; on
   the others, or where the counts do not fit the first pass, the instruction counts;
@@ -28,6 +29,16 @@ CUPTI's own schedule (8 with the instruction counts in a pass of their own and t
 passes); on two interleaved rounds of 82 launches, both plans differed from ncu alike (2.7-3.5 against 3.4-3.7
 points under 10 us, each from the other by 1.1, each from its own other round by 1.2 and 1.8) and the 7-pass plan
 cost what CUPTI's schedule costs (65-69 against 66-71 ms a launch; docs/measurements.md).
+
+The first pass is not the program's launch as it runs unprofiled, either: CUPTI's kernel replay runs it slower
+than ncu runs its first pass (by 8% at the median under 10 us; ncu's durations do not change when it flushes the
+caches before each pass, so cold caches alone do not explain it). Durations of the same 33 launches under 10 us
+against CUPTI's kernel records of the program's own (median, H100, ``benchmarks/probes/probe_replay_durations.py``,
+tests/fixtures/range/replay_durations_gh100.npz): 1.62-1.65 times in the plan's first pass, 1.26-1.27 in its
+first stall pass, ncu 1.39-1.40; 10-50 us 1.48-1.53, 1.04-1.11 and 1.38-1.42; from 50 us on all within 5%. So on GH100 the ``topdown`` set's
+duration and elapsed cycles go with the anchor and ``smsp__cycles_active.sum`` into the first stall pass: nearer
+the program's own, 7-9% below ncu's under 50 us where the first pass was 6-10% above, and equal to ncu's from 50 us on
+(1.00 against 1.01-1.03), at no extra pass.
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
 (:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass, but for
@@ -199,6 +210,17 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     spread : bool
         Collect the :data:`SPREAD_ANCHORS` (on the chips of :data:`SPREAD_CHIPS`).
     """
+    if spread:  # the durations beside the first stall pass's anchor where they fit there, else in the first pass
+        found = _plan(metrics, has, one_pass, spread, timed_later=True)
+        if found is not False:
+            return found
+    return _plan(metrics, has, one_pass, spread, timed_later=False)
+
+
+def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan | None | bool:
+    """:func:`plan`; with *timed_later*, the first lead group's metrics (durations, cycle counts: *timed*) go to
+    the first stall pass and the first pass holds the instruction counts alone, or False where they do not fit
+    there (or the plan has no warm-up pass)."""
     metrics = list(dict.fromkeys(metrics))
     own = (*SPREAD_ANCHORS, WARMUP_ANCHOR) if spread else ()  # the plan's warp-active counters besides ANCHOR
     stalls = {m: found.group(1) for m in metrics if (found := _STALL.match(m))}
@@ -238,17 +260,21 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     filler = [] if counts or not has(FILLER) else [FILLER]
     if not first or not (counts or filler) or not one_pass(counts or filler):
         return None
+    if timed_later and not counts:
+        return False
     rank = {f"smsp__warps_issue_stalled_{r}.sum": k for k, r in enumerate(FIRST_REASONS)}
     items = sorted(dict.fromkeys(items), key=lambda m: (m != CYCLES, rank.get(m, len(rank))))  # stable
     second = counts or filler  # the second pass: instruction counts (else a filler), no ratio
     warmup = [_stall(r) for r in WARMUP_REASONS if _stall(r) in items]
-    if (spread and warmup and has(WARMUP_ANCHOR) and one_pass([*first, *counts])
+    if (spread and warmup and has(WARMUP_ANCHOR) and one_pass(counts if timed_later else [*first, *counts])
             and one_pass([WARMUP_ANCHOR, *warmup])):
         # the counts join the first pass; the second takes the warm-up reasons over a warp-active counter of its own
         first, second = [*first, *counts], [WARMUP_ANCHOR, *warmup]
         items = [m for m in items if m not in warmup]
         derived = [(m, num, WARMUP_ANCHOR, WARMUP_SCALE) if num in warmup else (m, num, den, scale)
                    for m, num, den, scale in derived]
+    elif timed_later:
+        return False
     else:
         warmup = []
     groups: list[list[str]] = []
@@ -277,6 +303,12 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
                 break
         else:
             several.append(m)
+    if timed_later:  # the first pass keeps the counts, the same in every execution, and nothing else
+        timed = [m for m in first if m not in counts]
+        if not groups or not one_pass([ANCHOR, *groups[0], *timed]):
+            return False
+        groups[0] += timed
+        first = [m for m in first if m in counts]
     stall_groups, anchors = [], []
     for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
         anchor = next(iter(anchor_of(k)), None)
@@ -287,7 +319,7 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
     for m in metrics:  # a requested anchor that no pass took (fewer stall passes than anchors, no warm-up pass)
         if m in own and m not in (*anchors, *second):
             if not one_pass([*first, m]):
-                return None
+                return False if timed_later else None
             first.append(m)
     all_groups = (tuple(first), tuple(second), *stall_groups) + ((tuple(several),) if several else ())
     collected = tuple(dict.fromkeys(m for g in all_groups for m in g))

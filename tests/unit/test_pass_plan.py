@@ -34,10 +34,12 @@ def test_topdown_plan_keeps_the_shares_of_each_pass_over_its_own_counter_in_cupt
     assert lists.count_passes("topdown", "GH100") == 7  # what a session collects
     assert all(_passes([g]) == 1 for g in plan.groups)
     first, warmup = plan.groups[:2]
-    # the launch as the program made it: its duration and cycles, and the instruction counts, the same in every
-    # execution
-    assert set(first) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max", "smsp__inst_executed.sum",
-                          "smsp__inst_issued.sum", "smsp__thread_inst_executed.sum"}
+    # the launch as the program made it, which CUPTI's replay runs slower than any later pass: the instruction
+    # counts alone, the same in every execution
+    assert set(first) == {"smsp__inst_executed.sum", "smsp__inst_issued.sum", "smsp__thread_inst_executed.sum"}
+    # the duration and elapsed cycles in the first stall pass, beside the anchor and the active cycles
+    timed = ("sm__cycles_elapsed.max", "gpu__time_duration.sum")
+    assert plan.groups[2][:2] == (pass_plan.ANCHOR, pass_plan.CYCLES) and set(timed) <= set(plan.groups[2])
     # the warm-up pass: the reasons that are rarely more than a point, over a warp-active counter of their own
     reasons = tuple(f"smsp__warps_issue_stalled_{r}.sum" for r in pass_plan.WARMUP_REASONS)
     assert warmup == (pass_plan.WARMUP_ANCHOR, *reasons)
@@ -51,12 +53,23 @@ def test_topdown_plan_keeps_the_shares_of_each_pass_over_its_own_counter_in_cupt
     for k, group in enumerate(plan.groups[2:]):
         stalls = group[1:] if k < len(anchors) else group
         assert k >= len(anchors) or group[0] == anchors[k]
-        assert all("stalled" in m or (k == 0 and m == pass_plan.CYCLES) for m in stalls)
+        assert all("stalled" in m or (k == 0 and m in (pass_plan.CYCLES, *timed)) for m in stalls)
     # every stall share once, in the warm-up pass or a stall pass
     collected = [m for g in plan.groups[1:] for m in g if "stalled" in m]
     assert len(collected) == len(set(collected)) == 18
     assert plan.requested == TOPDOWN + anchors + (pass_plan.WARMUP_ANCHOR,)  # the Dataset holds the anchors
     assert plan.attrs()["pass_anchors"] == list(anchors)  # the spread is the stall passes' alone
+
+
+def test_the_durations_stay_in_the_first_pass_where_the_first_stall_pass_has_no_room_for_them():
+    """With other sets, the first pass holds more than durations (bytes, throughputs): they stay there together,
+    as on the chips without the warm-up pass."""
+    metrics = TOPDOWN + tuple(m for m in lists.resolve("memory", "GH100") if m not in TOPDOWN)
+    plan = lists.consistent_plan(metrics, "GH100")
+    assert {"gpu__time_duration.sum", "sm__cycles_elapsed.max", "dram__bytes_read.sum"} <= set(plan.groups[0])
+    assert "gpu__time_duration.sum" not in plan.groups[2]
+    other = lists.consistent_plan(tuple(lists.resolve("topdown", "GA100")), "GA100")
+    assert set(other.groups[0]) == {"gpu__time_duration.sum", "sm__cycles_elapsed.max"}  # no warm-up pass there
 
 
 def test_a_requested_warp_active_counter_is_collected_once():

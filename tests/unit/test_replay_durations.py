@@ -1,0 +1,65 @@
+"""Where the pass plan takes a kernel's duration from, checked on an H100 recording.
+
+``tests/fixtures/range/replay_durations_gh100.npz`` (``benchmarks/probes/probe_replay_durations.py``, two machine
+starts): the durations of the same 41 launches (a PyTorch training step, small CuPy and Numba kernels) from
+gpuscope's kernel replay with the ``topdown`` plan's durations in the first pass and in the first stall pass, a
+one-pass session, iteration mode, CUPTI's kernel records of the unprofiled launches, and ncu (its kernel replay of
+the ``topdown`` set twice, once with the caches flushed, and the duration alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuscope._gpu import metric_lists as lists
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "range" / "replay_durations_gh100.npz"
+
+
+@pytest.fixture(scope="module")
+def rec():
+    f = np.load(FIXTURE)
+    sources = [str(s) for s in f["sources"]]
+    return {"ns": f["ns"], "of": lambda run, name: f["ns"][run, sources.index(name)]}
+
+
+def _median_ratio(rec, run, name, ref, lo, hi):
+    length = rec["of"](run, "ncu_none_1") / 1e3
+    sel = (length >= lo) & (length < hi)
+    return float(np.median(rec["of"](run, name)[sel] / rec["of"](run, ref)[sel]))
+
+
+@pytest.mark.parametrize("run", [0, 1])
+def test_the_replays_first_pass_runs_short_kernels_slower_than_the_later_ones_and_than_ncu(rec, run):
+    first, later, ncu = (_median_ratio(rec, run, n, "unprofiled", 0, 10) for n in
+                         ("kernel_pass1", "kernel_pass3", "ncu_none_1"))
+    assert first > ncu > later > 1  # 1.62-1.65, 1.39-1.40, 1.26-1.27: every profiled launch is slower than its own
+    again = _median_ratio(rec, run, "ncu_none_2", "ncu_none_1", 0, 10)
+    assert abs(again - 1) < 0.01  # ncu repeats its durations
+
+
+@pytest.mark.parametrize("run", [0, 1])
+def test_from_50_us_on_the_later_pass_gives_ncus_duration(rec, run):
+    first, later = (_median_ratio(rec, run, n, "ncu_none_1", 50, np.inf) for n in ("kernel_pass1", "kernel_pass3"))
+    assert abs(later - 1) <= 0.005 < first - 1  # 1.000 against 1.03
+
+
+def test_ncus_first_pass_does_not_depend_on_its_cache_flush_and_the_replays_first_pass_is_slower_still(rec):
+    """Cold caches alone do not make the first pass slower: ncu's durations with its caches flushed before each
+    pass are its durations without."""
+    assert abs(_median_ratio(rec, 1, "ncu_all", "ncu_none_1", 0, 10) - 1) < 0.01
+    assert _median_ratio(rec, 1, "kernel_pass1", "ncu_all", 0, 10) > 1.05  # 1.07
+
+
+def test_one_pass_sessions_of_both_tools_agree(rec):
+    for run in (0, 1):
+        assert abs(_median_ratio(rec, run, "kernel_single", "ncu_single", 0, 10) - 1) < 0.02
+
+
+def test_the_topdown_plan_takes_the_duration_from_the_first_stall_pass():
+    """The recording's ``kernel_pass3`` is the plan's own layout on GH100."""
+    plan = lists.consistent_plan(tuple(lists.resolve("topdown", "GH100")), "GH100")
+    assert "gpu__time_duration.sum" in plan.groups[2] and "sm__cycles_elapsed.max" in plan.groups[2]
+    assert "gpu__time_duration.sum" not in plan.groups[0]
