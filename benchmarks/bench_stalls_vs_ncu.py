@@ -55,6 +55,9 @@ def collect(work, reps, metrics, mode, pass_groups):
                 prof.step()
     ds = prof.dataset
     wall = time.perf_counter() - t0
+    if "passes_from_earlier_group" in ds.coords:  # iteration mode: the complete pass group (one step's launches);
+        # a trailing group of the last steps, completed from it, repeats its stall counts
+        ds = ds.isel(range=np.flatnonzero(ds["passes_from_earlier_group"].values == 0))
     rows = [{"kernel": str(k)} for k in ds["kernel"].values]
     from gpuscope._gpu.pass_plan import WARMUP_ANCHOR
 
@@ -272,6 +275,7 @@ def compare(results, metrics, ref_name="ncu_1", names=None):
             continue
         s = shares(rows)
         diff = np.nanmax(np.abs(s - base[:n]), axis=1)
+        duration = np.array([r.get("gpu__time_duration.sum", np.nan) for r in rows]) / 1e3 / dur[:n]
         total = np.nansum(s, axis=1)
         verdict = verdicts(rows, metrics)
         dur_n = dur[:n]
@@ -286,6 +290,7 @@ def compare(results, metrics, ref_name="ncu_1", names=None):
                 entry[label] = {"n": int(sel.sum()), "median_max_diff": float(np.median(diff[sel])),
                                 "max_max_diff": float(np.max(diff[sel])), "sum_median": float(np.median(total[sel])),
                                 "sum_within_5": float(np.mean(np.abs(total[sel] - 100) <= 5)),
+                                "duration_ratio_median": float(np.nanmedian(duration[sel])),
                                 "verdict_agrees": float(np.mean([verdict[i] == ref_verdict[i]
                                                                  for i in np.flatnonzero(sel)]))}
                 ok_ncu = sel & ncu_ok
@@ -309,14 +314,15 @@ def compare(results, metrics, ref_name="ncu_1", names=None):
 def print_table(table, ref="ncu_1"):
     print(f"against {ref}:")
     print("| run | bucket | launches | median max diff (pp) | max | shares sum, median | within 100 +/- 5 | "
-          f"verdict = {ref} |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"verdict = {ref} | duration / {ref}'s, median |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, entry in table.items():
         for label, _, _ in BUCKETS:
             b = entry.get(label)
             if b:
                 print(f"| {name} | {label} | {b['n']} | {b['median_max_diff']:.1f} | {b['max_max_diff']:.1f} | "
-                      f"{b['sum_median']:.1f} | {100 * b['sum_within_5']:.0f}% | {100 * b['verdict_agrees']:.0f}% |")
+                      f"{b['sum_median']:.1f} | {100 * b['sum_within_5']:.0f}% | {100 * b['verdict_agrees']:.0f}% | "
+                      f"{b.get('duration_ratio_median', float('nan')):.3f} |")
     print("launches gpuscope calls consistent (pass_spread <= 10%, shares within 100 +/- 5%), and the others:")
     for name, entry in table.items():
         for label, _, _ in BUCKETS:

@@ -35,10 +35,10 @@ than ncu runs its first pass (by 8% at the median under 10 us; ncu's durations d
 caches before each pass, so cold caches alone do not explain it). Durations of the same 33 launches under 10 us
 against CUPTI's kernel records of the program's own (median, H100, ``benchmarks/probes/probe_replay_durations.py``,
 tests/fixtures/range/replay_durations_gh100.npz): 1.62-1.65 times in the plan's first pass, 1.26-1.27 in its
-first stall pass, ncu 1.39-1.40; 10-50 us 1.48-1.53, 1.04-1.11 and 1.38-1.42; from 50 us on all within 5%. So on GH100 the ``topdown`` set's
-duration and elapsed cycles go with the anchor and ``smsp__cycles_active.sum`` into the first stall pass: nearer
-the program's own, 7-9% below ncu's under 50 us where the first pass was 6-10% above, and equal to ncu's from 50 us on
-(1.00 against 1.01-1.03), at no extra pass.
+first stall pass, ncu 1.39-1.40; 10-50 us 1.48-1.53, 1.04-1.11 and 1.38-1.42; from 50 us on all within 5%.
+So on GH100 the ``topdown`` set's duration and elapsed cycles go with the anchor and ``smsp__cycles_active.sum``
+into the first stall pass: nearer the program's own, 7-9% below ncu's under 50 us where the first pass was 6-10%
+above, and equal to ncu's from 50 us on (1.00 against 1.01-1.03), at no extra pass.
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
 (:meth:`gpuscope.cupti.host.ProfilerHost.add_pass_group`); the plan checks that every group is one pass, but for
