@@ -589,7 +589,8 @@ class PerLaunchModes:
                   f"the same kernels: launch {keep} was {first} in iteration {group.first_iteration} but {other} in "
                   f"iteration {group.first_iteration + k}. Kept the {keep} leading launch(es) common to all "
                   f"iterations; dropped {len(lost)} launch(es) from there ({sorted(set(lost))[:5]}) and "
-                  f"{unmatched} launch(es) of later iterations. Values of kept launches are complete.")
+                  f"{unmatched} launch(es) of later iterations. Values of kept launches are complete."
+                  + _empty_last_iteration(group))
 
     def _flush_kernels(self) -> None:
         """Kernel mode, the counter-data image full (called at the entry of the launch that would not fit): collect
@@ -737,6 +738,16 @@ def _capacity(launches: int) -> int:
     that sessions with about as many launches share one kept configuration."""
     need = launches + max(8, launches // 4)
     return min(max(16, 1 << (need - 1).bit_length()), 1 << 20)
+
+
+def _empty_last_iteration(group) -> str:
+    """What to say where a group's last iteration launched nothing (the usual cause: ``prof.step()`` at the end of
+    each iteration, as torch.profiler's ``step()`` is called, begins an empty iteration after the last one)."""
+    if group.passes_run < 2 or group.passes[-1] or not group.passes[0]:
+        return ""
+    last = group.first_iteration + group.passes_run - 1
+    return (f" Iteration {last} launched nothing: Profiler.step() begins an iteration, so a step() after the "
+            "loop's last work begins an empty one. Call prof.step() at the top of each iteration, before its work.")
 
 
 def _divergence(passes, position: int):

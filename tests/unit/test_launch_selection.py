@@ -352,3 +352,17 @@ def test_kernel_rows_carry_registers_and_shared_memory_asked_once_per_function(m
     ds = _results.range_dataset(session._rows, ["m"], {"m": {}}, chip="GH100", attrs={"mode": "kernel"})
     assert ds.registers_per_thread.values.tolist() == [16, 168, 16, -1, 168, -1]
     assert ds.shared_memory_dynamic.values.tolist() == [0, 213188, 0, 512, 4096, 0]
+
+
+def test_an_empty_last_iteration_is_named_with_its_likely_cause():
+    """``prof.step()`` at the end of each iteration (where torch.profiler wants it) begins an empty iteration after the
+    last one; the warning of a group whose iterations differ says so and what to do."""
+    from gpuscope._range_profiling.launches import _Group
+    from gpuscope._range_profiling.modes import _empty_last_iteration
+
+    a = _launch("a")
+    empty_last = _Group(0, 1, passes=[[a], [a], []])
+    assert "Iteration 3 launched nothing" in _empty_last_iteration(empty_last)
+    assert "top of each iteration" in _empty_last_iteration(empty_last)
+    assert _empty_last_iteration(_Group(0, 1, passes=[[a], [], [a]])) == ""  # an empty iteration inside the group
+    assert _empty_last_iteration(_Group(0, 1, passes=[[a], [a]])) == ""
