@@ -4,7 +4,9 @@
 starts): the durations of the same 41 launches (a PyTorch training step, small CuPy and Numba kernels) from
 gpuscope's kernel replay with the ``topdown`` plan's durations in the first pass and in the first stall pass, a
 one-pass session, iteration mode, CUPTI's kernel records of the unprofiled launches, and ncu (its kernel replay of
-the ``topdown`` set twice, once with the caches flushed, and the duration alone)."""
+the ``topdown`` set twice, once with the caches flushed, and the duration alone). ``bench_*``: the durations of
+``benchmarks/bench_stalls_vs_ncu.py --only-kernel --rounds 2`` on the plan as it is (82 launches, a third machine
+start): the plan's two rounds, CUPTI's schedule's and ncu's layout's, and ncu's kernel replay twice."""
 
 from __future__ import annotations
 
@@ -63,3 +65,21 @@ def test_the_topdown_plan_takes_the_duration_from_the_first_stall_pass():
     plan = lists.consistent_plan(tuple(lists.resolve("topdown", "GH100")), "GH100")
     assert "gpu__time_duration.sum" in plan.groups[2] and "sm__cycles_elapsed.max" in plan.groups[2]
     assert "gpu__time_duration.sum" not in plan.groups[0]
+
+
+def test_the_plans_durations_against_ncus_in_the_benchmark_run():
+    f = np.load(FIXTURE)
+    names = [str(n) for n in f["bench_sources"]]
+    ns = dict(zip(names, f["bench_ns"]))
+    length = ns["ncu_1"] / 1e3
+
+    def median(name, lo, hi):
+        sel = (length >= lo) & (length < hi)
+        return float(np.median(ns[name][sel] / ns["ncu_1"][sel]))
+
+    for plan in ("kernel_plan", "kernel_plan_r2"):
+        assert abs(median(plan, 50, np.inf) - 1) < 0.005  # 1.001, 1.000
+        assert 0.9 < median(plan, 0, 10) < 0.95 and 0.9 < median(plan, 10, 50) < 0.95  # the later pass: 7-9% below
+    for first in ("kernel_cupti", "kernel_cupti_r2", "kernel_ncu", "kernel_ncu_r2"):  # their first pass: above
+        assert median(first, 0, 10) > 1.05 and median(first, 10, 50) > 1.05
+    assert abs(median("ncu_2", 0, 10) - 1) < 0.005
