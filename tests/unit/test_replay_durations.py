@@ -80,6 +80,6 @@ def test_the_plans_durations_against_ncus_in_the_benchmark_run():
     for plan in ("kernel_plan", "kernel_plan_r2"):
         assert abs(median(plan, 50, np.inf) - 1) < 0.005  # 1.001, 1.000
         assert 0.9 < median(plan, 0, 10) < 0.95 and 0.9 < median(plan, 10, 50) < 0.95  # the later pass: 7-9% below
-    for first in ("kernel_cupti", "kernel_cupti_r2", "kernel_ncu", "kernel_ncu_r2"):  # their first pass: above
+    for first in ("kernel_cupti", "kernel_cupti_r2", "kernel_ncu", "kernel_ncu_r2"):  # ncu's layout: the first pass
         assert median(first, 0, 10) > 1.05 and median(first, 10, 50) > 1.05
     assert abs(median("ncu_2", 0, 10) - 1) < 0.005
