@@ -13,7 +13,8 @@ in one process, their durations from:
 * ``kernel_pass3``: the same with the durations in the first stall pass (the third), as the plan has them;
 * ``kernel_single``: gpuscope's kernel mode with the duration alone (one pass: nothing replayed);
 * ``iteration``: gpuscope's iteration mode (the program's own launches, counters on, nothing replayed);
-* ``unprofiled``: CUPTI's kernel activity records (``gs.sample(kernels=True)``), no counters and no replay;
+* ``unprofiled``: CUPTI's kernel activity records (``gs.sample(kernels=True)``, PM sampling every 1 ms beside
+  them): no range profiling, nothing replayed or serialized;
 * ``ncu_none_1``, ``ncu_none_2``: ncu's kernel replay with ``--cache-control none`` (as the benchmarks run it);
 * ``ncu_all``: ncu's kernel replay with its default ``--cache-control all`` (caches flushed before each pass);
 * ``ncu_single``: ncu with the duration alone (one pass: ncu then saves and restores nothing).
