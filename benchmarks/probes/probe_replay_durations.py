@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_pass_consistency import Work, run_ncu  # noqa: E402
+from bench_stalls_vs_ncu import BUCKETS  # noqa: E402
+from probe_pass_consistency import Work, run_ncu, session  # noqa: E402
 
 DURATION = "gpu__time_duration.sum"
-BUCKETS = (("< 10 us", 0, 10), ("10-50 us", 10, 50), (">= 50 us", 50, np.inf))
 
 
 def kernel_groups(position: int):
@@ -60,13 +60,8 @@ def kernel_groups(position: int):
 
 
 def durations_kernel(work, groups):
-    import gpuscope as gs
-
-    raw = list(dict.fromkeys(m for g in groups for m in g))
-    with gs.Profiler(metrics=raw, mode="kernel", pass_groups=groups) as prof:
-        work.step()
-    ds = prof.dataset
-    return [str(k) for k in ds["kernel"].values], [float(v) for v in ds[DURATION].values]
+    rows = session(work, 1, list(dict.fromkeys(m for g in groups for m in g)), groups)["rows"]
+    return [r["kernel"] for r in rows], [r[DURATION] for r in rows]
 
 
 def durations_iteration(work):
