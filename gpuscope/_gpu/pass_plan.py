@@ -211,9 +211,16 @@ def plan(metrics: Sequence[str], has: Callable[[str], bool], one_pass: Callable[
         Collect the :data:`SPREAD_ANCHORS` (on the chips of :data:`SPREAD_CHIPS`).
     """
     if spread:  # the durations beside the first stall pass's anchor where they fit there, else in the first pass
-        found = _plan(metrics, has, one_pass, spread, timed_later=True)
-        if found is not False:
-            return found
+        asked: dict[tuple[str, ...], bool] = {}
+
+        def once(names) -> bool:  # the second try asks mostly what the first asked: each group counted once
+            key = tuple(names)
+            if key not in asked:
+                asked[key] = one_pass(names)
+            return asked[key]
+
+        found = _plan(metrics, has, once, spread, timed_later=True)
+        return found if found is not False else _plan(metrics, has, once, spread, timed_later=False)
     return _plan(metrics, has, one_pass, spread, timed_later=False)
 
 
