@@ -27,10 +27,15 @@ def rec():
     return {"ns": f["ns"], "of": lambda run, name: f["ns"][run, sources.index(name)]}
 
 
+def _median_of_ratios(ns, length_ns, ref, lo, hi):
+    """Median of *ns* / *ref* (per launch) over the launches *length_ns* puts between *lo* and *hi* us."""
+    sel = (length_ns / 1e3 >= lo) & (length_ns / 1e3 < hi)
+    return float(np.median(ns[sel] / ref[sel]))
+
+
 def _median_ratio(rec, run, name, ref, lo, hi):
-    length = rec["of"](run, "ncu_none_1") / 1e3
-    sel = (length >= lo) & (length < hi)
-    return float(np.median(rec["of"](run, name)[sel] / rec["of"](run, ref)[sel]))
+    of = rec["of"]
+    return _median_of_ratios(of(run, name), of(run, "ncu_none_1"), of(run, ref), lo, hi)
 
 
 @pytest.mark.parametrize("run", [0, 1])
@@ -71,11 +76,9 @@ def test_the_plans_durations_against_ncus_in_the_benchmark_run():
     f = np.load(FIXTURE)
     names = [str(n) for n in f["bench_sources"]]
     ns = dict(zip(names, f["bench_ns"]))
-    length = ns["ncu_1"] / 1e3
 
     def median(name, lo, hi):
-        sel = (length >= lo) & (length < hi)
-        return float(np.median(ns[name][sel] / ns["ncu_1"][sel]))
+        return _median_of_ratios(ns[name], ns["ncu_1"], ns["ncu_1"], lo, hi)
 
     for plan in ("kernel_plan", "kernel_plan_r2"):
         assert abs(median(plan, 50, np.inf) - 1) < 0.005  # 1.001, 1.000
