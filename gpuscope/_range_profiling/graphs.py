@@ -52,7 +52,9 @@ class GraphKernels:
         summary, and later graph launches do not try again."""
         if not self.may_open():
             return
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # another thread is opening them: never waited for here
+            return
+        try:
             if not self.may_open():
                 return
             if os.environ.get("CUDA_INJECTION64_PATH"):
@@ -68,6 +70,8 @@ class GraphKernels:
                 self.unavailable = f"CUPTI's kernel activity records could not be opened ({type(exc).__name__}: {exc})"
                 return
             self._records = records
+        finally:
+            self._lock.release()
 
     def close(self, context=None) -> None:
         """Flush and close the records, after synchronising *context* (a ``PrimaryContext``; the records of kernels

@@ -23,8 +23,16 @@ on the launching thread, at the launch call's entry and exit.
     were tried only while an earlier kernel-mode session was left started, a bug since fixed that crashed any later
     session, so whether they work is not known.)
 
-Selected launches hold a lock from entry to exit, so launches from several threads reach CUPTI in the order
-they are recorded.
+Never blocking the program. Launch callbacks run on the program's threads, inside the driver and often inside a
+framework's own locks (XLA compiles and autotunes on threads of its own, which load modules and launch kernels while
+the main thread waits for them). A lock held from a launch's entry to its exit, waited for at the next launch's entry,
+deadlocked such a program (a JAX step under ``gpuscope run``: an XLA thread waited in the launch callback for the lock
+while its holder's launch waited inside the driver). So the session's :class:`Baton` is taken at a launch's entry
+*without waiting* and given back at its exit: the holder's launch reaches CUPTI with nothing of another thread's in
+between, and a launch that finds the baton taken runs unprofiled at once. CUPTI still makes it a range where the
+profiler is started, so it is recorded as a placeholder (``concurrent``), its range dropped, and the holder whose launch
+it overlapped is marked ``overlapped`` (CUPTI's order of the two is not known): both are counted and reported, never
+mislabelled. The collectors below take no lock of their own: their caller holds the baton.
 """
 
 from __future__ import annotations
@@ -36,7 +44,49 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+__all__ = ["Baton", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+
+
+class Baton:
+    """Which thread is inside a profiled launch: taken at the launch's entry without waiting, given back at its exit.
+
+    :meth:`take` never waits: a launch that finds the baton held by another thread runs unprofiled (module
+    docstring). A thread that takes it again while holding it gets it (its last launch's exit was never heard: the
+    recorder was paused or closed meanwhile, and a thread is in one launch at a time). :meth:`reset` frees it at a
+    pass boundary or a close, where no launch of the session is in flight that could still need it.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.holder: int | None = None  # the thread ident of the holder
+        self.refused = 0  # takes refused: launches that found another thread's launch in flight
+
+    def take(self) -> bool:
+        me = threading.get_ident()
+        if self._lock.acquire(blocking=False):
+            self.holder = me
+            return True
+        if self.holder == me:
+            return True
+        self.refused += 1
+        return False
+
+    def give(self) -> None:
+        if self.holder == threading.get_ident():
+            self.holder = None
+            self._lock.release()
+
+    def reset(self) -> None:
+        if self.holder is not None:
+            self.holder = None
+            try:
+                self._lock.release()
+            except RuntimeError:
+                pass
+
+    @property
+    def held(self) -> bool:
+        return self.holder is not None
 
 
 @dataclass
@@ -55,9 +105,14 @@ class Selected:
     launch_id: int = -1  # which launch of the session's context it was, counting those the filters left out
     function: int = 0  # the launch call's CUfunction handle, 0 where unknown (callbacks.Launch.function)
     shared_dynamic: int = 0  # bytes of dynamic shared memory per block the launch call asked for
+    concurrent: bool = False  # a placeholder: launched while another thread's launch held the baton (never a row)
+    overlapped: bool = False  # a concurrent launch came while this one was in flight: CUPTI's order of the two unknown
 
     @property
     def signature(self) -> tuple:
+        """What matches a launch across passes; a launch whose CUPTI range is not known for sure matches none."""
+        if self.concurrent or self.overlapped:
+            return ("<concurrent>", id(self))
         return (self.symbol, self.grid, self.block)
 
 
@@ -75,11 +130,20 @@ class _Base:
         # the names rows get: short, longer only where two kernels share one (the process's table, by default)
         self.kernel_names = names if names is not None else kernel_names()
         self._annotate = annotate  # () -> (parent path, decorated name or None), on the launching thread
-        self._serial = threading.Lock()
+        self._in_flight: Selected | None = None  # the launch holding the baton, while it is one of ours
         self.heard = 0  # launches of this context heard, whether the filters keep them or not (launch IDs)
         self.matched = 0  # launches that passed the name filters (for launch_skip/launch_count)
         self.left_out = 0  # launches of this context the filters left out
         self.other_context = 0  # launches in other contexts (not profiled by this session)
+        self.concurrent = 0  # launches that came while another thread's launch was in flight (run unprofiled)
+
+    def _placeholder(self, launch) -> Selected:
+        """A concurrent launch's entry: never a row; the launch in flight is marked overlapped."""
+        self.concurrent += 1
+        if self._in_flight is not None:
+            self._in_flight.overlapped = True
+        return Selected(launch.symbol, short_name(self.readable(launch.symbol)), "", launch.grid, launch.block,
+                        self._timestamp(), wanted=False, concurrent=True, function=launch.function)
 
     def readable(self, symbol: str) -> str:
         name = self._names.get(symbol)
@@ -137,6 +201,7 @@ class KernelReplay(_Base):
         self.repeats: Counter = Counter()
 
     def on_enter(self, launch):
+        """A launch's entry, with the session's baton held: the Selected to profile, or None (run unprofiled)."""
         chosen = self._choose(launch)
         if chosen is not None and self.once is not None:
             if chosen.signature in self.once:
@@ -152,22 +217,29 @@ class KernelReplay(_Base):
                 except Exception as exc:
                     self.errors.append(f"cuptiRangeProfilerStop before a left-out launch: {exc}")
             return None
-        self._serial.acquire()
-        try:
-            if self.capacity and len(self.selected) - self.image_first >= self.capacity:
-                self._on_full()  # collects the full image, empties it and starts the profiler
-            elif self.paused:  # started again only when a selected launch comes: left-out launches pay once
-                self.rp.start()
-                self.paused = False
-        except BaseException:
-            self._serial.release()
-            raise
+        if self.capacity and len(self.selected) - self.image_first >= self.capacity:
+            self._on_full()  # collects the full image, empties it and starts the profiler
+        elif self.paused:  # started again only when a selected launch comes: left-out launches pay once
+            self.rp.start()
+            self.paused = False
         self.selected.append(chosen)
+        self._in_flight = chosen
         return chosen
+
+    def on_concurrent(self, launch) -> None:
+        """A launch of this context that found another thread's launch in flight: it runs at once, unprofiled.
+        Where the profiler is started CUPTI makes it a range all the same, so a placeholder keeps the count."""
+        if launch.context != self.context:
+            self.other_context += 1
+            return
+        if self.running and not self.paused:
+            self.selected.append(self._placeholder(launch))
+        else:
+            self.concurrent += 1
 
     def on_exit(self, token):
         token.exit_ns = self._timestamp()
-        self._serial.release()
+        self._in_flight = None
 
 
 def matched_prefix(passes: list[list]) -> int:
@@ -180,6 +252,8 @@ def matched_prefix(passes: list[list]) -> int:
         return 0
     first = [s.signature for s in passes[0]]
     common = len(first)
+    for p in passes:  # a launch whose range is not known for sure ends the common part in every pass
+        common = next((i for i, s in enumerate(p[:common]) if s.concurrent or s.overlapped), common)
     for later in passes[1:]:
         n = min(common, len(later))
         common = next((i for i in range(n) if later[i].signature != first[i]), n)
@@ -240,6 +314,7 @@ class IterationReplay(_Base):
         return group
 
     def on_enter(self, launch):
+        """A launch's entry, with the session's baton held."""
         if not self.in_iteration:
             return None
         if self.counting:
@@ -248,10 +323,23 @@ class IterationReplay(_Base):
         chosen = self._choose(launch, self._base, keep_rejected=True)  # CUPTI counts left-out launches too
         if chosen is None:
             return None
-        self._serial.acquire()
         self.group.passes[-1].append(chosen)
+        self._in_flight = chosen
         return chosen
+
+    def on_concurrent(self, launch) -> None:
+        """A launch that found another thread's launch in flight: CUPTI counts it in the pass, so a placeholder
+        holds its position (the passes then differ there, and only the leading launches common to all are kept)."""
+        if launch.context != self.context:
+            self.other_context += 1
+            return
+        if not self.in_iteration or self.counting:
+            if self.counting:
+                self.counted += 1
+            return
+        if self.group is not None and self.group.passes:
+            self.group.passes[-1].append(self._placeholder(launch))
 
     def on_exit(self, token):
         token.exit_ns = self._timestamp()
-        self._serial.release()
+        self._in_flight = None

@@ -11,6 +11,7 @@ warning. What each launch becomes is :mod:`gpuscope._range_profiling.launches`';
 from __future__ import annotations
 
 import enum
+import threading
 import warnings
 
 import numpy as np
@@ -113,8 +114,45 @@ class PerLaunchModes:
         self._running = self._collector.running = False
 
     def _on_enter(self, launch):
-        if (self._first_thread is not None or self._first_error is not None) and not self._first_started():
-            return None  # CUPTI refused the first Start: nothing is profiled, close() says why
+        """A launch's entry (CUPTI's callback, on the launching thread, inside the driver): never waits on anything
+        another launching thread can hold (:mod:`gpuscope._range_profiling.launches`, "Never blocking the program").
+        The baton is taken without waiting and held to the launch's exit; a launch that finds it held, or comes
+        while the first Start is still under way on another thread, runs unprofiled and is counted."""
+        if launch.context != self._context.handle:
+            if self._collector is not None:
+                self._collector.other_context += 1
+            return None
+        if self._first_thread is not None or self._first_error is not None:
+            ready = self._first_ready(threading.get_ident() == self._thread)
+            if ready is None:  # the first Start is still under way beside the code
+                self._unsafe["before_start"] += 1
+                return None
+            if not ready:
+                return None  # CUPTI refused the first Start: nothing is profiled, close() says why
+        baton = self._baton
+        if not baton.take():
+            self._unsafe["concurrent"] += 1
+            if self._collector is not None:
+                self._collector.on_concurrent(launch)
+            return None
+        try:
+            token = self._enter_held(launch)
+        except BaseException:
+            baton.give()
+            raise
+        return _Held(token)
+
+    def _first_ready(self, owner: bool):
+        """Whether the first Start made beside the code succeeded (True), failed (False), or is still under way
+        (None). The session's own thread waits for it, with a bound; other threads do not wait."""
+        thread = self._first_thread
+        if thread is not None:
+            thread.join(FIRST_START_WAIT_S if owner else 0)
+            if thread.is_alive():
+                return None
+        return self._first_started()
+
+    def _enter_held(self, launch):
         collector = self._collector
         if collector is None:  # auto, undecided: a launch outside every range starts kernel replay
             if launch.context != self._context.handle or _ranges.current_path() is not None:
@@ -134,11 +172,16 @@ class PerLaunchModes:
             return self._follow(launch)
         return collector.on_enter(launch)
 
-    def _on_exit(self, token):
-        self._collector.on_exit(token)
-        if token is not None and token is self._end_after:  # the last launch of a found iteration has run
-            self._end_after = None
-            self._end_found_iteration()
+    def _on_exit(self, held):
+        token = held.token
+        try:
+            if token is not None:
+                self._collector.on_exit(token)
+                if token is self._end_after:  # the last launch of a found iteration has run
+                    self._end_after = None
+                    self._end_found_iteration()
+        finally:
+            self._baton.give()
 
     def _report_selection(self) -> None:
         tracker = self._tracker
@@ -160,6 +203,7 @@ class PerLaunchModes:
             self._notes.update(attrs)
             if message:
                 _warn(message)
+        self._note_unsafe()
         c = self._collector
         if c is None:
             return
@@ -171,6 +215,21 @@ class PerLaunchModes:
         errors = getattr(c, "errors", None)
         if errors:
             _warn(f"{len(errors)} launch(es) could not be left out cleanly: {errors[0]}")
+
+    def _note_unsafe(self) -> None:
+        """Say which launches ran unprofiled because profiling them could have blocked the program (another
+        thread's launch in flight, the first Start under way), and which rows were dropped for it."""
+        unsafe = getattr(self, "_unsafe", None)
+        if not unsafe:
+            return
+        notes = {f"launches_{k}": int(v) for k, v in unsafe.items() if v}
+        self._notes.update(notes)
+        if notes:
+            from gpuscope._results.report_inputs import unprofiled_note
+
+            _warn(f"gpuscope ran launches unprofiled rather than wait for another thread: {unprofiled_note(notes)}. "
+                  "Launching from one thread while the session runs profiles every launch "
+                  "(docs/range-profiling.md, 'Threads').")
 
     # -- auto mode without annotations: iterations found in the launch stream ---------------------------
     def _follow(self, launch):
@@ -194,7 +253,7 @@ class PerLaunchModes:
                 self._notes["repetition_error"] = f"{type(exc).__name__}: {exc}"
                 _warn(f"A loop was found in the launch stream, but iteration replay could not start ({exc}); "
                       "kernel replay goes on.")
-                return self._on_enter(launch)
+                return self._enter_held(launch)
         c = self._collector
         if kind in (Step.BEGIN, Step.RESTART):
             if c.in_iteration:
@@ -505,12 +564,15 @@ class PerLaunchModes:
         # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the
         # launches around it (H100, CUPTI 13.0: 0 rows for 3), and CUPTI refuses kernel activity records while it
         # runs (CUPTI_ERROR_NOT_COMPATIBLE)
-        if collector is not None and getattr(collector, "running", False) and not getattr(collector, "paused", True):
+        running = getattr(collector, "running", False) and not getattr(collector, "paused", True)
+        if running and self._baton.take():  # never waited for: another thread's profiled launch is in flight
             try:
                 collector.rp.stop()
                 collector.paused = True
             except Exception as exc:  # noqa: BLE001 (the records are then refused, and the summary says why)
                 collector.errors.append(f"cuptiRangeProfilerStop before a CUDA graph launch: {exc}")
+            finally:
+                self._baton.give()
         if recorder is not None and graphs is not None and graphs.may_open():
             graphs.open(recorder.graph_correlations.__contains__)
 
@@ -626,6 +688,10 @@ class PerLaunchModes:
         elif dropped:
             _warn(f"{dropped} launch(es) did not fit the counter-data image and were dropped; pass "
                   f"gpuscope.Profiler(max_ranges=...) larger than {self.max_ranges}.")
+        if count != len(launches) - dropped and any(s.concurrent for s in launches):
+            real = [s for s in launches if not s.concurrent]  # CUPTI made no range of the concurrent launches
+            if count == len(real) - dropped:
+                launches = real
         if count != len(launches) - dropped:
             _warn(f"CUPTI returned {count} kernel ranges for {len(launches)} recorded launches; the launches cannot "
                   "be told apart, so rows are named by CUPTI's range names without kernel names.")
@@ -636,6 +702,10 @@ class PerLaunchModes:
                 name = range_profiler.range_name(image, index, "/")
                 self._rows.append({"name": name, "depth": 1, "parent": "", "launch": -1, "values": values,
                                    "pass_group": 0, "first_iteration": 0, "iterations": 1})
+            elif launches[index].concurrent:  # a placeholder: its range is another thread's unprofiled launch
+                continue
+            elif launches[index].overlapped:  # CUPTI's order of it and a concurrent launch is not known
+                self._unsafe["overlapped"] += 1
             else:
                 self._rows.append(self._launch_row(launches[index], launches[index].launch_id, values, 0, 0, 1,
                                                    "kernel"))
@@ -720,6 +790,20 @@ class PerLaunchModes:
 _REPLAY_FIXED_MS, _REPLAY_PASS_MS, _REPLAY_RESTORE_MS_PER_GIB = 11.0, 3.5, 0.62
 _REPLAY_WARN_GIB = 4.0
 _REPLAY_JUDGED = 3  # launches after the first before a cost alone (no cause seen) is warned about
+
+
+class _Held:
+    """The token of a launch that holds the session's baton: its collector's token (None: it runs unprofiled)."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token):
+        self.token = token
+
+
+#: How long the session's own thread waits at a launch for the first Start made beside its code (about 1 s is
+#: usual); other threads never wait, and a launch that comes first runs unprofiled and is counted.
+FIRST_START_WAIT_S = 60.0
 
 
 def _functions(session):

@@ -36,9 +36,11 @@ import os
 import threading
 import time
 import weakref
+from collections import Counter
 
 from gpuscope._range_profiling import ranges as _ranges
 from gpuscope._range_profiling.graphs import GraphKernels
+from gpuscope._range_profiling.launches import Baton
 from gpuscope._range_profiling.modes import Mode, PerLaunchModes, _capacity, _readable, _warn  # noqa: F401 (Mode, _capacity: API)
 from gpuscope._range_profiling.user import UserRanges, _Row
 from gpuscope.errors import MultiPassRangeError, SessionConflictError
@@ -246,6 +248,8 @@ class Profiler(UserRanges, PerLaunchModes):
         self._dataset = None
         self._rows: list[dict] = []
         self._notes: dict = {}
+        self._baton = Baton()  # which thread is inside a profiled launch (launches.Baton: taken without waiting)
+        self._unsafe: Counter = Counter()  # launches run unprofiled rather than wait, by reason
 
     def _set_up_beside(self, metrics, pass_groups) -> bool:
         """Whether the constructor leaves the rest of its work to a thread (:attr:`first_start_beside`, kernel and
@@ -646,6 +650,7 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._notes.update(self._nvtx.notes())
             if self._recorder is not None:
                 self._recorder.close()  # no launch callback from here on
+                self._baton.reset()  # a launch whose exit was not heard holds it no more
                 self._note_graph_launches(self._recorder.graph_launches)
             if self.mode_used is Mode.KERNEL:
                 self._stop_kernel_pass()

@@ -98,6 +98,31 @@ def coverage_note(ds) -> str:
     """What auto mode, following the launch stream, profiled of what it saw (attrs ``launches_seen``,
     ``launches_profiled`` and, once it found a loop, ``launches_from_the_loop``...: gpuscope._range_profiling.coverage),
     and the launches of a last pass group completed from the group before (iteration replay in any mode), or ``""``."""
+    unsafe = unprofiled_note(ds.attrs)
+    text = _coverage_text(ds)
+    return "; ".join(t for t in (text, unsafe) if t)
+
+
+def unprofiled_note(attrs) -> str:
+    """The launches a per-launch session let run unprofiled because it could not profile them safely (Dataset
+    attrs ``launches_concurrent``, ``launches_overlapped``, ``launches_before_start``), or ``""``."""
+    parts = []
+    concurrent = int(attrs.get("launches_concurrent", 0) or 0)
+    overlapped = int(attrs.get("launches_overlapped", 0) or 0)
+    before = int(attrs.get("launches_before_start", 0) or 0)
+    if concurrent:
+        parts.append(f"{concurrent:,} launch{'' if concurrent == 1 else 'es'} from other threads ran unprofiled while "
+                     "a profiled launch was in flight (launches_concurrent)")
+    if overlapped:
+        parts.append(f"{overlapped:,} profiled launch{'' if overlapped == 1 else 'es'} without a row, overlapped by "
+                     "another thread's launch (launches_overlapped)")
+    if before:
+        parts.append(f"{before:,} launch{'' if before == 1 else 'es'} from other threads before the profiler had "
+                     "started (launches_before_start)")
+    return "; ".join(parts)
+
+
+def _coverage_text(ds) -> str:
     completed = int(ds.attrs.get("launches_completed_from_earlier_group", 0) or 0)
     last = (f"{completed:,} launch{'' if completed == 1 else 'es'} in the last pass group, with up to "
             f"{int(ds.attrs.get('passes_from_earlier_group', 0) or 0)} of their passes from the group before "

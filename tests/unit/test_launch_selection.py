@@ -179,25 +179,6 @@ def test_iteration_window_is_per_iteration():
     assert [[s.wanted for s in p] for p in it.take_group().passes] == [[False, True, False]] * 2
 
 
-def test_selected_launches_are_serialised_between_threads():
-    rp = FakeRangeProfiler()
-    kr = KernelReplay(rp, CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0)
-    token = kr.on_enter(_launch("first"))
-    entered = threading.Event()
-
-    def other():
-        t = kr.on_enter(_launch("second"))
-        entered.set()
-        kr.on_exit(t)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    assert not entered.wait(0.2)  # the second launch waits until the first has returned
-    kr.on_exit(token)
-    thread.join(5)
-    assert [s.symbol for s in kr.selected] == ["first", "second"]
-
-
 def test_a_counted_iteration_profiles_nothing_and_counts_this_context():
     rp = FakeRangeProfiler()
     it = IterationReplay(rp, CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0)

@@ -1,0 +1,146 @@
+"""Launch callbacks never wait on another launching thread (launches.Baton): a launch that finds another thread's
+profiled launch in flight, or the first Start still under way, runs unprofiled at once and is counted; the rows that
+CUPTI's order cannot tell apart are dropped, never mislabelled (pure logic, no GPU)."""
+
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+import gpuscope as gs
+from gpuscope._range_profiling import modes
+from gpuscope._range_profiling.filters import KernelFilter
+from gpuscope._range_profiling.launches import Baton, IterationReplay, matched_prefix
+from gpuscope._results.report_inputs import unprofiled_note
+
+from tests.unit.test_launch_selection import CTX, FakeRangeProfiler, KernelRows, _launch
+
+
+def _on_thread(fn):
+    """Run *fn* on another thread; (its result, seconds it took)."""
+    out = {}
+
+    def run():
+        t0 = time.perf_counter()
+        out["result"] = fn()
+        out["s"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "a launch callback waited for another thread"
+    return out["result"], out["s"]
+
+
+def test_the_baton_is_never_waited_for():
+    baton = Baton()
+    assert baton.take()
+    taken, seconds = _on_thread(baton.take)
+    assert not taken and seconds < 1 and baton.refused == 1
+    assert baton.take()  # its holder again: the exit of its last launch was never heard
+    baton.give()
+    assert _on_thread(baton.take)[0]  # and another thread's turn (it still holds it: that thread ended)
+    baton.reset()
+    assert baton.take()
+
+
+class Session(KernelRows):
+    """KernelRows with the session's launch entry and exit (``PerLaunchModes._on_enter``/``_on_exit``)."""
+
+    def __init__(self, kfilter=None):
+        super().__init__(kfilter or KernelFilter.build())
+        self._context = SimpleNamespace(handle=CTX)
+        self._baton, self._unsafe = Baton(), Counter()
+        self._first_thread = self._first_error = self._tracker = self._end_after = None
+        self._thread = threading.get_ident()
+
+
+def test_a_launch_during_another_threads_profiled_launch_runs_at_once_and_is_not_a_row(monkeypatch):
+    from gpuscope.cupti import range_profiler
+
+    session = Session()
+    first = session._on_enter(_launch("a"))  # in flight: CUPTI is replaying it
+    token, seconds = _on_thread(lambda: session._on_enter(_launch("b")))
+    assert token is None and seconds < 1
+    session._on_exit(first)
+    second = session._on_enter(_launch("c"))
+    session._on_exit(second)
+    assert [(s.symbol, s.concurrent, s.overlapped) for s in session._collector.selected] == [
+        ("a", False, True), ("b", True, False), ("c", False, False)]
+    # CUPTI made a range of the concurrent launch: its range and the one it overlapped are not rows
+    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: 3)
+    session._collect_kernels()
+    assert [r["kernel"] for r in session._rows] == ["c"]
+    with pytest.warns(gs.GpuscopeWarning, match="1 launch from other threads ran unprofiled"):
+        session._note_unsafe()
+    assert session._notes["launches_concurrent"] == 1 and session._notes["launches_overlapped"] == 1
+
+
+def test_where_cupti_made_no_range_of_the_concurrent_launch_the_rows_keep_their_names(monkeypatch):
+    from gpuscope.cupti import range_profiler
+
+    session = Session()
+    first = session._on_enter(_launch("a"))
+    _on_thread(lambda: session._on_enter(_launch("b")))
+    session._on_exit(first)
+    session._on_exit(session._on_enter(_launch("c")))
+    monkeypatch.setattr(range_profiler, "num_ranges", lambda image: 2)
+    session._collect_kernels()
+    assert [r["kernel"] for r in session._rows] == ["c"]  # a: overlapped, CUPTI's order not known
+
+
+def test_a_left_out_launch_holds_the_baton_to_its_exit():
+    """The profiler stopped for a left-out launch must stay stopped until it has run: another thread's selected
+    launch cannot start it meanwhile, so it runs unprofiled instead."""
+    session = Session(KernelFilter.build(kernels="keep"))
+    left_out = session._on_enter(_launch("other"))
+    assert left_out is not None and left_out.token is None and session._collector.paused
+    token, _ = _on_thread(lambda: session._on_enter(_launch("keep")))
+    assert token is None and session._rp.calls == ["stop"]  # not started again under the left-out launch
+    session._on_exit(left_out)
+    session._on_exit(session._on_enter(_launch("keep")))
+    assert session._rp.calls == ["stop", "start"] and session._unsafe["concurrent"] == 1
+
+
+def test_other_threads_do_not_wait_for_the_first_start_and_the_session_thread_waits_a_bounded_time(monkeypatch):
+    session = Session()
+    release = threading.Event()
+    session._first_thread = threading.Thread(target=release.wait, daemon=True)
+    session._first_thread.start()
+    token, seconds = _on_thread(lambda: session._on_enter(_launch("a")))
+    assert token is None and seconds < 1 and session._unsafe["before_start"] == 1
+    monkeypatch.setattr(modes, "FIRST_START_WAIT_S", 0.2)
+    t0 = time.perf_counter()
+    assert session._on_enter(_launch("a")) is None  # the session's thread: waited, then went on unprofiled
+    assert 0.15 < time.perf_counter() - t0 < 5 and session._unsafe["before_start"] == 2
+    release.set()
+    session._first_thread.join(5)
+    session._first_started = lambda: True
+    held = session._on_enter(_launch("a"))
+    assert held.token is not None
+    session._on_exit(held)
+
+
+def test_iteration_passes_end_their_common_part_at_a_concurrent_launch():
+    it = IterationReplay(FakeRangeProfiler(), CTX, KernelFilter.build(), str, lambda: ("", None), lambda: 0)
+    for concurrent_in_pass in (False, True):
+        it.begin(0)
+        for name in ("a", "b", "c"):
+            token = it.on_enter(_launch(name))
+            if name == "b" and concurrent_in_pass:
+                it.on_concurrent(_launch("z"))
+            it.on_exit(token)
+        it.end()
+    passes = it.take_group().passes
+    assert [s.symbol for s in passes[1]] == ["a", "b", "z", "c"] and passes[1][1].overlapped
+    assert matched_prefix(passes) == 1  # b overlapped z: CUPTI's order of the two is not known
+    assert matched_prefix(passes[:1]) == 3
+
+
+def test_the_note_names_each_reason():
+    text = unprofiled_note({"launches_concurrent": 3, "launches_overlapped": 1, "launches_before_start": 2})
+    assert "3 launches from other threads ran unprofiled" in text
+    assert "1 profiled launch without a row" in text and "2 launches from other threads before" in text
+    assert unprofiled_note({}) == ""
