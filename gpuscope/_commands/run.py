@@ -399,7 +399,23 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
             worker.close()
 
 
+#: JAX reserves 75% of the GPU's memory at its first use unless told not to; kernel replay saves and restores the
+#: device memory in use around each profiled launch's passes, so with that reserve every launch (and the graph
+#: nodes gpuscope replays) costs seconds. ``gpuscope run`` in kernel and auto modes sets it to false where the
+#: environment does not say (only the reserve changes, not what the script computes).
+XLA_PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def _jax_without_reserve(opts: RunOptions) -> bool:
+    """Set :data:`XLA_PREALLOCATE_VAR` to false for the script (kernel and auto modes, where it is unset)."""
+    if opts.sample is None and opts.mode in ("kernel", "auto") and XLA_PREALLOCATE_VAR not in os.environ:
+        os.environ[XLA_PREALLOCATE_VAR] = "false"
+        return True
+    return False
+
+
 def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> int:
+    reserve_off = _jax_without_reserve(opts)
     with _nvtx_routed(opts):
         with contextlib.nullcontext() if worker is not None else _results_imported_meanwhile():
             session = _session(opts, profiler_factory, sampler_factory)
@@ -413,6 +429,10 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
                 session.__exit__(None, None, None)
             except GpuscopeError as exc:
                 close_error = exc
+    if reserve_off and "jax" in sys.modules:
+        print(f"gpuscope run: note: {XLA_PREALLOCATE_VAR}=false was set for the script: JAX's reserve of 75% of the "
+              "GPU's memory would make every replayed kernel save and restore it (set the variable yourself to "
+              "choose; docs/jax.md)", file=sys.stderr)
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4

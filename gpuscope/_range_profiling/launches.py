@@ -44,41 +44,45 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Baton", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+__all__ = ["Baton", "HostGates", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
 
 
 class Baton:
     """Which thread is inside a profiled launch: taken at the launch's entry without waiting, given back at its exit.
 
     :meth:`take` never waits: a launch that finds the baton held by another thread runs unprofiled (module
-    docstring). A thread that takes it again while holding it gets it (its last launch's exit was never heard: the
-    recorder was paused or closed meanwhile, and a thread is in one launch at a time). :meth:`reset` frees it at a
-    pass boundary or a close, where no launch of the session is in flight that could still need it.
+    docstring). The holder may take it again (a graph launch whose nodes are launched from its callback, or a
+    launch whose last exit was never heard: the recorder was paused meanwhile); it is free again once given back as
+    often as taken. :meth:`reset` frees it at a session's close, where no launch of the session is in flight.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self.holder: int | None = None  # the thread ident of the holder
+        self.depth = 0
         self.refused = 0  # takes refused: launches that found another thread's launch in flight
 
     def take(self) -> bool:
         me = threading.get_ident()
-        if self._lock.acquire(blocking=False):
-            self.holder = me
-            return True
         if self.holder == me:
+            self.depth += 1
+            return True
+        if self._lock.acquire(blocking=False):
+            self.holder, self.depth = me, 1
             return True
         self.refused += 1
         return False
 
     def give(self) -> None:
         if self.holder == threading.get_ident():
-            self.holder = None
-            self._lock.release()
+            self.depth -= 1
+            if self.depth <= 0:
+                self.holder, self.depth = None, 0
+                self._lock.release()
 
     def reset(self) -> None:
         if self.holder is not None:
-            self.holder = None
+            self.holder, self.depth = None, 0
             try:
                 self._lock.release()
             except RuntimeError:
@@ -87,6 +91,39 @@ class Baton:
     @property
     def held(self) -> bool:
         return self.holder is not None
+
+
+#: Kernels that wait for the host: XLA's autotuning timer launches ``DelayKernel``, which spins until the launching
+#: thread sets a flag, after it has launched the kernels it times. Replaying it (or a kernel behind it on its
+#: stream) inside the launch call waits for a flag that the thread sets only once the call returns: JAX under kernel
+#: replay stalled there for minutes (XLA: "Delay kernel timed out").
+HOST_WAITING = ("DelayKernel",)
+
+
+class HostGates:
+    """Streams on which a kernel waits for the host: launches there run unprofiled until the stream has drained
+    (``cuStreamQuery``, never waited for)."""
+
+    def __init__(self):
+        self.streams: set[int] = set()
+
+    def closed(self, launch) -> bool:
+        """Whether *launch* must run unprofiled: it waits for the host, or comes behind such a kernel still running
+        on its stream."""
+        if any(k in launch.symbol for k in HOST_WAITING):
+            self.streams.add(launch.stream)
+            return True
+        if launch.stream in self.streams:
+            if _busy(launch.stream):
+                return True
+            self.streams.discard(launch.stream)
+        return False
+
+
+def _busy(stream: int) -> bool:
+    from cuda.bindings import driver
+
+    return driver.cuStreamQuery(driver.CUstream(stream))[0] == driver.CUresult.CUDA_ERROR_NOT_READY
 
 
 @dataclass
@@ -107,6 +144,9 @@ class Selected:
     shared_dynamic: int = 0  # bytes of dynamic shared memory per block the launch call asked for
     concurrent: bool = False  # a placeholder: launched while another thread's launch held the baton (never a row)
     overlapped: bool = False  # a concurrent launch came while this one was in flight: CUPTI's order of the two unknown
+    graph_exec: int = -1  # a CUDA graph's kernel node run by gpuscope (graph_replay): CUPTI's id of the graph exec
+    graph_launch: int = -1  # which launch of that executable graph
+    graph_node: int = -1  # the kernel node's position in the graph's topological order
 
     @property
     def signature(self) -> tuple:

@@ -63,6 +63,9 @@ class PerLaunchModes:
     _first_loop = None  # (offset, found_at) of the loop found in the launch stream (the longest, if it relocked)
     _last_group = None  # iteration replay: (signatures, raw values) of the last complete group's rows, by position
     _function_resources = None  # registers and static shared memory per kernel function (see _functions)
+    _graph_replay = None  # graph launches run node by node (graph_replay.GraphReplay)
+    _gates = None  # streams behind a kernel waiting for the host (launches.HostGates)
+    graphs = "node"  # graphs="node" | "graph"
 
     def _use_kernel(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -136,11 +139,32 @@ class PerLaunchModes:
                 self._collector.on_concurrent(launch)
             return None
         try:
+            if self._gates.closed(launch):  # waits for the host, or behind one that does: replaying it would stall
+                self._unsafe["host_waiting"] += 1
+                self._run_unprofiled()
+                return _Held(None)
             token = self._enter_held(launch)
         except BaseException:
             baton.give()
             raise
+        replay = self._graph_replay
+        if token is not None and replay is not None:
+            node = replay.current()  # a graph's kernel node, launched by gpuscope from the graph launch's callback
+            if node is not None:
+                token.graph_exec, token.graph_launch, token.graph_node = node
         return _Held(token)
+
+    def _run_unprofiled(self) -> None:
+        """Kernel replay stopped for the launch about to run (the baton held): CUPTI neither replays nor counts it;
+        started again at the next launch it profiles (launches.KernelReplay). Iteration replay replays nothing inside
+        the launch call: nothing to do."""
+        collector = self._collector
+        if getattr(collector, "running", False) and not getattr(collector, "paused", True):
+            try:
+                collector.rp.stop()
+                collector.paused = True
+            except Exception as exc:  # noqa: BLE001  said with the left-out launches' errors
+                collector.errors.append(f"cuptiRangeProfilerStop before a launch waiting for the host: {exc}")
 
     def _first_ready(self, owner: bool):
         """Whether the first Start made beside the code succeeded (True), failed (False), or is still under way
@@ -227,9 +251,9 @@ class PerLaunchModes:
         if notes:
             from gpuscope._results.report_inputs import unprofiled_note
 
-            _warn(f"gpuscope ran launches unprofiled rather than wait for another thread: {unprofiled_note(notes)}. "
+            _warn(f"gpuscope ran launches unprofiled rather than block the program: {unprofiled_note(notes)}. "
                   "Launching from one thread while the session runs profiles every launch "
-                  "(docs/range-profiling.md, 'Threads').")
+                  "(docs/graphs.md, 'Threads').")
 
     # -- auto mode without annotations: iterations found in the launch stream ---------------------------
     def _follow(self, launch):
@@ -535,6 +559,8 @@ class PerLaunchModes:
 
     def _end_iteration(self) -> None:
         graphs = self._recorder.graph_launches if self._recorder is not None else 0
+        if self._graph_replay is not None:
+            graphs -= self._graph_replay.replayed  # run node by node: their kernel nodes were launches
         if self._collector.counting:  # the first iteration sized the image; the next one is pass 0
             self._recorder.pause()
             launches = self._collector.end_count()
@@ -556,9 +582,14 @@ class PerLaunchModes:
         if result.all_passes_submitted:
             self._collect_iterations()
 
-    def _on_graph(self, correlation: int) -> None:
-        """A CUDA graph launch (at its entry, on the launching thread): kernel and auto modes open kernel activity
-        records at the first, to name the graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
+    def _on_graph(self, correlation: int, params: int = 0) -> None:
+        """A CUDA graph launch (at its entry, on the launching thread): its nodes run one by one and are profiled
+        as launches (:mod:`gpuscope._range_profiling.graph_replay`); where that cannot be done safely the graph runs
+        as it is, and kernel and auto modes open kernel activity records at the first such launch, to name the
+        graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
+        replay = self._graph_replay
+        if replay is not None and params and replay.on_launch(params, self._baton):
+            return
         recorder, graphs, collector = self._recorder, self._graphs, self._collector
         # Kernel replay stops before every graph launch, as before a left-out launch, and starts again at the next
         # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the
@@ -580,9 +611,14 @@ class PerLaunchModes:
         """Count the CUDA graph launches of the session, name their kernels (the activity records are flushed
         here) and say what became of them: CUPTI's launch callbacks and kernel replay do not see a graph's kernel
         nodes; a user range around the graph launch does."""
-        graphs = self._graphs
+        graphs, replay = self._graphs, self._graph_replay
         if graphs is not None:
             graphs.close(self._context)
+        if replay is not None:
+            self._notes.update(replay.notes(self.graphs))
+            if replay.message():
+                _warn(replay.message())
+            count -= replay.replayed  # run node by node: profiled as their kernel nodes
         if not count:
             return
         self._notes["graph_launches"] = self._notes.get("graph_launches", 0) + int(count)
@@ -782,6 +818,8 @@ class PerLaunchModes:
                    shared_memory_dynamic=launch.shared_dynamic)
         if self.mode is Mode.AUTO:  # rows of both replays may meet in one auto session: say which made each
             row["replay"] = replay
+        if launch.graph_launch >= 0:  # a CUDA graph's kernel node (graph_replay)
+            row.update(graph_exec=launch.graph_exec, graph_launch=launch.graph_launch, graph_node=launch.graph_node)
         return row
 
 

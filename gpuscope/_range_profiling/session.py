@@ -40,7 +40,7 @@ from collections import Counter
 
 from gpuscope._range_profiling import ranges as _ranges
 from gpuscope._range_profiling.graphs import GraphKernels
-from gpuscope._range_profiling.launches import Baton
+from gpuscope._range_profiling.launches import Baton, HostGates
 from gpuscope._range_profiling.modes import Mode, PerLaunchModes, _capacity, _readable, _warn  # noqa: F401 (Mode, _capacity: API)
 from gpuscope._range_profiling.user import UserRanges, _Row
 from gpuscope.errors import MultiPassRangeError, SessionConflictError
@@ -153,7 +153,15 @@ class Profiler(UserRanges, PerLaunchModes):
         metric list, another pass layout, or a name that is no set's is checked on the caller's thread as
         without this option, so that a wrong name is said at once. What CUDA or CUPTI refuses on the threads is
         warned at the first launch, nothing is profiled, and :meth:`close` raises it. ``gpuscope run`` sets it
-        (``GPUSCOPE_FIRST_START_BESIDE=0`` does not).
+        (``GPUSCOPE_FIRST_START_BESIDE=0`` does not). Other threads' launches never wait for it: they run
+        unprofiled until it has started (``launches_before_start``).
+    graphs : {"node", "graph"}
+        Kernel, iteration and auto modes, CUDA graph launches (JAX's steps, ``torch.cuda.CUDAGraph.replay``,
+        ``torch.compile(mode="reduce-overhead")``): ``"node"`` profiles each kernel node as a launch, one row each
+        with ``graph_exec``, ``graph_launch`` and ``graph_node`` (as ``ncu --graph-profiling node``); ``"graph"``
+        gives each graph launch one row, its nodes' counters added and rates weighted by duration (as ``ncu
+        --graph-profiling graph``). Graphs instantiated before the session (or ``gpuscope.watch_graphs()``) are
+        unknown to gpuscope and run as they are (docs/graphs.md).
 
     Attributes
     ----------
@@ -198,7 +206,7 @@ class Profiler(UserRanges, PerLaunchModes):
                  max_ranges: int | None = None, progress: bool | None = None, sample_every: int = 1,
                  kernels=None, exclude=None, launch_skip: int = 0, launch_count: int | None = None,
                  report: bool = False, pass_groups=None, nvtx=None, nvtx_exclude=None,
-                 first_start_beside: bool = False):
+                 first_start_beside: bool = False, graphs: str = "node"):
         from gpuscope._range_profiling import nvtx as _nvtx
         from gpuscope._range_profiling.filters import KernelFilter, checked_int
         from gpuscope.cupti import _lib
@@ -226,6 +234,12 @@ class Profiler(UserRanges, PerLaunchModes):
         if self.sample_every > 1 and self.mode is not Mode.USER:
             raise ValueError("sample_every applies to mode='user'; in kernel and iteration modes use "
                              "launch_skip=/launch_count= or kernels= to profile fewer launches.")
+        from gpuscope._range_profiling.graph_replay import GRAPH_MODES
+
+        if graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {list(GRAPH_MODES)} (a CUDA graph's kernel nodes one row each, or "
+                             f"each graph launch one row), not {graphs!r}")
+        self.graphs = graphs
         self._nvtx_filter = _nvtx.NvtxFilter.build(nvtx, nvtx_exclude)
         self._seen: dict[str, int] = {}
         self.print_report = bool(report)
@@ -249,6 +263,7 @@ class Profiler(UserRanges, PerLaunchModes):
         self._rows: list[dict] = []
         self._notes: dict = {}
         self._baton = Baton()  # which thread is inside a profiled launch (launches.Baton: taken without waiting)
+        self._gates = HostGates()  # streams behind a kernel that waits for the host (launches.HostGates)
         self._unsafe: Counter = Counter()  # launches run unprofiled rather than wait, by reason
 
     def _set_up_beside(self, metrics, pass_groups) -> bool:
@@ -461,6 +476,12 @@ class Profiler(UserRanges, PerLaunchModes):
                 self._start_first()
                 self._running = True
             if self._per_launch:
+                from gpuscope._gpu import graph_nodes as _graph_nodes
+                from gpuscope._range_profiling.graph_replay import GraphReplay
+
+                why = _graph_nodes.watch()  # graphs instantiated from here on can be run node by node
+                if not why:
+                    self._graph_replay = GraphReplay(lambda: self._context.handle)
                 self._graphs = GraphKernels(records=self.mode is not Mode.ITERATION)
                 self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit, self._on_graph)
                 if self.mode_used is Mode.ITERATION:
@@ -757,9 +778,11 @@ class Profiler(UserRanges, PerLaunchModes):
                 del _active[self.device]
             last = not _active
         if last:  # CUPTI's one callback subscriber goes back: torch.profiler may have it between sessions
+            from gpuscope._gpu import graph_nodes as _graph_nodes
             from gpuscope._gpu import modules as _modules
 
             _modules.pause()
+            _graph_nodes.pause()  # unless gpuscope.watch_graphs() asked to go on
 
     def __enter__(self):
         return self.start()
@@ -797,6 +820,11 @@ class Profiler(UserRanges, PerLaunchModes):
         builds the Dataset in a process of its own (:mod:`gpuscope._commands.results_worker`)."""
         if self._state != "closed":
             raise SessionConflictError("Profiler.dataset is ready once the session is closed (after the with block).")
+        records = self._rows
+        if self.graphs == "graph" and any(r.get("graph_launch", -1) >= 0 for r in records):
+            from gpuscope._range_profiling.graph_replay import combine_graph_rows
+
+            records = combine_graph_rows(records, list(self.metrics))
         attrs = {"metric_set": self.metric_set, "mode": self.mode_used.value, "mode_requested": self.mode.value,
                  "passes": self.passes, "cycles": self.cycles, "max_depth": self.max_depth,
                  "sample_every": self.sample_every, "kernel_filter": self.filter.describe(), **self._set_attrs,
@@ -809,7 +837,7 @@ class Profiler(UserRanges, PerLaunchModes):
             attrs["pass_plan"] = "cupti"
         from gpuscope._results.build import _pm_device_attrs
 
-        return {"records": self._rows, "metrics": list(self.metrics), "properties": self.properties,
+        return {"records": records, "metrics": list(self.metrics), "properties": self.properties,
                 "device_info": self.device_info, "chip": self.chip, "attrs": attrs,
                 "device_attrs": _pm_device_attrs(self.device_info, self.chip),
                 "formulas": self._plan.formulas() if self._plan is not None else {}}

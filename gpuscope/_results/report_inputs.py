@@ -105,7 +105,8 @@ def coverage_note(ds) -> str:
 
 def unprofiled_note(attrs) -> str:
     """The launches a per-launch session let run unprofiled because it could not profile them safely (Dataset
-    attrs ``launches_concurrent``, ``launches_overlapped``, ``launches_before_start``), or ``""``."""
+    attrs ``launches_concurrent``, ``launches_overlapped``, ``launches_before_start``, ``launches_host_waiting``), or
+    ``""``."""
     parts = []
     concurrent = int(attrs.get("launches_concurrent", 0) or 0)
     overlapped = int(attrs.get("launches_overlapped", 0) or 0)
@@ -116,6 +117,10 @@ def unprofiled_note(attrs) -> str:
     if overlapped:
         parts.append(f"{overlapped:,} profiled launch{'' if overlapped == 1 else 'es'} without a row, overlapped by "
                      "another thread's launch (launches_overlapped)")
+    waiting = int(attrs.get("launches_host_waiting", 0) or 0)
+    if waiting:
+        parts.append(f"{waiting:,} launch{'' if waiting == 1 else 'es'} waiting for the host or behind one that does "
+                     "(XLA's autotuning timer: replaying them would stall) ran unprofiled (launches_host_waiting)")
     if before:
         parts.append(f"{before:,} launch{'' if before == 1 else 'es'} from other threads before the profiler had "
                      "started (launches_before_start)")

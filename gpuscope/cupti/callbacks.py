@@ -68,11 +68,12 @@ class CUpti_CallbackData(Structure):
 
 
 class _LaunchParams(Structure):  # cuLaunchKernel_params / cuLaunchCooperativeKernel_params (generated_cuda_meta.h)
-    _fields_ = [("f", c_void_p)] + [(n, c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shared")]
+    _fields_ = [("f", c_void_p)] + [(n, c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shared")] + [
+        ("hStream", c_void_p)]
 
 
 class _LaunchConfig(Structure):  # CUlaunchConfig (cuda.h), first fields
-    _fields_ = [(n, c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shared")]
+    _fields_ = [(n, c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shared")] + [("hStream", c_void_p)]
 
 
 class _LaunchExParams(Structure):  # cuLaunchKernelEx_params
@@ -142,6 +143,7 @@ class Launch:
     context: int
     function: int = 0
     shared_dynamic: int = 0
+    stream: int = 0  # the launch's CUstream (0: the legacy default stream)
 
 
 CUPTI_CB_DOMAIN_RESOURCE = 3
@@ -155,6 +157,9 @@ _holds = 0  # users of the CUPTI profiler holding the subscriber (hold): it is n
 _module_watchers: tuple = ()  # the open ModuleWatchers
 _nvtx_watchers: tuple = ()  # the open NvtxWatchers (gpuscope.cupti.nvtx)
 _nvtx_cbids: tuple = ()  # the NVTX callbacks they have enabled
+_graph_watchers: tuple = ()  # the open GraphWatchers (gpuscope.cupti.graphs)
+_graph_cbids: tuple = ((), ())  # (resource, driver) callbacks they have enabled
+_graph_driver: frozenset = frozenset()  # the driver callbacks that go to them
 _listening: tuple = ()  # the open, unpaused LaunchRecorders (a Profiler session and a pc_sample block may both be)
 _open: set = set()  # every open LaunchRecorder, paused or not
 _exit_call = None  # the _ExitCall of a detach under way: the call at whose exit CUPTI is finalized
@@ -163,8 +168,16 @@ _retired: list = []  # C callbacks CUPTI held: never freed (CUPTI may still call
 
 def _dispatch(userdata, domain, cbid, address):
     if domain == CUPTI_CB_DOMAIN_RESOURCE:
-        for watcher in _module_watchers:
-            watcher._on_callback(cbid, address)
+        if cbid == CUPTI_CBID_RESOURCE_MODULE_LOADED:
+            for watcher in _module_watchers:
+                watcher._on_callback(cbid, address)
+        else:
+            for watcher in _graph_watchers:
+                watcher._on_callback(domain, cbid, address)
+        return
+    if cbid in _graph_driver and domain == CUPTI_CB_DOMAIN_DRIVER_API:
+        for watcher in _graph_watchers:
+            watcher._on_callback(domain, cbid, address)
         return
     if domain == CUPTI_CB_DOMAIN_NVTX:
         for watcher in _nvtx_watchers:
@@ -344,7 +357,7 @@ def _release_if_idle() -> None:
     """Give CUPTI's subscriber back when nothing of gpuscope needs it (with _lock held), so that another CUPTI client
     of the process (torch.profiler) can subscribe between gpuscope's sessions."""
     if (_subscription and not _listening and not _open and not _module_watchers and not _nvtx_watchers
-            and not _holds):
+            and not _graph_watchers and not _holds):
         handle, callback = _subscription
         _subscription.clear()
         try:
@@ -380,6 +393,9 @@ def _enable_what_is_open() -> None:
     wanted = [(CUPTI_CB_DOMAIN_DRIVER_API, cbid) for cbid in LAUNCH_CBIDS if _listening]
     wanted += [(CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED)] if _module_watchers else []
     wanted += [(CUPTI_CB_DOMAIN_NVTX, cbid) for cbid in _nvtx_cbids if _nvtx_watchers]
+    if _graph_watchers:
+        wanted += [(CUPTI_CB_DOMAIN_RESOURCE, cbid) for cbid in _graph_cbids[0]]
+        wanted += [(CUPTI_CB_DOMAIN_DRIVER_API, cbid) for cbid in _graph_cbids[1]]
     for domain, cbid in wanted:
         try:
             _f.cuptiEnableCallback(1, _subscription[0], domain, cbid)
@@ -389,10 +405,11 @@ def _enable_what_is_open() -> None:
 
 
 def _forget_in_child() -> None:  # a forked child has no CUPTI subscriber of its own
-    global _listening, _lock, _module_watchers, _nvtx_watchers, _holds, _exit_call
+    global _listening, _lock, _module_watchers, _nvtx_watchers, _holds, _exit_call, _graph_watchers, _graph_driver
     _lock = threading.Lock()
     _listening = ()
-    _module_watchers = _nvtx_watchers = ()
+    _module_watchers = _nvtx_watchers = _graph_watchers = ()
+    _graph_driver = frozenset()
     _open.clear()
     _subscription.clear()
     _holds = 0
@@ -406,7 +423,7 @@ def _before_detach() -> None:
     """Unsubscribe for :func:`_api.detach` (refuses while a launch recorder, paused or not, or a module watcher is
     open)."""
     with _lock:
-        if _open or _module_watchers or _nvtx_watchers:  # a paused recorder resumes on this one
+        if _open or _module_watchers or _nvtx_watchers or _graph_watchers:  # a paused recorder resumes on this one
             nvtx = (f" (and {len(_nvtx_watchers)} NVTX watcher(s): a session taking NVTX ranges)" if _nvtx_watchers
                     else "")
             raise RuntimeError(f"{len(_open)} launch recorder(s) (a gpuscope.Profiler session in kernel, iteration "
@@ -541,8 +558,9 @@ class LaunchRecorder:
     on_exit : callable, optional
         ``on_exit(token)``, called only for a token that is not None.
     on_graph : callable, optional
-        ``on_graph(correlation_id)`` at the entry of each graph launch (after it is counted), before its kernels
-        run; as quick as ``on_enter``, and it must not raise either.
+        ``on_graph(correlation_id, params)`` at the entry of each graph launch (after it is counted), before its
+        kernels run, with the address of the call's parameters (``cuGraphLaunch_params``: the callee may change
+        them); it must not raise either.
 
     Raises
     ------
@@ -574,7 +592,7 @@ class LaunchRecorder:
                 self.graph_launches += 1  # its kernel nodes reach no launch callback
                 self.graph_correlations.add(d.correlationId)
                 if self._on_graph is not None:
-                    self._on_graph(d.correlationId)
+                    self._on_graph(d.correlationId, d.functionParams or 0)
                 return
             if cbid in _EX:
                 p = _LaunchExParams.from_address(d.functionParams)
@@ -583,7 +601,7 @@ class LaunchRecorder:
                 g = _LaunchParams.from_address(d.functionParams)
                 function = g.f
             launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
-                            d.context or 0, function or 0, g.shared)
+                            d.context or 0, function or 0, g.shared, g.hStream or 0)
             token = self._on_enter(launch)
             if token is not None and self._on_exit is not None:
                 self._pending.token = token
@@ -725,6 +743,58 @@ def remove_nvtx_watcher(watcher, cbids) -> None:
         if not _nvtx_watchers and _subscription:
             _enable_nvtx_quietly(0, cbids)
         _release_if_idle()
+
+
+def add_graph_watcher(watcher, resource_cbids, driver_cbids) -> None:
+    """Hand CUPTI's graph resource callbacks *resource_cbids* and the driver callbacks *driver_cbids* to *watcher*
+    (``watcher._on_callback(domain, cbid, address)``), enabled while any graph watcher is open
+    (:class:`gpuscope.cupti.graphs.GraphWatcher`).
+
+    Raises
+    ------
+    ProfilerBusyError
+        Another CUPTI callback subscriber exists in this process (CUPTI allows one); nothing is left enabled.
+    """
+    global _graph_watchers, _graph_cbids, _graph_driver
+    known()
+    with _lock:
+        _subscribe()
+        if not _graph_watchers:
+            _graph_cbids = (tuple(resource_cbids), tuple(driver_cbids))
+            try:
+                _enable_graph_quietly(1, raise_first=True)
+            except BaseException:
+                _enable_graph_quietly(0)
+                _release_if_idle()
+                raise
+            _graph_driver = frozenset(driver_cbids)
+        _graph_watchers = (*_graph_watchers, watcher)
+
+
+def remove_graph_watcher(watcher) -> None:
+    """Stop handing graph callbacks to *watcher*; disabled when no graph watcher is left (trouble is a warning)."""
+    global _graph_watchers, _graph_driver
+    known()
+    with _lock:
+        _graph_watchers = tuple(w for w in _graph_watchers if w is not watcher)
+        if not _graph_watchers:
+            _graph_driver = frozenset()
+            if _subscription:
+                _enable_graph_quietly(0)
+        _release_if_idle()
+
+
+def _enable_graph_quietly(flag: int, raise_first: bool = False) -> None:
+    resource, driver = _graph_cbids
+    for domain, cbids in ((CUPTI_CB_DOMAIN_RESOURCE, resource), (CUPTI_CB_DOMAIN_DRIVER_API, driver)):
+        for cbid in cbids:
+            try:
+                _f.cuptiEnableCallback(flag, _subscription[0], domain, cbid)
+            except Exception as exc:
+                if raise_first:
+                    raise
+                warnings.warn(f"cuptiEnableCallback({flag}, domain {domain}, {cbid}) failed: {exc}", GpuscopeWarning,
+                              stacklevel=3)
 
 
 def _enable_nvtx_quietly(flag: int, cbids) -> None:

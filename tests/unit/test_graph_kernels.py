@@ -218,6 +218,7 @@ def test_kernel_replay_stops_before_every_graph_launch_and_the_records_open_at_t
     """A graph launched while kernel replay ran left it no range for the launches around it (H100: 0 rows for 3),
     and CUPTI refuses kernel activity while it runs (CUPTI_ERROR_NOT_COMPATIBLE): it is stopped before every graph
     launch, as before a left-out launch, and started again at the next launch it profiles."""
+    from gpuscope._range_profiling.launches import Baton
     from gpuscope._range_profiling.modes import PerLaunchModes
 
     events = []
@@ -240,6 +241,7 @@ def test_kernel_replay_stops_before_every_graph_launch_and_the_records_open_at_t
         _on_graph = PerLaunchModes._on_graph
         _recorder = type("R", (), {"graph_correlations": {5}})()
         _graphs, _collector = Graphs(), Collector()
+        _graph_replay, _baton = None, Baton()
 
     session = Session()
     session._on_graph(5)

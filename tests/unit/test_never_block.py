@@ -5,6 +5,7 @@ CUPTI's order cannot tell apart are dropped, never mislabelled (pure logic, no G
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 import gpuscope as gs
 from gpuscope._range_profiling import modes
 from gpuscope._range_profiling.filters import KernelFilter
-from gpuscope._range_profiling.launches import Baton, IterationReplay, matched_prefix
+from gpuscope._range_profiling import launches
+from gpuscope._range_profiling.launches import Baton, HostGates, IterationReplay, matched_prefix
 from gpuscope._results.report_inputs import unprofiled_note
 
 from tests.unit.test_launch_selection import CTX, FakeRangeProfiler, KernelRows, _launch
@@ -39,9 +41,11 @@ def test_the_baton_is_never_waited_for():
     assert baton.take()
     taken, seconds = _on_thread(baton.take)
     assert not taken and seconds < 1 and baton.refused == 1
-    assert baton.take()  # its holder again: the exit of its last launch was never heard
+    assert baton.take()  # its holder again (a graph's nodes launched from the graph launch's callback)
     baton.give()
-    assert _on_thread(baton.take)[0]  # and another thread's turn (it still holds it: that thread ended)
+    assert not _on_thread(baton.take)[0]  # still held: given back once of twice
+    baton.give()
+    assert _on_thread(baton.take)[0]  # free: another thread's turn (that thread ended holding it)
     baton.reset()
     assert baton.take()
 
@@ -52,7 +56,7 @@ class Session(KernelRows):
     def __init__(self, kfilter=None):
         super().__init__(kfilter or KernelFilter.build())
         self._context = SimpleNamespace(handle=CTX)
-        self._baton, self._unsafe = Baton(), Counter()
+        self._baton, self._unsafe, self._gates = Baton(), Counter(), HostGates()
         self._first_thread = self._first_error = self._tracker = self._end_after = None
         self._thread = threading.get_ident()
 
@@ -144,3 +148,22 @@ def test_the_note_names_each_reason():
     assert "3 launches from other threads ran unprofiled" in text
     assert "1 profiled launch without a row" in text and "2 launches from other threads before" in text
     assert unprofiled_note({}) == ""
+
+
+def test_a_kernel_waiting_for_the_host_and_what_follows_it_on_its_stream_run_unprofiled(monkeypatch):
+    """XLA's autotuning timer: DelayKernel spins until its thread sets a flag after launching what it times. Kernel
+    replay inside those launch calls would wait for that flag; they run with the profiler stopped until the stream
+    has drained, and launches on other streams are profiled meanwhile."""
+    busy = {7: True}
+    monkeypatch.setattr(launches, "_busy", lambda stream: busy.get(stream, False))
+    session = Session()
+    delay = replace(_launch("_ZN15stream_executor3gpu11DelayKernelEv"), stream=7)
+    timed = replace(_launch("gemm"), stream=7)
+    other = replace(_launch("other"), stream=9)
+    for launch in (delay, timed, other):
+        session._on_exit(session._on_enter(launch))
+    assert [s.symbol for s in session._collector.selected] == ["other"]
+    assert session._unsafe["host_waiting"] == 2 and session._rp.calls == ["stop", "start"]
+    busy[7] = False  # the flag was set and the stream drained: profiled again
+    session._on_exit(session._on_enter(timed))
+    assert [s.symbol for s in session._collector.selected] == ["other", "gemm"]

@@ -136,7 +136,7 @@ def test_another_client_is_named(fake):
 
 def test_a_graph_launch_is_counted_and_is_no_kernel_launch(fake):
     heard, graphs = [], []
-    recorder = callbacks.LaunchRecorder(heard.append, on_graph=graphs.append)
+    recorder = callbacks.LaunchRecorder(heard.append, on_graph=lambda c, params: graphs.append(c))
     for cbid, correlation in ((callbacks.CBID_cuGraphLaunch, 41), (callbacks.CBID_cuGraphLaunch_ptsz, 57)):
         data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER, correlationId=correlation)
         recorder._on_callback(cbid, ctypes.addressof(data))
@@ -148,7 +148,7 @@ def test_a_graph_launch_is_counted_and_is_no_kernel_launch(fake):
 
 
 def test_a_failing_graph_hook_is_a_warning_and_the_launch_is_still_counted(fake):
-    def fail(correlation):
+    def fail(correlation, params):
         raise RuntimeError("no records")
 
     recorder = callbacks.LaunchRecorder(lambda launch: None, on_graph=fail)
@@ -198,7 +198,7 @@ def _heard(cbid, params):
 def test_a_launch_carries_its_function_and_dynamic_shared_memory(fake, cbid):
     params = CuLaunchKernelParams(0x7F00DEAD0000, 64, 2, 1, 128, 2, 1, 6144, 0x5, 0x6, 0x7)
     launch = _heard(cbid, params)
-    assert launch == callbacks.Launch("_Z4tilePf", (64, 2, 1), (128, 2, 1), 0xC7, 0x7F00DEAD0000, 6144)
+    assert launch == callbacks.Launch("_Z4tilePf", (64, 2, 1), (128, 2, 1), 0xC7, 0x7F00DEAD0000, 6144, 0x5)
 
 
 @pytest.mark.parametrize("cbid", [callbacks.CBID_cuLaunchKernelEx, callbacks.CBID_cuLaunchKernelEx_ptsz])
@@ -206,8 +206,8 @@ def test_a_launch_ex_carries_its_function_and_the_configs_dynamic_shared_memory(
     config = CUlaunchConfig(132, 1, 1, 384, 1, 1, 213188, 0x5, 0x8, 1)
     params = CuLaunchKernelExParams(ctypes.pointer(config), 0x7F00BEEF0000, 0x6, 0x7)
     launch = _heard(cbid, params)
-    assert (launch.grid, launch.block, launch.function, launch.shared_dynamic) == (
-        (132, 1, 1), (384, 1, 1), 0x7F00BEEF0000, 213188)
+    assert (launch.grid, launch.block, launch.function, launch.shared_dynamic, launch.stream) == (
+        (132, 1, 1), (384, 1, 1), 0x7F00BEEF0000, 213188, 0x5)
 
 
 def test_a_launch_without_a_function_handle_says_0(fake):

@@ -1,0 +1,279 @@
+"""The process's executable CUDA graphs as gpuscope copies them, so that their nodes can be run one by one.
+
+A CUDA graph launch (``cuGraphLaunch``) gives CUPTI's launch callbacks and kernel replay nothing per kernel, and the
+driver has no call that reads an executable graph's nodes back. So gpuscope copies each graph as it is instantiated
+(CUPTI's ``GRAPHEXEC_CREATED`` callback gives the graph it was made from, valid only then: ``cuGraphClone`` in the
+callback; PyTorch destroys its graph right after instantiating it), and follows every driver call that changes the
+executable graph afterwards (``cuGraphExecKernelNodeSetParams``, as JAX does before each launch; ``cuGraphExecUpdate``;
+``cuGraphNodeSetEnabled``; memset and memcpy parameters) by making the same change on the copy. A change gpuscope
+cannot follow (a child graph's, a host node's, events, conditional nodes) marks the graph as not runnable node by
+node, with the reason.
+
+:func:`run_nodes` launches a copy's nodes in a topological order on a stream: kernel nodes with ``cuLaunchKernel``
+(their parameters as the copy holds them), memset and memcpy nodes with the matching driver calls, empty and event
+nodes as nothing (one stream orders them). :func:`empty_exec` is an executable graph with no node, which the graph
+launch itself is given instead of the program's (:mod:`gpuscope._range_profiling.graph_replay`).
+
+Graphs instantiated before :func:`watch` are not known (:func:`copy_of` returns None): start a session, or
+``gpuscope.watch_graphs()``, before the first step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+__all__ = ["GraphCopy", "copy_of", "empty_exec", "run_nodes", "watch", "watching", "pause"]
+
+#: Node types run one by one, and those run as nothing (their order is the stream's).
+_RUN = ("CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_MEMSET", "CU_GRAPH_NODE_TYPE_MEMCPY")
+_NOTHING = ("CU_GRAPH_NODE_TYPE_EMPTY", "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_WAIT_EVENT")
+
+
+@dataclass
+class GraphCopy:
+    """gpuscope's copy of the graph an executable graph runs, kept up to date with the calls that change it."""
+
+    exec_handle: int
+    graph: object  # the CUgraph clone (gpuscope's own)
+    order: list = field(default_factory=list)  # (clone node, type name, position among the kernel nodes or -1)
+    kernels: int = 0
+    unsupported: str = ""  # why it cannot be run node by node ("" where it can)
+    disabled: set = field(default_factory=set)  # clone nodes disabled in the executable graph (cuGraphNodeSetEnabled)
+    launches: int = 0  # launches of the executable graph heard so far
+    exec_id: int = -1  # CUPTI's id of the executable graph
+
+
+_copies: dict[int, GraphCopy] = {}
+_watcher = None
+_kept = False  # watch(keep=True): not paused when the last session closes
+_lock = threading.Lock()
+_empty: dict[int, object] = {}  # context -> an executable graph with no node
+_errors: list[str] = []
+
+
+def _check(result):
+    from cuda.bindings import driver
+
+    err = result[0] if isinstance(result, tuple) else result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{err.name}")
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+def _topological(graph) -> list:
+    """The nodes of *graph* in a topological order (``cuGraphGetEdges``: 13.x adds edge data; read by position)."""
+    from cuda.bindings import driver
+
+    n = driver.cuGraphGetNodes(graph, 0)[-1]
+    nodes = list(_check(driver.cuGraphGetNodes(graph, n))[0])[:n]
+    m = driver.cuGraphGetEdges(graph, 0)[-1]
+    res = driver.cuGraphGetEdges(graph, m)
+    _check(res[0])
+    before = {int(x): set() for x in nodes}
+    for a, b in zip(list(res[1])[:m], list(res[2])[:m]):
+        before[int(b)].add(int(a))
+    by_handle = {int(x): x for x in nodes}
+    order, done = [], set()
+    while len(order) < len(nodes):
+        ready = [k for k, deps in before.items() if k not in done and deps <= done]
+        if not ready:
+            raise RuntimeError("the graph has a cycle")
+        for k in ready:
+            done.add(k)
+            order.append(by_handle[k])
+    return order
+
+
+def _copy(exec_handle: int, graph_handle: int) -> GraphCopy:
+    from cuda.bindings import driver
+
+    from gpuscope.cupti.graphs import graph_exec_id
+
+    clone = _check(driver.cuGraphClone(driver.CUgraph(graph_handle)))
+    copy = GraphCopy(exec_handle, clone, exec_id=graph_exec_id(exec_handle))
+    kernel = 0
+    for node in _topological(clone):
+        kind = _check(driver.cuGraphNodeGetType(node)).name
+        if kind in _RUN or kind in _NOTHING:
+            copy.order.append((node, kind, kernel if kind == "CU_GRAPH_NODE_TYPE_KERNEL" else -1))
+            kernel += kind == "CU_GRAPH_NODE_TYPE_KERNEL"
+        elif not copy.unsupported:
+            copy.unsupported = f"it holds a {kind.replace('CU_GRAPH_NODE_TYPE_', '').lower()} node"
+    copy.kernels = kernel
+    return copy
+
+
+def _destroy(copy: GraphCopy) -> None:
+    from cuda.bindings import driver
+
+    driver.cuGraphDestroy(copy.graph)
+
+
+def _on_created(exec_handle: int, graph_handle: int) -> None:
+    try:
+        copy = _copy(exec_handle, graph_handle)
+    except Exception as exc:  # noqa: BLE001  the graph stays unknown: its launches are counted as such
+        _errors.append(f"copying a graph at its instantiation: {exc}")
+        return
+    old = _copies.pop(exec_handle, None)
+    _copies[exec_handle] = copy
+    if old is not None:
+        _destroy(old)
+
+
+def _on_destroyed(exec_handle: int) -> None:
+    old = _copies.pop(exec_handle, None)
+    if old is not None:
+        _destroy(old)
+
+
+def _on_call(name: str, address: int) -> None:
+    """A driver call changed an executable graph: make the same change on its copy."""
+    from cuda.bindings import driver
+
+    from gpuscope.cupti import graphs as _cg
+
+    if name.startswith("cuGraphExecUpdate"):
+        p = _cg.ExecUpdateParams.from_address(address)
+        if p.hGraphExec in _copies:
+            _on_created(p.hGraphExec, p.hGraph)
+        return
+    if name == "cuGraphNodeSetEnabled":
+        p = _cg.NodeSetEnabledParams.from_address(address)
+    else:
+        p = _cg.ExecNodeParams.from_address(address)
+    copy = _copies.get(p.hGraphExec)
+    if copy is None or copy.unsupported:
+        return
+    try:
+        node = _check(driver.cuGraphNodeFindInClone(driver.CUgraphNode(p.hNode), copy.graph))
+        if name == "cuGraphNodeSetEnabled":
+            (copy.disabled.discard if p.isEnabled else copy.disabled.add)(int(node))
+        elif name == "cuGraphExecKernelNodeSetParams_v2":
+            _check(driver.cuGraphKernelNodeSetParams(node, driver.CUDA_KERNEL_NODE_PARAMS(_ptr=p.params)))
+        elif name == "cuGraphExecKernelNodeSetParams":  # the v1 struct: no kern, no ctx at its end
+            _check(driver.cuGraphKernelNodeSetParams(node, _kernel_params_v1(p.params)))
+        elif name == "cuGraphExecNodeSetParams":
+            _check(driver.cuGraphNodeSetParams(node, driver.CUgraphNodeParams(_ptr=p.params)))
+        elif name == "cuGraphExecMemsetNodeSetParams":
+            _check(driver.cuGraphMemsetNodeSetParams(node, driver.CUDA_MEMSET_NODE_PARAMS(_ptr=p.params)))
+        elif name == "cuGraphExecMemcpyNodeSetParams":
+            _check(driver.cuGraphMemcpyNodeSetParams(node, driver.CUDA_MEMCPY3D(_ptr=p.params)))
+        else:
+            copy.unsupported = f"{name} changed it"
+    except Exception as exc:  # noqa: BLE001  never raise into the driver: the graph is not run node by node
+        copy.unsupported = f"{name} could not be followed ({exc})"
+
+
+def _kernel_params_v1(address: int):
+    import ctypes
+
+    from cuda.bindings import driver
+
+    class V1(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v1
+        _fields_ = [("func", ctypes.c_void_p)] + [(n, ctypes.c_uint) for n in (
+            "gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ", "sharedMemBytes")] + [
+            ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p)]
+
+    v1 = V1.from_address(address)
+    out = driver.CUDA_KERNEL_NODE_PARAMS()
+    out.func = driver.CUfunction(v1.func or 0)
+    for name in ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ", "sharedMemBytes"):
+        setattr(out, name, getattr(v1, name))
+    out.kernelParams = v1.kernelParams or 0
+    return out
+
+
+def watch(keep: bool = False) -> str:
+    """Start copying the process's graphs as they are instantiated (once; later calls do nothing). With *keep*,
+    go on after the last session closes (``gpuscope.watch_graphs``). Returns why it could not start, or ""."""
+    global _watcher, _kept
+    with _lock:
+        _kept = _kept or keep
+        if _watcher is not None:
+            return ""
+        try:
+            from gpuscope.cupti.graphs import GraphWatcher
+
+            _watcher = GraphWatcher(_on_created, _on_destroyed, _on_call)
+        except Exception as exc:  # noqa: BLE001  another CUPTI subscriber: graphs stay unknown, and the report says
+            return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def watching() -> bool:
+    return _watcher is not None
+
+
+def pause(force: bool = False) -> bool:
+    """Stop copying graphs (the last session closed, unless :func:`watch` was asked to keep on; or CUPTI is being
+    detached: *force*); the copies made are kept. Whether it was watching."""
+    global _watcher
+    with _lock:
+        if _watcher is None or (_kept and not force):
+            return False
+        watcher, _watcher = _watcher, None
+    watcher.close()
+    return True
+
+
+def copy_of(exec_handle: int) -> GraphCopy | None:
+    """The copy of executable graph *exec_handle*, or None where it was instantiated before :func:`watch`."""
+    return _copies.get(exec_handle)
+
+
+def empty_exec(context: int):
+    """An executable graph with no node, made once per context (a launch given it runs nothing)."""
+    from cuda.bindings import driver
+
+    empty = _empty.get(context)
+    if empty is None:
+        graph = _check(driver.cuGraphCreate(0))
+        empty = _empty[context] = _check(driver.cuGraphInstantiate(graph, 0))
+    return empty
+
+
+def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
+    """Run *copy*'s nodes in its topological order on *stream*; ``before_kernel(position)`` is called before each
+    kernel node's launch. Returns the kernel nodes launched."""
+    from cuda.bindings import driver
+
+    s = driver.CUstream(stream)
+    launched = 0
+    for node, kind, position in copy.order:
+        if int(node) in copy.disabled:
+            continue
+        if kind == "CU_GRAPH_NODE_TYPE_KERNEL":
+            p = _check(driver.cuGraphKernelNodeGetParams(node))
+            function = p.func if int(p.func) else driver.CUfunction(int(p.kern))
+            if before_kernel is not None:
+                before_kernel(position)
+            _check(driver.cuLaunchKernel(function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY,
+                                         p.blockDimZ, p.sharedMemBytes, s, int(p.kernelParams), 0))
+            launched += 1
+        elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
+            p = _check(driver.cuGraphMemsetNodeGetParams(node))
+            fill = {1: driver.cuMemsetD2D8Async, 2: driver.cuMemsetD2D16Async, 4: driver.cuMemsetD2D32Async}
+            _check(fill[p.elementSize](p.dst, p.pitch, p.value, p.width, p.height, s))
+        elif kind == "CU_GRAPH_NODE_TYPE_MEMCPY":
+            _check(driver.cuMemcpy3DAsync(_check(driver.cuGraphMemcpyNodeGetParams(node)), s))
+    return launched
+
+
+def errors() -> list[str]:
+    """What could not be copied (graphs whose launches then run as they are)."""
+    return list(_errors)
+
+
+def _forget_in_child() -> None:
+    global _watcher, _lock, _kept
+    _watcher, _kept, _lock = None, False, threading.Lock()
+    _copies.clear()
+    _empty.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
