@@ -91,6 +91,7 @@ _EXPORTS = {
     "MultiPassRangeError": "gpuscope.errors",
     "SessionConflictError": "gpuscope.errors",
     "enable_nvtx": "gpuscope._range_profiling.nvtx",
+    "watch_graphs": "gpuscope._range_profiling.graph_replay",
     "NvtxUnavailableError": "gpuscope.errors",
     # PC sampling
     "pc_sample": "gpuscope._pc_sampling.sampler",

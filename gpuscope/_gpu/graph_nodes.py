@@ -48,6 +48,7 @@ class GraphCopy:
 _copies: dict[int, GraphCopy] = {}
 _watcher = None
 _kept = False  # watch(keep=True): not paused when the last session closes
+_in_session = False  # a session's watch() since the last pause()
 _lock = threading.Lock()
 _empty: dict[int, object] = {}  # context -> an executable graph with no node
 _errors: list[str] = []
@@ -188,12 +189,14 @@ def _kernel_params_v1(address: int):
     return out
 
 
-def watch(keep: bool = False) -> str:
+def watch(keep: bool = False, strict: bool = False) -> str:
     """Start copying the process's graphs as they are instantiated (once; later calls do nothing). With *keep*,
-    go on after the last session closes (``gpuscope.watch_graphs``). Returns why it could not start, or ""."""
-    global _watcher, _kept
+    go on after the last session closes (``gpuscope.watch_graphs``). Returns why it could not start, or "" (with
+    *strict*, raises it: :class:`gpuscope.ProfilerBusyError` where another CUPTI client holds the subscriber)."""
+    global _watcher, _kept, _in_session
     with _lock:
         _kept = _kept or keep
+        _in_session = _in_session or not keep
         if _watcher is not None:
             return ""
         try:
@@ -201,8 +204,18 @@ def watch(keep: bool = False) -> str:
 
             _watcher = GraphWatcher(_on_created, _on_destroyed, _on_call)
         except Exception as exc:  # noqa: BLE001  another CUPTI subscriber: graphs stay unknown, and the report says
+            if strict:
+                raise
             return f"{type(exc).__name__}: {exc}"
     return ""
+
+
+def unkeep() -> None:
+    """Undo :func:`watch`'s *keep*: stop now, unless a session is open (its close stops it)."""
+    global _kept
+    _kept = False
+    if not _in_session:
+        pause()
 
 
 def watching() -> bool:
@@ -212,8 +225,9 @@ def watching() -> bool:
 def pause(force: bool = False) -> bool:
     """Stop copying graphs (the last session closed, unless :func:`watch` was asked to keep on; or CUPTI is being
     detached: *force*); the copies made are kept. Whether it was watching."""
-    global _watcher
+    global _watcher, _in_session
     with _lock:
+        _in_session = False
         if _watcher is None or (_kept and not force):
             return False
         watcher, _watcher = _watcher, None
@@ -239,28 +253,38 @@ def empty_exec(context: int):
 
 def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
     """Run *copy*'s nodes in its topological order on *stream*; ``before_kernel(position)`` is called before each
-    kernel node's launch. Returns the kernel nodes launched."""
+    kernel node's launch. Every node's parameters are read first, so that a node that cannot be run stops the run
+    before anything ran (RuntimeError). Returns the kernel nodes launched."""
     from cuda.bindings import driver
 
     s = driver.CUstream(stream)
-    launched = 0
+    fill = {1: driver.cuMemsetD2D8Async, 2: driver.cuMemsetD2D16Async, 4: driver.cuMemsetD2D32Async}
+    steps = []
     for node, kind, position in copy.order:
         if int(node) in copy.disabled:
             continue
         if kind == "CU_GRAPH_NODE_TYPE_KERNEL":
             p = _check(driver.cuGraphKernelNodeGetParams(node))
+            if not int(p.kernelParams) and int(p.extra):
+                raise RuntimeError("a kernel node takes its arguments through 'extra'")
             function = p.func if int(p.func) else driver.CUfunction(int(p.kern))
-            if before_kernel is not None:
-                before_kernel(position)
-            _check(driver.cuLaunchKernel(function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY,
-                                         p.blockDimZ, p.sharedMemBytes, s, int(p.kernelParams), 0))
-            launched += 1
+            steps.append((position, driver.cuLaunchKernel, (function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX,
+                                                            p.blockDimY, p.blockDimZ, p.sharedMemBytes, s,
+                                                            int(p.kernelParams), 0)))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
             p = _check(driver.cuGraphMemsetNodeGetParams(node))
-            fill = {1: driver.cuMemsetD2D8Async, 2: driver.cuMemsetD2D16Async, 4: driver.cuMemsetD2D32Async}
-            _check(fill[p.elementSize](p.dst, p.pitch, p.value, p.width, p.height, s))
+            if p.elementSize not in fill:
+                raise RuntimeError(f"a memset node of {p.elementSize}-byte elements")
+            steps.append((-1, fill[p.elementSize], (p.dst, p.pitch, p.value, p.width, p.height, s)))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMCPY":
-            _check(driver.cuMemcpy3DAsync(_check(driver.cuGraphMemcpyNodeGetParams(node)), s))
+            steps.append((-1, driver.cuMemcpy3DAsync, (_check(driver.cuGraphMemcpyNodeGetParams(node)), s)))
+    launched = 0
+    for position, call, args in steps:
+        if position >= 0:
+            if before_kernel is not None:
+                before_kernel(position)
+            launched += 1
+        _check(call(*args))
     return launched
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["GRAPH_MODES", "GraphReplay", "combine_graph_rows"]
+__all__ = ["GRAPH_MODES", "GraphReplay", "combine_graph_rows", "watch_graphs"]
 
 GRAPH_MODES = ("node", "graph")
 
@@ -109,6 +109,29 @@ class GraphReplay:
         parts = [f"{n} {_REASONS[k]}" + (f" ({self.why[k]})" if self.why.get(k) else "") for k, n in
                  self.skipped.items()]
         return "CUDA graph launches not profiled node by node: " + "; ".join(parts) + "."
+
+
+def watch_graphs(on: bool = True) -> None:
+    """Copy the CUDA graphs this process instantiates from now on, for every later session, so that their
+    launches can be profiled node by node (``Profiler(mode="kernel"|"auto", graphs=...)``); ``on=False`` stops
+    (the copies made are kept) and gives CUPTI's subscriber back once no session needs it.
+
+    A session in kernel, iteration or auto mode watches graphs while it is open, but JAX makes its graphs at the
+    first steps (warm-up) and PyTorch at capture: call this before them when the session starts later. It holds
+    CUPTI's one callback subscriber for the rest of the process (``torch.profiler`` cannot subscribe afterwards).
+    ``gpuscope run`` needs it not: its session is open from the script's start.
+
+    Raises
+    ------
+    ProfilerBusyError
+        Another CUPTI client (torch.profiler) holds CUPTI's callback subscriber.
+    """
+    from gpuscope._gpu import graph_nodes
+
+    if on:
+        graph_nodes.watch(keep=True, strict=True)
+    else:
+        graph_nodes.unkeep()
 
 
 def _capturing(stream: int) -> bool:

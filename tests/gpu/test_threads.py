@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parent / "scripts" / "threads_stress.py"
-DEADLINE_S = 240
+DEADLINE_S = 120
 
 
 @pytest.mark.parametrize("mode", ["kernel", "auto", "iteration", "user"])

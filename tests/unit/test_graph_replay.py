@@ -1,0 +1,94 @@
+"""Graph launches run node by node (graph_replay): when a launch runs as it is, and graph rows combined per launch
+(pure logic; the node runs themselves are GPU tests, tests/gpu/test_graphs.py)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from gpuscope._gpu import graph_nodes
+from gpuscope._range_profiling import graph_replay
+from gpuscope._range_profiling.graph_replay import GraphReplay, combine_graph_rows
+from gpuscope._range_profiling.launches import Baton
+from gpuscope.cupti.graphs import GraphLaunchParams
+
+METRICS = ["gpu__time_duration.sum", "smsp__inst_executed.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed"]
+
+
+def _row(launch, node, duration, inst, pct, exec_id=4):
+    return {"name": f"k{node}", "parent": "", "depth": 1, "launch": 10 * launch + node, "start_ns": node,
+            "end_ns": node + 1, "values": [duration, inst, pct], "graph_exec": exec_id, "graph_launch": launch,
+            "graph_node": node}
+
+
+def test_graph_rows_add_counts_and_weight_rates_by_duration():
+    rows = [{"name": "eager", "values": [5.0, 1.0, 50.0]}, _row(0, 0, 1.0, 10.0, 20.0), _row(0, 1, 3.0, 30.0, 60.0),
+            _row(1, 0, 2.0, 10.0, 40.0)]
+    out = combine_graph_rows(rows, METRICS)
+    assert [r["name"] for r in out] == ["eager", "graph 4", "graph 4"]
+    assert out[1]["values"] == [4.0, 40.0, pytest.approx((20 * 1 + 60 * 3) / 4)]
+    assert out[1]["graph_nodes"] == 2 and out[2]["graph_nodes"] == 1 and out[2]["graph_launch"] == 1
+    assert out[1]["start_ns"] == 0 and out[1]["end_ns"] == 2
+
+
+def _launch_params():
+    p = GraphLaunchParams(0xE1, 0x5)
+    return p, ctypes.addressof(p)
+
+
+def test_a_graph_gpuscope_did_not_see_made_runs_as_it_is(monkeypatch):
+    monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: None)
+    replay = GraphReplay(lambda: 1)
+    p, address = _launch_params()
+    assert not replay.on_launch(address, Baton())
+    assert p.hGraphExec == 0xE1 and replay.skipped["unknown"] == 1
+    assert "watch_graphs" in replay.message() and replay.notes("node")["graph_launches_not_replayed"] == {"unknown": 1}
+
+
+def test_a_graph_is_run_node_by_node_and_its_launch_given_an_empty_graph(monkeypatch):
+    copy = graph_nodes.GraphCopy(0xE1, object(), exec_id=7)
+    seen = []
+
+    def run_nodes(c, stream, before_kernel):
+        for position in range(3):
+            before_kernel(position)
+            seen.append(replay.current())
+        return 3
+
+    monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy if handle == 0xE1 else None)
+    monkeypatch.setattr(graph_nodes, "run_nodes", run_nodes)
+    monkeypatch.setattr(graph_nodes, "empty_exec", lambda context: 0xEEEE)
+    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: False)
+    replay = GraphReplay(lambda: 1)
+    baton = Baton()
+    for launch in range(2):
+        p, address = _launch_params()
+        assert replay.on_launch(address, baton)
+        assert p.hGraphExec == 0xEEEE
+    assert seen == [(7, 0, 0), (7, 0, 1), (7, 0, 2), (7, 1, 0), (7, 1, 1), (7, 1, 2)]
+    assert replay.current() is None and not baton.held and replay.nodes == 6 and replay.replayed == 2
+
+
+@pytest.mark.parametrize("why", ["unsupported", "capturing", "concurrent", "failed"])
+def test_each_reason_to_run_a_graph_as_it_is_is_counted(monkeypatch, why):
+    import threading
+
+    copy = graph_nodes.GraphCopy(0xE1, object(), unsupported="it holds a host node" if why == "unsupported" else "")
+
+    def run_nodes(*args):
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy)
+    monkeypatch.setattr(graph_nodes, "run_nodes", run_nodes)
+    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: why == "capturing")
+    baton = Baton()
+    if why == "concurrent":
+        holder = threading.Thread(target=baton.take)
+        holder.start()
+        holder.join()
+    replay = GraphReplay(lambda: 1)
+    p, address = _launch_params()
+    assert not replay.on_launch(address, baton)
+    assert p.hGraphExec == 0xE1 and replay.skipped == {why: 1}
+    assert why != "concurrent" or baton.held  # not this thread's to give back
+    assert np.all([k in graph_replay._REASONS for k in replay.notes("node")["graph_not_replayed_why"]])
