@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["GraphCopy", "copy_of", "empty_exec", "run_nodes", "watch", "watching", "pause"]
+__all__ = ["GraphCopy", "copy_of", "empty_exec", "plan", "run", "run_nodes", "watch", "watching", "pause"]
 
 #: Node types run one by one, and those run as nothing (their order is the stream's).
 _RUN = ("CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_MEMSET", "CU_GRAPH_NODE_TYPE_MEMCPY")
@@ -251,10 +251,10 @@ def empty_exec(context: int):
     return empty
 
 
-def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
-    """Run *copy*'s nodes in its topological order on *stream*; ``before_kernel(position)`` is called before each
-    kernel node's launch. Every node's parameters are read first, so that a node that cannot be run stops the run
-    before anything ran (RuntimeError). Returns the kernel nodes launched."""
+def plan(copy: GraphCopy, stream: int) -> list:
+    """The driver calls that run *copy*'s nodes in its topological order on *stream*: every node's parameters read
+    first, so that a graph whose nodes cannot all be run is refused before anything ran (RuntimeError). Kernel nodes
+    with a thread-block cluster launch with it (``cuLaunchKernelEx``), as the graph would."""
     from cuda.bindings import driver
 
     s = driver.CUstream(stream)
@@ -268,9 +268,18 @@ def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
             if not int(p.kernelParams) and int(p.extra):
                 raise RuntimeError("a kernel node takes its arguments through 'extra'")
             function = p.func if int(p.func) else driver.CUfunction(int(p.kern))
-            steps.append((position, driver.cuLaunchKernel, (function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX,
-                                                            p.blockDimY, p.blockDimZ, p.sharedMemBytes, s,
-                                                            int(p.kernelParams), 0)))
+            cluster = _cluster(node)
+            if cluster is None:
+                steps.append((position, driver.cuLaunchKernel, (
+                    function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
+                    p.sharedMemBytes, s, int(p.kernelParams), 0)))
+            else:
+                config = driver.CUlaunchConfig()
+                config.gridDimX, config.gridDimY, config.gridDimZ = p.gridDimX, p.gridDimY, p.gridDimZ
+                config.blockDimX, config.blockDimY, config.blockDimZ = p.blockDimX, p.blockDimY, p.blockDimZ
+                config.sharedMemBytes, config.hStream = p.sharedMemBytes, s
+                config.attrs, config.numAttrs = [cluster], 1
+                steps.append((position, driver.cuLaunchKernelEx, (config, function, int(p.kernelParams), 0)))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
             p = _check(driver.cuGraphMemsetNodeGetParams(node))
             if p.elementSize not in fill:
@@ -278,6 +287,29 @@ def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
             steps.append((-1, fill[p.elementSize], (p.dst, p.pitch, p.value, p.width, p.height, s)))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMCPY":
             steps.append((-1, driver.cuMemcpy3DAsync, (_check(driver.cuGraphMemcpyNodeGetParams(node)), s)))
+    return steps
+
+
+def _cluster(node):
+    """The kernel node's thread-block cluster as a launch attribute, or None (no cluster, or one of 1x1x1)."""
+    from cuda.bindings import driver
+
+    cid = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    err, value = driver.cuGraphKernelNodeGetAttribute(node, cid)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    dims = (value.clusterDim.x, value.clusterDim.y, value.clusterDim.z)
+    if dims in ((0, 0, 0), (1, 1, 1)):
+        return None
+    attr = driver.CUlaunchAttribute()
+    attr.id = cid
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = dims
+    return attr
+
+
+def run(steps: list, before_kernel=None) -> int:
+    """Make the calls of :func:`plan`; ``before_kernel(position)`` is called before each kernel node's launch.
+    Returns the kernel nodes launched; a call the driver refuses raises RuntimeError (those before it ran)."""
     launched = 0
     for position, call, args in steps:
         if position >= 0:
@@ -286,6 +318,11 @@ def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
             launched += 1
         _check(call(*args))
     return launched
+
+
+def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
+    """:func:`plan` and :func:`run` in one."""
+    return run(plan(copy, stream), before_kernel)
 
 
 def errors() -> list[str]:

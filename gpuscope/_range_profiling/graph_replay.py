@@ -18,6 +18,7 @@ could not be followed, the launch is itself being captured, or another thread's 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -47,14 +48,16 @@ class GraphReplay:
         self.skipped: Counter = Counter()  # graph launches run as they are, by reason
         self.why: dict[str, str] = {}  # reason -> the first detail seen
         self.now = threading.local()  # on the replaying thread: (exec id, launch, node position) of the next launch
+        self.errors: list[str] = []  # node runs the driver refused part way (that launch's work is incomplete)
 
     def current(self):
         """(graph_exec, graph_launch, graph_node) of the kernel node being launched on this thread, or None."""
         return getattr(self.now, "node", None)
 
-    def on_launch(self, params: int, baton) -> bool:
-        """At a graph launch's entry: run its nodes and give the launch an empty graph. False where the launch runs
-        as it is (counted)."""
+    def on_launch(self, params: int, baton):
+        """At a graph launch's entry: plan its nodes, give the launch an empty graph, and run the nodes (at once, or
+        at the call's exit: :data:`NODES_AT`). Returns None where the launch runs as it is (counted), else a token
+        for :meth:`on_exit`. The baton is held from here to the nodes' end."""
         from gpuscope._gpu import graph_nodes
         from gpuscope.cupti.graphs import GraphLaunchParams
 
@@ -67,36 +70,55 @@ class GraphReplay:
         if _capturing(p.hStream or 0):
             return self._skip("capturing", "")
         if not baton.take():
-            return self._skip("concurrent", "")
+            return self._skip("concurrent", f"behind {baton.what or 'a graph launch'}")
+        if baton.depth == 1:
+            baton.what = ""
         try:
-            launch = copy.launches
-            copy.launches += 1
-
-            def before_kernel(position):
-                self.now.node = (copy.exec_id, launch, position)
-
-            try:
-                ran = graph_nodes.run_nodes(copy, p.hStream or 0, before_kernel)
-            except Exception as exc:  # noqa: BLE001  nothing run: the graph runs as it is
-                return self._skip("failed", f"{type(exc).__name__}: {exc}")
-            finally:
-                self.now.node = None
-            p.hGraphExec = int(graph_nodes.empty_exec(self.context()))
-            self.replayed += 1
-            self.nodes += ran
-            return True
-        finally:
+            steps = graph_nodes.plan(copy, p.hStream or 0)
+            empty = int(graph_nodes.empty_exec(self.context()))
+        except Exception as exc:  # noqa: BLE001  nothing run: the graph runs as it is
             baton.give()
+            return self._skip("failed", f"{type(exc).__name__}: {exc}")
+        token = _Run(copy, steps, copy.launches, p.hGraphExec, p.hStream or 0, baton)
+        copy.launches += 1
+        p.hGraphExec = empty  # the program's launch runs nothing: the nodes run here, once
+        if NODES_AT == "enter":
+            self._run(token)
+            return None
+        return token
 
-    def _skip(self, reason: str, detail: str) -> bool:
+    def on_exit(self, token) -> None:
+        """At the graph launch's exit (the empty graph enqueued): run the nodes behind it on its stream."""
+        self._run(token)
+
+    def _run(self, token) -> None:
+        from gpuscope._gpu import graph_nodes
+
+        copy = token.copy
+
+        def before_kernel(position):
+            self.now.node = (copy.exec_id, token.launch, position)
+
+        try:
+            self.nodes += graph_nodes.run(token.steps, before_kernel)
+            self.replayed += 1
+        except Exception as exc:  # noqa: BLE001  said loudly: this launch's work is incomplete
+            self.errors.append(f"graph {copy.exec_id} launch {token.launch}: {type(exc).__name__}: {exc}")
+        finally:
+            self.now.node = None
+            token.baton.give()
+
+    def _skip(self, reason: str, detail: str) -> None:
         self.skipped[reason] += 1
         self.why.setdefault(reason, detail)
-        return False
+        return None
 
     def notes(self, mode: str) -> dict:
         """Dataset attrs: ``graph_profiling``, ``graph_launches_replayed``, ``graph_kernel_nodes`` and, per reason,
         ``graph_launches_not_replayed`` (reason -> count) with ``graph_not_replayed_why``."""
         notes = {"graph_profiling": mode, "graph_launches_replayed": self.replayed, "graph_kernel_nodes": self.nodes}
+        if self.errors:
+            notes["graph_replay_errors"] = self.errors[:20]
         if self.skipped:
             notes["graph_launches_not_replayed"] = dict(self.skipped)
             notes["graph_not_replayed_why"] = {k: (_REASONS[k] + (f": {v}" if v else "")) for k, v in self.why.items()}
@@ -104,11 +126,29 @@ class GraphReplay:
 
     def message(self) -> str:
         """What the session says of the graph launches it ran as they were ("" where it ran all node by node)."""
+        if self.errors:
+            return (f"{len(self.errors)} CUDA graph launch(es) could not run all their nodes, so their work is "
+                    f"incomplete: {self.errors[0]}")
         if not self.skipped:
             return ""
         parts = [f"{n} {_REASONS[k]}" + (f" ({self.why[k]})" if self.why.get(k) else "") for k, n in
                  self.skipped.items()]
         return "CUDA graph launches not profiled node by node: " + "; ".join(parts) + "."
+
+
+#: Where a graph's nodes are launched: at the graph launch call's exit, behind the empty graph it enqueued (not in
+#: the entry callback, before the driver has taken the launch). ``GPUSCOPE_GRAPH_NODES_AT=enter`` runs them there.
+NODES_AT = os.environ.get("GPUSCOPE_GRAPH_NODES_AT", "exit").strip().lower()
+
+
+class _Run:
+    """A graph launch whose nodes are to run: its copy, the planned calls, which launch of the graph it is."""
+
+    __slots__ = ("copy", "steps", "launch", "exec_handle", "stream", "baton")
+
+    def __init__(self, copy, steps, launch, exec_handle, stream, baton):
+        self.copy, self.steps, self.launch = copy, steps, launch
+        self.exec_handle, self.stream, self.baton = exec_handle, stream, baton
 
 
 def watch_graphs(on: bool = True) -> None:

@@ -60,6 +60,7 @@ class Baton:
         self._lock = threading.Lock()
         self.holder: int | None = None  # the thread ident of the holder
         self.depth = 0
+        self.what = ""  # what the holder took it for (a kernel's symbol), for the counts of refusals
         self.refused = 0  # takes refused: launches that found another thread's launch in flight
 
     def take(self) -> bool:

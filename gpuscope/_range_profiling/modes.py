@@ -135,9 +135,12 @@ class PerLaunchModes:
         baton = self._baton
         if not baton.take():
             self._unsafe["concurrent"] += 1
+            self._behind[baton.what] += 1  # what the holder is launching: said with the count
             if self._collector is not None:
                 self._collector.on_concurrent(launch)
             return None
+        if baton.depth == 1:
+            baton.what = launch.symbol
         try:
             if self._gates.closed(launch):  # waits for the host, or behind one that does: replaying it would stall
                 self._unsafe["host_waiting"] += 1
@@ -248,6 +251,9 @@ class PerLaunchModes:
             return
         notes = {f"launches_{k}": int(v) for k, v in unsafe.items() if v}
         self._notes.update(notes)
+        if self._behind:  # the launches in flight that others found: names CUPTI's replay was busy with
+            self._notes["launches_concurrent_behind"] = {_readable(k) or "(a graph launch)": int(n)
+                                                         for k, n in self._behind.most_common(5)}
         if notes:
             from gpuscope._results.report_inputs import unprofiled_note
 
@@ -588,8 +594,11 @@ class PerLaunchModes:
         as it is, and kernel and auto modes open kernel activity records at the first such launch, to name the
         graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
         replay = self._graph_replay
-        if replay is not None and params and replay.on_launch(params, self._baton):
-            return
+        if replay is not None and params:
+            before = replay.replayed + len(replay.errors)
+            token = replay.on_launch(params, self._baton)
+            if token is not None or replay.replayed + len(replay.errors) > before:
+                return token  # its nodes run (at the call's exit: _on_graph_exit) as launches of their own
         recorder, graphs, collector = self._recorder, self._graphs, self._collector
         # Kernel replay stops before every graph launch, as before a left-out launch, and starts again at the next
         # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the
@@ -606,6 +615,10 @@ class PerLaunchModes:
                 self._baton.give()
         if recorder is not None and graphs is not None and graphs.may_open():
             graphs.open(recorder.graph_correlations.__contains__)
+
+    def _on_graph_exit(self, token) -> None:
+        """A graph launch's exit, its nodes planned at its entry: run them (graph_replay)."""
+        self._graph_replay.on_exit(token)
 
     def _note_graph_launches(self, count: int) -> None:
         """Count the CUDA graph launches of the session, name their kernels (the activity records are flushed

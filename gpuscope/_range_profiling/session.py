@@ -265,6 +265,7 @@ class Profiler(UserRanges, PerLaunchModes):
         self._baton = Baton()  # which thread is inside a profiled launch (launches.Baton: taken without waiting)
         self._gates = HostGates()  # streams behind a kernel that waits for the host (launches.HostGates)
         self._unsafe: Counter = Counter()  # launches run unprofiled rather than wait, by reason
+        self._behind: Counter = Counter()  # what the baton's holder was launching when others found it taken
 
     def _set_up_beside(self, metrics, pass_groups) -> bool:
         """Whether the constructor leaves the rest of its work to a thread (:attr:`first_start_beside`, kernel and
@@ -483,7 +484,8 @@ class Profiler(UserRanges, PerLaunchModes):
                 if not why:
                     self._graph_replay = GraphReplay(lambda: self._context.handle)
                 self._graphs = GraphKernels(records=self.mode is not Mode.ITERATION)
-                self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit, self._on_graph)
+                self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit, self._on_graph,
+                                                          self._on_graph_exit)
                 if self.mode_used is Mode.ITERATION:
                     self._recorder.pause()  # launches between iterations cost nothing extra
             _ranges.add_listener(self)

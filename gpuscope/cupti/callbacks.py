@@ -560,7 +560,10 @@ class LaunchRecorder:
     on_graph : callable, optional
         ``on_graph(correlation_id, params)`` at the entry of each graph launch (after it is counted), before its
         kernels run, with the address of the call's parameters (``cuGraphLaunch_params``: the callee may change
-        them); it must not raise either.
+        them); it must not raise either. What it returns other than None is handed to ``on_graph_exit(token)`` at
+        the same call's exit.
+    on_graph_exit : callable, optional
+        ``on_graph_exit(token)`` (see ``on_graph``).
 
     Raises
     ------
@@ -568,8 +571,9 @@ class LaunchRecorder:
         Another CUPTI callback subscriber exists in this process (CUPTI allows one).
     """
 
-    def __init__(self, on_enter, on_exit=None, on_graph=None):
+    def __init__(self, on_enter, on_exit=None, on_graph=None, on_graph_exit=None):
         self._on_enter, self._on_exit, self._on_graph = on_enter, on_exit, on_graph
+        self._on_graph_exit = on_graph_exit or (lambda token: None)
         self._pending = threading.local()
         self.graph_launches = 0  # cuGraphLaunch calls heard (a graph's kernels are not launches of their own)
         self.graph_correlations: set[int] = set()  # their correlation IDs, which their kernels' records carry
@@ -583,16 +587,21 @@ class LaunchRecorder:
     def _on_callback(self, cbid, address):
         try:
             d = CUpti_CallbackData.from_address(address)
+            pending = self._pending.__dict__.setdefault("stack", [])  # per thread: calls entered, not yet exited
             if d.callbackSite != CUPTI_API_ENTER:
-                token, self._pending.token = getattr(self._pending, "token", None), None
+                token = pending.pop() if pending else None  # launch calls nest (a graph's nodes in its callback)
                 if token is not None:
-                    self._on_exit(token)
+                    if cbid in GRAPH_CBIDS:
+                        self._on_graph_exit(token)
+                    else:
+                        self._on_exit(token)
                 return
             if cbid in GRAPH_CBIDS:
                 self.graph_launches += 1  # its kernel nodes reach no launch callback
                 self.graph_correlations.add(d.correlationId)
+                pending.append(None)
                 if self._on_graph is not None:
-                    self._on_graph(d.correlationId, d.functionParams or 0)
+                    pending[-1] = self._on_graph(d.correlationId, d.functionParams or 0)
                 return
             if cbid in _EX:
                 p = _LaunchExParams.from_address(d.functionParams)
@@ -602,9 +611,10 @@ class LaunchRecorder:
                 function = g.f
             launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
                             d.context or 0, function or 0, g.shared, g.hStream or 0)
+            pending.append(None)
             token = self._on_enter(launch)
-            if token is not None and self._on_exit is not None:
-                self._pending.token = token
+            if self._on_exit is not None:
+                pending[-1] = token
         except Exception as exc:  # never raise into the driver
             warnings.warn(f"gpuscope launch callback failed: {exc!r}", GpuscopeWarning, stacklevel=1)
 

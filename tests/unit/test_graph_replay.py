@@ -40,33 +40,53 @@ def test_a_graph_gpuscope_did_not_see_made_runs_as_it_is(monkeypatch):
     monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: None)
     replay = GraphReplay(lambda: 1)
     p, address = _launch_params()
-    assert not replay.on_launch(address, Baton())
+    assert replay.on_launch(address, Baton()) is None
     assert p.hGraphExec == 0xE1 and replay.skipped["unknown"] == 1
     assert "watch_graphs" in replay.message() and replay.notes("node")["graph_launches_not_replayed"] == {"unknown": 1}
 
 
-def test_a_graph_is_run_node_by_node_and_its_launch_given_an_empty_graph(monkeypatch):
+def test_a_graph_is_run_node_by_node_at_its_exit_and_its_launch_given_an_empty_graph(monkeypatch):
     copy = graph_nodes.GraphCopy(0xE1, object(), exec_id=7)
     seen = []
 
-    def run_nodes(c, stream, before_kernel):
-        for position in range(3):
+    def run(steps, before_kernel):
+        for position in steps:
             before_kernel(position)
             seen.append(replay.current())
-        return 3
+        return len(steps)
 
     monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy if handle == 0xE1 else None)
-    monkeypatch.setattr(graph_nodes, "run_nodes", run_nodes)
+    monkeypatch.setattr(graph_nodes, "plan", lambda c, stream: [0, 1, 2])
+    monkeypatch.setattr(graph_nodes, "run", run)
     monkeypatch.setattr(graph_nodes, "empty_exec", lambda context: 0xEEEE)
     monkeypatch.setattr(graph_replay, "_capturing", lambda stream: False)
     replay = GraphReplay(lambda: 1)
     baton = Baton()
     for launch in range(2):
         p, address = _launch_params()
-        assert replay.on_launch(address, baton)
-        assert p.hGraphExec == 0xEEEE
+        token = replay.on_launch(address, baton)
+        assert p.hGraphExec == 0xEEEE and baton.held and seen == [(7, 0, 0), (7, 0, 1), (7, 0, 2)][:3 * launch]
+        replay.on_exit(token)  # the empty graph enqueued: the nodes run behind it
     assert seen == [(7, 0, 0), (7, 0, 1), (7, 0, 2), (7, 1, 0), (7, 1, 1), (7, 1, 2)]
     assert replay.current() is None and not baton.held and replay.nodes == 6 and replay.replayed == 2
+
+
+def test_a_node_the_driver_refuses_part_way_is_said_loudly(monkeypatch):
+    copy = graph_nodes.GraphCopy(0xE1, object(), exec_id=7)
+
+    def run(steps, before_kernel):
+        raise RuntimeError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+
+    monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy)
+    monkeypatch.setattr(graph_nodes, "plan", lambda c, stream: [0])
+    monkeypatch.setattr(graph_nodes, "run", run)
+    monkeypatch.setattr(graph_nodes, "empty_exec", lambda context: 0xEEEE)
+    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: False)
+    replay, baton = GraphReplay(lambda: 1), Baton()
+    replay.on_exit(replay.on_launch(_launch_params()[1], baton))
+    assert not baton.held and "incomplete" in replay.message()
+    assert replay.notes("node")["graph_replay_errors"] == ["graph 7 launch 0: RuntimeError: "
+                                                            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"]
 
 
 @pytest.mark.parametrize("why", ["unsupported", "capturing", "concurrent", "failed"])
@@ -75,11 +95,11 @@ def test_each_reason_to_run_a_graph_as_it_is_is_counted(monkeypatch, why):
 
     copy = graph_nodes.GraphCopy(0xE1, object(), unsupported="it holds a host node" if why == "unsupported" else "")
 
-    def run_nodes(*args):
+    def plan(*args):
         raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
 
     monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy)
-    monkeypatch.setattr(graph_nodes, "run_nodes", run_nodes)
+    monkeypatch.setattr(graph_nodes, "plan", plan)
     monkeypatch.setattr(graph_replay, "_capturing", lambda stream: why == "capturing")
     baton = Baton()
     if why == "concurrent":
@@ -88,7 +108,7 @@ def test_each_reason_to_run_a_graph_as_it_is_is_counted(monkeypatch, why):
         holder.join()
     replay = GraphReplay(lambda: 1)
     p, address = _launch_params()
-    assert not replay.on_launch(address, baton)
+    assert replay.on_launch(address, baton) is None
     assert p.hGraphExec == 0xE1 and replay.skipped == {why: 1}
     assert why != "concurrent" or baton.held  # not this thread's to give back
     assert np.all([k in graph_replay._REASONS for k in replay.notes("node")["graph_not_replayed_why"]])

@@ -56,7 +56,7 @@ class Session(KernelRows):
     def __init__(self, kfilter=None):
         super().__init__(kfilter or KernelFilter.build())
         self._context = SimpleNamespace(handle=CTX)
-        self._baton, self._unsafe, self._gates = Baton(), Counter(), HostGates()
+        self._baton, self._unsafe, self._gates, self._behind = Baton(), Counter(), HostGates(), Counter()
         self._first_thread = self._first_error = self._tracker = self._end_after = None
         self._thread = threading.get_ident()
 
