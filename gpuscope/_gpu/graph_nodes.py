@@ -267,26 +267,29 @@ def plan(copy: GraphCopy, stream: int) -> list:
             p = _check(driver.cuGraphKernelNodeGetParams(node))
             if not int(p.kernelParams) and int(p.extra):
                 raise RuntimeError("a kernel node takes its arguments through 'extra'")
-            function = p.func if int(p.func) else driver.CUfunction(int(p.kern))
+            # fresh handles: cuda.bindings' struct fields are views into the struct, gone with it
+            function = driver.CUfunction(int(p.func) or int(p.kern))
             cluster = _cluster(node)
             if cluster is None:
                 steps.append((position, driver.cuLaunchKernel, (
                     function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
-                    p.sharedMemBytes, s, int(p.kernelParams), 0)))
+                    p.sharedMemBytes, s, int(p.kernelParams), 0), p))
             else:
                 config = driver.CUlaunchConfig()
                 config.gridDimX, config.gridDimY, config.gridDimZ = p.gridDimX, p.gridDimY, p.gridDimZ
                 config.blockDimX, config.blockDimY, config.blockDimZ = p.blockDimX, p.blockDimY, p.blockDimZ
                 config.sharedMemBytes, config.hStream = p.sharedMemBytes, s
                 config.attrs, config.numAttrs = [cluster], 1
-                steps.append((position, driver.cuLaunchKernelEx, (config, function, int(p.kernelParams), 0)))
+                steps.append((position, driver.cuLaunchKernelEx, (config, function, int(p.kernelParams), 0), p))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
             p = _check(driver.cuGraphMemsetNodeGetParams(node))
             if p.elementSize not in fill:
                 raise RuntimeError(f"a memset node of {p.elementSize}-byte elements")
-            steps.append((-1, fill[p.elementSize], (p.dst, p.pitch, p.value, p.width, p.height, s)))
+            steps.append((-1, fill[p.elementSize], (driver.CUdeviceptr(int(p.dst)), p.pitch, p.value, p.width,
+                                                    p.height, s), p))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMCPY":
-            steps.append((-1, driver.cuMemcpy3DAsync, (_check(driver.cuGraphMemcpyNodeGetParams(node)), s)))
+            p = _check(driver.cuGraphMemcpyNodeGetParams(node))
+            steps.append((-1, driver.cuMemcpy3DAsync, (p, s), p))
     return steps
 
 
@@ -311,7 +314,7 @@ def run(steps: list, before_kernel=None) -> int:
     """Make the calls of :func:`plan`; ``before_kernel(position)`` is called before each kernel node's launch.
     Returns the kernel nodes launched; a call the driver refuses raises RuntimeError (those before it ran)."""
     launched = 0
-    for position, call, args in steps:
+    for position, call, args, _params in steps:  # _params: the struct the call's arguments were read from, kept
         if position >= 0:
             if before_kernel is not None:
                 before_kernel(position)

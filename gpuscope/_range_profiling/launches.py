@@ -109,15 +109,16 @@ class HostGates:
         self.streams: set[int] = set()
 
     def closed(self, launch) -> bool:
-        """Whether *launch* must run unprofiled: it waits for the host, or comes behind such a kernel still running
-        on its stream."""
+        """Whether *launch* must run unprofiled: it waits for the host, or such a kernel may still be running. On
+        any stream: kernel replay waits for the whole device, the spinning kernel included (seen: an XLA thread's
+        replayed launch on another stream held the session's baton for the rest of a JAX run)."""
         if any(k in launch.symbol for k in HOST_WAITING):
             self.streams.add(launch.stream)
             return True
-        if launch.stream in self.streams:
-            if _busy(launch.stream):
+        for stream in list(self.streams):
+            if _busy(stream):
                 return True
-            self.streams.discard(launch.stream)
+            self.streams.discard(stream)
         return False
 
 

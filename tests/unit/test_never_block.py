@@ -152,8 +152,8 @@ def test_the_note_names_each_reason():
 
 def test_a_kernel_waiting_for_the_host_and_what_follows_it_on_its_stream_run_unprofiled(monkeypatch):
     """XLA's autotuning timer: DelayKernel spins until its thread sets a flag after launching what it times. Kernel
-    replay inside those launch calls would wait for that flag; they run with the profiler stopped until the stream
-    has drained, and launches on other streams are profiled meanwhile."""
+    replay inside a launch call waits for the whole device, so every launch runs with the profiler stopped until
+    the delay kernel's stream has drained."""
     busy = {7: True}
     monkeypatch.setattr(launches, "_busy", lambda stream: busy.get(stream, False))
     session = Session()
@@ -162,8 +162,9 @@ def test_a_kernel_waiting_for_the_host_and_what_follows_it_on_its_stream_run_unp
     other = replace(_launch("other"), stream=9)
     for launch in (delay, timed, other):
         session._on_exit(session._on_enter(launch))
-    assert [s.symbol for s in session._collector.selected] == ["other"]
-    assert session._unsafe["host_waiting"] == 2 and session._rp.calls == ["stop", "start"]
+    assert session._collector.selected == [] and session._unsafe["host_waiting"] == 3
+    assert session._rp.calls == ["stop"]
     busy[7] = False  # the flag was set and the stream drained: profiled again
     session._on_exit(session._on_enter(timed))
-    assert [s.symbol for s in session._collector.selected] == ["other", "gemm"]
+    session._on_exit(session._on_enter(other))
+    assert [s.symbol for s in session._collector.selected] == ["gemm", "other"]
