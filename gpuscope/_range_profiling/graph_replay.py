@@ -175,10 +175,9 @@ def watch_graphs(on: bool = True) -> None:
 
 
 def _capturing(stream: int) -> bool:
-    from cuda.bindings import driver
+    from gpuscope._range_profiling.launches import capturing
 
-    err, status = driver.cuStreamIsCapturing(driver.CUstream(stream))
-    return err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    return capturing(stream)
 
 
 def combine_graph_rows(rows: list[dict], metrics: list[str]) -> list[dict]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Baton", "HostGates", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
 
 
 class Baton:
@@ -120,6 +120,15 @@ class HostGates:
                 return True
             self.streams.discard(stream)
         return False
+
+
+def capturing(stream: int) -> bool:
+    """Whether *stream* is being captured into a CUDA graph (``cuStreamIsCapturing``): a launch there records a node
+    and runs nothing, so CUPTI makes no range of it."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(driver.CUstream(stream))
+    return err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def _busy(stream: int) -> bool:

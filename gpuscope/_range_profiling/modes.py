@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from gpuscope._range_profiling import launches as _launches
 from gpuscope._range_profiling import ranges as _ranges
 from gpuscope.errors import GpuscopeWarning, MultiPassRangeError, SessionConflictError
 
@@ -144,6 +145,10 @@ class PerLaunchModes:
         try:
             if self._gates.closed(launch):  # waits for the host, or behind one that does: replaying it would stall
                 self._unsafe["host_waiting"] += 1
+                self._run_unprofiled()
+                return _Held(None)
+            if _launches.capturing(launch.stream):  # recorded into a graph, run later: its nodes are (graph_replay)
+                self._unsafe["captured"] += 1
                 self._run_unprofiled()
                 return _Held(None)
             token = self._enter_held(launch)

@@ -117,6 +117,10 @@ def unprofiled_note(attrs) -> str:
     if overlapped:
         parts.append(f"{overlapped:,} profiled launch{'' if overlapped == 1 else 'es'} without a row, overlapped by "
                      "another thread's launch (launches_overlapped)")
+    captured = int(attrs.get("launches_captured", 0) or 0)
+    if captured:
+        parts.append(f"{captured:,} launch{'' if captured == 1 else 'es'} recorded into a CUDA graph by stream capture "
+                     "(they run as its nodes) (launches_captured)")
     waiting = int(attrs.get("launches_host_waiting", 0) or 0)
     if waiting:
         parts.append(f"{waiting:,} launch{'' if waiting == 1 else 'es'} waiting for the host or behind one that does "

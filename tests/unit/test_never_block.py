@@ -20,6 +20,12 @@ from gpuscope._results.report_inputs import unprofiled_note
 from tests.unit.test_launch_selection import CTX, FakeRangeProfiler, KernelRows, _launch
 
 
+@pytest.fixture(autouse=True)
+def _no_capture(monkeypatch):
+    """No driver here: no stream is being captured."""
+    monkeypatch.setattr(launches, "capturing", lambda stream: False)
+
+
 def _on_thread(fn):
     """Run *fn* on another thread; (its result, seconds it took)."""
     out = {}
@@ -168,3 +174,14 @@ def test_a_kernel_waiting_for_the_host_and_what_follows_it_on_its_stream_run_unp
     session._on_exit(session._on_enter(timed))
     session._on_exit(session._on_enter(other))
     assert [s.symbol for s in session._collector.selected] == ["gemm", "other"]
+
+
+def test_a_launch_recorded_by_stream_capture_runs_unprofiled(monkeypatch):
+    """Inside a capture a launch records a graph node and runs nothing: CUPTI makes no range of it (a captured
+    PyTorch graph had 8 launches heard, 5 ranges), so it is never selected; its node is profiled at the graph's
+    launch."""
+    monkeypatch.setattr(launches, "capturing", lambda stream: stream == 3)
+    session = Session()
+    session._on_exit(session._on_enter(replace(_launch("captured"), stream=3)))
+    session._on_exit(session._on_enter(_launch("eager")))
+    assert [s.symbol for s in session._collector.selected] == ["eager"] and session._unsafe["captured"] == 1
