@@ -74,6 +74,7 @@ def _run(args) -> int:
         kernel_times=args.kernel_times, force=args.force,
         nvtx=args.nvtx, nvtx_include=args.nvtx_include, nvtx_exclude=args.nvtx_exclude,
         pass_groups=None if args.pass_groups == "plan" else args.pass_groups,
+        graphs=None if args.graph_profiling == "node" else args.graph_profiling,
     )
     return _run.run_script(opts)
 
@@ -142,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the passes are laid out for warp-stall shares: plan (default): each share's counters in "
                         "one pass; ncu: Nsight Compute's own layout (GH100), to compare with ncu launch by launch; "
                         "cupti: CUPTI's schedule")
+    r.add_argument("--graph-profiling", choices=("node", "graph"), default="node",
+                   help="CUDA graph launches (JAX steps, torch.cuda.CUDAGraph, reduce-overhead): node (default): each "
+                        "kernel node a row, as ncu --graph-profiling node; graph: each graph launch one row")
     r.add_argument("-k", "--kernels", "--kernel-name", dest="kernels", action="append", metavar="NAMES",
                    help="profile only these kernels: names (demangled, or parts of symbols) or regex:PATTERN, "
                         "comma-separated or repeated (a regex: entry is never split at its commas)")

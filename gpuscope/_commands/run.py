@@ -52,6 +52,7 @@ class RunOptions:
     nvtx_include: list | None = None  # NVTX range patterns (imply nvtx)
     nvtx_exclude: list | None = None
     pass_groups: str | None = None  # "ncu" or "cupti": how the passes are laid out (None: gpuscope's plan)
+    graphs: str | None = None  # "graph": a CUDA graph launch as one row (None: gpuscope's default, one per node)
 
 
 class RunError(GpuscopeError, ValueError):
@@ -161,6 +162,8 @@ def _profiler_kwargs(opts: RunOptions) -> dict:
         kwargs.update(_nvtx_kwargs(opts))
     if opts.pass_groups is not None:
         kwargs["pass_groups"] = opts.pass_groups
+    if opts.graphs is not None:
+        kwargs["graphs"] = opts.graphs
     return kwargs
 
 

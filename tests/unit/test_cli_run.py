@@ -47,9 +47,9 @@ class FakeProfiler:
 class NewerProfiler(FakeProfiler):
     """A FakeProfiler that also takes the newer options, recorded in ``args``."""
 
-    def __init__(self, metrics, device=0, *, first_start_beside=False, pass_groups=None, **kwargs):
+    def __init__(self, metrics, device=0, *, first_start_beside=False, pass_groups=None, graphs=None, **kwargs):
         super().__init__(metrics, device, **kwargs)
-        self.args.update(first_start_beside=first_start_beside, pass_groups=pass_groups)
+        self.args.update(first_start_beside=first_start_beside, pass_groups=pass_groups, graphs=graphs)
 
 
 @pytest.fixture
@@ -377,3 +377,26 @@ def test_pass_groups_go_to_the_profiler_and_not_with_sampling(monkeypatch, tmp_p
     monkeypatch.setattr(_session, "Profiler", FakeProfiler)  # a Profiler without the option: a clear message
     assert cli.main(["run", "--pass-groups", "ncu", str(path)]) == cli.EXIT_USAGE
     assert "does not support --pass-groups" in capsys.readouterr().err
+
+
+def test_graph_profiling_goes_to_the_profiler(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(_session, "Profiler", NewerProfiler)
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    path = script(tmp_path, "pass\n")
+    FakeProfiler.made = []
+    for mode in ("graph", "node"):
+        assert cli.main(["run", "--no-report", "--graph-profiling", mode, str(path)]) == 0
+    assert [p.args.get("graphs") for p in FakeProfiler.made] == ["graph", None]  # node: the Profiler's default
+    capsys.readouterr()
+
+
+def test_jax_reserve_is_turned_off_for_kernel_replay_unless_the_user_chose(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(_session, "Profiler", NewerProfiler)
+    monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, "0")
+    path = script(tmp_path, "import os\nprint('reserve', os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))\n")
+    monkeypatch.delenv(_run.XLA_PREALLOCATE_VAR, raising=False)
+    assert cli.main(["run", "--no-report", "--mode", "kernel", str(path)]) == 0
+    assert "reserve false" in capsys.readouterr().out
+    monkeypatch.setenv(_run.XLA_PREALLOCATE_VAR, "true")  # the user's choice stands
+    assert cli.main(["run", "--no-report", "--mode", "kernel", str(path)]) == 0
+    assert "reserve true" in capsys.readouterr().out
