@@ -19,6 +19,7 @@ from ctypes import POINTER, Structure, c_char_p, c_int, c_uint32, c_void_p
 
 from cuda.bindings import driver as drv
 
+from gpuscope._gpu.graph_nodes import _topological as topo  # the order gpuscope runs nodes in
 from gpuscope.cupti import _lib
 from gpuscope.cupti.callbacks import CUpti_CallbackData
 
@@ -74,29 +75,6 @@ def ok(result):
         raise RuntimeError(str(err))
     return result[1:] if isinstance(result, tuple) and len(result) > 2 else (result[1] if isinstance(result, tuple)
                                                                               and len(result) == 2 else None)
-
-
-def topo(graph):
-    """The nodes of *graph* in a topological order (cuGraphGetEdges: 13.x adds edge data, read by position)."""
-    err, _, n = drv.cuGraphGetNodes(graph, 0)
-    err, nodes, n = drv.cuGraphGetNodes(graph, n)
-    nodes = list(nodes)[:n]
-    res = drv.cuGraphGetEdges(graph, 0)
-    res = drv.cuGraphGetEdges(graph, res[-1])
-    frm, to, m = res[1], res[2], res[-1]
-    deps = {int(x): set() for x in nodes}
-    for a, b in zip(list(frm)[:m], list(to)[:m]):
-        deps[int(b)].add(int(a))
-    order, done = [], set()
-    by = {int(x): x for x in nodes}
-    while len(order) < len(nodes):
-        ready = [k for k in deps if k not in done and deps[k] <= done]
-        if not ready:
-            raise RuntimeError("cycle")
-        for k in ready:
-            done.add(k)
-            order.append(by[k])
-    return order
 
 
 def run_nodes(graph, stream):

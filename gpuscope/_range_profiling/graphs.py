@@ -21,7 +21,9 @@ import threading
 __all__ = ["GraphKernels", "WAYS"]
 
 #: What the user can do instead, said after every graph warning.
-WAYS = ("Profile a graph launch as one row with a gpuscope.range around it in mode='user', or the stall reasons of "
+WAYS = ("Graphs gpuscope copied as they were made are profiled node by node: call gpuscope.watch_graphs() before "
+        "they are made, or start the session first (docs/graphs.md). "
+        "Profile a graph launch as one row with a gpuscope.range around it in mode='user', or the stall reasons of "
         "its kernels one by one with gpuscope.pc_sample (docs/range-profiling.md, 'CUDA graphs').")
 
 

@@ -651,7 +651,8 @@ class PerLaunchModes:
         return GpuscopeError(
             f"The iterations launched {graphs} CUDA graph(s) (cuGraphLaunch: torch.cuda.CUDAGraph.replay, "
             "torch.compile mode='reduce-overhead', CuPy graphs): iteration mode cannot profile kernels inside a "
-            "graph (CUPTI's auto ranges do not see them). Use mode='user' with a gpuscope.range around each graph "
+            "graph that gpuscope did not copy as it was made (call gpuscope.watch_graphs() before the graphs are made: "
+            "docs/graphs.md). Or use mode='user' with a gpuscope.range around each graph "
             "launch: each becomes one row (docs/range-profiling.md, 'CUDA graphs').")
 
     def _collect_iterations(self) -> None:

@@ -103,31 +103,25 @@ def coverage_note(ds) -> str:
     return "; ".join(t for t in (text, unsafe) if t)
 
 
+#: The launches a per-launch session ran unprofiled rather than block the program, by attr: (what, the rest).
+_UNPROFILED = {
+    "launches_concurrent": ("launch", "from other threads ran unprofiled while a profiled launch was in flight"),
+    "launches_overlapped": ("profiled launch", "without a row, overlapped by another thread's launch"),
+    "launches_captured": ("launch", "recorded into a CUDA graph by stream capture (they run as its nodes)"),
+    "launches_host_waiting": ("launch", "waiting for the host or behind one that does (XLA's autotuning timer: "
+                                        "replaying them would stall) ran unprofiled"),
+    "launches_before_start": ("launch", "from other threads before the profiler had started"),
+}
+
+
 def unprofiled_note(attrs) -> str:
     """The launches a per-launch session let run unprofiled because it could not profile them safely (Dataset
-    attrs ``launches_concurrent``, ``launches_overlapped``, ``launches_before_start``, ``launches_host_waiting``), or
-    ``""``."""
+    attrs of :data:`_UNPROFILED`), or ``""``."""
     parts = []
-    concurrent = int(attrs.get("launches_concurrent", 0) or 0)
-    overlapped = int(attrs.get("launches_overlapped", 0) or 0)
-    before = int(attrs.get("launches_before_start", 0) or 0)
-    if concurrent:
-        parts.append(f"{concurrent:,} launch{'' if concurrent == 1 else 'es'} from other threads ran unprofiled while "
-                     "a profiled launch was in flight (launches_concurrent)")
-    if overlapped:
-        parts.append(f"{overlapped:,} profiled launch{'' if overlapped == 1 else 'es'} without a row, overlapped by "
-                     "another thread's launch (launches_overlapped)")
-    captured = int(attrs.get("launches_captured", 0) or 0)
-    if captured:
-        parts.append(f"{captured:,} launch{'' if captured == 1 else 'es'} recorded into a CUDA graph by stream capture "
-                     "(they run as its nodes) (launches_captured)")
-    waiting = int(attrs.get("launches_host_waiting", 0) or 0)
-    if waiting:
-        parts.append(f"{waiting:,} launch{'' if waiting == 1 else 'es'} waiting for the host or behind one that does "
-                     "(XLA's autotuning timer: replaying them would stall) ran unprofiled (launches_host_waiting)")
-    if before:
-        parts.append(f"{before:,} launch{'' if before == 1 else 'es'} from other threads before the profiler had "
-                     "started (launches_before_start)")
+    for key, (what, rest) in _UNPROFILED.items():
+        n = int(attrs.get(key, 0) or 0)
+        if n:
+            parts.append(f"{n:,} {what}{'' if n == 1 else 'es'} {rest} ({key})")
     return "; ".join(parts)
 
 
