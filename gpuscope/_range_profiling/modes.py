@@ -143,11 +143,13 @@ class PerLaunchModes:
         if baton.depth == 1:
             baton.what = launch.symbol
         try:
-            if self._gates.closed(launch):  # waits for the host, or behind one that does: replaying it would stall
+            if self._kernel_replay() and self._gates.closed(launch):  # waits for the host, or behind one: replayed
+                # inside its launch call it would stall (iteration replay replays nothing there, and counts it)
                 self._unsafe["host_waiting"] += 1
                 self._run_unprofiled()
                 return _Held(None)
-            if _launches.capturing(launch.stream):  # recorded into a graph, run later: its nodes are (graph_replay)
+            if self._kernel_replay() and _launches.capturing(launch.stream):  # recorded into a graph, run later:
+                # CUPTI makes no range of it, and its node is profiled at the graph's launch (graph_replay)
                 self._unsafe["captured"] += 1
                 self._run_unprofiled()
                 return _Held(None)
@@ -161,6 +163,11 @@ class PerLaunchModes:
             if node is not None:
                 token.graph_exec, token.graph_launch, token.graph_node = node
         return _Held(token)
+
+    def _kernel_replay(self) -> bool:
+        """Whether this launch would be replayed inside its launch call (kernel mode, or auto mode before it has
+        found a loop): the launches that must never be replayed are checked for only then (a few microseconds)."""
+        return self._collector is None or isinstance(self._collector, _launches.KernelReplay)
 
     def _run_unprofiled(self) -> None:
         """Kernel replay stopped for the launch about to run (the baton held): CUPTI neither replays nor counts it;
