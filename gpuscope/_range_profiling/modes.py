@@ -11,8 +11,10 @@ warning. What each launch becomes is :mod:`gpuscope._range_profiling.launches`';
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import warnings
+from collections import Counter
 
 import numpy as np
 
@@ -65,8 +67,24 @@ class PerLaunchModes:
     _last_group = None  # iteration replay: (signatures, raw values) of the last complete group's rows, by position
     _function_resources = None  # registers and static shared memory per kernel function (see _functions)
     _graph_replay = None  # graph launches run node by node (graph_replay.GraphReplay)
-    _gates = None  # streams behind a kernel waiting for the host (launches.HostGates)
     graphs = "node"  # graphs="node" | "graph"
+
+    # What every launch callback reads, made with the session (or at first use, for a session assembled in a test)
+    @functools.cached_property
+    def _baton(self):
+        return _launches.Baton()  # which thread is inside a profiled launch (taken without waiting)
+
+    @functools.cached_property
+    def _gates(self):
+        return _launches.HostGates()  # streams behind a kernel that waits for the host
+
+    @functools.cached_property
+    def _unsafe(self) -> Counter:
+        return Counter()  # launches run unprofiled rather than block the program, by reason
+
+    @functools.cached_property
+    def _behind(self) -> Counter:
+        return Counter()  # what the baton's holder was launching when others found it taken
 
     def _use_kernel(self) -> None:
         from gpuscope._range_profiling import launches as _launches
@@ -122,10 +140,6 @@ class PerLaunchModes:
         another launching thread can hold (:mod:`gpuscope._range_profiling.launches`, "Never blocking the program").
         The baton is taken without waiting and held to the launch's exit; a launch that finds it held, or comes
         while the first Start is still under way on another thread, runs unprofiled and is counted."""
-        if launch.context != self._context.handle:
-            if self._collector is not None:
-                self._collector.other_context += 1
-            return None
         if self._first_thread is not None or self._first_error is not None:
             ready = self._first_ready(threading.get_ident() == self._thread)
             if ready is None:  # the first Start is still under way beside the code
@@ -133,6 +147,10 @@ class PerLaunchModes:
                 return None
             if not ready:
                 return None  # CUPTI refused the first Start: nothing is profiled, close() says why
+        if launch.context != self._context.handle:
+            if self._collector is not None:
+                self._collector.other_context += 1
+            return None
         baton = self._baton
         if not baton.take():
             self._unsafe["concurrent"] += 1

@@ -36,11 +36,9 @@ import os
 import threading
 import time
 import weakref
-from collections import Counter
 
 from gpuscope._range_profiling import ranges as _ranges
 from gpuscope._range_profiling.graphs import GraphKernels
-from gpuscope._range_profiling.launches import Baton, HostGates
 from gpuscope._range_profiling.modes import Mode, PerLaunchModes, _capacity, _readable, _warn  # noqa: F401 (Mode, _capacity: API)
 from gpuscope._range_profiling.user import UserRanges, _Row
 from gpuscope.errors import MultiPassRangeError, SessionConflictError
@@ -262,10 +260,6 @@ class Profiler(UserRanges, PerLaunchModes):
         self._dataset = None
         self._rows: list[dict] = []
         self._notes: dict = {}
-        self._baton = Baton()  # which thread is inside a profiled launch (launches.Baton: taken without waiting)
-        self._gates = HostGates()  # streams behind a kernel that waits for the host (launches.HostGates)
-        self._unsafe: Counter = Counter()  # launches run unprofiled rather than wait, by reason
-        self._behind: Counter = Counter()  # what the baton's holder was launching when others found it taken
 
     def _set_up_beside(self, metrics, pass_groups) -> bool:
         """Whether the constructor leaves the rest of its work to a thread (:attr:`first_start_beside`, kernel and
