@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import gpuscope as gs
-from gpuscope._range_profiling import modes
+from gpuscope._range_profiling import entry
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._range_profiling import launches
 from gpuscope._range_profiling.launches import Baton, HostGates, IterationReplay, matched_prefix
@@ -121,7 +121,7 @@ def test_other_threads_do_not_wait_for_the_first_start_and_the_session_thread_wa
     session._first_thread.start()
     token, seconds = _on_thread(lambda: session._on_enter(_launch("a")))
     assert token is None and seconds < 1 and session._unsafe["before_start"] == 1
-    monkeypatch.setattr(modes, "FIRST_START_WAIT_S", 0.2)
+    monkeypatch.setattr(entry, "FIRST_START_WAIT_S", 0.2)
     t0 = time.perf_counter()
     assert session._on_enter(_launch("a")) is None  # the session's thread: waited, then went on unprofiled
     assert 0.15 < time.perf_counter() - t0 < 5 and session._unsafe["before_start"] == 2
