@@ -6,6 +6,7 @@ import sys
 
 from gpuscope._commands.exits import EXIT_CHANGED, EXIT_OK
 from gpuscope._commands.show import _open
+from gpuscope._util.terminal import printable
 
 
 def _compare(args) -> int:
@@ -19,16 +20,16 @@ def _compare(args) -> int:
         warnings.simplefilter("ignore", GpuscopeWarning)
         result = compare(base, new, alpha=args.alpha, min_change=args.min_change)
     if args.all:
-        print(result.to_text(all_rows=True))
+        print(printable(result.to_text(all_rows=True)))
     else:
-        print(result)
+        print(printable(result))
     if args.csv:
         result.to_csv(args.csv)
     if args.fail_on:
         flagged = result.flagged(args.fail_on)
         if flagged:
             rows = ", ".join(f"{k} {q}" for k, q in flagged[:5]) + (" ..." if len(flagged) > 5 else "")
-            print(f"gpuscope compare: --fail-on {args.fail_on}: {len(flagged)} difference(s) beyond noise "
-                  f"({rows}); status {EXIT_CHANGED}", file=sys.stderr)
+            print(printable(f"gpuscope compare: --fail-on {args.fail_on}: {len(flagged)} difference(s) beyond noise "
+                            f"({rows}); status {EXIT_CHANGED}"), file=sys.stderr)
             return EXIT_CHANGED
     return EXIT_OK

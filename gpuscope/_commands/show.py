@@ -7,6 +7,7 @@ A saved file is opened and checked here (:func:`_open`) for ``gpuscope compare``
 from __future__ import annotations
 
 from gpuscope._commands.exits import EXIT_OK
+from gpuscope._util.terminal import printable
 from gpuscope.errors import NotGpuscopeDataError
 
 #: What a file of each kind cannot lack: a dim (range results, PM samples) or a variable (PC samples).
@@ -73,19 +74,19 @@ def _show(args) -> int:
     for number, path in enumerate(args.files):
         parts = each_device(_open(path))  # a file of several devices: each device's report
         if len(args.files) > 1:  # several files: each report under its file's name
-            print(f"{'' if number == 0 else chr(10)}== {path} ==")
+            print(printable(f"{'' if number == 0 else chr(10)}== {path} =="))
         for part in parts:
             _check_dims(path, part)
             if len(parts) > 1:
                 print(f"device {part.attrs['device_index']}:")
             if part.attrs.get("kind") == "pm_sampling" and part.sizes.get("time") == 0:
-                print(_no_samples(path, part))
+                print(printable(_no_samples(path, part)))
             elif args.page == "raw":
-                print(raw_text(part))
+                print(printable(raw_text(part)))
                 tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
             else:
                 table = report(part, page=args.page, **options)
-                print(table)
+                print(printable(table))
                 tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
     if args.csv and tables:  # one table: with several files or devices, each row says which
         frame = next(iter(tables.values())) if len(tables) == 1 else (

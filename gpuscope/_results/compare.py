@@ -106,8 +106,8 @@ def compare(base, new, *, alpha: float = 0.05, min_change: float = 0.02) -> Repo
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, not {alpha}")
-    if min_change < 0:
-        raise ValueError(f"min_change must be >= 0, not {min_change}")
+    if not (0 <= min_change < float("inf")):  # NaN or inf would flag nothing, and --fail-on would never fail
+        raise ValueError(f"min_change must be a finite number >= 0, not {min_change}")
     for label, ds in (("base", base), ("new", new)):
         kind = _kind(ds)
         if kind != "range":

@@ -424,6 +424,14 @@ def upgrade(ds):
     units written by an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected
     with :func:`gpuscope._gpu.catalog.units_of`.
     """
+    version = ds.attrs.get("gpuscope_schema")
+    if isinstance(version, (int, np.integer)) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        from gpuscope._version import __version__
+        from gpuscope.errors import NotGpuscopeDataError
+
+        raise NotGpuscopeDataError(
+            f"This Dataset says it was written in gpuscope schema {int(version)}, newer than this gpuscope "
+            f"({__version__}) reads (up to {SCHEMA_VERSION}): read it with the gpuscope that wrote it, or a newer one.")
     ds = ds.copy()  # shallow: no values are copied, and the caller's attrs stay as they were
     if "xyz" in ds.dims:
         ds = ds.assign_coords({

@@ -203,3 +203,35 @@ def test_nsight_compute_short_forms_of_run(monkeypatch):
     assert (args.launch_count, args.launch_skip) == (3, 2)  # the script's own "-c 9" stays the script's
     assert args.kernels == ["regex:^(fma{1,2})$", "stream"] and args.args == ["-c", "9"]
     assert _lists.split_list(args.kernels) == ["regex:^(fma{1,2})$", "stream"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1"])
+def test_compare_refuses_a_min_change_that_would_flag_nothing(capsys, tmp_path, value):
+    """Issue 52, item 11: --min-change nan was accepted and disabled --fail-on (a 3x slowdown exited 0)."""
+    base = str(_demo.RECORDED_LAUNCHES)
+    code, _, err = run(capsys, "compare", base, base, "--min-change", value, "--fail-on", "slower")
+    assert code == cli.EXIT_USAGE and "min_change must be a finite number >= 0" in err
+
+
+def test_a_file_of_a_newer_schema_is_refused_not_read_as_this_one(capsys, tmp_path):
+    """Issue 52, item 11: a file claiming gpuscope_schema 99 was read as schema 6."""
+    ds = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    ds.attrs["gpuscope_schema"] = 99
+    ds.to_netcdf(tmp_path / "future.nc", engine="h5netcdf")
+    with pytest.raises(gs.NotGpuscopeDataError, match="schema 99, newer than this gpuscope"):
+        gs.open_dataset(tmp_path / "future.nc")
+    code, _, err = run(capsys, "show", str(tmp_path / "future.nc"))
+    assert code != 0 and "schema 99" in err and "Traceback" not in err
+
+
+def test_control_characters_in_the_data_are_shown_never_obeyed(capsys, tmp_path):
+    """Issue 52, item 10: ESC, OSC, BEL, CR and right-to-left overrides in kernel names reached the terminal."""
+    ds = gs.open_dataset(_demo.RECORDED_LAUNCHES)
+    evil = "fma\x1b]0;owned\x07\r\u202eevil"
+    ds = ds.assign_coords(kernel=("range", [evil if k == "fma" else k for k in ds["kernel"].values.tolist()]))
+    gs.save_dataset(ds, tmp_path / "evil.nc")
+    for argv in (("show", str(tmp_path / "evil.nc")),
+                 ("compare", str(tmp_path / "evil.nc"), str(tmp_path / "evil.nc"), "--all")):
+        code, out, _ = run(capsys, *argv)
+        assert code == 0 and not any(c in out for c in "\x1b\x07\r\u202e"), argv
+        assert "\\x1b" in out and "\\u202e" in out
