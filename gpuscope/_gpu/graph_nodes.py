@@ -9,9 +9,9 @@ executable graph afterwards (``cuGraphExecKernelNodeSetParams``, as JAX does bef
 cannot follow (a child graph's, a host node's, events, conditional nodes) marks the graph as not runnable node by
 node, with the reason.
 
-:func:`run_nodes` launches a copy's nodes in a topological order on a stream: kernel nodes with ``cuLaunchKernel``
-(their parameters as the copy holds them), memset and memcpy nodes with the matching driver calls, empty and event
-nodes as nothing (one stream orders them). :func:`empty_exec` is an executable graph with no node, which the graph
+:func:`plan` reads a copy's nodes in a topological order into the driver calls that run them on a stream, and
+:func:`run` makes them: kernel nodes with ``cuLaunchKernel`` (their parameters as the copy holds them), memset and
+memcpy nodes with the matching driver calls, empty and event nodes as nothing (one stream orders them). :func:`empty_exec` is an executable graph with no node, which the graph
 launch itself is given instead of the program's (:mod:`gpuscope._range_profiling.graph_replay`).
 
 Graphs instantiated before :func:`watch` are not known (:func:`copy_of` returns None): start a session, or
@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["GraphCopy", "copy_of", "empty_exec", "plan", "run", "run_nodes", "watch", "watching", "pause"]
+__all__ = ["GraphCopy", "copy_of", "empty_exec", "errors", "plan", "run", "watch", "pause", "unkeep"]
 
 #: Node types run one by one, and those run as nothing (their order is the stream's).
 _RUN = ("CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_MEMSET", "CU_GRAPH_NODE_TYPE_MEMCPY")
@@ -38,7 +38,6 @@ class GraphCopy:
     exec_handle: int
     graph: object  # the CUgraph clone (gpuscope's own)
     order: list = field(default_factory=list)  # (clone node, type name, position among the kernel nodes or -1)
-    kernels: int = 0
     unsupported: str = ""  # why it cannot be run node by node ("" where it can)
     disabled: set = field(default_factory=set)  # clone nodes disabled in the executable graph (cuGraphNodeSetEnabled)
     launches: int = 0  # launches of the executable graph heard so far
@@ -104,7 +103,6 @@ def _copy(exec_handle: int, graph_handle: int) -> GraphCopy:
             kernel += kind == "CU_GRAPH_NODE_TYPE_KERNEL"
         elif not copy.unsupported:
             copy.unsupported = f"it holds a {kind.replace('CU_GRAPH_NODE_TYPE_', '').lower()} node"
-    copy.kernels = kernel
     return copy
 
 
@@ -218,10 +216,6 @@ def unkeep() -> None:
         pause()
 
 
-def watching() -> bool:
-    return _watcher is not None
-
-
 def pause(force: bool = False) -> bool:
     """Stop copying graphs (the last session closed, unless :func:`watch` was asked to keep on; or CUPTI is being
     detached: *force*); the copies made are kept. Whether it was watching."""
@@ -321,11 +315,6 @@ def run(steps: list, before_kernel=None) -> int:
             launched += 1
         _check(call(*args))
     return launched
-
-
-def run_nodes(copy: GraphCopy, stream: int, before_kernel=None) -> int:
-    """:func:`plan` and :func:`run` in one."""
-    return run(plan(copy, stream), before_kernel)
 
 
 def errors() -> list[str]:

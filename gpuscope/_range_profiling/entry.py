@@ -166,10 +166,9 @@ class LaunchEntry:
         graph's kernels (:mod:`gpuscope._range_profiling.graphs`)."""
         replay = self._graph_replay
         if replay is not None and params:
-            before = replay.replayed + len(replay.errors)
             token = replay.on_launch(params, self._baton)
-            if token is not None or replay.replayed + len(replay.errors) > before:
-                return token  # its nodes run (at the call's exit: _on_graph_exit) as launches of their own
+            if token is not None:
+                return token  # its nodes run at the call's exit (_on_graph_exit) as launches of their own
         recorder, graphs, collector = self._recorder, self._graphs, self._collector
         # Kernel replay stops before every graph launch, as before a left-out launch, and starts again at the next
         # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the

@@ -2,12 +2,12 @@
 --graph-profiling node``), or as one row per graph launch (``graphs="graph"``).
 
 At a graph launch's entry (CUPTI's callback, on the launching thread) the session takes its baton (never waited
-for), runs the graph's nodes one by one on the launch's stream from gpuscope's copy of the graph
-(:mod:`gpuscope._gpu.graph_nodes`): each kernel node is a ``cuLaunchKernel`` that the session hears like any launch,
-and profiles like one (CUPTI kernel replay saves and restores memory around its passes and leaves the kernel's
-output, as an eager launch's). Then it hands the launch an executable graph with no node in place of the program's
-(``hGraphExec`` in the call's parameters), so that the graph's work is done once: by its nodes, in a topological
-order, with the same inputs. Rows get ``graph_exec`` (CUPTI's id of the executable graph), ``graph_node`` (the kernel
+for), reads every node's parameters from gpuscope's copy of the graph (:mod:`gpuscope._gpu.graph_nodes`) and hands
+the launch an executable graph with no node in place of the program's (``hGraphExec`` in the call's parameters). At
+the call's exit, behind that empty graph on the launch's stream, it runs the nodes one by one: each kernel node is a
+``cuLaunchKernel`` that the session hears like any launch, and profiles like one (CUPTI kernel replay saves and
+restores memory around its passes and leaves the kernel's output, as an eager launch's). So the graph's work is done
+once: by its nodes, in a topological order, with the same inputs. Rows get ``graph_exec`` (CUPTI's id of the executable graph), ``graph_node`` (the kernel
 node's position in that order) and ``graph_launch`` (which launch of that executable graph).
 
 A launch is left to run as it is, unprofiled and counted by reason, where this is not safe or not possible: the
@@ -18,11 +18,12 @@ could not be followed, the launch is itself being captured, or another thread's 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 
 import numpy as np
+
+from gpuscope._range_profiling import launches as _launches
 
 __all__ = ["GRAPH_MODES", "GraphReplay", "combine_graph_rows", "watch_graphs"]
 
@@ -55,9 +56,9 @@ class GraphReplay:
         return getattr(self.now, "node", None)
 
     def on_launch(self, params: int, baton):
-        """At a graph launch's entry: plan its nodes, give the launch an empty graph, and run the nodes (at once, or
-        at the call's exit: :data:`NODES_AT`). Returns None where the launch runs as it is (counted), else a token
-        for :meth:`on_exit`. The baton is held from here to the nodes' end."""
+        """At a graph launch's entry: plan its nodes and give the launch an empty graph. Returns None where the
+        launch runs as it is (counted), else the token for :meth:`on_exit`, which runs the nodes. The baton is held
+        from here to the nodes' end."""
         from gpuscope._gpu import graph_nodes
         from gpuscope.cupti.graphs import GraphLaunchParams
 
@@ -67,7 +68,7 @@ class GraphReplay:
             return self._skip("unknown", "")
         if copy.unsupported:
             return self._skip("unsupported", copy.unsupported)
-        if _capturing(p.hStream or 0):
+        if _launches.capturing(p.hStream or 0):
             return self._skip("capturing", "")
         if not baton.take():
             return self._skip("concurrent", f"behind {baton.what or 'a graph launch'}")
@@ -79,19 +80,14 @@ class GraphReplay:
         except Exception as exc:  # noqa: BLE001  nothing run: the graph runs as it is
             baton.give()
             return self._skip("failed", f"{type(exc).__name__}: {exc}")
-        token = _Run(copy, steps, copy.launches, p.hGraphExec, p.hStream or 0, baton)
+        token = _Run(copy, steps, copy.launches, baton)
         copy.launches += 1
-        p.hGraphExec = empty  # the program's launch runs nothing: the nodes run here, once
-        if NODES_AT == "enter":
-            self._run(token)
-            return None
+        p.hGraphExec = empty  # the program's launch runs nothing: its nodes run at the call's exit, once
         return token
 
     def on_exit(self, token) -> None:
-        """At the graph launch's exit (the empty graph enqueued): run the nodes behind it on its stream."""
-        self._run(token)
-
-    def _run(self, token) -> None:
+        """At the graph launch's exit (the empty graph enqueued): run the nodes behind it on its stream. Not in the
+        entry callback: there the driver has not yet taken the launch."""
         from gpuscope._gpu import graph_nodes
 
         copy = token.copy
@@ -119,6 +115,10 @@ class GraphReplay:
         notes = {"graph_profiling": mode, "graph_launches_replayed": self.replayed, "graph_kernel_nodes": self.nodes}
         if self.errors:
             notes["graph_replay_errors"] = self.errors[:20]
+        from gpuscope._gpu import graph_nodes
+
+        if graph_nodes.errors():  # graphs that could not be copied as they were made: their launches are "unknown"
+            notes["graph_copy_errors"] = graph_nodes.errors()[:20]
         if self.skipped:
             notes["graph_launches_not_replayed"] = dict(self.skipped)
             notes["graph_not_replayed_why"] = {k: (_REASONS[k] + (f": {v}" if v else "")) for k, v in self.why.items()}
@@ -136,19 +136,13 @@ class GraphReplay:
         return "CUDA graph launches not profiled node by node: " + "; ".join(parts) + "."
 
 
-#: Where a graph's nodes are launched: at the graph launch call's exit, behind the empty graph it enqueued (not in
-#: the entry callback, before the driver has taken the launch). ``GPUSCOPE_GRAPH_NODES_AT=enter`` runs them there.
-NODES_AT = os.environ.get("GPUSCOPE_GRAPH_NODES_AT", "exit").strip().lower()
-
-
 class _Run:
     """A graph launch whose nodes are to run: its copy, the planned calls, which launch of the graph it is."""
 
-    __slots__ = ("copy", "steps", "launch", "exec_handle", "stream", "baton")
+    __slots__ = ("copy", "steps", "launch", "baton")
 
-    def __init__(self, copy, steps, launch, exec_handle, stream, baton):
-        self.copy, self.steps, self.launch = copy, steps, launch
-        self.exec_handle, self.stream, self.baton = exec_handle, stream, baton
+    def __init__(self, copy, steps, launch, baton):
+        self.copy, self.steps, self.launch, self.baton = copy, steps, launch, baton
 
 
 def watch_graphs(on: bool = True) -> None:
@@ -172,12 +166,6 @@ def watch_graphs(on: bool = True) -> None:
         graph_nodes.watch(keep=True, strict=True)
     else:
         graph_nodes.unkeep()
-
-
-def _capturing(stream: int) -> bool:
-    from gpuscope._range_profiling.launches import capturing
-
-    return capturing(stream)
 
 
 def combine_graph_rows(rows: list[dict], metrics: list[str]) -> list[dict]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpuscope._gpu import graph_nodes
-from gpuscope._range_profiling import graph_replay
+from gpuscope._range_profiling import graph_replay, launches
 from gpuscope._range_profiling.graph_replay import GraphReplay, combine_graph_rows
 from gpuscope._range_profiling.launches import Baton
 from gpuscope.cupti.graphs import GraphLaunchParams
@@ -59,7 +59,7 @@ def test_a_graph_is_run_node_by_node_at_its_exit_and_its_launch_given_an_empty_g
     monkeypatch.setattr(graph_nodes, "plan", lambda c, stream: [0, 1, 2])
     monkeypatch.setattr(graph_nodes, "run", run)
     monkeypatch.setattr(graph_nodes, "empty_exec", lambda context: 0xEEEE)
-    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: False)
+    monkeypatch.setattr(launches, "capturing", lambda stream: False)
     replay = GraphReplay(lambda: 1)
     baton = Baton()
     for launch in range(2):
@@ -81,7 +81,7 @@ def test_a_node_the_driver_refuses_part_way_is_said_loudly(monkeypatch):
     monkeypatch.setattr(graph_nodes, "plan", lambda c, stream: [0])
     monkeypatch.setattr(graph_nodes, "run", run)
     monkeypatch.setattr(graph_nodes, "empty_exec", lambda context: 0xEEEE)
-    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: False)
+    monkeypatch.setattr(launches, "capturing", lambda stream: False)
     replay, baton = GraphReplay(lambda: 1), Baton()
     replay.on_exit(replay.on_launch(_launch_params()[1], baton))
     assert not baton.held and "incomplete" in replay.message()
@@ -100,7 +100,7 @@ def test_each_reason_to_run_a_graph_as_it_is_is_counted(monkeypatch, why):
 
     monkeypatch.setattr(graph_nodes, "copy_of", lambda handle: copy)
     monkeypatch.setattr(graph_nodes, "plan", plan)
-    monkeypatch.setattr(graph_replay, "_capturing", lambda stream: why == "capturing")
+    monkeypatch.setattr(launches, "capturing", lambda stream: why == "capturing")
     baton = Baton()
     if why == "concurrent":
         holder = threading.Thread(target=baton.take)
