@@ -82,15 +82,16 @@ class LaunchEntry:
         if baton.depth == 1:
             baton.what = launch.symbol
         try:
-            if self._kernel_replay() and self._gates.closed(launch):  # waits for the host, or behind one: replayed
+            replayed_here = self._kernel_replay()
+            if replayed_here and self._gates.closed(launch):  # waits for the host, or behind one: replayed
                 # inside its launch call it would stall (iteration replay replays nothing there, and counts it)
                 self._unsafe["host_waiting"] += 1
-                self._run_unprofiled()
+                _launches.stop_for(self._collector, "a launch waiting for the host")
                 return _Held(None)
-            if self._kernel_replay() and _launches.capturing(launch.stream):  # recorded into a graph, run later:
+            if replayed_here and _launches.capturing(launch.stream):  # recorded into a graph, run later:
                 # CUPTI makes no range of it, and its node is profiled at the graph's launch (graph_replay)
                 self._unsafe["captured"] += 1
-                self._run_unprofiled()
+                _launches.stop_for(self._collector, "a launch inside stream capture")
                 return _Held(None)
             token = self._enter_held(launch)
         except BaseException:
@@ -107,18 +108,6 @@ class LaunchEntry:
         """Whether this launch would be replayed inside its launch call (kernel mode, or auto mode before it has
         found a loop): the launches that must never be replayed are checked for only then (a few microseconds)."""
         return self._collector is None or isinstance(self._collector, _launches.KernelReplay)
-
-    def _run_unprofiled(self) -> None:
-        """Kernel replay stopped for the launch about to run (the baton held): CUPTI neither replays nor counts it;
-        started again at the next launch it profiles (launches.KernelReplay). Iteration replay replays nothing inside
-        the launch call: nothing to do."""
-        collector = self._collector
-        if getattr(collector, "running", False) and not getattr(collector, "paused", True):
-            try:
-                collector.rp.stop()
-                collector.paused = True
-            except Exception as exc:  # noqa: BLE001  said with the left-out launches' errors
-                collector.errors.append(f"cuptiRangeProfilerStop before a launch waiting for the host: {exc}")
 
     def _first_ready(self, owner: bool):
         """Whether the first Start made beside the code succeeded (True), failed (False), or is still under way
@@ -144,10 +133,7 @@ class LaunchEntry:
     def _note_unsafe(self) -> None:
         """Say which launches ran unprofiled because profiling them could have blocked the program (another
         thread's launch in flight, the first Start under way), and which rows were dropped for it."""
-        unsafe = getattr(self, "_unsafe", None)
-        if not unsafe:
-            return
-        notes = {f"launches_{k}": int(v) for k, v in unsafe.items() if v}
+        notes = {f"launches_{k}": int(v) for k, v in self._unsafe.items() if v}
         self._notes.update(notes)
         if self._behind:  # the launches in flight that others found: names CUPTI's replay was busy with
             self._notes["launches_concurrent_behind"] = {_readable(k) or "(a graph launch)": int(n)
@@ -174,13 +160,9 @@ class LaunchEntry:
         # launch it profiles (launches.KernelReplay): a graph launched while it ran left it no range for the
         # launches around it (H100, CUPTI 13.0: 0 rows for 3), and CUPTI refuses kernel activity records while it
         # runs (CUPTI_ERROR_NOT_COMPATIBLE)
-        running = getattr(collector, "running", False) and not getattr(collector, "paused", True)
-        if running and self._baton.take():  # never waited for: another thread's profiled launch is in flight
-            try:
-                collector.rp.stop()
-                collector.paused = True
-            except Exception as exc:  # noqa: BLE001 (the records are then refused, and the summary says why)
-                collector.errors.append(f"cuptiRangeProfilerStop before a CUDA graph launch: {exc}")
+        if self._baton.take():  # never waited for: another thread's profiled launch is in flight
+            try:  # a refusal: the records are then refused too, and the summary says why
+                _launches.stop_for(collector, "a CUDA graph launch")
             finally:
                 self._baton.give()
         if recorder is not None and graphs is not None and graphs.may_open():

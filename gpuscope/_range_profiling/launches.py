@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix"]
+__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix", "stop_for"]
 
 
 class Baton:
@@ -267,12 +267,8 @@ class KernelReplay(_Base):
             else:
                 self.once.add(chosen.signature)
         if chosen is None:
-            if launch.context == self.context and self.running and not self.paused:
-                try:  # run left-out launches unprofiled: stopped, CUPTI neither replays nor counts them
-                    self.rp.stop()
-                    self.paused = True
-                except Exception as exc:
-                    self.errors.append(f"cuptiRangeProfilerStop before a left-out launch: {exc}")
+            if launch.context == self.context:  # left-out launches run stopped: CUPTI neither replays nor counts them
+                stop_for(self, "a left-out launch")
             return None
         if self.capacity and len(self.selected) - self.image_first >= self.capacity:
             self._on_full()  # collects the full image, empties it and starts the profiler
@@ -297,6 +293,19 @@ class KernelReplay(_Base):
     def on_exit(self, token):
         token.exit_ns = self._timestamp()
         self._in_flight = None
+
+
+def stop_for(collector, what: str) -> None:
+    """Kernel replay stopped for a launch about to run unprofiled (*what*: a left-out launch, a graph launch, ...):
+    CUPTI neither replays nor counts it; it starts again at the next launch it profiles (:class:`KernelReplay`).
+    Nothing to do for a collector not running kernel replay (iteration replay replays nothing in a launch call).
+    A refusal is kept in the collector's ``errors``, said at the close."""
+    if getattr(collector, "running", False) and not getattr(collector, "paused", True):
+        try:
+            collector.rp.stop()
+            collector.paused = True
+        except Exception as exc:  # noqa: BLE001
+            collector.errors.append(f"cuptiRangeProfilerStop before {what}: {exc}")
 
 
 def matched_prefix(passes: list[list]) -> int:
