@@ -12,13 +12,12 @@ entry and exit, never blocking, :mod:`gpuscope._range_profiling.entry`'s; the se
 from __future__ import annotations
 
 import enum
-import warnings
 
 import numpy as np
 
 from gpuscope._range_profiling import ranges as _ranges
-from gpuscope._range_profiling.entry import LaunchEntry
-from gpuscope.errors import GpuscopeWarning, MultiPassRangeError, SessionConflictError
+from gpuscope._range_profiling.entry import LaunchEntry, _readable, _warn  # noqa: F401 (_readable: session's too)
+from gpuscope.errors import MultiPassRangeError, SessionConflictError
 
 __all__ = ["Mode", "PerLaunchModes"]
 
@@ -49,10 +48,6 @@ class Mode(str, enum.Enum):
     KERNEL = "kernel"
     ITERATION = "iteration"
     AUTO = "auto"
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, GpuscopeWarning, stacklevel=3)
 
 
 class PerLaunchModes(LaunchEntry):
@@ -762,9 +757,3 @@ def _divergence(passes, position: int):
         if sig != signature:
             return k, first, text
     return 0, first, first
-
-
-def _readable(symbol: str) -> str:
-    from gpuscope._schema.names import demangle
-
-    return demangle(symbol)
