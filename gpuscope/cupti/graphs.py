@@ -100,9 +100,8 @@ def graph_exec_id(exec_handle: int) -> int:
     return int(out.value) if _f.cuptiGetGraphExecId(exec_handle, ctypes.byref(out)) == 0 else -1
 
 
-def _returned_success(address) -> bool:
-    """Whether the driver call of callback data *address* returned CUDA_SUCCESS (at its exit)."""
-    d = _callbacks.CUpti_CallbackData.from_address(address)
+def _returned_success(d) -> bool:
+    """Whether the driver call of callback data *d* returned CUDA_SUCCESS (at its exit)."""
     return bool(d.functionReturnValue) and ctypes.c_int.from_address(d.functionReturnValue).value == 0
 
 
@@ -135,7 +134,7 @@ class GraphWatcher:
                 return
             name = self._names.get(cbid)
             d = _callbacks.CUpti_CallbackData.from_address(address)
-            if name is not None and d.callbackSite == _callbacks.CUPTI_API_EXIT and _returned_success(address):
+            if name is not None and d.callbackSite == _callbacks.CUPTI_API_EXIT and _returned_success(d):
                 self._on_call(name, d.functionParams)
         except Exception as exc:  # never raise into the driver
             warnings.warn(f"gpuscope graph callback failed: {exc!r}", GpuscopeWarning, stacklevel=1)
