@@ -11,8 +11,9 @@ node, with the reason.
 
 :func:`plan` reads a copy's nodes in a topological order into the driver calls that run them on a stream, and
 :func:`run` makes them: kernel nodes with ``cuLaunchKernel`` (their parameters as the copy holds them), memset and
-memcpy nodes with the matching driver calls, empty and event nodes as nothing (one stream orders them). :func:`empty_exec` is an executable graph with no node, which the graph
-launch itself is given instead of the program's (:mod:`gpuscope._range_profiling.graph_replay`).
+memcpy nodes with the matching driver calls, empty and event nodes as nothing (one stream orders them).
+:func:`empty_exec` is an executable graph with no node, which the graph launch itself is given instead of the
+program's (:mod:`gpuscope._range_profiling.graph_replay`).
 
 Graphs instantiated before :func:`watch` are not known (:func:`copy_of` returns None): start a session, or
 ``gpuscope.watch_graphs()``, before the first step.
@@ -23,6 +24,8 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+
+from gpuscope._gpu.device import _check
 
 __all__ = ["GraphCopy", "copy_of", "empty_exec", "errors", "plan", "run", "watch", "pause", "unkeep"]
 
@@ -53,28 +56,16 @@ _empty: dict[int, object] = {}  # context -> an executable graph with no node
 _errors: list[str] = []
 
 
-def _check(result):
-    from cuda.bindings import driver
-
-    err = result[0] if isinstance(result, tuple) else result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{err.name}")
-    if isinstance(result, tuple):
-        return result[1] if len(result) == 2 else result[1:]
-    return None
-
-
 def _topological(graph) -> list:
     """The nodes of *graph* in a topological order (``cuGraphGetEdges``: 13.x adds edge data; read by position)."""
     from cuda.bindings import driver
 
     n = driver.cuGraphGetNodes(graph, 0)[-1]
-    nodes = list(_check(driver.cuGraphGetNodes(graph, n))[0])[:n]
+    nodes = list(_check(driver.cuGraphGetNodes(graph, n), "cuGraphGetNodes")[0])[:n]
     m = driver.cuGraphGetEdges(graph, 0)[-1]
-    res = driver.cuGraphGetEdges(graph, m)
-    _check(res[0])
+    edges = _check(driver.cuGraphGetEdges(graph, m), "cuGraphGetEdges")  # (from, to, [edge data,] count)
     before = {int(x): set() for x in nodes}
-    for a, b in zip(list(res[1])[:m], list(res[2])[:m]):
+    for a, b in zip(list(edges[0])[:m], list(edges[1])[:m]):
         before[int(b)].add(int(a))
     by_handle = {int(x): x for x in nodes}
     order, done = [], set()
@@ -93,11 +84,11 @@ def _copy(exec_handle: int, graph_handle: int) -> GraphCopy:
 
     from gpuscope.cupti.graphs import graph_exec_id
 
-    clone = _check(driver.cuGraphClone(driver.CUgraph(graph_handle)))
+    clone = _check(driver.cuGraphClone(driver.CUgraph(graph_handle)), "cuGraphClone")
     copy = GraphCopy(exec_handle, clone, exec_id=graph_exec_id(exec_handle))
     kernel = 0
     for node in _topological(clone):
-        kind = _check(driver.cuGraphNodeGetType(node)).name
+        kind = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType").name
         if kind in _RUN or kind in _NOTHING:
             copy.order.append((node, kind, kernel if kind == "CU_GRAPH_NODE_TYPE_KERNEL" else -1))
             kernel += kind == "CU_GRAPH_NODE_TYPE_KERNEL"
@@ -149,19 +140,23 @@ def _on_call(name: str, address: int) -> None:
     if copy is None or copy.unsupported:
         return
     try:
-        node = _check(driver.cuGraphNodeFindInClone(driver.CUgraphNode(p.hNode), copy.graph))
+        node = _check(driver.cuGraphNodeFindInClone(driver.CUgraphNode(p.hNode), copy.graph),
+                      "cuGraphNodeFindInClone")
         if name == "cuGraphNodeSetEnabled":
             (copy.disabled.discard if p.isEnabled else copy.disabled.add)(int(node))
         elif name == "cuGraphExecKernelNodeSetParams_v2":
-            _check(driver.cuGraphKernelNodeSetParams(node, driver.CUDA_KERNEL_NODE_PARAMS(_ptr=p.params)))
+            params = driver.CUDA_KERNEL_NODE_PARAMS(_ptr=p.params)
+            _check(driver.cuGraphKernelNodeSetParams(node, params), "cuGraphKernelNodeSetParams")
         elif name == "cuGraphExecKernelNodeSetParams":  # the v1 struct: no kern, no ctx at its end
-            _check(driver.cuGraphKernelNodeSetParams(node, _kernel_params_v1(p.params)))
+            _check(driver.cuGraphKernelNodeSetParams(node, _kernel_params_v1(p.params)), "cuGraphKernelNodeSetParams")
         elif name == "cuGraphExecNodeSetParams":
-            _check(driver.cuGraphNodeSetParams(node, driver.CUgraphNodeParams(_ptr=p.params)))
+            _check(driver.cuGraphNodeSetParams(node, driver.CUgraphNodeParams(_ptr=p.params)), "cuGraphNodeSetParams")
         elif name == "cuGraphExecMemsetNodeSetParams":
-            _check(driver.cuGraphMemsetNodeSetParams(node, driver.CUDA_MEMSET_NODE_PARAMS(_ptr=p.params)))
+            params = driver.CUDA_MEMSET_NODE_PARAMS(_ptr=p.params)
+            _check(driver.cuGraphMemsetNodeSetParams(node, params), "cuGraphMemsetNodeSetParams")
         elif name == "cuGraphExecMemcpyNodeSetParams":
-            _check(driver.cuGraphMemcpyNodeSetParams(node, driver.CUDA_MEMCPY3D(_ptr=p.params)))
+            params = driver.CUDA_MEMCPY3D(_ptr=p.params)
+            _check(driver.cuGraphMemcpyNodeSetParams(node, params), "cuGraphMemcpyNodeSetParams")
         else:
             copy.unsupported = f"{name} changed it"
     except Exception as exc:  # noqa: BLE001  never raise into the driver: the graph is not run node by node
@@ -240,14 +235,15 @@ def empty_exec(context: int):
 
     empty = _empty.get(context)
     if empty is None:
-        graph = _check(driver.cuGraphCreate(0))
-        empty = _empty[context] = _check(driver.cuGraphInstantiate(graph, 0))
+        graph = _check(driver.cuGraphCreate(0), "cuGraphCreate")
+        empty = _empty[context] = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     return empty
 
 
 def plan(copy: GraphCopy, stream: int) -> list:
     """The driver calls that run *copy*'s nodes in its topological order on *stream*: every node's parameters read
-    first, so that a graph whose nodes cannot all be run is refused before anything ran (RuntimeError). Kernel nodes
+    first, so that a graph whose nodes cannot all be run is refused before anything ran (GpuscopeError, or
+    RuntimeError for a node gpuscope cannot run). Kernel nodes
     with a thread-block cluster launch with it (``cuLaunchKernelEx``), as the graph would."""
     from cuda.bindings import driver
 
@@ -258,7 +254,7 @@ def plan(copy: GraphCopy, stream: int) -> list:
         if int(node) in copy.disabled:
             continue
         if kind == "CU_GRAPH_NODE_TYPE_KERNEL":
-            p = _check(driver.cuGraphKernelNodeGetParams(node))
+            p = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
             if not int(p.kernelParams) and int(p.extra):
                 raise RuntimeError("a kernel node takes its arguments through 'extra'")
             # fresh handles: cuda.bindings' struct fields are views into the struct, gone with it
@@ -276,13 +272,13 @@ def plan(copy: GraphCopy, stream: int) -> list:
                 config.attrs, config.numAttrs = [cluster], 1
                 steps.append((position, driver.cuLaunchKernelEx, (config, function, int(p.kernelParams), 0), p))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
-            p = _check(driver.cuGraphMemsetNodeGetParams(node))
+            p = _check(driver.cuGraphMemsetNodeGetParams(node), "cuGraphMemsetNodeGetParams")
             if p.elementSize not in fill:
                 raise RuntimeError(f"a memset node of {p.elementSize}-byte elements")
             steps.append((-1, fill[p.elementSize], (driver.CUdeviceptr(int(p.dst)), p.pitch, p.value, p.width,
                                                     p.height, s), p))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMCPY":
-            p = _check(driver.cuGraphMemcpyNodeGetParams(node))
+            p = _check(driver.cuGraphMemcpyNodeGetParams(node), "cuGraphMemcpyNodeGetParams")
             steps.append((-1, driver.cuMemcpy3DAsync, (p, s), p))
     return steps
 
@@ -306,14 +302,14 @@ def _cluster(node):
 
 def run(steps: list, before_kernel=None) -> int:
     """Make the calls of :func:`plan`; ``before_kernel(position)`` is called before each kernel node's launch.
-    Returns the kernel nodes launched; a call the driver refuses raises RuntimeError (those before it ran)."""
+    Returns the kernel nodes launched; a call the driver refuses raises GpuscopeError (those before it ran)."""
     launched = 0
     for position, call, args, _params in steps:  # _params: the struct the call's arguments were read from, kept
         if position >= 0:
             if before_kernel is not None:
                 before_kernel(position)
             launched += 1
-        _check(call(*args))
+        _check(call(*args), call.__name__)
     return launched
 
 

@@ -7,8 +7,9 @@ the launch an executable graph with no node in place of the program's (``hGraphE
 the call's exit, behind that empty graph on the launch's stream, it runs the nodes one by one: each kernel node is a
 ``cuLaunchKernel`` that the session hears like any launch, and profiles like one (CUPTI kernel replay saves and
 restores memory around its passes and leaves the kernel's output, as an eager launch's). So the graph's work is done
-once: by its nodes, in a topological order, with the same inputs. Rows get ``graph_exec`` (CUPTI's id of the executable graph), ``graph_node`` (the kernel
-node's position in that order) and ``graph_launch`` (which launch of that executable graph).
+once: by its nodes, in a topological order, with the same inputs. Rows get ``graph_exec`` (CUPTI's id of the
+executable graph), ``graph_node`` (the kernel node's position in that order) and ``graph_launch`` (which launch of
+that executable graph).
 
 A launch is left to run as it is, unprofiled and counted by reason, where this is not safe or not possible: the
 graph was instantiated before gpuscope watched (start the session, or ``gpuscope.watch_graphs()``, before the first

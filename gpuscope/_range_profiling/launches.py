@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay", "matched_prefix", "stop_for"]
+__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay",
+           "matched_prefix", "stop_for"]
 
 
 class Baton:
