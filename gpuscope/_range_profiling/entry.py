@@ -130,6 +130,15 @@ class LaunchEntry:
         finally:
             self._baton.give()
 
+    def _on_lost(self, held, thread: int) -> None:
+        """A launch whose exit was not heard (the recorder was paused while it ran on *thread*): its baton freed,
+        so that the other threads' launches are profiled again, and counted (``launches_exit_unheard``)."""
+        token = held.token if isinstance(held, _Held) else None
+        if token is not None and self._collector is not None:
+            self._collector.on_lost(token)
+        self._unsafe["exit_unheard"] += 1
+        self._baton.release(thread)
+
     def _note_unsafe(self) -> None:
         """Say which launches ran unprofiled because profiling them could have blocked the program (another
         thread's launch in flight, the first Start under way), and which rows were dropped for it."""

@@ -82,6 +82,12 @@ class Baton:
                 self.holder, self.depth = None, 0
                 self._lock.release()
 
+    def release(self, thread: int) -> None:
+        """Free the baton if *thread* holds it: the exit of that thread's launch was not heard (the recorder was
+        paused meanwhile), so it will never give it back."""
+        if self.holder == thread:
+            self.reset()
+
     def reset(self) -> None:
         if self.holder is not None:
             self.holder, self.depth = None, 0
@@ -238,6 +244,12 @@ class _Base:
         return Selected(launch.symbol, name, parent, launch.grid, launch.block, self._timestamp(), wanted=wanted,
                         qualname=qualname, launch_id=launch_id, function=launch.function,
                         shared_dynamic=launch.shared_dynamic)
+
+    def on_lost(self, token):
+        """*token*'s exit was not heard (the recorder was paused while it ran): it keeps no exit time, and no longer
+        holds the launch in flight."""
+        if self._in_flight is token:
+            self._in_flight = None
 
 
 class KernelReplay(_Base):

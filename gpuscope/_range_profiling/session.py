@@ -479,7 +479,7 @@ class Profiler(UserRanges, PerLaunchModes):
                     self._graph_replay = GraphReplay(lambda: self._context.handle)
                 self._graphs = GraphKernels(records=self.mode is not Mode.ITERATION)
                 self._recorder = callbacks.LaunchRecorder(self._on_enter, self._on_exit, self._on_graph,
-                                                          self._on_graph_exit)
+                                                          self._on_graph_exit, self._on_lost)
                 if self.mode_used is Mode.ITERATION:
                     self._recorder.pause()  # launches between iterations cost nothing extra
             _ranges.add_listener(self)

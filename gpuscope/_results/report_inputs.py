@@ -111,6 +111,8 @@ _UNPROFILED = {
     "launches_host_waiting": ("launch", "waiting for the host or behind one that does (XLA's autotuning timer: "
                                         "replaying them would stall) ran unprofiled"),
     "launches_before_start": ("launch", "from other threads before the profiler had started"),
+    "launches_exit_unheard": ("launch", "whose call's exit was not heard (the session paused between "
+                                        "iterations while it ran; its baton was freed)"),
 }
 
 

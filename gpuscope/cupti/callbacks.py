@@ -564,6 +564,12 @@ class LaunchRecorder:
         the same call's exit.
     on_graph_exit : callable, optional
         ``on_graph_exit(token)`` (see ``on_graph``).
+    on_lost : callable, optional
+        ``on_lost(token, thread_ident)`` for a token whose call's exit was not heard: the recorder was paused
+        while the call ran (another thread paused it), or a call nested in it exited first. Each call's exit is
+        matched to its entry by CUPTI's correlation ID, so one lost exit never shifts the others; at
+        :meth:`resume`, the calls still pending from before the pause are given up (their exits, if they come,
+        are ignored).
 
     Raises
     ------
@@ -571,10 +577,12 @@ class LaunchRecorder:
         Another CUPTI callback subscriber exists in this process (CUPTI allows one).
     """
 
-    def __init__(self, on_enter, on_exit=None, on_graph=None, on_graph_exit=None):
+    def __init__(self, on_enter, on_exit=None, on_graph=None, on_graph_exit=None, on_lost=None):
         self._on_enter, self._on_exit, self._on_graph = on_enter, on_exit, on_graph
         self._on_graph_exit = on_graph_exit or (lambda token: None)
-        self._pending = threading.local()
+        self._on_lost = on_lost or (lambda token, thread: None)
+        self._pending = threading.local()  # this thread's calls entered, not yet exited: [correlation, token, graph]
+        self._stacks: dict[int, list] = {}  # every thread's, by thread ident (to give up the pending at resume)
         self.graph_launches = 0  # cuGraphLaunch calls heard (a graph's kernels are not launches of their own)
         self.graph_correlations: set[int] = set()  # their correlation IDs, which their kernels' records carry
         known()  # a subscriber CUPTI forgot is never used
@@ -587,21 +595,19 @@ class LaunchRecorder:
     def _on_callback(self, cbid, address):
         try:
             d = CUpti_CallbackData.from_address(address)
-            pending = self._pending.__dict__.setdefault("stack", [])  # per thread: calls entered, not yet exited
+            pending = getattr(self._pending, "stack", None)
+            if pending is None:
+                pending = self._pending.stack = self._stacks.setdefault(threading.get_ident(), [])
             if d.callbackSite != CUPTI_API_ENTER:
-                token = pending.pop() if pending else None  # launch calls nest (a graph's nodes in its callback)
-                if token is not None:
-                    if cbid in GRAPH_CBIDS:
-                        self._on_graph_exit(token)
-                    else:
-                        self._on_exit(token)
+                self._exited(pending, d.correlationId)
                 return
             if cbid in GRAPH_CBIDS:
                 self.graph_launches += 1  # its kernel nodes reach no launch callback
                 self.graph_correlations.add(d.correlationId)
-                pending.append(None)
+                entry = [d.correlationId, None, True]
+                pending.append(entry)
                 if self._on_graph is not None:
-                    pending[-1] = self._on_graph(d.correlationId, d.functionParams or 0)
+                    entry[1] = self._on_graph(d.correlationId, d.functionParams or 0)
                 return
             if cbid in _EX:
                 p = _LaunchExParams.from_address(d.functionParams)
@@ -611,12 +617,45 @@ class LaunchRecorder:
                 function = g.f
             launch = Launch((d.symbolName or b"").decode(errors="replace"), (g.gx, g.gy, g.gz), (g.bx, g.by, g.bz),
                             d.context or 0, function or 0, g.shared, g.hStream or 0)
-            pending.append(None)
+            entry = [d.correlationId, None, False]
+            pending.append(entry)
             token = self._on_enter(launch)
             if self._on_exit is not None:
-                pending[-1] = token
+                entry[1] = token
         except Exception as exc:  # never raise into the driver
             warnings.warn(f"gpuscope launch callback failed: {exc!r}", GpuscopeWarning, stacklevel=1)
+
+    def _exited(self, pending: list, correlation: int) -> None:
+        """A call's exit on this thread: its entry found by correlation ID (launch calls nest: a graph's nodes are
+        launched from its callback); calls entered after it whose exits were not heard are given up."""
+        for k in range(len(pending) - 1, -1, -1):
+            if pending[k][0] == correlation:
+                break
+        else:
+            return  # its entry was not heard (the recorder was paused, or opened, while the call ran)
+        entries = pending[k:]
+        del pending[k:]
+        me = threading.get_ident()
+        for _, token, _graph in reversed(entries[1:]):
+            if token is not None:
+                self._on_lost(token, me)
+        _, token, graph = entries[0]
+        if token is not None:
+            if graph:
+                self._on_graph_exit(token)
+            else:
+                self._on_exit(token)
+
+    def _give_up_pending(self) -> None:
+        """Every thread's calls entered before a pause: their exits may have come while paused, unheard."""
+        for thread, pending in list(self._stacks.items()):
+            entries, pending[:] = pending[:], []
+            for _, token, _graph in reversed(entries):
+                if token is not None:
+                    try:
+                        self._on_lost(token, thread)
+                    except Exception as exc:  # noqa: BLE001  never raise into the caller's resume
+                        warnings.warn(f"gpuscope launch callback failed: {exc!r}", GpuscopeWarning, stacklevel=2)
 
     @property
     def closed(self) -> bool:
@@ -630,9 +669,10 @@ class LaunchRecorder:
                 _listen(self, False)
 
     def resume(self) -> None:
-        """Hear launches again after :meth:`pause`."""
+        """Hear launches again after :meth:`pause`; calls still pending from before are given up (``on_lost``)."""
         with _lock:
             if self in _open:
+                self._give_up_pending()
                 _listen(self, True)
 
     def close(self) -> None:

@@ -185,3 +185,26 @@ def test_a_launch_recorded_by_stream_capture_runs_unprofiled(monkeypatch):
     session._on_exit(session._on_enter(replace(_launch("captured"), stream=3)))
     session._on_exit(session._on_enter(_launch("eager")))
     assert [s.symbol for s in session._collector.selected] == ["eager"] and session._unsafe["captured"] == 1
+
+
+def test_a_launch_whose_exit_was_not_heard_frees_the_baton_and_is_counted():
+    """The session paused its recorder (between iterations) while another thread's profiled launch ran: that
+    launch's exit is never heard. Before, its thread kept the baton for the rest of the session and every other
+    thread's launch, graph launches too, ran unprofiled as 'concurrent'."""
+    session = Session()
+    held = {}
+
+    def launch():
+        held["token"] = session._on_enter(_launch("theirs"))
+        held["thread"] = threading.get_ident()
+
+    _on_thread(launch)
+    assert session._baton.held and session._collector._in_flight is not None
+    assert _on_thread(lambda: session._on_enter(_launch("b")))[0] is None  # refused while it is in flight
+    session._on_lost(held["token"], held["thread"])  # the recorder gave it up at its resume
+    assert not session._baton.held and session._collector._in_flight is None
+    mine = session._on_enter(_launch("c"))
+    assert mine is not None and mine.token is not None
+    session._on_exit(mine)
+    assert session._unsafe["exit_unheard"] == 1 and session._unsafe["concurrent"] == 1
+    assert "1 launch whose call's exit was not heard" in unprofiled_note({"launches_exit_unheard": 1})

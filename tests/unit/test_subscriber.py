@@ -2,6 +2,7 @@
 it, and counts CUDA graph launches (whose kernels reach no launch callback)."""
 
 import ctypes
+import threading
 
 import pytest
 
@@ -215,3 +216,64 @@ def test_a_launch_without_a_function_handle_says_0(fake):
     assert (launch.function, launch.shared_dynamic) == (0, 0)
     made = callbacks.Launch("k", (1, 1, 1), (32, 1, 1), 1)  # as before: symbol, grid, block, context
     assert (made.function, made.shared_dynamic) == (0, 0)
+
+
+# -- a call's exit matched to its entry by correlation ID -----------------------------------------------------------
+def _call(recorder, site, correlation, params):
+    data = callbacks.CUpti_CallbackData(callbackSite=site, correlationId=correlation, symbolName=b"_Z1kv",
+                                        functionParams=ctypes.addressof(params))
+    recorder._on_callback(callbacks.CBID_cuLaunchKernel, ctypes.addressof(data))
+
+
+def test_an_exit_whose_entry_was_not_heard_leaves_the_pending_calls_alone(fake):
+    """A call entered while the recorder was paused exits after its resume: the calls pending under it on the same
+    thread keep their tokens (before, the exit popped the last pending token, someone else's)."""
+    params = CuLaunchKernelParams(None, 1, 1, 1, 32, 1, 1, 0)
+    exited, lost = [], []
+    recorder = callbacks.LaunchRecorder(lambda launch: object(), exited.append, on_lost=lambda t, th: lost.append(t))
+    _call(recorder, callbacks.CUPTI_API_ENTER, 7, params)
+    (outer,) = recorder._pending.stack
+    _call(recorder, callbacks.CUPTI_API_EXIT, 99, params)  # an exit never entered
+    assert exited == [] and lost == [] and len(recorder._pending.stack) == 1
+    _call(recorder, callbacks.CUPTI_API_EXIT, 7, params)
+    assert exited == [outer[1]] and recorder._pending.stack == []
+    recorder.close()
+
+
+def test_a_nested_call_whose_exit_was_lost_is_given_up_at_the_outer_exit(fake):
+    params = CuLaunchKernelParams(None, 1, 1, 1, 32, 1, 1, 0)
+    tokens = iter(["outer", "inner"])
+    exited, lost = [], []
+    recorder = callbacks.LaunchRecorder(lambda launch: next(tokens), exited.append,
+                                        on_lost=lambda t, th: lost.append((t, th)))
+    _call(recorder, callbacks.CUPTI_API_ENTER, 1, params)
+    _call(recorder, callbacks.CUPTI_API_ENTER, 2, params)
+    _call(recorder, callbacks.CUPTI_API_EXIT, 1, params)  # the inner call's exit never came
+    assert exited == ["outer"] and lost == [("inner", threading.get_ident())]
+    recorder.close()
+
+
+def test_calls_pending_across_a_pause_are_given_up_at_resume_on_every_thread(fake):
+    """The recorder paused (between iterations, by the session's thread) while another thread's launch ran: that
+    launch's exit is never heard, so its token is given up at resume, with its thread, and a late exit of it is
+    ignored."""
+    params = CuLaunchKernelParams(None, 1, 1, 1, 32, 1, 1, 0)
+    exited, lost = [], []
+    recorder = callbacks.LaunchRecorder(lambda launch: "theirs", exited.append,
+                                        on_lost=lambda t, th: lost.append((t, th)))
+    other = {}
+
+    def launch_on_another_thread():
+        _call(recorder, callbacks.CUPTI_API_ENTER, 5, params)
+        other["ident"] = threading.get_ident()
+
+    t = threading.Thread(target=launch_on_another_thread)
+    t.start()
+    t.join()
+    recorder.pause()
+    assert lost == []  # it may still be running: given up only once the recorder hears launches again
+    recorder.resume()
+    assert lost == [("theirs", other["ident"])] and exited == []
+    recorder.resume()
+    assert len(lost) == 1  # once
+    recorder.close()
