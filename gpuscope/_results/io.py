@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import secrets
-import stat
-import warnings
 
 import numpy as np
 
 from gpuscope._schema import dataset as _dataset
+from gpuscope._util import outputs as _outputs
 from gpuscope._util import validate as _validate
-from gpuscope.errors import GpuscopeWarning, NotGpuscopeDataError
+from gpuscope.errors import NotGpuscopeDataError
 
 
 def _dataset_arg(ds, what: str) -> None:
@@ -171,7 +168,7 @@ def _decode_attr(value, tag: str):
     return items
 
 
-def save_dataset(ds, path: str | os.PathLike) -> None:
+def save_dataset(ds, path: str | os.PathLike, *, overwrite: bool = True) -> None:
     """Write a gpuscope Dataset to a netCDF-4 file (HDF5, through h5netcdf), losslessly.
 
     :func:`open_dataset` reads it back identical, indexes and attrs included. Attrs that netCDF cannot store
@@ -190,12 +187,16 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
     ds : xarray.Dataset
         Any Dataset; gpuscope's own are the usual case.
     path : str or PathLike
-        File to write. An existing file is replaced only once the new one is complete: the Dataset is written to a
-        temporary file in the same folder, flushed to disk, then renamed to *path*, so a save that fails (or is
-        interrupted, or the power goes) leaves the file that was there as it was, and no temporary file. The new
-        file keeps the replaced one's mode (and owner and group, as far as this process may give them). A file
-        with other hard links is replaced under *path* only: the other names keep the old contents, and a
-        :class:`~gpuscope.errors.GpuscopeWarning` says so.
+        File to write. The file is made in memory first (so a full disk fails the save with an ``OSError``, never
+        inside HDF5), written to a temporary file in the same folder, flushed to disk, then renamed to *path*: a
+        save that fails (or is interrupted, or the power goes) leaves the file that was there as it was, and no
+        temporary file. The new file keeps the replaced one's mode (and owner and group, as far as this process
+        may give them). A file with other hard links is replaced under *path* only: the other names keep the old
+        contents, and a :class:`~gpuscope.errors.GpuscopeWarning` says so. A symbolic link, a folder, a device,
+        a FIFO or a socket at *path* is never written through or replaced (docs/reliability.md, "Output files").
+    overwrite : bool, default True
+        False: refuse a file that exists, when the save starts and when it ends (another process may have saved
+        there meanwhile: one of several saves to one new name wins, the others raise).
 
     Raises
     ------
@@ -204,6 +205,10 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
         (an object, a list of mixed types); the message names it.
     TypeError
         *path* is not a str or PathLike.
+    OSError
+        The file cannot be written: a full disk (nothing is left at *path* but what was there), a missing or
+        read-only folder, a symbolic link or something that is not a regular file at *path*, a file that exists
+        with ``overwrite=False`` (:class:`FileExistsError`); the message says which.
     """
     _dataset_arg(ds, "save_dataset writes")
     _path_arg(path, "save_dataset needs a path to write to")
@@ -228,12 +233,19 @@ def save_dataset(ds, path: str | os.PathLike) -> None:
             out[owner].attrs = encoded
     if tags:
         out.attrs[ATTR_TYPES] = json.dumps(tags, sort_keys=True)
-    def write(tmp):
-        out.to_netcdf(tmp, engine="h5netcdf")
-        for name, group in groups.items():
-            group.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf")
+    _outputs.write_bytes(path, _netcdf_bytes(out, groups), overwrite=overwrite)
 
-    _replace_with(path, write)
+
+def _netcdf_bytes(out, groups):
+    """The netCDF file of *out* and its table *groups*, made in memory: HDF5 never writes to a disk, so a full disk
+    cannot fail one of its writes (which crashed the process with SIGSEGV when it did, even with the error caught)."""
+    import io
+
+    buffer = io.BytesIO()
+    out.to_netcdf(buffer, engine="h5netcdf")
+    for name, group in groups.items():
+        group.to_netcdf(buffer, mode="a", group=name, engine="h5netcdf")
+    return buffer.getbuffer()
 
 
 def _table_groups(path) -> dict:
@@ -249,74 +261,6 @@ def _table_groups(path) -> dict:
         with xr.open_dataset(path, engine="h5netcdf", group=name) as group:
             groups[name] = _decode_strings(group.load(), path)
     return groups
-
-
-def _replace_with(path, write) -> None:
-    """Call ``write(tmp)`` on a new file beside *path*, then rename it to *path* (``os.replace``, atomic on one
-    file system): a write that fails or is interrupted (Ctrl-C included) leaves the file that was at *path* as it
-    was, and no temporary file. The new file is flushed to disk before the rename and the folder after it
-    (``fsync``), so a power loss leaves the old file or the new one, never an empty one.
-
-    A file already at *path* is replaced by one with its mode (readable by no one else while it is written) and, as
-    far as this process may give them, its owner and group; a new file gets 0o666 less the umask, as a plain open
-    gives. A symlink at *path* keeps pointing at the file, which is replaced. A file with other hard links is
-    replaced under this name only, with a warning: the other names keep the old contents (writing into the file
-    in place would give up the atomic replace)."""
-    target = os.path.realpath(path)
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
-    try:
-        old = os.stat(target)
-    except FileNotFoundError:
-        old = None
-    folder, name = os.path.split(target)
-    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
-    try:  # O_EXCL: never someone else's file
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if old is None else 0o600))
-    except OSError as exc:  # the folder is missing or not writable: say so of the path asked for
-        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
-    try:
-        write(tmp)
-        if old is not None:
-            _take_owner_and_mode(tmp, old)
-        _fsync(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        _fsync(folder)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot flush a folder
-            raise
-    if old is not None and old.st_nlink > 1:
-        warnings.warn(f"{os.fspath(path)} had {old.st_nlink - 1} other hard link(s): they keep the old contents, "
-                      "since gpuscope.save_dataset writes a new file and renames it over this name (so that a failed "
-                      "save never leaves a damaged file).", GpuscopeWarning, stacklevel=3)
-
-
-def _take_owner_and_mode(tmp: str, old: os.stat_result) -> None:
-    """Give *tmp* the owner, group and mode of the file it replaces: the owner only as root, the group where it is
-    one of this process's, the mode always."""
-    try:
-        os.chown(tmp, old.st_uid, old.st_gid)
-    except PermissionError:  # not root: the owner stays this process's user
-        try:
-            os.chown(tmp, -1, old.st_gid)
-        except PermissionError:  # not one of this process's groups
-            pass
-    os.chmod(tmp, stat.S_IMODE(old.st_mode))  # after chown, which may clear set-id bits
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_dataset(path: str | os.PathLike):

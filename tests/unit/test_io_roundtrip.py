@@ -9,6 +9,7 @@ import xarray as xr
 
 import gpuscope as gs
 from gpuscope._schema import dataset as gs_dataset
+from gpuscope._util import outputs as _outputs
 
 DATA = Path(gs.__file__).parent / "data"
 SCHEMA1 = Path(__file__).parents[1] / "fixtures" / "schema1"  # the recordings as first shipped
@@ -165,26 +166,29 @@ def test_an_interrupted_save_leaves_the_file_that_was_there(tmp_path, monkeypatc
     good = path.read_bytes()
     written = []
 
-    def half_then_ctrl_c(self, target, **kwargs):  # Ctrl-C in the middle of writing
-        written.append(target)
-        with open(target, "wb") as f:
-            f.write(good[: len(good) // 2])
+    def ctrl_c_at_the_flush(tmp):  # Ctrl-C once the new file is written, before it is flushed and renamed
+        written.append((tmp, Path(tmp).stat().st_size))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(xr.Dataset, "to_netcdf", half_then_ctrl_c)
+    monkeypatch.setattr(_outputs, "_fsync", ctrl_c_at_the_flush)
     with pytest.raises(KeyboardInterrupt):
-        gs.save_dataset(ds, path)
-    assert written and Path(written[0]).parent == tmp_path and Path(written[0]) != path  # beside it, not it
+        gs.save_dataset(ds.assign_attrs(note="second"), path)
+    (tmp, size), = written
+    assert Path(tmp).parent == tmp_path and Path(tmp) != path and size > 0  # beside it, not it
     assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["launches.nc"]
 
 
-def test_a_save_keeps_symlinks_and_the_usual_file_mode(tmp_path):
+def test_a_save_refuses_a_symlink_and_makes_the_usual_file_mode(tmp_path):
+    """Decided (issue 52, item 9): no output is written through a link; it used to replace the file the link named,
+    and a dangling link made the file wherever it pointed (another user's link in a shared folder)."""
     ds = gs.open_dataset(DATA / "demo_launches.nc")
     (tmp_path / "runs").mkdir()
     link = tmp_path / "latest.nc"
     link.symlink_to(tmp_path / "runs" / "one.nc")
-    gs.save_dataset(ds, link)
-    assert link.is_symlink() and (tmp_path / "runs" / "one.nc").is_file()
+    with pytest.raises(OSError, match="is a symbolic link"):
+        gs.save_dataset(ds, link)
+    assert link.is_symlink() and not (tmp_path / "runs" / "one.nc").exists()
+    gs.save_dataset(ds, tmp_path / "runs" / "one.nc")
     umask = os.umask(0o022)
     os.umask(umask)
     assert (tmp_path / "runs" / "one.nc").stat().st_mode & 0o777 == 0o666 & ~umask
@@ -206,8 +210,6 @@ def umask_022():
 def test_a_save_over_a_file_keeps_its_mode(tmp_path, umask_022, mode):
     """With umask 022, a save over a 0600 file used to leave it 0644: results readable by every user. While the new
     file is written it is readable by its owner only."""
-    from gpuscope._results import io as _io
-
     ds = gs.open_dataset(DATA / "demo_launches.nc")
     path = tmp_path / "private.nc"
     gs.save_dataset(ds, path)
@@ -218,7 +220,7 @@ def test_a_save_over_a_file_keeps_its_mode(tmp_path, umask_022, mode):
         modes.append(os.stat(tmp).st_mode & 0o777)
         ds.to_netcdf(tmp, engine="h5netcdf")
 
-    _io._replace_with(path, write)
+    _outputs.write(path, write)
     assert modes == [0o600] and path.stat().st_mode & 0o777 == mode
     gs.save_dataset(ds, path)
     assert path.stat().st_mode & 0o777 == mode
