@@ -7,7 +7,7 @@ import pandas as pd
 
 from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite, coverage_note, graph_note
 from gpuscope._results.report_table import Report, _count, _new, _percent_columns
-from gpuscope._results.report_topdown import _topdown_columns, topdown_per_launch
+from gpuscope._results.report_topdown import _topdown_columns, grouped_topdown, topdown_per_launch
 
 __all__ = ["GPU_TIME", "group_key"]
 
@@ -88,18 +88,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
     result = topdown_per_launch(ds)
     if result is not None:
         nodes, ipc_max = result
-        # a launch whose Top-Down is not a number (NaN or inf inputs) is left out, not averaged in as 0
-        valid = np.logical_and.reduce([np.isfinite(nodes[n].values) for n in td.level_cut(1)])
-        inconsistent = np.zeros_like(valid)
-        if "consistent" in nodes:  # passes that disagree give no verdict (docs/topdown.md)
-            inconsistent = valid & ~nodes["consistent"].values.astype(bool)
-            valid &= ~inconsistent
-        rows = {}
-        if valid.any():
-            kept = nodes.isel(range=np.flatnonzero(valid)).assign_coords(_group=("range", key[valid]))
-            weighted = td.aggregate(kept, by="_group")
-            rows = {str(k): {v: float(weighted[v].sel(_group=k)) for v in weighted.data_vars}
-                    for k in weighted["_group"].values}
+        rows, inconsistent = grouped_topdown(nodes, key)
         percent += _topdown_columns(frame, rows)
         notes.append(
             "Top-Down level 1 in percent of the SM's peak issue rate (IPC_MAX "

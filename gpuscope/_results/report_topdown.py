@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["topdown_per_launch"]
+__all__ = ["grouped_topdown", "topdown_per_launch"]
 
 
 def topdown_per_launch(ds):
@@ -24,6 +24,27 @@ def topdown_per_launch(ds):
         return None
     ipc_max = float(nodes.attrs["topdown_ipc_max"])
     return nodes, ipc_max
+
+
+def grouped_topdown(nodes, key) -> tuple[dict[str, dict[str, float]], np.ndarray]:
+    """Per group of *key* (one label per range), every node's value (percent of peak) over the group's launches,
+    weighted by kernel length in cycles (:func:`gpuscope.metrics.topdown.aggregate`); and which launches were left
+    out as inconsistent. A launch whose Top-Down is not a number (NaN or inf inputs) is left out, not averaged in as
+    0; so is one whose passes disagree (``consistent`` false: no verdict, docs/topdown.md)."""
+    from gpuscope.metrics import topdown as td
+
+    valid = np.logical_and.reduce([np.isfinite(nodes[n].values) for n in td.level_cut(1)])
+    inconsistent = np.zeros_like(valid)
+    if "consistent" in nodes:
+        inconsistent = valid & ~nodes["consistent"].values.astype(bool)
+        valid &= ~inconsistent
+    rows = {}
+    if valid.any():
+        kept = nodes.isel(range=np.flatnonzero(valid)).assign_coords(_group=("range", np.asarray(key)[valid]))
+        weighted = td.aggregate(kept, by="_group")
+        rows = {str(k): {v: float(weighted[v].sel(_group=k)) for v in weighted.data_vars}
+                for k in weighted["_group"].values}
+    return rows, inconsistent
 
 
 def _verdict(row: dict | None) -> tuple[str, str, str]:
