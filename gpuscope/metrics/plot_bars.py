@@ -13,7 +13,7 @@ import xarray as xr
 from gpuscope._schema.names import brief_name
 from gpuscope.errors import MissingMetricsError
 from gpuscope.metrics import topdown as _td
-from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, _pyplot
+from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, _pyplot, node_words
 from gpuscope.metrics.topdown_aggregate import _weights
 
 __all__ = ["NEGLIGIBLE", "hierarchy", "topdown"]
@@ -136,7 +136,8 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         td = td.isel({dim: np.argsort(-share, kind="stable")})
         share, what = _time_share(td, dim)
     axes = np.atleast_1d(ax) if ax is not None else np.atleast_1d(
-        plt.subplots(len(levels), 1, figsize=(WIDTH, 2.9 * len(levels)), squeeze=False, dpi=DPI)[1][:, 0]
+        plt.subplots(len(levels), 1, figsize=(WIDTH, 2.9 * len(levels)), squeeze=False, dpi=DPI,
+                     layout="constrained")[1][:, 0]
     )
     ipc_max = float(td.attrs.get("topdown_ipc_max", 4.0))
     labels = _bar_labels(td, dim) if dim else ["all"]
@@ -154,7 +155,7 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
             # Small negative values (replay from different passes) would stack downwards; draw them as 0.
             parts = [name] if name != "other" else small
             height = sum(np.clip(np.atleast_1d(np.asarray(td[n], dtype=float)), 0, None) for n in parts)
-            label = name if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:g}% each)"
+            label = node_words(name) if name != "other" else f"other ({len(small)} nodes < {NEGLIGIBLE:g}% each)"
             bars = axis.bar(x, height, bottom=bottom, color=colors.get(name, _OTHER_COLOR), label=label, width=width)
             if np.nanmax(np.nan_to_num(height), initial=0) >= NEGLIGIBLE:
                 shown.append(bars)
@@ -179,7 +180,6 @@ def topdown(ds: xr.Dataset, level=1, *, by: str | None = None, sort: bool | None
         # top entry = top segment: the legend reads bottom-up as the stack builds
         axis.legend(shown[::-1], [b.get_label() for b in shown[::-1]], loc="center left", bbox_to_anchor=(1.0, 0.5),
                     fontsize=FONT, frameon=False)
-    axes[0].figure.tight_layout()
     return axes[0].figure
 
 
@@ -221,7 +221,7 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     values = {n: max(float(td[n]), 0.0) for n in names}
     colors = _node_colors(names)
     if ax is None:
-        ax = plt.subplots(figsize=(WIDTH, 3.6), dpi=DPI)[1]
+        ax = plt.subplots(figsize=(WIDTH, 3.6), dpi=DPI, layout="constrained")[1]
     # Lay children out inside their parent's span, left to right, in hierarchy order.
     cursor = {"": 0.0}  # where the next child of each node starts
     parents = {node.parent for node in _td.NODES if node.name in values}
@@ -237,12 +237,12 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
         rows = 1 + (deepest - node.level if node.name not in parents else 0)
         middle = -(node.level + node.level + rows - 1) / 2
         bar = ax.barh(middle, width, left=start, height=rows - 0.1, color=colors[node.name], edgecolor="white")
-        label = node.name.removeprefix(node.parent + "_") if node.parent else node.name
+        label = node.name.removeprefix(node.parent + "_").replace("_", " ")
         boxed.append((ax.text(start + width / 2, middle, f"{label}\n{width:.0f}%", ha="center", va="center",
                               fontsize=FONT), bar.patches[0]))
         if width >= NEGLIGIBLE:
             handles.append(bar)
-            labels.append(f"{node.name}  {width:.1f}%")
+            labels.append(f"{node_words(node.name)}  {width:.1f}%")
         else:
             small += 1
     if small:
@@ -254,10 +254,11 @@ def hierarchy(ds: xr.Dataset, *, ax=None):
     ax.set_ylim(-deepest - 0.5, -0.5)
     ax.set_yticks(list(range(-1, -deepest - 1, -1)), [f"level {lv}" for lv in range(1, deepest + 1)])
     ax.tick_params(labelsize=FONT)
-    ax.set_xlabel(f"% of the SM's peak issue rate (IPC_MAX = {ipc_max:g} warp instructions per cycle)", fontsize=FONT)
-    ax.set_title("Top-Down hierarchy" + (f" (weighted mean over the {over} dimension)" if over else ""),
-                 fontsize=FONT + 2)
-    ax.figure.tight_layout()
+    # two short lines each: the legend beside the chart leaves it narrow on a small figure of the caller's
+    ax.set_xlabel(f"% of the SM's peak issue rate\n(IPC_MAX = {ipc_max:g} warp instructions per cycle)", fontsize=FONT)
+    ax.set_title("Top-Down hierarchy" + (f"\nweighted mean over the {over} dimension" if over else ""),
+                 fontsize=FONT + 1, loc="left")
+    ax.figure.draw_without_rendering()  # the figure's own layout (the caller's, or ours) places the boxes
     renderer = ax.figure.canvas.get_renderer()
     for text, box in boxed:  # a name wider than its box would run over its neighbours: the legend names it
         if text.get_window_extent(renderer).width > box.get_window_extent(renderer).width - 2:

@@ -1,10 +1,11 @@
 """Colours of the plots: a colour family per Top-Down branch, shades per node; ranges in greys, phases in colour.
 
-Every level-2 node has its own colour family (retire green, divergence orange, frontend fetch blue, decode grey,
-backend core red, backend memory purple) and level-3 nodes take shades of their parent's family spread as far
-apart as the family allows, so levels can be compared by colour. A level-1 node that has children takes a colour
-none of them has (backend magenta, frontend navy, divergence dark brown): ``backend`` is core *and* memory, so it
-must not wear ``backend_core``'s red. The timeline's range strip is drawn in greys and the phases in a colour
+The level-2 nodes wear the seven colours of Okabe and Ito's palette, which readers with any of the common colour
+vision deficiencies tell apart (retire bluish green, divergence branch orange and replay yellow, frontend fetch sky
+blue and decode blue, backend core vermillion and memory reddish purple). A level-1 node takes a darker colour of
+its children's family (divergence dark orange, frontend navy, backend raspberry, between its children's vermillion
+and purple), so it matches them and is never mistaken for one of them; level-3 nodes take shades of their parent's
+colour, spread from darker to lighter. The timeline's range strip is drawn in greys and the phases in a colour
 palette, so a range is never read as a phase. matplotlib is imported on first use (:func:`_pyplot`), never at
 import time.
 """
@@ -16,13 +17,16 @@ import xarray as xr
 
 from gpuscope.metrics import topdown as _td
 
-_FAMILY = {
-    "retire": "Greens", "divergence": "Oranges", "divergence_branch": "Oranges", "divergence_replay": "YlOrBr_light",
-    "frontend": "Blues", "frontend_fetch": "Blues", "frontend_decode": "Greys",
-    "backend": "Reds", "backend_core": "Reds", "backend_memory": "Purples",
+#: Okabe & Ito (2008), "Color Universal Design": level 1 and 2 nodes. A level-1 node's colour is a darker one of
+#: its children's family.
+_COLORS = {
+    "retire": "#009E73",
+    "divergence": "#9E6C00", "divergence_branch": "#E69F00", "divergence_replay": "#F0E442",
+    "frontend": "#00406A", "frontend_fetch": "#56B4E9", "frontend_decode": "#0072B2",
+    "backend": "#A23B72", "backend_core": "#D55E00", "backend_memory": "#CC79A7",
 }
-#: Level-1 nodes with children: (colour map, position) of a colour no child of theirs takes.
-_PARENT = {"backend": ("RdPu", 0.75), "frontend": ("Blues", 0.95), "divergence": ("Oranges", 0.95)}
+#: How far level-3 shades reach from their parent's colour: towards black, towards white.
+_DARKEST, _LIGHTEST = 0.35, 0.55
 _OTHER_COLOR = (0.88, 0.88, 0.85, 1.0)
 _PALETTE = "tab10"
 #: Phases: a palette of its own, none of whose colours is a grey of the range strip.
@@ -37,30 +41,37 @@ def _pyplot():
     return plt
 
 
-def _family(name: str) -> str:
-    """The colour family of a node: its own, else its level-2 ancestor's, else its level-1 ancestor's."""
-    node = _td._BY_NAME[name]
-    while node.name not in _FAMILY:
-        node = _td._BY_NAME[node.parent]
-    return node.name
+def node_words(name: str) -> str:
+    """A Top-Down node (or PC-sampling category) as a reader's words: ``backend_memory`` -> "backend memory",
+    ``backend_memory_long_scoreboard`` -> "backend memory: long scoreboard" (the level-2 parent, then the stall)."""
+    node = _td._BY_NAME.get(name)
+    if node is not None and node.level == 3:
+        return f"{node_words(node.parent)}: {name.removeprefix(node.parent + '_').replace('_', ' ')}"
+    return name.replace("_", " ")
+
+
+def _shade(color, t: float) -> tuple:
+    """*color* mixed towards black (t < 0) or white (t > 0) by |t|."""
+    import matplotlib.colors
+
+    rgb = np.asarray(matplotlib.colors.to_rgb(color))
+    mixed = rgb * (1 + t) if t < 0 else rgb + (1 - rgb) * t
+    return (*mixed, 1.0)
 
 
 def _node_colors(names: list[str]) -> dict[str, tuple]:
-    """One colour per node: shades of its family's colour map, spread over [0.35, 0.85] among the members."""
-    import matplotlib
-
-    colors, groups = {}, {}
+    """One colour per node: its own (levels 1 and 2), else a shade of its parent's, the members of one parent
+    spread from :data:`_DARKEST` to :data:`_LIGHTEST`."""
+    colors, children = {}, {}
     for n in names:
-        groups.setdefault(_family(n), []).append(n)
-    for family, members in groups.items():
-        if family in _PARENT and members == [family]:
-            colors[family] = matplotlib.colormaps[_PARENT[family][0]](_PARENT[family][1])
-            continue
-        name = _FAMILY[family]
-        cmap = matplotlib.colormaps[name.removesuffix("_light")]
-        top = 0.35 if name.endswith("_light") else 0.85  # a light family stays apart from its dark sibling
-        for i, n in enumerate(members):
-            colors[n] = cmap(top - 0.5 * i / (len(members) - 1) if len(members) > 1 else top - 0.2)
+        if n in _COLORS:
+            colors[n] = _shade(_COLORS[n], 0.0)
+        else:
+            children.setdefault(_td._BY_NAME[n].parent, []).append(n)
+    for parent, members in children.items():
+        base = _COLORS.get(parent, _COLORS.get(_td._BY_NAME[parent].parent, "#999999"))
+        steps = np.linspace(-_DARKEST, _LIGHTEST, len(members)) if len(members) > 1 else [0.3]
+        colors.update({n: _shade(base, float(t)) for n, t in zip(members, steps, strict=True)})
     return colors
 
 

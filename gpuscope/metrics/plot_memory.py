@@ -36,6 +36,7 @@ _BOXES = {
     "system": ((9.25, 2.4), "System Memory", _PHYSICAL),
 }
 _W, _H = 1.5, 1.1
+_MARGIN = 0.12
 
 
 def _row(mw: xr.Dataset, row: str, select) -> tuple[xr.Dataset, str]:
@@ -135,7 +136,8 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     one, label = _row(mw, row, select)
     if ax is None:
         _, ax = plt.subplots(figsize=(WIDTH, 4.7), dpi=DPI, layout="constrained")
-    ax.set_xlim(0, 10)
+    # the outer boxes reach 0 and 10, their frames a line's width further: a margin keeps them whole
+    ax.set_xlim(-_MARGIN, 10 + _MARGIN)
     ax.set_ylim(-0.3, 5.5)
     ax.set_aspect("equal")
     ax.set_axis_off()
@@ -149,9 +151,9 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
         lines = []
         hit, busy = value("hit_rate", level), value("busy", level)
         if np.isfinite(hit):
-            lines.append(f"hit {hit:.1f} %")
+            lines.append(f"hit {hit:.1f}%")
         if np.isfinite(busy):
-            lines.append(f"busy {busy:.1f} %")
+            lines.append(f"busy {busy:.1f}%")
         return lines
 
     loads = {s: float(one["load_instructions"].sel(space=s)) for s in _mw.SPACES}
@@ -182,10 +184,10 @@ def memory_chart(ds: xr.Dataset, select=None, *, by: str | None = "kernel", ax=N
     _edge(ax, "L2", "DRAM", *traffic("DRAM", requests=False))
     _edge(ax, "L2", "system", *traffic("system", requests=False))
     share = float(one["busiest_share"]) if "busiest_share" in one else np.nan
-    headline = f"busiest: {busiest}, {share:.1f} % of its peak" if busiest else "no unit's peak known"
+    headline = f"busiest: {busiest}, {share:.1f}% of its peak" if busiest else "no unit's peak known"
     ax.set_title(title if title is not None else f"Memory chart: {_brief(label)} ({headline})", fontsize=FONT + 2)
     ax.text(0.0, -0.1, "green: the memory spaces the kernel's warp instructions (inst) address; blue: hardware units, "
-            "busy in\npercent of the unit's peak. Upper arrow: read (towards the SM), lower: written. req = requests, "
+            "busy in\n% of the unit's peak. Upper arrow: read (towards the SM), lower: written. req = requests, "
             "B = bytes.",
             fontsize=FONT, color="0.3", va="top")
     return ax.figure

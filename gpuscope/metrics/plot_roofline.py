@@ -24,6 +24,9 @@ _MARKERS = {"L1": "^", "L2": "s", "DRAM": "o"}
 _LINESTYLES = {"L1": ":", "L2": "--", "DRAM": "-"}
 _PRECISION_TEXT = {"fp64": "FP64", "fp32": "FP32", "fp16": "FP16 (FMA pipe)", "tensor": "Tensor"}
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+#: A kernel achieving less than this share of the lowest ceiling above it is not said to be bound by that ceiling
+#: (it is far from every roof: latency, launch or occupancy limits it, which a roofline does not show).
+FAR_BELOW = 0.005
 
 
 def si(value: float, unit: str, digits: int = 3) -> str:
@@ -126,10 +129,10 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
             if np.isfinite(xv) and xv > 0:
                 ax.plot([xv], [rate[i]], marker=_MARKERS.get(lv, "o"), color=color, markersize=7,
                         markeredgecolor="black", markeredgewidth=0.5, linestyle="none")
-        bound = str(one["bound"].values[i])
         sep = "\n" if len(labels[i]) > 40 else ": "  # a long name on a line of its own, to stay in the figure
         kernel_handles.append(plt.Line2D([], [], color=color, marker="o", linestyle="none", markersize=7,
-                                         label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, {bound}-bound"))
+                                         label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, "
+                                               f"{_bound_text(str(one['bound'].values[i]), rate[i], xs, levels, bandwidth, peak)}"))
     ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
     ax.tick_params(labelsize=FONT)
     ax.set_xlabel("Arithmetic intensity [FLOP/byte]", fontsize=FONT + 1)
@@ -144,7 +147,12 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     level_handles.append(plt.Line2D([], [], color="black", linewidth=1.6,
                                     label=f"{_PRECISION_TEXT.get(precision, precision)} peak\n{si(peak, 'FLOP/s')}"))
     # the ceilings beside the chart; the kernels, whose names are long, under it across the figure
-    kernels = {"handles": kernel_handles, "title": "kernel: achieved, bound", "fontsize": FONT, "title_fontsize": FONT,
+    left_out = int((~worked).sum())
+    heading = "kernel: achieved, bound" if row == "kernel" or by == "kernel" else "range: achieved, bound"
+    if left_out:  # a reader must not take the drawn kernels for all of them
+        heading += (f"\n({left_out} of {worked.size} {'kernels' if 'kernel' in heading else 'ranges'} did no "
+                    f"{_PRECISION_TEXT.get(precision, precision)} work: not drawn)")
+    kernels = {"handles": kernel_handles, "title": heading, "fontsize": FONT, "title_fontsize": FONT,
                "frameon": False, "alignment": "left", "ncol": 1 if len(kernel_handles) <= 4 else 2}
     if own:  # constrained layout makes room for a figure legend "outside"
         ax.figure.legend(loc="outside lower left", **kernels)
@@ -153,3 +161,14 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
     ax.legend(handles=level_handles, title="ceiling; marker:\nintensity at", loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=FONT, title_fontsize=FONT, frameon=False)
     return ax.figure
+
+
+def _bound_text(bound: str, rate: float, intensity: np.ndarray, levels: list[str], bandwidth: dict,
+                peak: float) -> str:
+    """``"DRAM-bound"``, or, for a point under :data:`FAR_BELOW` of the lowest ceiling at its intensities, how far
+    below that ceiling it is: such a kernel is bound by none of them."""
+    roofs = [min(float(x) * bandwidth[lv], peak) for lv, x in zip(levels, intensity, strict=True)
+             if np.isfinite(x) and x > 0 and bandwidth.get(lv, 0) > 0]
+    if not roofs or rate >= FAR_BELOW * min(roofs):
+        return f"{bound}-bound"
+    return f"{100 * rate / min(roofs):.2g}% of its lowest ceiling ({bound}): far below every roof"
