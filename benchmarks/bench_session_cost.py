@@ -19,7 +19,7 @@ records ``sampler_reused``, the workers ready and their PIDs, the same PIDs when
 ``pm_thread`` (the same, evaluated in threads, not worker processes), ``fast`` (``profile_fast_topdown`` of one
 launch), and ``alternate`` (``kernel``, ``iteration``, ``user``, ``kernel``, ... one after another in one process: each
 session changes the configuration, so the range profiler kept from the one before is disabled and a new one
-enabled; CUPTI does not let an enabled profiler change configuration, ``benchmarks/probes/probe_config_switch.py``).
+enabled; CUPTI does not let an enabled profiler change configuration, ``probes/probe_config_switch.py``).
 The first three sessions are cold (the first of each configuration) and the rest warm; each row says how its
 profiler was had (``setup``: kept or enabled). ``--run-breakdown`` times the stages of ``gpuscope run --set topdown
 --launch-count 3`` inside its process (the Profiler made, started, its setup thread done, the script, the session's

@@ -5,7 +5,7 @@ not gpuscope dependencies):
 
     source tests/gpu/device_env.sh; python3 benchmarks/bench_stalls_vs_ncu.py --out $OUT/stalls
 
-The workload is :class:`probe_pass_consistency.Work` (``benchmarks/probes/``): a PyTorch training step (MLP block,
+The workload is :class:`short_kernels.Work` (``benchmarks/short_kernels.py``): a PyTorch training step (MLP block,
 bf16 autocast, fused AdamW), CuPy 1 M-element elementwise kernels, a reduction and a small GEMM, and two long Numba
 kernels; ``--reps`` steps after two warm-up steps. gpuscope collects the ``topdown`` set in kernel mode and in
 iteration mode, each with its consistent pass plan (the default) and with CUPTI's own schedule
@@ -37,9 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # its workload is the probe's
 
-from probe_pass_consistency import PCT, REASONS, ImageTap, Work, run_ncu, session  # noqa: E402
+from short_kernels import PCT, REASONS, ImageTap, Work, run_ncu, session  # noqa: E402
 
 BUCKETS = (("< 10 us", 0, 10), ("10-50 us", 10, 50), (">= 50 us", 50, np.inf))
 
@@ -380,7 +379,7 @@ def main():
     ap.add_argument("--app-runs", type=int, default=2, help="ncu runs with --replay-mode application (0: none)")
     ap.add_argument("--layout", action="append", default=[], help="a JSON file of pass groups of raw counters in "
                     "pass order: one more kernel-mode run, kernel_layout_<file's stem>, its shares made as ncu makes "
-                    "its own (benchmarks/probes/probe_ncu_passes.py); may be given more than once")
+                    "its own (probes/probe_ncu_passes.py); may be given more than once")
     ap.add_argument("--rounds", type=int, default=1, help="run the kernel-mode sessions (plan, CUPTI's schedule, "
                     "ncu's layout, each --layout) this many times, interleaved")
     ap.add_argument("--only-kernel", action="store_true", help="kernel mode and ncu's kernel replay only (no "

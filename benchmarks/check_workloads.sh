@@ -21,5 +21,5 @@ run range_vs_ncu bench_range_vs_ncu.py --launches 20 --out /tmp/range_vs_ncu.jso
 run pm_sampling bench_pm_sampling.py --long-seconds 0 --sweep-seconds 0.5 --no-decode-cost --out /tmp/pm.json
 run record_phases record_phases.py --only idle_gaps --out /tmp/phases_out
 run fast_topdown bench_fast_topdown.py validate
-run records_twice probes/probe_kernel_records_twice.py --only none sample
+run records_twice ../probes/probe_kernel_records_twice.py --only none sample
 printf "%s" "$SUMMARY" | tee -a "$LOG"

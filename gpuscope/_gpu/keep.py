@@ -1,6 +1,6 @@
 """What profiling sessions keep between them in a process: the enabled range profiler or PM sampler, host objects.
 
-Measured on an H100 with CUPTI 13.0 (``benchmarks/probes/probe_session_keep.py``, docs/measurements.md):
+Measured on an H100 with CUPTI 13.0 (``probes/probe_session_keep.py``, docs/measurements.md):
 
 * the first ``cuptiRangeProfilerStart`` after ``cuptiRangeProfilerEnable`` costs 150-220 ms with a 16-range
   counter-data image, 1.3 s with 1,024 ranges and 4.6 s with 4,096, and ``Disable`` 13 ms to 0.5 s the same way;
@@ -543,7 +543,7 @@ DETACH_ENV = "GPUSCOPE_PC_DETACH"
 def detach_cupti() -> str:
     """Make CUPTI forget this process before PC sampling starts (``cuptiFinalize``), so that every kernel is
     mapped for PC sampling whatever ran before: CUPTI maps a kernel only if it did not run while CUPTI was
-    attached outside a PC block (``benchmarks/probes/probe_pc_after_ranges.py``: a kernel profiled by a range session
+    attached outside a PC block (``probes/probe_pc_after_ranges.py``: a kernel profiled by a range session
     first got 0 of 190,549 samples; after a detach, all of them). Costs 2-28 ms, plus the host objects the next
     range session builds again.
 

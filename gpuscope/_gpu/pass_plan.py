@@ -4,7 +4,7 @@ CUPTI schedules a metric list into passes as it likes: for the ``topdown`` set o
 ``smsp__warps_active`` (the denominator of every ``*_per_warp_active.pct`` stall share) in one pass and the 18
 stall counters in the others, so 17 of the 18 shares divide counts of different executions. On kernels of a few
 microseconds the executions differ. Under CUPTI kernel replay, the active warps of kernels under 10 us, pass by
-pass against ncu's (``benchmarks/probes/probe_pass_position.py``, H200): 1.59 times in the first pass (the launch as the
+pass against ncu's (``probes/probe_pass_position.py``, H200): 1.59 times in the first pass (the launch as the
 program made it), 1.20 in the second, then 1.00, 0.99, 0.96 and 0.91-0.92; on longer kernels 1.24, 1.09, then 1.00.
 The shares summed to 40-80% of warp-active cycles instead of 100%.
 
@@ -33,7 +33,7 @@ cost what CUPTI's schedule costs (65-69 against 66-71 ms a launch; docs/measurem
 The first pass is not the program's launch as it runs unprofiled, either: CUPTI's kernel replay runs it slower
 than ncu runs its first pass (by 8% at the median under 10 us; ncu's durations do not change when it flushes the
 caches before each pass, so cold caches alone do not explain it). Durations of the same 33 launches under 10 us
-against CUPTI's kernel records of the program's own (median, H100, ``benchmarks/probes/probe_replay_durations.py``,
+against CUPTI's kernel records of the program's own (median, H100, ``probes/probe_replay_durations.py``,
 tests/fixtures/range/replay_durations_gh100.npz): 1.62-1.65 times in the plan's first pass, 1.26-1.27 in its
 first stall pass, ncu 1.39-1.40; 10-50 us 1.48-1.53, 1.04-1.11 and 1.38-1.42; from 50 us on all within 5%.
 So on GH100 the ``topdown`` set's duration and elapsed cycles go with the anchor and ``smsp__cycles_active.sum``
@@ -57,7 +57,7 @@ probe's kernels, which the Top-Down's normalisation over stall reasons cancels),
 give each pass its own denominator. GH100 has several counters of active warp-cycles, though, which agree when
 collected in one pass (``sm__warps_active_realtime`` and ``sm__warps_active_shader_cs_realtime`` equal
 ``sm__warps_active`` to 0.1% at the median, within 1.3% on 2 us kernels; ``tpc__warps_active_shader_cs_realtime``
-within 0.8%, but it makes every kernel replay dearer: ``benchmarks/probes/probe_anchors.py``, H100). One of them in
+within 0.8%, but it makes every kernel replay dearer: ``probes/probe_anchors.py``, H100). One of them in
 each of the second and third stall passes measures how alike the passes ran: their spread, ``pass_spread`` of
 :func:`gpuscope.metrics.topdown.topdown`, is 0.5-1.1% (median) on kernels of 50 us and more and 5% under 10 us
 (with the tpc counter in a fourth pass, 0.5% and 11%), and it ranks the launches whose shares disagree with ncu's
@@ -99,7 +99,7 @@ SPREAD_ANCHORS = ("sm__warps_active_realtime.sum", "sm__warps_active_shader_cs_r
 SPREAD_CHIPS = frozenset({"GH100"})
 #: The denominator of the stall reasons of the warm-up pass (the second: a replay's first), one more counter of
 #: active warp-cycles, checked on the :data:`SPREAD_CHIPS` only: it counts half of what ``sm__warps_active`` counts
-#: (0.5000 in one pass, ``benchmarks/probes/probe_anchors.py``), hence :data:`WARMUP_SCALE`.
+#: (0.5000 in one pass, ``probes/probe_anchors.py``), hence :data:`WARMUP_SCALE`.
 WARMUP_ANCHOR = "sm__warps_active_shader_cs.sum"
 WARMUP_SCALE = 50.0
 #: The stall reasons the warm-up pass collects over its own :data:`WARMUP_ANCHOR`: those that are rarely more than a
@@ -342,7 +342,7 @@ def _stall(reason: str) -> str:
 #: The denominator of Nsight Compute's stall shares: active warp-cycles counted per SMSP.
 NCU_ANCHOR = "smsp__warps_active.sum"
 #: Nsight Compute's pass layout of the ``topdown`` set's counters, by chip, in pass order (``pass_groups="ncu"``).
-#: Measured on an H100 with ncu's kernel replay (``benchmarks/probes/probe_ncu_passes.py``: a kernel whose work
+#: Measured on an H100 with ncu's kernel replay (``probes/probe_ncu_passes.py``: a kernel whose work
 #: grows with the time since its launch, so that each counter's value tells the pass that collected it). Every
 #: counter ncu's ratios are made of stood in one of six passes, each doing about 1.5 times the work of the one
 #: before (instructions, cycles and the duration; wait and sleeping; the denominator with dispatch_stall,

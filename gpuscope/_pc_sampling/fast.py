@@ -22,7 +22,7 @@ __all__ = ["profile_fast_topdown", "fast_topdown", "stall_percentages", "FAST_SE
 FAST_SET = "fast-topdown"
 #: PC sampling's hardware buffer in fast Top-Down's block, tried first: on the H100 a warm block around a 1 ms slice
 #: took 0.17 s with it against 0.43 s with CUPTI's 512 MiB (which CUPTI sets up at the first launch, reads and frees),
-#: with the same 145,000 samples (``benchmarks/probes/probe_fast_cost.py``). It holds about 2.5 M samples (some
+#: with the same 145,000 samples (``probes/probe_fast_cost.py``). It holds about 2.5 M samples (some
 #: 10 ms of GPU time at period 2**10); where it fills, the block runs again with CUPTI's 512 MiB.
 FIRST_BUFFER = 32 << 20
 

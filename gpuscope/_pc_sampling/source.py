@@ -16,7 +16,7 @@ Lines come from ``cuptiGetSassToSourceCorrelation``, which needs the kernel comp
 CUPTI keeps, per process, the first cubin it was given for a CRC, and ``cuptiGetCubinCrc`` leaves the symbol
 names out: a second Numba compile of the same function (same code, a new ``[abi:v<n>]`` version tag in its
 name) has the same CRC, and CUPTI then rejects the new name (``CUPTI_ERROR_INVALID_PARAMETER``) while still
-answering for the first one (H100, CUPTI 13.0; ``benchmarks/probes/probe_pc_between.py --steps``). :class:`SourceMap`
+answering for the first one (H100, CUPTI 13.0; ``probes/probe_pc_between.py --steps``). :class:`SourceMap`
 then asks with the name that resolved first for that CRC, if it differs only in that tag.
 """
 

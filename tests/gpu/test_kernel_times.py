@@ -81,7 +81,7 @@ def test_topdown_per_phase_by_kernels(run):
 
 def test_kernel_replay_after_kernel_records(run):
     """Kernel replay after a kernels=True session in the same process (hung once on the H100 in a shuffled run;
-    not reproduced since by benchmarks/probes/probe_kernel_records_twice.py): it completes and counts the same launches."""
+    not reproduced since by probes/probe_kernel_records_twice.py): it completes and counts the same launches."""
     from numba import cuda
 
     work = _demo.build_workload(n=1 << 22, fma_iters=500)

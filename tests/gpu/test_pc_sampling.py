@@ -167,7 +167,7 @@ def _first_seen(env=None):
 def test_a_kernel_range_profiled_first_is_pc_sampled():
     """CUPTI maps a kernel for PC sampling only if it did not run while CUPTI was attached outside a PC block;
     pc_sample detaches CUPTI when it starts (the default), so a kernel profiled by a counter Top-Down first gets all
-    its samples, and so does the fast Top-Down after it (``benchmarks/probes/probe_pc_after_ranges.py``)."""
+    its samples, and so does the fast Top-Down after it (``probes/probe_pc_after_ranges.py``)."""
     got = _first_seen({"GPUSCOPE_PC_DETACH": ""})
     assert got["detach"] == "detached", got
     assert sorted(k.rsplit(".", 1)[-1] for k in got["kernels"]) == ["fma", "stream"], got

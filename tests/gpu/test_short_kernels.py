@@ -16,9 +16,9 @@ import gpuscope as gs
 
 pytest.importorskip("torch")
 pytest.importorskip("cupy")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from probe_pass_consistency import PCT, REASONS, Work, run_ncu  # noqa: E402
+from short_kernels import PCT, REASONS, Work, run_ncu  # noqa: E402
 
 METRICS = list(gs.metric_set("topdown").metrics)
 
@@ -81,7 +81,7 @@ import json, sys
 sys.path.insert(0, {probes!r})
 import numpy as np
 import gpuscope as gs
-from probe_pass_consistency import PCT, REASONS, Work
+from short_kernels import PCT, REASONS, Work
 
 work = Work()
 work.step()
@@ -99,7 +99,7 @@ print(json.dumps({{"shares": np.stack([ds[PCT.format(r)].values for r in REASONS
 
 
 def _child(groups=None) -> dict:
-    probes = str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes")
+    probes = str(Path(__file__).resolve().parents[2] / "benchmarks")
     proc = subprocess.run([sys.executable, "-c", CHILD.format(probes=probes, groups=groups)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

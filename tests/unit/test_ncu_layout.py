@@ -1,6 +1,6 @@
 """Nsight Compute's pass layout (``pass_groups="ncu"``) on H100 recordings.
 
-``ncu_passes_probe_gh100.npz``: ``benchmarks/probes/probe_ncu_passes.py``'s ``mixed_work`` kernel, whose work grows
+``ncu_passes_probe_gh100.npz``: ``probes/probe_ncu_passes.py``'s ``mixed_work`` kernel, whose work grows
 with the time since its launch, under ncu (the ``topdown`` set and the raw counters behind it) and gpuscope's plan,
 scaled and flat: each counter's scaled / flat value is the work of the pass that collected it.
 ``ncu_layout_vs_ncu_gh100.npz``: ``benchmarks/bench_stalls_vs_ncu.py --only-kernel`` on 82 launches (a PyTorch

@@ -250,7 +250,7 @@ def test_hardware_buffer_follows_the_period():
 
 def test_a_hardware_buffer_that_overflows_keeps_the_samples_and_says_so(monkeypatch):
     """On the H100 at period 2**10, cuptiPCSamplingGetData answers OUT_OF_MEMORY once a hardware buffer of 128 MiB
-    or less is full (benchmarks/probes/probe_fast_cost.py): the block stops asking, disables (which brings what
+    or less is full (probes/probe_fast_cost.py): the block stops asking, disables (which brings what
     CUPTI still holds), keeps every record it had, marks the buffer full and warns; it does not raise."""
     from gpuscope.cupti import pc_sampling as C
     from gpuscope.errors import CuptiMemoryError

@@ -1,7 +1,7 @@
 """What a process's history does to the stall shares of short kernels, on a real recording: one step of a PyTorch
 training step, CuPy and Numba kernels (41 launches, 33 under 10 us) on an H100, profiled by gpuscope (kernel mode,
 ``topdown``) and by ncu (kernel replay, the same metrics), each in a fresh process and in a process that had first
-run the GPU suite's ``test_cupy_kernels`` (``benchmarks/probes/probe_process_history.py``,
+run the GPU suite's ``test_cupy_kernels`` (``probes/probe_process_history.py``,
 tests/fixtures/range/history_vs_ncu_gh100.npz). docs/topdown.md ("Short kernels") and docs/measurements.md rest on
 these numbers: the history moves ``imc_miss`` of the short launches by 7 points for both tools, and gpuscope agrees
 with ncu when both profile the same history."""

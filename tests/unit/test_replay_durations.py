@@ -1,6 +1,6 @@
 """Where the pass plan takes a kernel's duration from, checked on an H100 recording.
 
-``tests/fixtures/range/replay_durations_gh100.npz`` (``benchmarks/probes/probe_replay_durations.py``, two machine
+``tests/fixtures/range/replay_durations_gh100.npz`` (``probes/probe_replay_durations.py``, two machine
 starts): the durations of the same 41 launches (a PyTorch training step, small CuPy and Numba kernels) from
 gpuscope's kernel replay with the ``topdown`` plan's durations in the first pass and in the first stall pass, a
 one-pass session, iteration mode, CUPTI's kernel records of the unprofiled launches, and ncu (its kernel replay of

@@ -91,7 +91,7 @@ def test_source_map_line_text_from_given_sources():
 def test_second_compile_with_the_same_crc_resolves_through_the_first_name(monkeypatch):
     """CUPTI keeps the first cubin it parsed per CRC, and the CRC leaves names out: a recompiled Numba kernel
     (tag v3 -> v5, same code) is rejected under its new name, so gpuscope asks under the name that resolved first
-    (measured on the H100: benchmarks/probes/probe_pc_between.py --steps)."""
+    (measured on the H100: probes/probe_pc_between.py --steps)."""
     from gpuscope.errors import CuptiValueError
 
     monkeypatch.setattr(_source, "_resolved", {})
