@@ -12,9 +12,9 @@ import xarray as xr
 
 from gpuscope.metrics import topdown as _td
 from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH
-from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors
+from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, node_words
 
-__all__ = ["CATEGORY_ORDER", "NEGLIGIBLE", "kernel_stalls", "line_stalls", "plot_kernel_stalls", "plot_line_stalls"]
+__all__ = ["CATEGORY_ORDER", "ISSUED_WORDS", "NEGLIGIBLE", "kernel_stalls", "line_stalls", "plot_kernel_stalls", "plot_line_stalls"]
 #: Characters of a source line's text beside its bar (longer lines end in an ellipsis).
 _LINE_CHARS = 32
 
@@ -22,6 +22,9 @@ _LINE_CHARS = 32
 #: (issued: retire's), so that a PC-sampling figure and a Top-Down figure read alike.
 CATEGORY_ORDER = ("issued", "frontend_fetch", "frontend_decode", "backend_core", "backend_memory", "other")
 _NODE = {"issued": "retire"}
+#: The ``issued`` category in words: it holds the samples of a warp that issued (``selected``, what the report's
+#: ``issued`` column counts) and of one that was ready while another issued (``not_selected``): no stall.
+ISSUED_WORDS = "selected or ready (no stall)"
 #: A stall whose every segment is below this percentage of the longest bar has no visible bar: it joins one grey
 #: "other" segment, and the legend counts it there.
 NEGLIGIBLE = 1.0
@@ -125,11 +128,11 @@ def _stacked_bars(ax, data: xr.DataArray, rows: str, by: str, own: bool) -> floa
     left = np.zeros(len(y))
     for label, color, column in zip(labels, _colors(labels, by), values.T, strict=True):
         if shown[labels.index(label)]:
-            ax.barh(y, column, left=left, color=color, label=label)
+            ax.barh(y, column, left=left, color=color, label=_words(label))
             left += column
     handles, names = ax.get_legend_handles_labels()
     if not shown.all():
-        hidden = [lab for lab, s in zip(labels, shown, strict=True) if not s]
+        hidden = [_words(lab) for lab, s in zip(labels, shown, strict=True) if not s]
         rest = values[:, ~shown].sum(axis=1)
         bars = ax.barh(y, rest, left=left, color=_OTHER_COLOR)
         what = ", ".join(hidden) if len(hidden) <= 2 else f"{len(hidden)} more"
@@ -190,9 +193,31 @@ def plot_line_stalls(ds: xr.Dataset, kernel: str | None = None, by: str = "categ
     ax.set_yticks(np.arange(len(chosen))[::-1], ticks, fontfamily="monospace", fontsize=FONT)
     ax.set_xlim(0, max(longest, 1.0) * 1.04)  # the longest bar does not end on the frame
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 350k, not 350000 running together
-    ax.set_xlabel("PC samples", fontsize=FONT + 1)
+    ax.set_xlabel("PC samples\n" + _attribution_note(ds, data.attrs.get("kernel", "")), fontsize=FONT)
     ax.set_title(f"{data.attrs.get('kernel', '')}: stalls per source line", fontsize=FONT + 2)
     return ax.figure
+
+
+def _words(label: str) -> str:
+    """A category or stall reason as words in a legend."""
+    return ISSUED_WORDS if label == "issued" else node_words(label)
+
+
+def _attribution_note(ds: xr.Dataset, kernel: str) -> str:
+    """Why lines that write little hold many samples: a sample counts at the line the line table gives its
+    instruction, and optimised code gives the loop header (or an inlined call such as ``cuda.grid``) the
+    instructions of the lines around it. Names the line that holds the most instructions."""
+    import textwrap
+
+    lines = ds["line"].values[ds["function"].values == kernel]
+    note = ("A sample counts at the source line that the line table gives its instruction; optimised code unrolls "
+            "loops and inlines calls (cuda.grid), whose instructions often carry the loop header's or the call's "
+            "line, so a bar can hold work written on the lines around it.")
+    if len(lines):
+        values, counts = np.unique(lines, return_counts=True)
+        most = int(np.argmax(counts))
+        note += f" Line {int(values[most])} holds {int(counts[most])} of the {len(lines)} sampled instructions."
+    return textwrap.fill(note, 75)
 
 
 def _clip(text: str, n: int) -> str:

@@ -25,7 +25,7 @@ __all__ = ["BAND", "MAX_PANELS", "phase_topdown", "short_label", "timeline"]
 BAND = (25.0, 75.0)
 #: Panels :func:`timeline` draws at most when not told which metrics (a warning names the others).
 MAX_PANELS = 8
-_BAND_ALPHA, _PHASE_ALPHA = 0.25, 0.25
+_BAND_ALPHA, _PHASE_ALPHA = 0.35, 0.18
 #: Lines of FONT-point text: their height in inches, and the characters a caption line holds across WIDTH.
 _LINE, _CAPTION_CHARS = 1.3 * FONT / 72, 110
 _LEGEND_COLUMNS = 4
@@ -58,10 +58,16 @@ sustained_elapsed`` -> ``dram read throughput (% of peak)``."""
     if rollup.endswith(("pct_of_peak_sustained_elapsed", "pct_of_peak_sustained_active")):
         unit = "% of peak"
     elif rollup.endswith(".per_second") and units:  # CUPTI versions write byte, byte/second or byte/second/second
-        unit = units.split("/")[0] + "/s"
+        unit = "GB/s" if _rate_scale(name, units) != 1 else units.split("/")[0] + "/s"
     else:
         unit = {"percent": "%"}.get(units, units.replace("second", "s"))
     return f"{words} ({unit})" if unit else words
+
+
+def _rate_scale(name: str, units: str) -> float:
+    """What a metric's values are multiplied by to be drawn: bytes per second in GB/s, as the report and the HTML
+    report show them (:mod:`gpuscope._results.report_inputs`); 1 for everything else."""
+    return 1e-9 if name.endswith(".per_second") and units.split("/")[0] in ("byte", "bytes", "B") else 1.0
 
 
 def _blocks(x: np.ndarray, y: np.ndarray, n: int, band=BAND):
@@ -93,7 +99,7 @@ def _timeline_metrics(ds: xr.Dataset, dim: str, metrics) -> tuple[list[str], dic
     if metrics is None and "metric" in ds.coords:
         metrics = [str(m) for m in np.asarray(ds["metric"])]
     names = _metric_names(ds, dim, metrics)
-    columns = {n: np.asarray(ds[n], dtype=float) for n in names}
+    columns = {n: np.asarray(ds[n], dtype=float) * _rate_scale(n, ds[n].attrs.get("units", "")) for n in names}
     columns = {n: np.where(np.isfinite(v), v, np.nan) for n, v in columns.items()}
     empty = [n for n in names if np.isnan(columns[n]).all()]
     constant = [n for n in names if n not in empty and not np.nanmax(columns[n]) > np.nanmin(columns[n])]
@@ -212,7 +218,8 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
         for kernel in lines:
             xs, mean, lo, hi = blocks[name, kernel]
             if band is not None and np.any(hi > lo):
-                axis.fill_between(xs, lo, hi, color=line_colors[kernel], alpha=_BAND_ALPHA, lw=0, step="mid")
+                axis.fill_between(xs, lo, hi, color=line_colors[kernel], alpha=_BAND_ALPHA, lw=0, step="mid",
+                                  zorder=1.5)  # above the phases' shading, which must not hide it
             axis.plot(xs, mean, lw=0.8, color=line_colors[kernel], marker="." if len(xs) <= 60 else None)
         axis.set_ylabel(_panel_label(short_label(name, ds[name].attrs.get("units", ""))), fontsize=FONT,
                         rotation=0, ha="right", va="center")
@@ -223,7 +230,7 @@ def timeline(ds: xr.Dataset, metrics=None, *, dim: str | None = None, max_points
             for first, stop, label in zip(ds["segment_first"].values, ds["segment_stop"].values,
                                           ds["segment_phase"].values, strict=True):
                 right = x[stop] if stop < len(x) else x[-1] + (x[-1] - x[-2] if len(x) > 1 else 1)
-                axis.axvspan(x[first], right, color=phase_colors[int(label)], alpha=_PHASE_ALPHA, lw=0)
+                axis.axvspan(x[first], right, color=phase_colors[int(label)], alpha=_PHASE_ALPHA, lw=0, zorder=0)
     if bands:
         _range_strip(axes[0], x, range_values, _range_colors(range_values))
     axes[-1].set_xlabel(xlabel, fontsize=FONT + 1)
@@ -325,14 +332,15 @@ def phase_topdown(phases: xr.Dataset, per_phase: xr.Dataset, level=1, *, metric:
         fig = plt.figure(figsize=(WIDTH, 6.5), dpi=DPI)
     fig.clear()
     top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1, 1.6]})
-    xs, mean, lo, hi = _blocks(x, np.asarray(phases[metric], dtype=float), max_points)
-    top.fill_between(xs, lo, hi, color="0.6", alpha=0.5, lw=0, step="mid")
+    units = phases[metric].attrs.get("units", "")
+    xs, mean, lo, hi = _blocks(x, np.asarray(phases[metric], dtype=float) * _rate_scale(metric, units), max_points)
+    top.fill_between(xs, lo, hi, color="0.6", alpha=0.5, lw=0, step="mid", zorder=1.5)
     top.plot(xs, mean, lw=0.8, color="black")
     for first, stop, label in zip(phases["segment_first"].values, phases["segment_stop"].values,
                                   phases["segment_phase"].values, strict=True):
         right = x[stop] if stop < len(x) else x[-1]
-        top.axvspan(x[first], right, color=colors[int(label)], alpha=0.3, lw=0)
-    top.set_ylabel(_panel_label(short_label(metric, phases[metric].attrs.get("units", ""))), fontsize=FONT)
+        top.axvspan(x[first], right, color=colors[int(label)], alpha=0.3, lw=0, zorder=0)
+    top.set_ylabel(_panel_label(short_label(metric, units)), fontsize=FONT)
     top.set_xlabel(xlabel, fontsize=FONT + 1)
     top.tick_params(labelsize=FONT)
     top.set_title("phases over time", fontsize=FONT + 2)
