@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from gpuscope._results import untrusted as _untrusted
 from gpuscope._schema import dataset as _dataset
 from gpuscope._util import outputs as _outputs
 from gpuscope._util import validate as _validate
@@ -248,19 +249,31 @@ def _netcdf_bytes(out, groups):
     return buffer.getbuffer()
 
 
-def _table_groups(path) -> dict:
-    """The groups of the file at *path* that hold tables (:data:`gpuscope._schema.dataset.TABLE_GROUPS`), read
-    and decoded: group name -> Dataset."""
+def _table_groups(data: bytes, path) -> dict:
+    """The groups of the file *data* (read from *path*) that hold tables
+    (:data:`gpuscope._schema.dataset.TABLE_GROUPS`), read and decoded: group name -> Dataset."""
+    import io
+
     import h5netcdf
+
+    with h5netcdf.File(io.BytesIO(data), "r") as f:
+        names = [name for name in f.groups if name in _dataset.TABLE_GROUPS]
+    return {name: _decode_strings(_parsed(data, path, group=name), path) for name in names}
+
+
+def _parsed(data: bytes, path, **options):
+    """The Dataset (or a group of it) in the file *data*, loaded; xarray's and HDF5's errors on a file that the
+    child read whole (netCDF structure that does not fit: a dimension scale missing, an attribute of the wrong
+    type) as :class:`NotGpuscopeDataError`."""
+    import io
+
     import xarray as xr
 
-    with h5netcdf.File(path, "r") as f:
-        names = [name for name in f.groups if name in _dataset.TABLE_GROUPS]
-    groups = {}
-    for name in names:
-        with xr.open_dataset(path, engine="h5netcdf", group=name) as group:
-            groups[name] = _decode_strings(group.load(), path)
-    return groups
+    try:
+        with xr.open_dataset(io.BytesIO(data), engine="h5netcdf", **options) as ds:
+            return ds.load()
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        raise _damaged(path, f"netCDF cannot read it ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def open_dataset(path: str | os.PathLike):
@@ -289,9 +302,16 @@ def open_dataset(path: str | os.PathLike):
     ------
     FileNotFoundError
         No file at *path*.
+    OSError
+        The file cannot be read (permissions), or no Python interpreter can be started for the check (set
+        ``GPUSCOPE_PYTHON``).
     gpuscope.errors.NotGpuscopeDataError
-        The file's ``gpuscope_attr_types`` record is malformed (not the JSON table :func:`save_dataset` writes),
-        an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool`` tag on text), a string
+        Not a regular file (a FIFO or a device is refused, never waited on), not a netCDF-4 (HDF5) file, or one that
+        HDF5 cannot read safely: the file is read whole by HDF5 in a child process first, with a deadline and a
+        memory limit (:mod:`gpuscope._results.untrusted`), so a damaged file that makes HDF5 fail, spin, crash or
+        allocate a size it declares beyond what the file holds is refused instead of hanging or flooding this
+        process. Or the file's ``gpuscope_attr_types`` record is malformed (not the JSON table
+        :func:`save_dataset` writes), an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool`` tag on text), a string
         variable's codes or ``gpuscope_strings`` table are not what :func:`save_dataset` writes (a code below 0 or
         past the table, a table that is not a JSON list of strings), or the tables of an older schema do not fit
         together. The message names the file and what is wrong.
@@ -300,16 +320,14 @@ def open_dataset(path: str | os.PathLike):
     TypeError
         *path* is not a str or PathLike (an integer would be read as an open file descriptor).
     """
-    import xarray as xr
-
     _path_arg(path, "open_dataset needs a path")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No such file: {os.fspath(path)!r} (no gpuscope dataset there).")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{os.fspath(path)!r} is a folder, not a gpuscope dataset: give a .nc file in it.")
-    with xr.open_dataset(path, engine="h5netcdf") as ds:
-        ds = ds.load()
-    groups = _table_groups(path)
+    data = _untrusted.read(path)  # the bytes, once HDF5 read them whole in a child: no hang, flood or crash here
+    ds = _parsed(data, path)
+    groups = _table_groups(data, path)
     tags = _attr_types(ds, path)
     for owner, attrs in [("", ds.attrs)] + [(str(k), ds[k].attrs) for k in ds.variables]:
         for key, value in list(attrs.items()):

@@ -435,6 +435,7 @@ try:  # a failure here is the check's, not the image's
     image = np.frombuffer(m, dtype=np.uint8, count=len(data), offset=start)
 except Exception as exc:
     answer(failed=said(exc))
+print(json.dumps({"ready": True}), flush=True)  # from here on, a hang is CUPTI's on the image
 try:
     if kind == "counter_availability":  # as gpuscope uses one: a host object, a config, its passes
         ptype = ProfilerType(task["profiler_type"])
@@ -491,7 +492,11 @@ def _check_in_child(image: np.ndarray, kind: Kind, chip, metrics, what: str,
         argv = [_python.interpreter(), "-I", "-c", _CHILD, json.dumps(_python.sys_path()), json.dumps(task)]
         out = subprocess.run(argv, input=image.tobytes(), capture_output=True, timeout=CHECK_TIMEOUT_S,
                              env=dict(os.environ))
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        if b'"ready"' not in (exc.stdout or b""):  # the interpreter or CUPTI's loading hung, before the image
+            raise not_checked(f"the child process that checks it did not get ready in {CHECK_TIMEOUT_S:g} s (is "
+                              f"{argv[0]} a working Python that imports gpuscope? {_python.ENV_VAR} names the "
+                              "interpreter to use)") from None
         return _Refused(error, f": CUPTI did not finish reading this {label} in {CHECK_TIMEOUT_S:g} s (checked in a "
                                "child process; a sound image takes about a second): it is corrupted or of another "
                                "kind.")
