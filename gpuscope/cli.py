@@ -186,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "unit in the header; with --page details one row per kernel, "
                                                  "section and quantity with its unit; with --page raw every value "
                                                  "with its unit (gpuscope.to_dataframe)")
+    s.add_argument("--html", metavar="FILE.html",
+                   help="also write the report as one self-contained HTML page (sortable tables, the Top-Down, the "
+                        "details sections, the PM timeline or the source lines; opens offline): one FILE; needs "
+                        "the html extra")
     s.set_defaults(func=_show)
 
     c = sub.add_parser("compare", help="per-kernel differences between two saved runs, with their significance",
@@ -199,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for Top-Down nodes and speed-of-light percentages (default 0.02: 2%% of the base, 2 points)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
     c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
+    c.add_argument("--html", metavar="FILE.html",
+                   help="also write the comparison as one self-contained HTML page (needs the html extra)")
     c.add_argument("--fail-on", choices=("slower", "change"),
                    help="exit with status 7 when a kernel's GPU time per launch went up beyond noise (slower) or "
                         "when any row changed beyond noise (change); for CI gates (default: status 0)")

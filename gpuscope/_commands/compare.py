@@ -25,6 +25,11 @@ def _compare(args) -> int:
         print(printable(result))
     if args.csv:
         result.to_csv(args.csv)
+    if getattr(args, "html", None):
+        from gpuscope._results.html import compare_html
+
+        compare_html(result, args.html)
+        print(printable(f"gpuscope compare: wrote {args.html}"), file=sys.stderr)
     if args.fail_on:
         flagged = result.flagged(args.fail_on)
         if flagged:

@@ -70,9 +70,15 @@ def _show(args) -> int:
         raise ValueError("--by groups the rows of the summary and details pages; --page raw lists every row as it "
                          "was recorded")
     options = {"by": args.by} if args.by else {}
+    html = getattr(args, "html", None)
+    if html:
+        _check_html(args)
     tables = {}
     for number, path in enumerate(args.files):
         parts = each_device(_open(path))  # a file of several devices: each device's report
+        if html and len(parts) > 1:
+            raise ValueError(f"{path} holds the samples of {len(parts)} devices; --html writes one page: "
+                             "gpuscope.report(gpuscope.select_device(ds, N), html='PAGE.html') for each device")
         if len(args.files) > 1:  # several files: each report under its file's name
             print(printable(f"{'' if number == 0 else chr(10)}== {path} =="))
         for part in parts:
@@ -85,6 +91,8 @@ def _show(args) -> int:
                 print(printable(raw_text(part)))
                 tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
             else:
+                if html:
+                    _write_html(part, html, options)
                 table = report(part, page=args.page, **options)
                 print(printable(table))
                 tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
@@ -93,3 +101,27 @@ def _show(args) -> int:
             pd.concat(tables, names=["file", "device"]).reset_index(level=[0, 1]))
         frame.to_csv(args.csv, index=False)
     return EXIT_OK
+
+
+def _check_html(args) -> None:
+    """Refuse --html where it cannot make one page, before anything is read."""
+    if len(args.files) > 1:
+        raise ValueError(f"--html writes the page of one file; {len(args.files)} were given: run gpuscope show "
+                         "FILE --html PAGE.html once per file (gpuscope compare BASE NEW --html PAGE.html sets two "
+                         "runs side by side)")
+    if args.page == "raw":
+        raise ValueError("--html writes the report's page (tables and figures of the summary and details); --page "
+                         "raw is text: leave out one of the two")
+    from gpuscope._results.html import libraries
+
+    libraries()
+
+
+def _write_html(ds, path: str, options: dict) -> None:
+    """The HTML page of *ds* at *path* (said on stderr, the report's tables going to stdout)."""
+    import sys
+
+    from gpuscope._results.html import report_html
+
+    report_html(ds, path, **options)
+    print(printable(f"gpuscope show: wrote {path}"), file=sys.stderr)

@@ -35,7 +35,7 @@ __all__ = ["GPU_TIME", "PAGES", "Details", "Report", "group_key", "raw_text", "r
 PAGES = ("summary", "details")
 
 
-def report(ds, page: str = "summary", **options) -> Report:
+def report(ds, page: str = "summary", *, html=None, **options) -> Report:
     """A readable per-kernel (or per-range, per-phase) summary of any gpuscope Dataset.
 
     Parameters
@@ -60,6 +60,11 @@ def report(ds, page: str = "summary", **options) -> Report:
         :func:`gpuscope.phases` result, whose labels it uses; otherwise the phases are found first).
     top : int, optional
         PC sampling: how many stall reasons to show per kernel (default 3).
+    html : str or path-like, optional
+        Also write the report as one self-contained HTML page there (replacing the file): the tables sortable and
+        filterable, the Top-Down per kernel and its hierarchy, the details sections, the PM timeline with phases
+        and ranges, or the source lines of PC samples, with the same numbers (docs/report.md, "HTML"). Needs the
+        ``html`` extra (Plotly, itables); *page* does not change it.
     registers, shared_memory : optional
         Details page: registers per thread and shared memory per block, as :func:`gpuscope.occupancy` takes them
         (a number, ``{kernel: value}`` or one value per launch), for the theoretical occupancy. Sessions in
@@ -96,6 +101,7 @@ def report(ds, page: str = "summary", **options) -> Report:
     >>> print(gpuscope.report(ds))
     >>> gpuscope.report(ds)["bound_by"]
     >>> print(gpuscope.report(ds, page="details"))
+    >>> gpuscope.report(ds, html="report.html")  # open it in a browser
     """
     if page not in PAGES:
         raise ValueError(f"page must be one of {', '.join(map(repr, PAGES))}, not {page!r} (every value of every "
@@ -118,6 +124,10 @@ def report(ds, page: str = "summary", **options) -> Report:
         raise ValueError(f"report(page={page!r}) of a {kind} Dataset takes {sorted(allowed)}, not {sorted(unknown)}.")
     if kind == "range" and options.get("by") and options["by"] not in ds.coords:
         raise ValueError(f"by={options['by']!r} is not a coordinate of the Dataset; coordinates: {list(ds.coords)}")
+    if html is not None:
+        from gpuscope._results.html import report_html
+
+        report_html(ds, html, **options)
     if kind == "range" and ds.sizes.get("range", 0) == 0:
         graphs = graph_note(ds)
         return _new(pd.DataFrame(index=pd.Index([], name="kernel")),
