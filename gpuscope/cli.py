@@ -269,7 +269,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
-        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        if sys.stdout is not None and not sys.stdout.closed:  # gpuscope run's script may have closed it
+            sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return code
     except BrokenPipeError:
         # `gpuscope metrics | head`: the reader is gone; say nothing more, as Unix tools do

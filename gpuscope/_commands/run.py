@@ -125,14 +125,25 @@ def check_options(opts: RunOptions) -> None:
     for name, value in (("--launch-skip", opts.launch_skip), ("--launch-count", opts.launch_count)):
         if value is not None and value < 0:
             raise RunError(f"{name} must be 0 or more, not {value}.")
-    for flag, target in (("-o", opts.output), ("--trace", opts.trace)):
-        if target:
-            if os.path.exists(target) and not opts.force:
-                raise RunError(f"{target!r} exists: gpuscope run does not overwrite it (as ncu does not). Pass "
-                               f"-f/--force to replace it, or give {flag} another name.")
-            folder = os.path.dirname(os.path.abspath(target))
-            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                raise OSError(f"cannot write {target!r}: {folder!r} is not a writable folder.")
+    _output_paths(opts)
+
+
+def _output_paths(opts: RunOptions) -> dict:
+    """``{"output": ..., "trace": ...}``: the absolute paths of the run's files (None where not asked for), resolved
+    once before the script runs (a script that changes the current folder does not move them), each checked as
+    :func:`gpuscope._util.outputs.check` does (no link, nothing but a regular file, no file that exists without
+    ``force``)."""
+    from gpuscope._util import outputs
+
+    paths = {}
+    for key, flag in (("output", "-o"), ("trace", "--trace")):
+        target = getattr(opts, key)
+        try:
+            paths[key] = outputs.check(target, overwrite=opts.force) if target else None
+        except FileExistsError:
+            raise RunError(f"{target!r} exists: gpuscope run does not overwrite it (as ncu does not). Pass "
+                           f"-f/--force to replace it, or give {flag} another name.") from None
+    return paths
 
 
 def _device_text(device) -> str:
@@ -390,6 +401,7 @@ def run_script(opts: RunOptions, *, profiler_factory=None, sampler_factory=None,
     """
     out = out or sys.stdout
     check_options(opts)
+    opts = dataclasses.replace(opts, **_output_paths(opts))  # absolute: the script may change the current folder
     if opts.sample is None and profiler_factory is None:
         from gpuscope.cupti import _lib
 
@@ -424,14 +436,16 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
             session = _session(opts, profiler_factory, sampler_factory)
             session.__enter__()
         close_error = None
+        streams = sys.stdout, sys.stderr
         try:
             code = execute(opts.script, opts.args, opts.module)
         finally:
-            sys.stdout.flush()
+            _flush(sys.stdout)  # the script's output before the report; a script may have closed it or set None
             try:
                 session.__exit__(None, None, None)
             except GpuscopeError as exc:
                 close_error = exc
+            _restore(*streams)
     if reserve_off and "jax" in sys.modules:
         print(f"gpuscope run: note: {XLA_PREALLOCATE_VAR}=false was set for the script: JAX's reserve of 75% of the "
               "GPU's memory would make every replayed kernel save and restore it (set the variable yourself to "
@@ -439,20 +453,63 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4
-    request = {"code": code, "output": opts.output, "trace": opts.trace, "report": opts.report,
+    request = {"code": code, "output": opts.output, "trace": opts.trace, "force": opts.force, "report": opts.report,
                "sampled": opts.sample is not None, "filters": _filters(opts)}
-    answer = None
+    printer = _Printer(out)
     if worker is not None:
         import shutil
 
         try:
-            answer = worker.results(session.dataset_inputs(), {**request, "width": shutil.get_terminal_size().columns})
+            code, _ = worker.results(session.dataset_inputs(), {**request, "width": shutil.get_terminal_size().columns},
+                                     printer.stage)
+            return code
         except _worker.WorkerFailed as exc:
             print(f"gpuscope run: warning: {exc}; making the results in this process", file=sys.stderr)
-    code, lines = answer if answer is not None else _worker.results(session.dataset, request)
-    for stream, text in lines:
-        print(text, file=out if stream == "out" else sys.stderr)
+            request.update(done=[stage for stage, _ in exc.done], failed=not all(ok for _, ok in exc.done))
+    code, _ = _worker.results(session.dataset, request, printer.stage)
     return code
+
+
+def _usable(stream) -> bool:
+    return stream is not None and not getattr(stream, "closed", False)
+
+
+def _flush(stream) -> None:
+    """Flush *stream* where the script left one that can be flushed."""
+    if _usable(stream):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a pipe whose reader is gone: the report says nothing more to it either
+            pass
+
+
+def _restore(stdout, stderr) -> None:
+    """``sys.stdout`` and ``sys.stderr`` as they were before the script, where it set them to None or closed them."""
+    if not _usable(sys.stdout) and _usable(stdout):
+        sys.stdout = stdout
+    if not _usable(sys.stderr) and _usable(stderr):
+        sys.stderr = stderr
+
+
+class _Printer:
+    """Prints the results' lines as each stage ends: the report to *out*, or to stderr where the script closed
+    *out* (said once), messages to stderr."""
+
+    def __init__(self, out):
+        self.out = out
+        self.moved = False
+
+    def stage(self, stage: str, lines, ok: bool) -> None:
+        for stream, text in lines:
+            target = sys.stderr
+            if stream == "out" and _usable(self.out):
+                target = self.out
+            elif stream == "out" and not self.moved:
+                self.moved = True
+                print("gpuscope run: the script closed standard output; the report follows here", file=sys.stderr)
+            if _usable(target):
+                print(text, file=target)
+                _flush(target)
 
 
 #: ``GPUSCOPE_FIRST_START_BESIDE=0``: the range profiler's first ``cuptiRangeProfilerStart`` (kernel and auto modes)

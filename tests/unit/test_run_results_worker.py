@@ -123,15 +123,33 @@ def test_a_results_process_that_fails_leaves_the_results_to_the_run(recorded, ca
     assert started[0].poll() is not None  # nothing left running
 
 
+class Unsavable(Recorded):
+    """A session whose Dataset has an attr that netCDF cannot store: the save fails with a ValueError."""
+
+    def dataset_inputs(self):
+        return {**_inputs(self.n), "attrs": {**_inputs(self.n)["attrs"], "odd": {1, 2}}}
+
+
 def test_a_results_process_that_answers_with_an_error_leaves_it_to_the_run(recorded, capsys, monkeypatch, tmp_path):
-    """The worker's error (here: the output folder vanished during the script) is the run's own error too."""
+    """The worker's error (here: an attr that cannot be saved) is the run's own error too; the report it sent before
+    the save is printed once, and the run does only what the worker did not finish."""
+    monkeypatch.setattr(_session, "Profiler", Unsavable)
+    assert cli.main(["run", "-o", str(tmp_path / "r.nc"), str(recorded)]) == cli.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert "warning: the results process failed (ValueError" in err and "gpuscope run: error: attr 'odd'" in err
+    assert out.count("gpuscope report") == 1 and not (tmp_path / "r.nc").exists()
+
+
+def test_a_folder_gone_during_the_script_costs_the_file_and_says_so(recorded, capsys, tmp_path):
+    """A write that fails is said on one line and exits 5 (EXIT_FILE), after the report; the results process does
+    not fail for it."""
     out = tmp_path / "gone" / "r.nc"
     out.parent.mkdir()
-    body = f"import shutil\nshutil.rmtree({str(out.parent)!r})\n"
-    recorded.write_text(body)
-    assert cli.main(["run", "-o", str(out), str(recorded)]) != 0
-    err = capsys.readouterr().err
-    assert "warning: the results process" in err and "gpuscope run: error:" in err
+    recorded.write_text(f"import shutil\nshutil.rmtree({str(out.parent)!r})\n")
+    assert cli.main(["run", "-o", str(out), str(recorded)]) == cli.EXIT_FILE
+    printed = capsys.readouterr()
+    assert "stream" in printed.out and "warning" not in printed.err
+    assert f"gpuscope run: error: {out} (-o) was not written: its folder {out.parent} does not exist" in printed.err
 
 
 def test_stand_in_and_sampling_sessions_make_their_results_in_the_run(monkeypatch):
