@@ -297,6 +297,13 @@ class PerLaunchModes(LaunchEntry):
                                  f"iterations on (their launches differ from the group before)" if completed else
                                  " The last, incomplete group was dropped") + ".")
             return None
+        if self._group_index > 0 and self.mode is Mode.AUTO:  # it repeated, but no launch was common to
+            # the iterations of any group (other threads' launches interleaved): auto mode's choice, not the user's
+            _warn(f"Auto mode profiled {self._group_index} pass group(s) of iterations and kept no launch: their "
+                  "iterations did not launch the same kernels (the warnings above say where; launches_unmatched, "
+                  "launches_concurrent). Launches of other threads interleave with the loop's: use mode='kernel', "
+                  "which profiles each launch on its own, or launch from one thread while the session runs.")
+            return None
         return MultiPassRangeError(message)
 
     def _past_a_cut(self, passes, keep: int, count: int) -> tuple[list | None, int]:
@@ -749,11 +756,16 @@ def _divergence(passes, position: int):
         if position >= len(p):
             return "nothing", None
         s = p[position]
-        return f"{s.kernel} grid={s.grid} block={s.block}", s.signature
+        text = f"{s.kernel} grid={s.grid} block={s.block}"
+        if s.concurrent:
+            text += " (launched while another thread's launch was in flight)"
+        elif s.overlapped:
+            text += " (overlapped by another thread's launch)"
+        return text, s.signature
 
     first, signature = at(passes[0])
     for k, p in enumerate(passes[1:], 1):
         text, sig = at(p)
         if sig != signature:
             return k, first, text
-    return 0, first, first
+    return 0, first, first  # one pass, or the first pass's own launch is a placeholder: it is the reason

@@ -208,3 +208,21 @@ def test_a_launch_whose_exit_was_not_heard_frees_the_baton_and_is_counted():
     session._on_exit(mine)
     assert session._unsafe["exit_unheard"] == 1 and session._unsafe["concurrent"] == 1
     assert "1 launch whose call's exit was not heard" in unprofiled_note({"launches_exit_unheard": 1})
+
+
+def test_auto_mode_whose_iterations_never_matched_warns_instead_of_raising():
+    """Other threads' launches interleaved with every iteration of the loop auto mode found (H200: 8 threads of
+    threads_stress.py): every pass group was collected and kept no launch. The session ends with no rows and says
+    why, instead of raising MultiPassRangeError ("run the repeated work at least N times": it did)."""
+    from gpuscope._range_profiling.modes import Mode, PerLaunchModes
+
+    def session(mode, groups):
+        return SimpleNamespace(
+            _collector=SimpleNamespace(group=None), _iter_path="step", _steps=False, _tracker=None, _notes={},
+            _size_from_first=False, passes=1, _rows=[], _group_index=groups, mode=mode,
+            _complete_last_group=lambda: (0, 0), _take_found_group=lambda *a, **k: None)
+
+    with pytest.warns(gs.GpuscopeWarning, match="Auto mode profiled 3 pass group.*kept no launch.*mode='kernel'"):
+        assert PerLaunchModes._incomplete_iterations(session(Mode.AUTO, 3)) is None
+    assert isinstance(PerLaunchModes._incomplete_iterations(session(Mode.ITERATION, 3)), gs.MultiPassRangeError)
+    assert isinstance(PerLaunchModes._incomplete_iterations(session(Mode.AUTO, 0)), gs.MultiPassRangeError)
