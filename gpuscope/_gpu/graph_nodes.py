@@ -5,10 +5,12 @@ driver has no call that reads an executable graph's nodes back. So gpuscope copi
 (CUPTI's ``GRAPHEXEC_CREATED`` callback gives the graph it was made from, valid only then: ``cuGraphClone`` in the
 callback; PyTorch destroys its graph right after instantiating it), and follows every driver call that changes the
 executable graph afterwards (``cuGraphExecKernelNodeSetParams``, as JAX does before each launch; ``cuGraphExecUpdate``;
-``cuGraphNodeSetEnabled``; memset and memcpy parameters) by making the same change on the copy. A change gpuscope
-cannot follow (a child graph's, a host node's, events, conditional nodes) marks the graph as not runnable node by
-node, with the reason.
+``cuGraphNodeSetEnabled``; memset and memcpy parameters; ``cuGraphExecChildGraphNodeSetParams``, as XLA does for the
+library calls it records into child graphs) by making the same change on the copy. A change gpuscope cannot follow
+(a host node's, events, conditional nodes) marks the graph as not runnable node by node, with the reason.
 
+Child graph nodes (XLA records cuBLAS and cuDNN calls into child graphs) are run as their own nodes, in place: a
+topological order of the child inside the parent's, their kernel nodes numbered with the parent's.
 :func:`plan` reads a copy's nodes in a topological order into the driver calls that run them on a stream, and
 :func:`run` makes them: kernel nodes with ``cuLaunchKernel`` (their parameters as the copy holds them), memset and
 memcpy nodes with the matching driver calls, empty and event nodes as nothing (one stream orders them).
@@ -40,11 +42,12 @@ class GraphCopy:
 
     exec_handle: int
     graph: object  # the CUgraph clone (gpuscope's own)
-    order: list = field(default_factory=list)  # (clone node, type name, position among the kernel nodes or -1)
+    order: list = field(default_factory=list)  # (clone node, type name, child graph's own order or None)
     unsupported: str = ""  # why it cannot be run node by node ("" where it can)
     disabled: set = field(default_factory=set)  # clone nodes disabled in the executable graph (cuGraphNodeSetEnabled)
     launches: int = 0  # launches of the executable graph heard so far
     exec_id: int = -1  # CUPTI's id of the executable graph
+    owned: list = field(default_factory=list)  # clones of child graphs set later (cuGraphExecChildGraphNodeSetParams)
 
 
 _copies: dict[int, GraphCopy] = {}
@@ -65,7 +68,7 @@ def _topological(graph) -> list:
     m = driver.cuGraphGetEdges(graph, 0)[-1]
     edges = _check(driver.cuGraphGetEdges(graph, m), "cuGraphGetEdges")  # (from, to, [edge data,] count)
     before = {int(x): set() for x in nodes}
-    for a, b in zip(list(edges[0])[:m], list(edges[1])[:m]):
+    for a, b in zip(list(edges[0] or ())[:m], list(edges[1] or ())[:m]):
         before[int(b)].add(int(a))
     by_handle = {int(x): x for x in nodes}
     order, done = [], set()
@@ -79,6 +82,30 @@ def _topological(graph) -> list:
     return order
 
 
+def _layout(graph, depth: int = 0) -> tuple[list, str]:
+    """*graph*'s nodes in a topological order, a child graph node with its child's own order ((node, type name,
+    child order or None) each), and why it cannot be run node by node ("" where it can)."""
+    from cuda.bindings import driver
+
+    order, unsupported = [], ""
+    for node in _topological(graph):
+        kind = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType").name
+        if kind == "CU_GRAPH_NODE_TYPE_GRAPH" and depth < _CHILD_DEPTH:
+            child = _check(driver.cuGraphChildGraphNodeGetGraph(node), "cuGraphChildGraphNodeGetGraph")
+            sub, why = _layout(child, depth + 1)
+            order.append((node, kind, sub))
+            unsupported = unsupported or why
+        elif kind in _RUN or kind in _NOTHING:
+            order.append((node, kind, None))
+        elif not unsupported:
+            unsupported = f"it holds a {kind.replace('CU_GRAPH_NODE_TYPE_', '').lower()} node"
+    return order, unsupported
+
+
+#: How deep child graphs are followed (XLA nests one level; deeper ones are refused as "a graph node")
+_CHILD_DEPTH = 8
+
+
 def _copy(exec_handle: int, graph_handle: int) -> GraphCopy:
     from cuda.bindings import driver
 
@@ -86,21 +113,52 @@ def _copy(exec_handle: int, graph_handle: int) -> GraphCopy:
 
     clone = _check(driver.cuGraphClone(driver.CUgraph(graph_handle)), "cuGraphClone")
     copy = GraphCopy(exec_handle, clone, exec_id=graph_exec_id(exec_handle))
-    kernel = 0
-    for node in _topological(clone):
-        kind = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType").name
-        if kind in _RUN or kind in _NOTHING:
-            copy.order.append((node, kind, kernel if kind == "CU_GRAPH_NODE_TYPE_KERNEL" else -1))
-            kernel += kind == "CU_GRAPH_NODE_TYPE_KERNEL"
-        elif not copy.unsupported:
-            copy.unsupported = f"it holds a {kind.replace('CU_GRAPH_NODE_TYPE_', '').lower()} node"
+    copy.order, copy.unsupported = _layout(clone)
     return copy
+
+
+def _nodes(order: list, disabled=frozenset()):
+    """(node, type name, position among the kernel nodes or -1, enabled) in run order, a child graph's nodes in
+    its node's place; a disabled child graph node disables its nodes. Disabled kernel nodes keep their position."""
+    position = 0
+    stack = [(iter(order), True)]
+    while stack:
+        entries, enabled = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        node, kind, sub = entry
+        on = enabled and int(node) not in disabled
+        if sub is not None:
+            stack.append((iter(sub), on))
+            continue
+        yield node, kind, (position if kind == "CU_GRAPH_NODE_TYPE_KERNEL" else -1), on
+        position += kind == "CU_GRAPH_NODE_TYPE_KERNEL"
+
+
+def _replace_child(copy: GraphCopy, node, child_graph: int) -> None:
+    """``cuGraphExecChildGraphNodeSetParams`` on the copy: the child graph node *node* (the clone's, at the top
+    level) runs *child_graph* from now on. gpuscope runs its own clone of it, valid only during the call."""
+    from cuda.bindings import driver
+
+    for i, (n, kind, sub) in enumerate(copy.order):
+        if sub is not None and int(n) == int(node):
+            clone = _check(driver.cuGraphClone(driver.CUgraph(child_graph)), "cuGraphClone")
+            copy.owned.append(clone)
+            new, why = _layout(clone, 1)
+            if why:
+                raise RuntimeError(why)
+            copy.order[i] = (n, kind, new)
+            return
+    raise RuntimeError("a child graph node below the top level changed")
 
 
 def _destroy(copy: GraphCopy) -> None:
     from cuda.bindings import driver
 
-    driver.cuGraphDestroy(copy.graph)
+    for graph in (copy.graph, *copy.owned):
+        driver.cuGraphDestroy(graph)
 
 
 def _on_created(exec_handle: int, graph_handle: int) -> None:
@@ -154,6 +212,8 @@ def _on_call(name: str, address: int) -> None:
         elif name == "cuGraphExecMemsetNodeSetParams":
             params = driver.CUDA_MEMSET_NODE_PARAMS(_ptr=p.params)
             _check(driver.cuGraphMemsetNodeSetParams(node, params), "cuGraphMemsetNodeSetParams")
+        elif name == "cuGraphExecChildGraphNodeSetParams":
+            _replace_child(copy, node, p.params)
         elif name == "cuGraphExecMemcpyNodeSetParams":
             params = driver.CUDA_MEMCPY3D(_ptr=p.params)
             _check(driver.cuGraphMemcpyNodeSetParams(node, params), "cuGraphMemcpyNodeSetParams")
@@ -250,8 +310,8 @@ def plan(copy: GraphCopy, stream: int) -> list:
     s = driver.CUstream(stream)
     fill = {1: driver.cuMemsetD2D8Async, 2: driver.cuMemsetD2D16Async, 4: driver.cuMemsetD2D32Async}
     steps = []
-    for node, kind, position in copy.order:
-        if int(node) in copy.disabled:
+    for node, kind, position, enabled in _nodes(copy.order, copy.disabled):
+        if not enabled:
             continue
         if kind == "CU_GRAPH_NODE_TYPE_KERNEL":
             p = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
