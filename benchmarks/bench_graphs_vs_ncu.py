@@ -21,8 +21,7 @@ Rows are matched by kernel name and grid/block, in order of appearance. Per row:
 stall shares, on the shares over their sum (the Top-Down's measure) and raw, against ``ncu_1``; ``ncu_2`` against
 ``ncu_1`` is the yardstick; by ncu's duration bucket. Costs: the whole process of each tool, plain, and gpuscope's
 session per profiled kernel node against kernel mode's per eager launch. Writes ``graphs.json`` (every row), a CPU
-fixture ``graph_nodes_<workload>_gh100.npz`` (the session's rows beside ncu's, and the counter-data images gpuscope
-evaluated) and prints the table.
+fixture ``graph_nodes_<workload>_gh100.npz`` (the session's rows beside ncu's) and prints the table.
 """
 
 from __future__ import annotations
@@ -143,21 +142,19 @@ def work(args):
         step()
     out = {"workload": args.workload, "steps": args.steps}
     if args.gpuscope:
-        with ImageTap() as tap:
-            t0 = time.perf_counter()
-            with gs.Profiler("topdown", mode="kernel", graphs="node") as prof:
-                for _ in range(args.steps):
-                    step()
-            ds = prof.dataset
-            out["session_s"] = time.perf_counter() - t0
-        if args.fixture:  # every row (the eager ones have graph_launch -1), as the images hold them
-            fixture(prof, ds, tap.images, args.fixture)
+        t0 = time.perf_counter()
+        with gs.Profiler("topdown", mode="kernel", graphs="node") as prof:
+            for _ in range(args.steps):
+                step()
+        ds = prof.dataset
+        out["session_s"] = time.perf_counter() - t0
+        if args.fixture:  # every row (the eager ones have graph_launch -1)
+            fixture(prof, ds, args.fixture)
         out["attrs"] = {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in ds.attrs.items()
                         if k.startswith(("graph_", "launches_"))}
         out["all_rows"] = ds.sizes["range"]
         ds = ds.isel(range=np.flatnonzero(ds["graph_launch"].values >= 0)) if args.workload != "torch-eager" else ds
         out["rows"] = rows_of(ds)
-        out["images"] = len(tap.images)
     else:
         from cuda.bindings import runtime
 
@@ -169,33 +166,6 @@ def work(args):
         out["steps_s"] = time.perf_counter() - t0
     out["process_s"] = time.perf_counter() - t_process
     print("RESULT " + json.dumps(out))
-
-
-class ImageTap:
-    """Keeps a copy of each counter-data image the session evaluates, once per content (for the CPU fixture)."""
-
-    def __enter__(self):
-        import hashlib
-
-        from gpuscope.cupti import host
-
-        self.images, seen, self._orig = [], set(), host.ProfilerHost.evaluate
-
-        def evaluate(h, image, index, metrics):
-            data = np.asarray(image)
-            key = hashlib.sha1(data.tobytes()).hexdigest()
-            if key not in seen:
-                seen.add(key)
-                self.images.append(data.copy())
-            return self._orig(h, image, index, metrics)
-
-        host.ProfilerHost.evaluate = evaluate
-        return self
-
-    def __exit__(self, *exc):
-        from gpuscope.cupti import host
-
-        host.ProfilerHost.evaluate = self._orig
 
 
 def rows_of(ds):
@@ -211,12 +181,20 @@ def rows_of(ds):
                 row[c] = int(ds[c].values[i])
         row.update({m: float(ds[m].values[i]) for m in stalls})
         rows.append(row)
+    import gpuscope as gs
+
+    td = gs.topdown(ds, check="ignore")
+    for c in ("consistent", "pass_spread"):
+        if c in td.coords:
+            for row, v in zip(rows, td[c].values):
+                row[c] = float(v)
     return rows
 
 
-def fixture(prof, ds, images, path):
-    """The rows' values, the counter-data images they were evaluated from, the configuration image and the metrics
-    collected, for the CPU tests (tests/unit/test_graph_fixture.py)."""
+def fixture(prof, ds, path):
+    """The rows' values as CUPTI evaluated them, with their graph ids, names and shapes and the metrics collected,
+    for the CPU tests (tests/unit/test_graph_fixture.py). (The counter-data images of 90 graph kernels compress to
+    16 MB: not kept.)"""
     metrics = [m for m in ds.data_vars if ds[m].dims == ("range",)]
     plan = prof._plan
     np.savez_compressed(
@@ -225,9 +203,8 @@ def fixture(prof, ds, images, path):
         graph=np.stack([ds[c].values.astype(np.int64) for c in ("graph_exec", "graph_launch", "graph_node")], axis=1),
         grid=np.stack([ds[f"grid_{a}"].values for a in "xyz"], axis=1),
         block=np.stack([ds[f"block_{a}"].values for a in "xyz"], axis=1),
-        pass_anchors=np.array(ds.attrs.get("pass_anchors", [])), config=np.asarray(prof._config),
-        collected=np.array(plan.collected if plan else metrics),
-        **{f"image_{i}": im for i, im in enumerate(images[:2])})
+        pass_anchors=np.array(ds.attrs.get("pass_anchors", [])),
+        collected=np.array(plan.collected if plan else metrics))
 
 
 # ------------------------------------------------------------------------------------------------------------ parent
@@ -243,16 +220,33 @@ def result_of(proc):
     raise RuntimeError(f"no result (rc {proc.returncode}): {proc.stderr[-1500:]}")
 
 
-def timed(cmd):
+LOG = {"dir": None, "t0": time.perf_counter()}
+
+
+def timed(cmd, name="", timeout=None):
+    """Run *cmd*, its output kept in ``<out>/<name>.log``; (completed process, seconds)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    return proc, time.perf_counter() - t0
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc = subprocess.CompletedProcess(cmd, -9, _text(exc.stdout), _text(exc.stderr) + f"\n(timed out: {timeout} s)")
+    wall = time.perf_counter() - t0
+    if LOG["dir"] is not None and name:
+        (LOG["dir"] / f"{name}.log").write_text(f"$ {' '.join(cmd)}\nrc {proc.returncode}, {wall:.1f} s\n"
+                                               f"{proc.stdout[-20000:]}\n--- stderr\n{proc.stderr[-20000:]}")
+    print(f"[{time.perf_counter() - LOG['t0']:6.0f} s] {name or cmd[-1]}: rc {proc.returncode}, {wall:.1f} s",
+          flush=True)
+    return proc, wall
 
 
-def run_ncu(ncu, metrics, cmd):
+def _text(b):
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def run_ncu(ncu, metrics, cmd, name, timeout):
     full = [ncu, "--metrics", ",".join(metrics), "--graph-profiling", "node", "--csv", "--page", "raw",
             "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off", *cmd]
-    proc, wall = timed(full)
+    proc, wall = timed(full, name, timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
     table = list(csv.DictReader(io.StringIO("\n".join(lines))))[1:]  # the second row holds units
     if not table:
@@ -335,8 +329,10 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--workloads", default="jax,torch")
     p.add_argument("--ncu", default="ncu")
+    p.add_argument("--timeout", type=float, default=240, help="seconds for each child process")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    LOG["dir"] = args.out
     import gpuscope as gs
 
     metrics = list(gs.metric_set("topdown").metrics)
@@ -346,16 +342,17 @@ def main():
     results = {}
     for w in args.workloads.split(","):
         res = results[w] = {}
-        proc, wall = timed(child(w, args))
+        proc, wall = timed(child(w, args), f"{w}_plain", args.timeout)
         res["plain"] = {**result_of(proc), "wall_s": wall}
-        proc, wall = timed(child(w, args, "--gpuscope", "--fixture", str(args.out / f"graph_nodes_{w}_gh100.npz")))
+        proc, wall = timed(child(w, args, "--gpuscope", "--fixture", str(args.out / f"graph_nodes_{w}_gh100.npz")),
+                           f"{w}_gpuscope", args.timeout)
         res["gpuscope"] = {**result_of(proc), "wall_s": wall}
-        for k in ("ncu_1", "ncu_2"):
-            res[k] = run_ncu(args.ncu, ncu_metrics, child(w, args))
-        res["agreement"] = agreement(res["gpuscope"]["rows"], res["ncu_1"]["rows"], res["ncu_2"]["rows"], reasons)
         if w == "torch":
-            proc, wall = timed(child("torch-eager", args, "--gpuscope"))
+            proc, wall = timed(child("torch-eager", args, "--gpuscope"), "torch_eager_gpuscope", args.timeout)
             res["eager_kernel_mode"] = {**result_of(proc), "wall_s": wall}
+        for k in ("ncu_1", "ncu_2"):
+            res[k] = run_ncu(args.ncu, ncu_metrics, child(w, args), f"{w}_{k}", args.timeout)
+        res["agreement"] = agreement(res["gpuscope"]["rows"], res["ncu_1"]["rows"], res["ncu_2"]["rows"], reasons)
         fix = args.out / f"graph_nodes_{w}_gh100.npz"
         if fix.exists():  # ncu's rows beside gpuscope's, matched, for the CPU tests
             pairs = match(res["gpuscope"]["rows"], res["ncu_1"]["rows"])
@@ -388,7 +385,9 @@ def print_table(results):
             e = res["eager_kernel_mode"]
             line += f"; eager kernel mode {1e3 * e['session_s'] / max(len(e['rows']), 1):.0f} ms a launch"
         print(line)
-        print(f"{w:10s} duration gpuscope/ncu median {a['duration_ratio_median']:.3f}; attrs {g['attrs']}")
+        verdict = [r.get("consistent", np.nan) for r in g["rows"]]
+        print(f"{w:10s} duration gpuscope/ncu median {a['duration_ratio_median']:.3f}; with a verdict "
+              f"{100 * np.nanmean(verdict) if verdict else float('nan'):.0f}% of rows; attrs {g['attrs']}")
 
 
 if __name__ == "__main__":
