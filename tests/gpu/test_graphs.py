@@ -70,6 +70,59 @@ def test_a_captured_graph_is_profiled_node_by_node_and_its_outputs_are_unchanged
         assert np.isfinite(ds["sm__warps_active.sum"].values).all()  # the nodes' counts added
 
 
+def test_a_graph_with_child_graph_nodes_runs_them_in_place():
+    """XLA records library calls (cuBLAS, cuDNN) into child graphs: a parent graph of two child graph nodes (the same
+    captured CuPy graph twice, in sequence) and a memset. Its kernel nodes are profiled in place, numbered with the
+    parent's, and the results are bit-identical (the accumulation shows a double or a missing run)."""
+    from cuda.bindings import driver
+
+    n = 1 << 20
+    a = cp.arange(n, dtype=cp.float32)
+    acc, t, z = cp.zeros(n, cp.float32), cp.zeros(n, cp.float32), cp.ones(n, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.streamBeginCapture(s.ptr, 0)
+    with s:
+        cp.multiply(a, 2, out=t)
+        cp.add(acc, t, out=acc)
+    child = cp.cuda.runtime.streamEndCapture(s.ptr)
+    gs.watch_graphs()  # before the parent is instantiated
+
+    def ok(result):
+        err, *values = result
+        assert int(err) == 0, err
+        return values[0] if values else None
+
+    parent = ok(driver.cuGraphCreate(0))
+    first = ok(driver.cuGraphAddChildGraphNode(parent, None, 0, driver.CUgraph(child)))
+    second = ok(driver.cuGraphAddChildGraphNode(parent, [first], 1, driver.CUgraph(child)))
+    memset = driver.CUDA_MEMSET_NODE_PARAMS()
+    memset.dst, memset.elementSize, memset.width, memset.height, memset.value = z.data.ptr, 4, n, 1, 0
+    ok(driver.cuGraphAddMemsetNode(parent, [second], 1, memset, driver.CUcontext(ok(driver.cuCtxGetCurrent()))))
+    graph_exec = ok(driver.cuGraphInstantiate(parent, 0))
+
+    def run(times=2):
+        acc.fill(0)
+        z.fill(1)
+        cp.cuda.Device().synchronize()
+        for _ in range(times):
+            ok(driver.cuGraphLaunch(graph_exec, driver.CUstream(s.ptr)))
+        s.synchronize()
+        return acc.get(), z.get()
+
+    expected = run()
+    assert expected[0][5] == 2 * 2 * 2 * 5.0  # two launches, each two child runs of acc += 2a
+    with gs.Profiler("topdown", mode="kernel") as prof:
+        got = run()
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+    ds = prof.dataset
+    assert ds.attrs["graph_launches_replayed"] == 2, dict(ds.attrs.get("graph_not_replayed_why", {}))
+    nodes = ds.isel(range=ds.graph_launch.values >= 0)
+    assert nodes.graph_node.values.tolist() == [0, 1, 2, 3] * 2  # the child's two kernels, twice, in place
+    ok(driver.cuGraphExecDestroy(graph_exec))
+    ok(driver.cuGraphDestroy(parent))
+
+
 def test_a_torch_cuda_graph_replay_is_profiled_node_by_node():
     torch = pytest.importorskip("torch")
     x = torch.randn(2048, 2048, device="cuda")
