@@ -182,3 +182,17 @@ def test_jax_steps_get_a_row_per_kernel_node():
     assert ds.attrs.get("graph_launches_replayed", 0) >= 1
     assert ds.sizes["range"] >= ds.attrs["graph_kernel_nodes"] >= 5
     assert same
+
+
+def test_fast_topdown_of_a_graph_gpuscope_copied():
+    """Fast Top-Down (PC sampling + one range pass) on a captured CuPy graph: the range pass runs its kernel nodes
+    one by one, so both halves see them."""
+    gs.watch_graphs()
+    run = _captured()
+
+    def work():
+        run(times=2)
+
+    result = gs.profile_fast_topdown(work)
+    assert result.sizes["kernel"] >= 2, result["kernel"].values
+    assert np.isfinite(result["retire"].values).all()
