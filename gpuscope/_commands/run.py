@@ -23,6 +23,7 @@ import traceback
 
 from gpuscope._commands import results_worker as _worker
 from gpuscope._commands.results_worker import EXIT_NOTHING_PROFILED
+from gpuscope._util import env as _env
 from gpuscope.errors import GpuscopeError
 
 __all__ = ["RunOptions", "run_script", "parse_sample", "EXIT_NOTHING_PROFILED"]
@@ -190,8 +191,8 @@ def _session(opts: RunOptions, profiler_factory=None, sampler_factory=None):
     kwargs = _profiler_kwargs(opts)
     params = _parameters(profiler_factory)
     _check_supported(params, kwargs)
-    if (opts.mode in ("kernel", "auto") and not _takes_nvtx(opts) and os.environ.get(FIRST_START_VAR, "1").strip()
-            != "0" and params is not None and _takes(params, "first_start_beside")):
+    if (opts.mode in ("kernel", "auto") and not _takes_nvtx(opts) and _env.flag(FIRST_START_VAR, True)
+            and params is not None and _takes(params, "first_start_beside")):
         kwargs["first_start_beside"] = True  # CUPTI's first Start (and its queries) while the script imports
     return profiler_factory(opts.metrics if opts.metrics is not None else "topdown", device=opts.device, **kwargs)
 
@@ -524,7 +525,7 @@ RESULTS_PROCESS_VAR = "GPUSCOPE_RESULTS_PROCESS"
 def _results_worker(opts: RunOptions, profiler_factory):
     """The results process of this run: for a range-profiling session whose Profiler gives its Dataset's inputs
     (PM sampling and stand-in Profilers make their results here), unless GPUSCOPE_RESULTS_PROCESS=0."""
-    if opts.sample is not None or os.environ.get(RESULTS_PROCESS_VAR, "1").strip() == "0":
+    if opts.sample is not None or not _env.flag(RESULTS_PROCESS_VAR, True):
         return None
     if profiler_factory is None:
         from gpuscope._range_profiling.session import Profiler as profiler_factory

@@ -66,6 +66,7 @@ import time
 import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
+from gpuscope._util import env as _env
 from gpuscope._util import launchers as _launchers
 from gpuscope._util.shield import run_shielded
 from gpuscope.cupti import _api
@@ -547,14 +548,15 @@ def detach_cupti() -> str:
     first got 0 of 190,549 samples; after a detach, all of them). Costs 2-28 ms, plus the host objects the next
     range session builds again.
 
-    On unless ``GPUSCOPE_PC_DETACH=0``. CUPTI keeps the addresses it was given (PC sampling's data buffer, the
-    activity buffers, host objects) and may use them at the finalize: those are never freed, or dropped first.
-    What gpuscope can give back is given back first: kept profilers and samplers (a release under way on another
-    thread is waited for), host objects, the callback subscription, the module watcher (resumed after). Nothing
-    happens if CUPTI is not attached, if another CUPTI tool is injected (``CUDA_INJECTION64_PATH``) or another
-    client of the process holds CUPTI's subscriber (:func:`gpuscope.cupti.callbacks.other_client`; torch.profiler's
-    Kineto keeps it from its first profile on): their state would be lost; or while gpuscope uses CUPTI for
-    something it cannot give back (an open session, a launch recorder, kernel activity records).
+    On unless ``GPUSCOPE_PC_DETACH=0`` (or off, no, false: :func:`gpuscope._util.env.flag`). CUPTI keeps the
+    addresses it was given (PC sampling's data buffer, the activity buffers, host objects) and may use them at the
+    finalize: those are never freed, or dropped first. What gpuscope can give back is given back first: kept
+    profilers and samplers (a release under way on another thread is waited for), host objects, the callback
+    subscription, the module watcher (resumed after). Nothing happens if CUPTI is not attached, if another CUPTI
+    tool is injected (``CUDA_INJECTION64_PATH``) or another client of the process holds CUPTI's subscriber
+    (:func:`gpuscope.cupti.callbacks.other_client`; torch.profiler's Kineto keeps it from its first profile on):
+    their state would be lost; or while gpuscope uses CUPTI for something it cannot give back (an open session, a
+    launch recorder, kernel activity records).
 
     ``cuptiFinalize`` is called where CUPTI's guide says it is safe, in CUPTI's callback at the exit of a driver call
     (``cuCtxGetCurrent``) that this thread makes (:func:`gpuscope.cupti.callbacks.finalize_at_api_exit`): not while
@@ -565,7 +567,7 @@ def detach_cupti() -> str:
 
     if not _api.attached():
         return "not attached"
-    if os.environ.get(DETACH_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+    if not _env.flag(DETACH_ENV, True):
         return f"off ({DETACH_ENV}=0)"
     if os.environ.get("CUDA_INJECTION64_PATH"):
         return "another CUPTI tool is injected (CUDA_INJECTION64_PATH)"
