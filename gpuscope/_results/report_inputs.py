@@ -176,3 +176,15 @@ def _finite(ds, dim: str, what: str):
         f" and {len(listed) - 3} more metrics" if len(listed) > 3 else "")
     return ds, [f"no data (NaN or inf) for {text} {_plural(what)}: left out of sums and means; '-' or 'no data' "
                 "where no value is left."]
+
+
+def _no_negative(durations, label: str, what: str, notes: list) -> np.ndarray:
+    """*durations* (float) with NaN in place of each negative one, and a note that counts them. No recording holds
+    a negative duration (an edited or damaged file does): summed, it would give shares below 0 and above 100%."""
+    durations = np.array(durations, dtype=float)
+    negative = durations < 0
+    if negative.any():
+        durations[negative] = np.nan
+        notes.append(f"negative {label} in {int(negative.sum())} of {len(durations)} {_plural(what)} (impossible: "
+                     "the data was edited or damaged): left out of times and shares.")
+    return durations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite
+from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite, _no_negative
 from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 from gpuscope._results.report_topdown import _topdown_columns
 from gpuscope._schema.labels import string_labels
@@ -53,7 +53,8 @@ def _pm_report(ds, *, by: str | None = None) -> Report:
     if "start_ns" in ds.coords and "end_ns" in ds.coords:
         length = (ds["end_ns"].values - ds["start_ns"].values).astype(float)
         length[0] = np.nan  # the first sample reaches back over the idle time before sampling began
-        length = np.where(np.isnan(length), np.nanmedian(length) if n > 1 else np.nan, length)
+        typical = np.nanmedian(np.where(length < 0, np.nan, length)) if n > 1 else np.nan
+        length = _no_negative(np.where(np.isnan(length), typical, length), "end_ns - start_ns", "sample", notes)
     else:
         length = np.full(n, np.nan)
     frame = pd.DataFrame({"_key": key, "_len": length, "_starts": np.r_[True, key[1:] != key[:-1]]})

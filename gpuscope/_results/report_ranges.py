@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuscope._results.report_inputs import SHORT_NAMES, _device_line, _finite, coverage_note, graph_note
+from gpuscope._results.report_inputs import (SHORT_NAMES, _device_line, _finite, _no_negative, coverage_note,
+                                             graph_note)
 from gpuscope._results.report_table import Report, _count, _new, _percent_columns
 from gpuscope._results.report_topdown import _topdown_columns, grouped_topdown, topdown_per_launch
 
@@ -63,13 +64,14 @@ def _range_report(ds, *, by: str | None = None) -> Report:
     if GPU_TIME in ds:
         t = ds[GPU_TIME].values
         scale = 1e-9 if ds[GPU_TIME].attrs.get("units", "nanosecond") in ("nanosecond", "ns", "") else 1.0
-        t = np.asarray(t, dtype=float) * scale
+        t = _no_negative(np.asarray(t, dtype=float) * scale, GPU_TIME, what, notes)
         frame["gpu_time_ms"] = per_group(t) * 1e3
         frame["mean_us"] = per_group(t, "mean") * 1e6
         frame["share"] = share("gpu_time_ms")
         share_of = "GPU time"
     elif "start_ns" in ds.coords and "end_ns" in ds.coords:
-        wall = (ds["end_ns"].values - ds["start_ns"].values).astype(float) * 1e-9
+        wall = _no_negative((ds["end_ns"].values - ds["start_ns"].values).astype(float) * 1e-9, "end_ns - start_ns",
+                            what, notes)
         col = "launch_call_ms" if mode == "kernel" else "range_wall_ms"
         frame[col] = per_group(wall) * 1e3
         frame["share"] = share(col)

@@ -174,3 +174,19 @@ def test_a_hanging_gpuscope_python_is_not_blamed_on_the_file_or_the_image(tmp_pa
                                                     r"that checks it did not get ready in 2 s .*The pm_sampling "
                                                     r"counter-data image was not judged"):
         pm_sampling.counter_data_info(image.copy())
+
+
+def test_negative_durations_are_left_out_of_times_and_shares():
+    launches = gs.open_dataset(LAUNCHES)
+    launches["gpu__time_duration.sum"][0] = -3e9  # an edited file: one launch 3 s long, negative
+    table = gs.report(launches)
+    shares = table.reset_index()["share"].to_numpy()
+    assert ((shares >= 0) & (shares <= 100)).all() and np.isclose(shares.sum(), 100)
+    assert "negative gpu__time_duration.sum in 1 of 15 launches (impossible: the data was edited or damaged): left " \
+           "out of times and shares." in " ".join(str(table).split())
+    samples = gs.open_dataset(DATA / "demo_timeseries.nc")
+    samples["end_ns"].values[5] = samples["start_ns"].values[5] - 10**12
+    table = gs.report(samples)
+    shares = table.reset_index()["share"].to_numpy()
+    assert ((shares >= 0) & (shares <= 100)).all() and np.isclose(shares.sum(), 100)
+    assert "negative end_ns - start_ns in 1 of 18019 samples" in " ".join(str(table).split())
