@@ -311,10 +311,10 @@ def open_dataset(path: str | os.PathLike):
         memory limit (:mod:`gpuscope._results.untrusted`), so a damaged file that makes HDF5 fail, spin, crash or
         allocate a size it declares beyond what the file holds is refused instead of hanging or flooding this
         process. Or the file's ``gpuscope_attr_types`` record is malformed (not the JSON table
-        :func:`save_dataset` writes), an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool`` tag on text), a string
-        variable's codes or ``gpuscope_strings`` table are not what :func:`save_dataset` writes (a code below 0 or
-        past the table, a table that is not a JSON list of strings), or the tables of an older schema do not fit
-        together. The message names the file and what is wrong.
+        :func:`save_dataset` writes), an attr cannot be decoded as it says (a ``json`` tag on a number, a ``bool``
+        tag on text), a string variable's codes or ``gpuscope_strings`` table are not what :func:`save_dataset`
+        writes (a code below 0 or past the table, a table that is not a JSON list of strings), or the tables of an
+        older schema do not fit together. The message names the file and what is wrong.
     ValueError
         *path* is None.
     TypeError
