@@ -114,8 +114,12 @@ def _devices(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuscope", description="In-process NVIDIA GPU profiling for Python.",
-                     epilog="Exit statuses: 0 ok, 1 no GPU, 2 no CUPTI, 3 counters unavailable, 4 bad input, "
-                            "5 file problem, 6 nothing profiled (docs/errors.md).")
+                     epilog=f"Exit statuses: {EXIT_OK} ok, {EXIT_NO_GPU} no GPU or driver, {EXIT_NO_CUPTI} no CUPTI, "
+                            f"{EXIT_NO_COUNTERS} counters unavailable or busy, {EXIT_USAGE} bad input, {EXIT_FILE} "
+                            f"file problem, {EXIT_NOTHING_PROFILED} nothing profiled, {EXIT_CHANGED} compare "
+                            f"--fail-on found a difference beyond noise, {EXIT_INTERRUPTED} interrupted, "
+                            f"{EXIT_BROKEN_PIPE} output closed early (docs/errors.md). run passes the script's own "
+                            "status through.")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

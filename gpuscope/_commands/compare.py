@@ -16,6 +16,9 @@ def _compare(args) -> int:
     from gpuscope.errors import GpuscopeWarning
 
     base, new = _open(args.base), _open(args.new)
+    mismatch = _device_mismatch(base, new)
+    if mismatch:
+        print(printable(f"gpuscope compare: warning: {mismatch}"), file=sys.stderr)
     with warnings.catch_warnings():  # the coverage warnings of Top-Down repeat for each file; compare says enough
         warnings.simplefilter("ignore", GpuscopeWarning)
         result = compare(base, new, alpha=args.alpha, min_change=args.min_change)
@@ -38,3 +41,15 @@ def _compare(args) -> int:
                             f"({rows}); status {EXIT_CHANGED}"), file=sys.stderr)
             return EXIT_CHANGED
     return EXIT_OK
+
+
+def _device_mismatch(base, new) -> str:
+    """What differs between the devices the two files were recorded on (name, chip, clocks aside), or ""."""
+    fields = ("device_name", "chip", "compute_capability", "sm_count")
+    differ = [f for f in fields if str(base.attrs.get(f, "")) != str(new.attrs.get(f, ""))
+              and base.attrs.get(f) is not None and new.attrs.get(f) is not None]
+    if not differ:
+        return ""
+    said = "; ".join(f"{f} {base.attrs[f]} vs {new.attrs[f]}" for f in differ)
+    return (f"the two files come from different devices ({said}): a difference may be the hardware's, not the "
+            "code's. Compare runs on the same kind of GPU to judge a change of code.")

@@ -286,7 +286,8 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
         try:
             live = _device.device_count() > 0
         except gs.NoGpuError as exc:
-            print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.")  # its first clause
+            # its first clause, on stderr: a note, not the demo's output (which a pipe may read)
+            print(f"No GPU: {exc.args[0].split(' (')[0].split('. ')[0].rstrip('.')}.", file=sys.stderr)
     if live and not _numba_cuda():
         print("A GPU is here, but Numba is not installed, and the demo's workload is Numba kernels. Install "
               f"gpuscope's extra for your driver, cu13 (CUDA 13) or cu12 (CUDA 12): {install_hint('cu13')}.")

@@ -112,7 +112,7 @@ def _metrics(args) -> int:
             return EXIT_NOTHING_PROFILED  # as grep: a search that finds nothing is not a success
         _print_table(
             [(i.name, i.metric_type.lower(), i.hw_unit, i.description) for i in infos],
-            header=("metric", "type", "unit", "description"),
+            header=("metric", "type", "hw unit", "description"),  # the unit that counts it, not a unit of measure
         )
         searched = "names" if args.names_only else "names and descriptions"
         print(f"\n{len(infos)} base metrics ({searched} searched). Complete a name with a "

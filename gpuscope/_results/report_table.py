@@ -196,6 +196,10 @@ def _layout(frame: pd.DataFrame, formatters: dict, priority, width: int) -> tupl
     natural = [max([len(n), *map(len, lab)]) for n, lab in zip(names, levels)]
     share = (width - len(_SEP) * (len(levels) - 1)) // len(levels)
     label_w = [min(w, max(len(n), width // 2 // len(levels), 4), share) for n, w in zip(names, natural)]
+    for i, labels in enumerate(levels):  # two labels never shortened alike (kernels that differ in their middle)
+        distinct = {v for v in labels if v}
+        while label_w[i] < natural[i] and len({_shorten(v, label_w[i]) for v in distinct}) < len(distinct):
+            label_w[i] += 1
     cells = {c: [formatters.get(c, _text)(v) for v in frame[c].tolist()] for c in frame.columns if c != "advice"}
     col_w = {c: max(len(str(c)), *map(len, v)) for c, v in cells.items()}
     used = sum(label_w) + len(_SEP) * (len(levels) - 1)
@@ -257,6 +261,8 @@ def _percent_columns(*columns) -> dict:
 
 
 def _plural(noun: str) -> str:
+    if "_" in noun:  # a coordinate's name (grid_x), not an English noun: "2 grid_x values", not "2 grid_xes"
+        return f"{noun} values"
     return noun + ("es" if noun.endswith(("ch", "sh", "s", "x")) else "s")
 
 

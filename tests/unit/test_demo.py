@@ -49,8 +49,10 @@ def test_the_no_gpu_line_is_one_balanced_clause(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("gpuscope._gpu.device.device_count", no_gpu)
     _demo.main(tmp_path)
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("No GPU:"))
+    out, err = capsys.readouterr()
+    line = next(ln for ln in err.splitlines() if ln.startswith("No GPU:"))  # a note, on stderr (issue 53)
     assert line == "No GPU: The NVIDIA driver is not available on this machine."
+    assert "No GPU" not in out
 
 
 def test_recorded_demo_fits_the_terminal_and_says_what_is_not_attributed(tmp_path):
