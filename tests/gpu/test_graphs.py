@@ -196,3 +196,20 @@ def test_fast_topdown_of_a_graph_gpuscope_copied():
     result = gs.profile_fast_topdown(work)
     assert result.sizes["kernel"] >= 2, result["kernel"].values
     assert np.isfinite(result["retire"].values).all()
+
+
+def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches():
+    """A graph's kernels reach no launch callback, but their activity records and PC samples carry their names:
+    PM sampling's execution table (kernels=True) and PC sampling's per-kernel stalls hold them."""
+    run = _captured()
+    run(times=1)
+    with gs.sample("pm-default", "100us", kernels=True) as pm:
+        run(times=20)
+    execs = gs.kernel_executions(pm.dataset)
+    graph_kernels = execs[execs["exec_kernel"].str.contains("multiply|add")]
+    assert len(graph_kernels) >= 3 * 20, execs["exec_kernel"].value_counts()
+    with gs.pc_sample() as pcs:
+        run(times=200)
+    names = [str(k) for k in pcs.dataset["kernel"].values]
+    assert any("multiply" in k for k in names) and any("add" in k for k in names), names
+    assert pcs.graph_launches == 200
