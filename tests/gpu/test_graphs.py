@@ -206,8 +206,8 @@ def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches():
     with gs.sample("pm-default", "100us", kernels=True) as pm:
         run(times=20)
     execs = gs.kernel_executions(pm.dataset)
-    graph_kernels = execs[execs["exec_kernel"].str.contains("multiply|add")]
-    assert len(graph_kernels) >= 3 * 20, execs["exec_kernel"].value_counts()
+    graph_kernels = execs[execs["kernel"].str.contains("multiply|add")]
+    assert len(graph_kernels) >= 3 * 20, execs["kernel"].value_counts()
     with gs.pc_sample() as pcs:
         run(times=200)
     names = [str(k) for k in pcs.dataset["kernel"].values]
