@@ -244,7 +244,8 @@ def descriptions(chip: str | None = None, kind: str = "range") -> dict[str, str]
     """Base metric name -> CUPTI's description, for every metric of *chip*.
 
     CUPTI answers one metric at a time (about 3 ms each, 10 s for a chip's 3,650 range metrics), so the table is
-    kept in ``$XDG_CACHE_HOME/gpuscope/`` (default ``~/.cache/gpuscope``) per chip, kind and CUPTI version.
+    kept in ``$XDG_CACHE_HOME/gpuscope/`` (default ``~/.cache/gpuscope``) per chip, kind and CUPTI version. A kept
+    table that is not one description (str) per metric of the chip is read again from CUPTI and replaced.
     """
     import json
     import sys
@@ -262,7 +263,8 @@ def descriptions(chip: str | None = None, kind: str = "range") -> dict[str, str]
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         pass
-    if not isinstance(table, dict) or set(table) != set(cm.types):
+    kept = isinstance(table, dict) and set(table) == set(cm.types) and all(isinstance(v, str) for v in table.values())
+    if not kept:  # none yet, another CUPTI's metrics, or a file edited or cut short: read again
         print(f"gpuscope: reading {len(cm.types)} metric descriptions from CUPTI once (about "
               f"{len(cm.types) * 3 // 1000 + 1} s); kept in {path}", file=sys.stderr)
         table = {b: cm.host.metric_properties(b + _EXAMPLE_SUFFIX[t]).description for b, t in cm.types.items()}

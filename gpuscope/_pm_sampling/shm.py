@@ -97,6 +97,18 @@ def _new_fd(folder: str | None) -> int:
     return fd
 
 
+def _check_folder(folder: str) -> None:
+    """Raise, naming :data:`ENV_VAR` and what to do, unless *folder* is a folder this process may make files in."""
+    named = f"{ENV_VAR} names {folder!r}"
+    unset = f"or unset {ENV_VAR} to keep the images in anonymous shared memory"
+    if not os.path.exists(folder):
+        raise FileNotFoundError(f"{named}, which does not exist: create it, name another folder, {unset}")
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{named}, which is not a folder: name a folder, {unset}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{named}, where this user may not make files: name another folder, {unset}")
+
+
 def reserve_images(count: int, size: int, folder: str | None = None) -> tuple[list[SharedImage], str]:
     """Make up to *count* reserved shared images of *size* bytes.
 
@@ -107,6 +119,11 @@ def reserve_images(count: int, size: int, folder: str | None = None) -> tuple[li
     folder
         Where to make them (None: ``$GPUSCOPE_SHM_DIR`` if set, else anonymous memfds).
 
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError, PermissionError
+        ``$GPUSCOPE_SHM_DIR`` is missing, not a folder, or not writable: the message names it and what to do.
+
     Returns
     -------
     images, note
@@ -114,6 +131,8 @@ def reserve_images(count: int, size: int, folder: str | None = None) -> tuple[li
     """
     if folder is None:
         folder = os.environ.get(ENV_VAR) or None
+        if folder is not None:
+            _check_folder(folder)
     if folder is None and not hasattr(os, "memfd_create"):
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     where = folder or "anonymous shared memory"

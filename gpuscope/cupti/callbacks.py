@@ -25,7 +25,7 @@ from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_uin
 
 from gpuscope.cupti import _api
 from gpuscope.cupti._api import Functions
-from gpuscope.errors import GpuscopeWarning
+from gpuscope.errors import CuptiError, GpuscopeWarning
 
 __all__ = ["Launch", "LaunchRecorder", "ModuleWatcher"]
 
@@ -487,15 +487,19 @@ def finalize_at_api_exit(finalize) -> int:
     Raises
     ------
     NotFinalized
-        Nothing was finalized: another CUPTI client holds the subscriber, or CUPTI did not call back at the call's
-        exit. The subscriber is given back.
+        Nothing was finalized: another CUPTI client holds the subscriber, CUPTI refused the subscriber (no driver),
+        or CUPTI did not call back at the call's exit. The subscriber is given back.
     """
     global _exit_call
     with _lock:
         if _subscription or _exit_call is not None:
             raise NotFinalized("gpuscope's CUPTI subscriber is in use (another detach under way, or a session "
                                "started meanwhile)")
-        status, who, handle, callback = _try_subscribe()
+        try:
+            status, who, handle, callback = _try_subscribe()
+        except CuptiError as exc:  # without a driver: CUPTI_ERROR_UNKNOWN
+            raise NotFinalized(f"CUPTI refused gpuscope the subscriber that the detach needs ({exc}), so "
+                               "cuptiFinalize was not called") from None
         if status:
             raise NotFinalized(other_client_refusal(_named(who)))
         _retired.append(callback)  # CUPTI forgets the subscriber at the finalize: the C callback is never freed

@@ -393,3 +393,17 @@ def test_after_the_finalize_the_subscriber_state_is_reset_and_set_up_afresh(cupt
     assert callbacks._subscription[0] == cupti.model.holder[0] == finalizing_handle + 1
     recorder.close()
     assert cupti.model.stale == [] and callbacks._subscription == []
+
+
+def test_a_cupti_call_that_fails_in_the_detach_is_said_not_raised(cupti, monkeypatch):
+    """Without a driver, cuptiSubscribe_v2 answers CUPTI_ERROR_UNKNOWN: PC sampling hears why CUPTI stays attached
+    instead of getting a CuptiError from a detach it did not ask for."""
+    from gpuscope.errors import cupti_error
+
+    def refuse(*args):
+        raise cupti_error(999, "cuptiSubscribe_v2", "CUPTI_ERROR_UNKNOWN")
+
+    monkeypatch.setattr(cupti.model, "cuptiSubscribe_v2", refuse)
+    assert _keep.detach_cupti() == ("CUPTI refused gpuscope the subscriber that the detach needs (cuptiSubscribe_v2 "
+                                    "failed: CUPTI_ERROR_UNKNOWN (CUptiResult 999)), so cuptiFinalize was not called")
+    assert "cuptiFinalize" not in cupti.calls and _api.attached()
