@@ -281,6 +281,36 @@ def test_a_late_timer_leaves_alone_what_is_kept_after_its_profiler(kept_state, m
     assert _keep.kept_devices() == [0] and second.profiler.closed == 0 and kept_state == []
 
 
+class Watched(dict):
+    """The keeper's table, noting whether the keeper's lock is held at each look-up and removal."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.locked = []
+
+    def get(self, *args):
+        self.locked.append(("get", _keep._lock.locked()))
+        return super().get(*args)
+
+    def __delitem__(self, key):
+        self.locked.append(("del", _keep._lock.locked()))
+        super().__delitem__(key)
+
+
+def test_the_idle_timer_checks_and_takes_under_the_keepers_lock(kept_state, monkeypatch):
+    """The timer's expiry looks the profiler up and takes it out in one step under the lock: between a look-up and a
+    removal made apart, a session on another thread could take the same profiler, and both would use it (the timer
+    disabling it under the session). Every other path to the table takes the lock, so a test of outcomes cannot see
+    the gap; this one sees the lock."""
+    k = kept()
+    _keep.keep(0, k)
+    watched = Watched(_keep._kept)
+    monkeypatch.setattr(_keep, "_kept", watched)
+    _keep._expire(0, k)  # the timer firing
+    assert watched.locked == [("get", True), ("del", True)]
+    assert k.profiler.closed == 1 and _keep.kept_devices() == [] and kept_state == [1]
+
+
 class SlowProfiler(FakeProfiler):
     """A disable that takes a while (13 ms to 0.5 s on the H100), on the idle timer's thread."""
 
