@@ -19,6 +19,28 @@ GPU_TIME = "gpu__time_duration.sum"
 DRAM_BYTES = (("dram__bytes_read.sum", "dram__bytes_write.sum"), ("dram__bytes_op_read.sum", "dram__bytes_op_write.sum"))
 
 
+
+#: What to do about launches without a verdict (the report's note; docs/topdown.md, "Launches without a verdict")
+NO_VERDICT_NEXT = (
+    "Next: a kernel's launches that have a verdict stand for it (gpuscope.topdown(ds) where consistent); "
+    "gpuscope.profile_fast_topdown(work) takes every kernel's stall shares from PC sampling, one pass with nothing "
+    "to disagree; a longer run (more launches, or iteration mode over more iterations) gives each kernel more "
+    "launches to draw on.")
+
+
+def _no_verdict_label(nodes, rows) -> str:
+    """The bound_by cell of a row none of whose launches has a verdict: why, by how much (its worst launch)."""
+    from gpuscope.metrics import topdown as td
+
+    spread = nodes["pass_spread"].values[rows] if "pass_spread" in nodes.coords else np.array([np.nan])
+    cover = nodes["warp_state_coverage"].values[rows]
+    if np.isfinite(spread).any() and np.nanmax(spread) > td.SPREAD_TOLERANCE:
+        return f"no verdict: passes {np.nanmax(spread):.0f}% apart"
+    if np.isfinite(cover).any():
+        worst = cover[np.nanargmax(np.abs(cover - 100))]
+        return f"no verdict: states cover {worst:.0f}%"
+    return "no verdict: passes disagree"
+
 def group_key(ds) -> np.ndarray:
     """Per range, the row it belongs to: the kernel's readable name for launches (mangled symbols demangled), the
     range path for user ranges."""
@@ -101,7 +123,7 @@ def _range_report(ds, *, by: str | None = None) -> Report:
             bad = sorted(set(key[inconsistent].tolist()) - set(rows))
             for k in bad:
                 if k in frame.index:
-                    frame.loc[k, "bound_by"] = "inconsistent"
+                    frame.loc[k, "bound_by"] = _no_verdict_label(nodes, key == k)
             cover = nodes["warp_state_coverage"].values[inconsistent]
             why = []
             if (np.abs(cover - 100) > td.COVERAGE_TOLERANCE).any():
@@ -115,8 +137,8 @@ def _range_report(ds, *, by: str | None = None) -> Report:
             notes.append(
                 f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: "
                 + " or ".join(why or ["passes that disagree"])
-                + ", so no verdict is given for them (column consistent of gpuscope.topdown"
-                + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + ").")
+                + ", so no verdict is given for them (columns consistent and no_verdict of gpuscope.topdown"
+                + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + "). " + NO_VERDICT_NEXT)
     throughput = [m for m in ds.data_vars if ds[m].dims == ("range",) and ".pct_of_peak" in m]
     for m in throughput:
         frame[SHORT_NAMES.get(m, m)] = per_group(ds[m].values, "mean")

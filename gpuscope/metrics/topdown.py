@@ -243,8 +243,25 @@ def _quality(covered: xr.Variable | None, spread: xr.Variable | None, arch: Arch
     consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%"
                         + (f" and pass_spread at most {SPREAD_TOLERANCE:g}%" if spread is not None else "")
                         + ": the stall breakdown can be trusted; where False, no verdict is given"}
-    out.update(topdown_uncertainty=uncertainty, consistent=consistent)
+    out.update(topdown_uncertainty=uncertainty, consistent=consistent, no_verdict=_no_verdict(covered, spread))
     return out
+
+
+def _no_verdict(covered: xr.Variable, spread: xr.Variable | None) -> xr.Variable:
+    """Per range, why it has no verdict (``""`` where it has one): which check failed, by how much."""
+    cover = np.atleast_1d(np.asarray(covered, dtype=float))
+    apart = np.atleast_1d(np.asarray(spread, dtype=float)) if spread is not None else np.full(cover.shape, np.nan)
+    reasons = []
+    for c, a in zip(cover.ravel(), apart.ravel()):
+        why = []
+        if not abs(c - 100.0) <= COVERAGE_TOLERANCE:
+            why.append(f"warp states cover {c:.0f}% of warp-active cycles (not 100 +/- {COVERAGE_TOLERANCE:g}%)")
+        if a > SPREAD_TOLERANCE:
+            why.append(f"stall passes ran {a:.0f}% apart (pass_spread over {SPREAD_TOLERANCE:g}%)")
+        reasons.append("; ".join(why))
+    return xr.Variable(covered.dims, np.array(reasons, dtype=str).reshape(np.shape(covered)), {
+        "description": "why the range has no verdict (consistent False): which check failed and by how much; "
+                       "empty where it has one. Next steps: docs/topdown.md, 'Launches without a verdict'"})
 
 
 def _weight(ds: xr.Dataset) -> dict[str, xr.DataArray]:
@@ -287,9 +304,10 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         ``formula`` (the IPC it is a percentage of), ``units``, ``ipc_max``, ``description``. Where ``ds`` has the
         ``selected`` and ``not_selected`` states, three coordinates per range: ``warp_state_coverage`` (%),
         ``topdown_uncertainty`` (percent of peak, as the nodes) and ``consistent`` (bool), see ``docs/topdown.md``.
-        The input's dims and coordinates are kept (so the result aligns with ``ds`` and ``xr.merge([ds, result])``
-        holds both); the first weight metric (:data:`WEIGHT_METRICS`) in ``ds`` becomes the coordinate ``weight``
-        (attr ``metric`` names it), which :func:`aggregate` weights by. Dataset attrs: the input's, plus
+        The input's dims and coordinates are kept (so the result aligns with ``ds`` and
+        ``xr.merge([ds, result], compat="no_conflicts")`` holds both: ``compat`` given, xarray does not warn about
+        each coordinate they share); the first weight metric (:data:`WEIGHT_METRICS`) in ``ds`` becomes the
+        coordinate ``weight`` (attr ``metric`` names it), which :func:`aggregate` weights by. Dataset attrs: the input's, plus
         ``topdown_ipc_max``, ``topdown_units``, ``topdown_architecture``.
 
     Raises

@@ -109,6 +109,32 @@ def test_report_gives_no_verdict_for_launches_whose_passes_differ(recorded):
     assert note.startswith(f"{n_bad} launch(es)")
 
 
+def test_each_launch_without_a_verdict_says_why_and_the_report_says_what_to_do(recorded):
+    """Issue 51: never a bare 'inconsistent'. no_verdict names the failed check and by how much, on every launch
+    without a verdict and on none with one; a kernel with no launch left shows why in bound_by, and the note says
+    what to do next."""
+    ds = recorded[0]
+    td = gs.topdown(ds, check="ignore")
+    ok = td["consistent"].values.astype(bool)
+    why = td["no_verdict"].values
+    assert (why[ok] == "").all() and (why[~ok] != "").all() and (~ok).sum() > 5
+    spread = td["pass_spread"].values
+    for text, s, c in zip(why[~ok], spread[~ok], td["warp_state_coverage"].values[~ok]):
+        assert ("pass_spread over 10%" in text) == (s > 10)
+        assert (f"ran {s:.0f}% apart" in text) == (s > 10)
+        assert ("warp states cover" in text) == (abs(c - 100) > 5)
+    # a kernel all of whose launches lack a verdict: bound_by says why
+    one = ds.isel(range=np.flatnonzero(~ok)[:3])
+    one = one.assign_coords(kernel=("range", ["k"] * 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = report(one)
+    assert r.loc["k", "bound_by"].startswith("no verdict: ")
+    assert "inconsistent" not in r["bound_by"].tolist()
+    note = next(n for n in r.notes if "left out of the Top-Down columns" in n)
+    assert "profile_fast_topdown" in note and "no_verdict" in note
+
+
 def _bench():
     import importlib.util
 
