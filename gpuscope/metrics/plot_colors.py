@@ -21,9 +21,9 @@ from gpuscope.metrics import topdown as _td
 #: its children's family.
 _COLORS = {
     "retire": "#009E73",
-    "divergence": "#9E6C00", "divergence_branch": "#E69F00", "divergence_replay": "#F0E442",
+    "divergence": "#7A5200", "divergence_branch": "#E69F00", "divergence_replay": "#F0E442",
     "frontend": "#00406A", "frontend_fetch": "#56B4E9", "frontend_decode": "#0072B2",
-    "backend": "#A23B72", "backend_core": "#D55E00", "backend_memory": "#CC79A7",
+    "backend": "#B0306E", "backend_core": "#D55E00", "backend_memory": "#CC79A7",
 }
 #: How far level-3 shades reach from their parent's colour: towards black, towards white.
 _DARKEST, _LIGHTEST = 0.35, 0.55

@@ -99,16 +99,16 @@ def test_pc_categories_wear_the_colours_of_their_top_down_nodes():
 
     def legend_colours(fig):
         legends = fig.legends or [ax.get_legend() for ax in fig.axes if ax.get_legend()]
-        return {t.get_text().split()[0]: matplotlib.colors.to_hex(h.get_facecolor())
+        return {t.get_text(): matplotlib.colors.to_hex(h.get_facecolor())
                 for lg in legends for t, h in zip(lg.get_texts(), lg.legend_handles, strict=True)}
 
     pc = legend_colours(pc_plot.plot_kernel_stalls(_pc()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
         td = legend_colours(gs.topdown(_open(DATA / "demo_launches.nc")).gpuscope.plot.topdown(level=2))
-    assert {"issued", "frontend_decode", "backend_core", "backend_memory"} <= set(pc)
-    assert pc["issued"] == td["retire"]
-    assert all(pc[c] == td[c] for c in ("frontend_decode", "backend_core", "backend_memory"))
+    assert {pc_plot.ISSUED_WORDS, "frontend decode", "backend core", "backend memory"} <= set(pc)
+    assert pc[pc_plot.ISSUED_WORDS] == td["retire"]
+    assert all(pc[c] == td[c] for c in ("frontend decode", "backend core", "backend memory"))
 
 
 def test_stalls_too_small_to_see_are_gathered_and_named_once():

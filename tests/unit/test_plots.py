@@ -14,6 +14,7 @@ import gpuscope.metrics.accessor  # noqa: E402, F401  (registers ds.gpuscope)
 from gpuscope.metrics import phases as ph  # noqa: E402
 from gpuscope.metrics import plot  # noqa: E402
 from gpuscope.metrics import topdown as td  # noqa: E402
+from gpuscope.metrics.plot_colors import _node_colors, node_words  # noqa: E402
 
 from .test_phases import NAMES, time_series  # noqa: E402
 from .test_topdown import STALLS_0, STALLS_1, range_dataset  # noqa: E402
@@ -65,7 +66,8 @@ def test_topdown_bars_stack_to_100_percent(tmp_path):
         assert ax.get_ylabel().replace("\n", " ") == "% of peak issue rate (IPC_MAX 4)"
         cut = td.level_cut(level, nodes.data_vars)
         small = [n for n in cut if td._BY_NAME[n].level == 3 and float(abs(nodes[n]).max()) < plot.NEGLIGIBLE]
-        stack = [n for n in cut if n not in small] + ([f"other ({len(small)} nodes < 0.5% each)"] if small else [])
+        stack = [node_words(n) for n in cut if n not in small] + (
+            [f"other ({len(small)} nodes < 0.5% each)"] if small else [])
         assert [c.get_label() for c in ax.containers] == stack  # bottom-up
         visible = [c.get_label() for c in ax.containers if max(p.get_height() for p in c) >= plot.NEGLIGIBLE]
         assert [t.get_text() for t in ax.get_legend().get_texts()] == visible[::-1]
@@ -122,6 +124,7 @@ from pathlib import Path  # noqa: E402
 import gpuscope as gs  # noqa: E402
 
 DATA = Path(gs.__file__).parent / "data"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +175,7 @@ def test_per_kernel_bars_sorted_by_time_share_and_distinct_colours(nodes):
     colours = [c.patches[0].get_facecolor() for c in ax.containers]
     assert _distinct(colours)
     names = [c.get_label() for c in ax.containers]
-    assert "backend_memory_long_scoreboard" in names and names[-1].startswith("other (")
+    assert "backend memory: long scoreboard" in names and names[-1].startswith("other (")
 
 
 def test_hierarchy_on_per_kernel_aggregates(nodes):
@@ -279,9 +282,10 @@ def test_timeline_ticks_and_units_of_rates_are_readable():
     fig = plot.timeline(series, ["pcie__read_bytes.sum.per_second"])
     _drawn(fig)
     row = fig.axes[1]
-    assert row.get_ylabel() == "pcie read bytes\n(byte/s)"
+    assert row.get_ylabel() == "pcie read bytes\n(GB/s)"  # the report's unit
     assert row.yaxis.get_offset_text().get_text() == ""  # no "1e8" above the axis
-    assert any(t.get_text().endswith("M") for t in row.get_yticklabels())
+    top = float(series["pcie__read_bytes.sum.per_second"].max()) / 1e9
+    assert 0 < row.get_ylim()[1] < 2 * top  # drawn in GB/s, not bytes/s
 
 
 def test_timeline_leaves_out_non_finite_samples_and_says_which_metric_has_none():
@@ -313,8 +317,9 @@ def test_hierarchy_names_every_visible_node_in_a_legend(nodes):
     whole = gs.aggregate(agg, by=None, weight="weight", dim="kernel")
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     listed = [n for n in td.NODES if n.name in whole and float(whole[n.name]) >= plot.NEGLIGIBLE]
-    assert [lab.split()[0] for lab in labels[:-1]] == [n.name for n in listed]
-    assert "frontend_fetch  0.6%" in labels  # a sliver too narrow for a label inside its box
+    assert [lab.rsplit("  ", 1)[0] for lab in labels[:-1]] == [node_words(n.name) for n in listed]
+    assert "frontend fetch  0.6%" in labels  # a sliver too narrow for a label inside its box
+    assert not any("_" in lab for lab in labels)  # words, not snake_case
     boxed = {t.get_text().split("\n")[0] for t in ax.texts}
     assert "fetch" not in boxed and "retire" in boxed
     small = sum(1 for n in td.NODES if n.name in whole and float(whole[n.name]) < plot.NEGLIGIBLE)
@@ -408,8 +413,8 @@ def test_topdown_legend_lists_the_visible_bars_in_stack_order(launches, nodes):
         legend = [t.get_text() for t in ax.get_legend().get_texts()]
         assert legend == visible[::-1]  # the top entry is the top segment
     level2 = figs[0].axes[1]
-    assert "divergence_replay" in [c.get_label() for c in level2.containers]  # drawn, near 0 everywhere
-    assert "divergence_replay" not in [t.get_text() for t in level2.get_legend().get_texts()]
+    assert "divergence replay" in [c.get_label() for c in level2.containers]  # drawn, near 0 everywhere
+    assert "divergence replay" not in [t.get_text() for t in level2.get_legend().get_texts()]
 
 
 def test_backend_and_backend_core_do_not_share_a_colour(launches):
@@ -417,7 +422,7 @@ def test_backend_and_backend_core_do_not_share_a_colour(launches):
     colour = {c.get_label(): matplotlib.colors.to_rgb(c.patches[0].get_facecolor())
               for ax in fig.axes for c in ax.containers}
     assert _distinct(list(colour.values()), 0.15), colour
-    assert colour["backend"] != colour["backend_core"]
+    assert colour["backend"] != colour["backend core"]
 
 
 def test_hierarchy_leaves_no_blank_space_under_a_leaf(nodes):
@@ -425,3 +430,121 @@ def test_hierarchy_leaves_no_blank_space_under_a_leaf(nodes):
     for row in (-1, -2, -3):
         assert _row_cover(ax, row) == pytest.approx(100.0, abs=1.5), row
     assert not [t.get_text() for t in _texts(ax.figure) if t.get_fontsize() < 8]
+
+
+# Machado, Oliveira & Fernandes (2009), severity 1: what readers with protanopia and deuteranopia see (linear RGB)
+_MACHADO = {"protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
+                           [-0.003882, -0.048116, 1.051998]],
+            "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                             [-0.011820, 0.042940, 0.968881]]}
+
+
+def _linear(rgb):
+    c = np.asarray(matplotlib.colors.to_rgb(rgb), float)
+    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+
+def _lab(linear):
+    """CIELAB (D65) of a linear RGB colour: distances of about 10 and more are told apart at a glance."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    f = np.cbrt(xyz / [0.95047, 1.0, 1.08883])
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _closest(colours: dict) -> tuple[float, str, str]:
+    """The closest two colours of *colours* for a reader of normal vision or either deficiency."""
+    seen = {kind: {n: _lab(np.clip(np.asarray(m) @ _linear(c), 0, 1)) for n, c in colours.items()}
+            for kind, m in _MACHADO.items()}
+    seen["normal"] = {n: _lab(_linear(c)) for n, c in colours.items()}
+    names = list(colours)
+    return min((float(np.linalg.norm(lab[a] - lab[b])), a, b, kind) for kind, lab in seen.items()
+               for i, a in enumerate(names) for b in names[i + 1:])
+
+
+def test_colour_blind_readers_tell_the_top_down_nodes_apart(nodes):
+    """Issue 53: the green retire and red backend_core bars read alike to the ~1 in 12 men with a red-green
+    deficiency; frontend and frontend_fetch read alike to everyone."""
+    fig = gs.aggregate(nodes, by="kernel").gpuscope.plot.hierarchy()
+    ax = fig.axes[0]
+    colours = {t.get_text().rsplit("  ", 1)[0]: h.get_facecolor() for t, h in
+               zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles, strict=True)
+               if not t.get_text().startswith("(")}
+    upper = {n: c for n, c in colours.items() if ":" not in n}  # levels 1 and 2, listed together
+    assert {"retire", "backend core", "frontend", "frontend fetch"} <= set(upper)
+    assert _closest(upper)[0] >= 10, _closest(upper)
+    level2 = [n for n in td.level_cut(2, nodes.data_vars)]
+    assert _closest({n: c for n, c in _node_colors(level2).items()})[0] >= 15
+
+
+def test_a_level_1_colour_is_its_childrens_hue_and_none_of_theirs():
+    import colorsys
+
+    for parent in ("divergence", "frontend", "backend"):
+        children = [n.name for n in td.NODES if n.parent == parent]
+        colours = _node_colors([parent, *children])
+        hue = {n: colorsys.rgb_to_hsv(*matplotlib.colors.to_rgb(c))[0] for n, c in colours.items()}
+        low, high = min(hue[c] for c in children), max(hue[c] for c in children)
+        assert low - 0.04 <= hue[parent] <= high + 0.04, (parent, hue)  # within the children's hues
+        assert _closest(colours)[0] >= 10, _closest(colours)
+
+
+@pytest.mark.parametrize("draw", ["topdown", "hierarchy"])
+def test_a_plot_given_ax_leaves_the_callers_figure_alone(nodes, draw):
+    """Issue 53: topdown(ax=) and hierarchy(ax=) replaced a constrained layout (a warning, and the layout lost)
+    and clipped their titles on a 6 x 4 figure."""
+    import warnings
+
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    engine = fig.get_layout_engine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(gs.aggregate(nodes, by="kernel").gpuscope.plot, draw)(ax=ax)
+        fig.draw_without_rendering()
+    assert fig.get_layout_engine() is engine
+    whole = fig.bbox
+    for text in (ax.title, ax._left_title, ax.xaxis.label, *ax.get_legend().get_texts()):
+        if text.get_text():
+            box = text.get_window_extent()
+            assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1 and box.y1 <= whole.y1 + 1, text.get_text()
+
+
+def test_the_memory_chart_draws_its_boxes_whole():
+    fig = gs.open_dataset(FIXTURES / "sol" / "sol_memory_gh100.nc").gpuscope.plot.memory_chart("stream")
+    fig.draw_without_rendering()
+    (ax,) = fig.axes
+    inside = ax.bbox
+    boxes = [p for p in ax.patches if type(p).__name__ == "FancyBboxPatch"]
+    assert len(boxes) == 8
+    for p in boxes:
+        b = p.get_window_extent()
+        assert inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1
+
+
+def test_the_roofline_says_what_it_left_out_and_bounds_only_what_is_near_a_roof():
+    rl = gs.open_dataset(FIXTURES / "sol" / "sol_roofline_gh100.nc")
+    fig = rl.gpuscope.plot.roofline()  # Tensor: one of the five kernels did such work
+    (legend,) = fig.legends
+    assert "4 of 5 kernels did no Tensor work: not drawn" in legend.get_title().get_text()
+    texts = [t.get_text() for t in rl.gpuscope.plot.roofline("fp32").legends[0].get_texts()]
+    far = next(t for t in texts if t.startswith("DeviceReduceSingleTileKernel"))
+    assert "bound" not in far and "of its lowest ceiling (L2): far below every roof" in far
+    assert any(t.startswith("DeviceReduceKernel:") and t.endswith("DRAM-bound") for t in texts)
+
+
+def test_the_timeline_band_is_drawn_over_the_phase_shading():
+    series = gs.open_dataset(DATA / "demo_timeseries.nc")
+    fig = gs.phases(series, label_tolerance=2).gpuscope.plot.timeline(["dram__read_throughput.avg.pct_of_peak_"
+                                                                       "sustained_elapsed"])
+    ax = fig.axes[1]
+    shading = [p.get_zorder() for p in ax.patches]
+    bands = [c.get_zorder() for c in ax.collections]
+    assert shading and bands and max(shading) < min(bands)
+
+
+def test_the_pc_line_figure_says_why_loop_headers_hold_samples():
+    from gpuscope.metrics import pc_plot
+    from tests.fixtures.pc import recording
+
+    label = pc_plot.plot_line_stalls(recording.dataset(), "fma").axes[0].get_xlabel().replace("\n", " ")
+    assert "line table" in label and "loop header" in label and "cuda.grid" in label
+    assert "Line 41 holds 81 of the 184 sampled instructions" in label
