@@ -148,7 +148,7 @@ class Page:
         self.add(to_html_datatable(frame, table_id=f"table-{name}", connected=False, showIndex=False,
                                    display_logo_when_loading=False, layout=layout, pageLength=page_length,
                                    classes="display compact", allow_html=False, maxBytes=0, column_filters=False,
-                                   warn_on_undocumented_option=False))
+                                   warn_on_undocumented_option=False, text_in_header_can_be_selected=False))
 
     def figure(self, fig) -> None:
         if fig is None:
