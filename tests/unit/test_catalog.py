@@ -1,5 +1,7 @@
 """The metric catalog and the named metric sets, offline on GH100 and GA100."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ from gpuscope._gpu import catalog as _catalog
 from gpuscope._gpu import metric_lists as _lists
 from gpuscope.cupti import _api
 from gpuscope.errors import UnknownMetricError, UnsupportedChipError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"  # not the working folder: tests run from anywhere
 
 PAPER_TOPDOWN = ["smsp__inst_executed.avg.per_cycle_active", "smsp__thread_inst_executed_per_inst_executed.ratio",
                  "smsp__inst_issued.avg.per_cycle_active"] + [
@@ -31,7 +35,7 @@ def test_metric_sets_are_valid_and_passes_recorded(name):
     mset = gs.metric_set(name)
     assert _lists.resolve(name, "GH100", mset.kind) == list(mset.metrics)
     kind = "range" if mset.kind == "range" else "pm"
-    availability = np.load(f"tests/fixtures/gh100_counter_availability_{kind}.npy")
+    availability = np.load(FIXTURES / f"gh100_counter_availability_{kind}.npy")
     passes = gs.count_passes(name, chip="GH100", kind=mset.kind, counter_availability=availability)
     recorded = mset.recorded_passes("GH100", "%d.%d" % _api.version())
     assert recorded is not None, f"record the pass count of {name} for this CUPTI: {passes}"

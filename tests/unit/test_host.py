@@ -2,6 +2,7 @@
 
 import ctypes
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ BASE_COUNTS = {
     (13, 0): {("GH100", 0): (3389, 205, 56), ("GH100", 1): (611, 605, 63), ("GA100", 0): (2876, 160, 26),
               ("TU102", 0): (1618, 151, 27)},
 }
-AVAILABILITY = "tests/fixtures/gh100_counter_availability_range.npy"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"  # not the working folder: tests run from anywhere
+AVAILABILITY = FIXTURES / "gh100_counter_availability_range.npy"
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def test_pm_availability_image_gives_the_range_profilers_config(metric_set):
     stops CUPTI 13.0 from delivering PC sampling records): on the H100's images both give the same bytes."""
     import gpuscope as gs
 
-    pm = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
+    pm = np.load(FIXTURES / "gh100_counter_availability_pm.npy")
     rng = np.load(AVAILABILITY)
     metrics = gs.metric_set(metric_set).metrics
     a = host.config_image("GH100", ProfilerType.RANGE_PROFILER, metrics, pm)
@@ -114,7 +116,7 @@ def _fake_pm_availability(monkeypatch, calls=None):
     *calls*); returns the image."""
     from gpuscope.cupti import profiler
 
-    image = np.load("tests/fixtures/gh100_counter_availability_pm.npy")
+    image = np.load(FIXTURES / "gh100_counter_availability_pm.npy")
 
     def query(p):
         if calls is not None:
