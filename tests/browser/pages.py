@@ -124,6 +124,11 @@ if __name__ == "__main__":
     target.mkdir(parents=True, exist_ok=True)
     import tempfile
 
+    from PIL import Image
+
     with tempfile.TemporaryDirectory() as tmp:
         for name, shot in screenshots(write(Path(tmp)), target).items():
+            with Image.open(shot) as image:  # a 64-colour palette, as docs/figures/make_figures.py keeps its PNGs
+                small = image.convert("RGB").quantize(64, method=Image.Quantize.MEDIANCUT)
+            small.save(shot, optimize=True)
             print(shot)
