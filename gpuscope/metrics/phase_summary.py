@@ -12,25 +12,32 @@ import xarray as xr
 from gpuscope.errors import MissingMetricsError
 
 
-def _extent(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of every sample: start_ns/end_ns, else the coordinate (last sample as long as the one
-    before), else the index."""
+def _extent(ds: xr.Dataset, dim: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """Start and end of every sample and their unit: start_ns/end_ns (int64 ns), else the coordinate (last sample
+    as long as the one before; its ``units``, ``"ns"`` for a time coordinate of integers), else the index
+    (``"samples"``)."""
     n = ds.sizes[dim]
     if "start_ns" in ds.coords and "end_ns" in ds.coords and ds["start_ns"].dims == (dim,):
-        return np.asarray(ds["start_ns"], dtype=float), np.asarray(ds["end_ns"], dtype=float)
-    pos = np.asarray(ds[dim], dtype=float) if dim in ds.coords and np.issubdtype(ds[dim].dtype, np.number) else None
-    if pos is None:
-        pos = np.arange(n, dtype=float)
+        return np.asarray(ds["start_ns"], dtype=np.int64), np.asarray(ds["end_ns"], dtype=np.int64), "ns"
+    if dim in ds.coords and np.issubdtype(ds[dim].dtype, np.number):
+        pos, units = np.asarray(ds[dim]), str(ds[dim].attrs.get("units", "") or ("ns" if dim == "time" else ""))
+        units = units or f"{dim} coordinate"
+    else:
+        pos, units = np.arange(n, dtype=np.int64), "samples"
+    pos = pos.astype(np.int64 if np.issubdtype(pos.dtype, np.integer) else float)
     step = np.diff(pos)
-    end = np.append(pos[1:], pos[-1] + (step[-1] if len(step) else 1.0))
-    return pos, end
+    end = np.append(pos[1:], pos[-1] + (step[-1] if len(step) else 1)).astype(pos.dtype)
+    return pos, end, units
 
 
 def _clip_reach_back(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Start of the first sample moved to one median duration before its end, when it lasts over twice that."""
+    """Start of the first sample moved to one median duration before its end, when it lasts over twice that
+    (in whole units where the times are integers)."""
     if len(start) < 3:
         return start
-    typical = float(np.median(end[1:] - start[1:]))
+    typical = np.median(end[1:] - start[1:])
+    if np.issubdtype(start.dtype, np.integer):
+        typical = int(round(float(typical)))
     if end[0] - start[0] <= 2.0 * typical:
         return start
     start = start.copy()

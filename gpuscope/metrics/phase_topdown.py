@@ -208,8 +208,9 @@ def _assemble(td, ph, nodes, groups, share, values, matched, by):
     data = {
         n: xr.DataArray(node_values[:, j], dims="phase_id", attrs=dict(td[n].attrs)) for j, n in enumerate(nodes)
     }
+    whole = np.issubdtype(ph["phase_duration"].dtype, np.integer)  # int64 ns in, int64 ns out
     data["time_in_phase"] = xr.DataArray(
-        share, dims=("phase_id", group_dim),
+        np.rint(share).astype(np.int64) if whole else share, dims=("phase_id", group_dim),
         attrs={"units": "ns", "description": f"time each {group_dim.replace('_', ' ')} ran inside the phase"})
     data["attributed_fraction"] = xr.DataArray(attributed, dims="phase_id", attrs={
         "units": "1", "description": "time of the phase's work that has a Top-Down, over the phase's duration "
@@ -220,7 +221,7 @@ def _assemble(td, ph, nodes, groups, share, values, matched, by):
         "phase_id": ph["phase_id"].values,
         group_dim: np.asarray(groups, dtype=str),
         "has_topdown": (group_dim, matched),
-        "phase_duration": ("phase_id", duration, {"units": "ns"}),
+        "phase_duration": ("phase_id", ph["phase_duration"].values, dict(ph["phase_duration"].attrs)),
         "phase_fraction": ("phase_id", np.asarray(ph["phase_fraction"], dtype=float), {"units": "1"}),
     }
     attrs = {k: v for k, v in td.attrs.items()}

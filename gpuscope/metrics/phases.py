@@ -24,12 +24,15 @@ Schema of :func:`phases`'s result: the input Dataset plus
 
 * ``phase`` (along the sample dim): phase label of every sample.
 * dim ``segment``: ``segment_phase``, ``segment_first``/``segment_stop`` (sample indices, stop exclusive),
-  ``segment_start``/``segment_end``/``segment_duration`` (in ns where the samples carry ``start_ns``/``end_ns``,
-  else in units of the sample coordinate), ``segment_mean`` (segment, metric).
-* dim ``phase_id``: ``phase_duration``, ``phase_fraction`` (of the total duration), ``phase_segments``,
-  ``phase_samples``, ``phase_mean`` (phase_id, metric; duration-weighted), and ``phase_topdown``
-  (phase_id, node) when the metrics allow Top-Down.
-* coordinate ``metric``: the metrics used for detection.
+  ``segment_start``/``segment_end``/``segment_duration`` (int64 ns where the samples carry ``start_ns``/``end_ns``,
+  else in the units of the sample coordinate, or in samples), ``segment_mean`` (segment, metric).
+* dim ``phase_id``: ``phase_duration`` (as the segments' times), ``phase_fraction`` (of the total duration),
+  ``phase_segments``, ``phase_samples``, ``phase_mean`` (phase_id, metric; duration-weighted), and
+  ``phase_topdown`` (phase_id, node) when the metrics allow Top-Down.
+* coordinates ``metric`` (the metrics used for detection) and ``metric_units`` (each one's units).
+
+Every variable says its ``units``: ``"ns"`` for times, ``"samples"``/``"segments"`` for counts and indices,
+``"1"`` for labels and fractions, the metric's own for means.
 """
 
 from __future__ import annotations
@@ -289,31 +292,44 @@ def phases(
     sizes = stop - first
     n_phases = int(labels.max()) + 1
 
-    start, end = _extent(ds, dim)
+    start, end, units = _extent(ds, dim)
     if clip_first:
         start = _clip_reach_back(start, end)
-    durations = end - start
+    durations = (end - start).astype(float)  # the weights of the means
     seg_start, seg_end = start[first], end[stop - 1]
     seg_dur = seg_end - seg_start
     phase_dur = np.bincount(labels, weights=seg_dur, minlength=n_phases)
+    if np.issubdtype(seg_dur.dtype, np.integer):  # whole ns stay whole: sums of them are exact in float64
+        phase_dur = np.rint(phase_dur).astype(np.int64)
     sums = _segment_sums(xt, durations, first)
+    each_unit = [str(ds[m].attrs.get("units", "")) or "1" for m in names]
+    metric_units = each_unit[0] if len(set(each_unit)) == 1 else "the metric's (coordinate metric_units)"
+
+    def span(what):
+        return {"units": units, "description": what}
 
     out = ds.assign(
-        phase=((dim,), np.repeat(labels, sizes), {"description": "phase label of each sample"}),
-        segment_phase=("segment", labels),
-        segment_first=("segment", first, {"description": "first sample index"}),
-        segment_stop=("segment", stop, {"description": "sample index after the last"}),
-        segment_start=("segment", seg_start),
-        segment_end=("segment", seg_end),
-        segment_duration=("segment", seg_dur),
-        segment_mean=(("segment", "metric"), _means(*sums)),
-        phase_duration=("phase_id", phase_dur),
-        phase_fraction=("phase_id", phase_dur / phase_dur.sum() if phase_dur.sum() else phase_dur,
+        phase=((dim,), np.repeat(labels, sizes), {"units": "1", "description": "phase label of each sample"}),
+        segment_phase=("segment", labels, {"units": "1", "description": "phase label of the segment"}),
+        segment_first=("segment", first, {"units": "samples", "description": "first sample index"}),
+        segment_stop=("segment", stop, {"units": "samples", "description": "sample index after the last"}),
+        segment_start=("segment", seg_start, span("start of the segment's first sample")),
+        segment_end=("segment", seg_end, span("end of the segment's last sample")),
+        segment_duration=("segment", seg_dur, span("segment_end - segment_start")),
+        segment_mean=(("segment", "metric"), _means(*sums), {
+            "units": metric_units, "description": "duration-weighted mean of each metric, in the metric's units"}),
+        phase_duration=("phase_id", phase_dur, span("sum of the phase's segment durations")),
+        phase_fraction=("phase_id", phase_dur / phase_dur.sum() if phase_dur.sum() else phase_dur.astype(float),
                         {"units": "1", "description": "the phase's part of the total duration"}),
-        phase_segments=("phase_id", np.bincount(labels, minlength=n_phases)),
-        phase_samples=("phase_id", np.bincount(labels, weights=sizes, minlength=n_phases).astype(np.int64)),
-        phase_mean=(("phase_id", "metric"), _means(*sums, labels, n_phases)),
-    ).assign_coords(segment=np.arange(len(sizes)), phase_id=np.arange(n_phases), metric=names)
+        phase_segments=("phase_id", np.bincount(labels, minlength=n_phases),
+                        {"units": "segments", "description": "segments labelled with the phase"}),
+        phase_samples=("phase_id", np.bincount(labels, weights=sizes, minlength=n_phases).astype(np.int64),
+                       {"units": "samples", "description": "samples in the phase's segments"}),
+        phase_mean=(("phase_id", "metric"), _means(*sums, labels, n_phases), {
+            "units": metric_units, "description": "duration-weighted mean of each metric, in the metric's units"}),
+    ).assign_coords(segment=("segment", np.arange(len(sizes)), {"units": "1"}),
+                    phase_id=("phase_id", np.arange(n_phases), {"units": "1"}), metric=names)
+    out = out.assign_coords(metric_units=("metric", each_unit, {"description": "each metric's units"}))
     if topdown is not False:
         td = _phase_topdown(ds, first, durations, labels, n_phases, topdown)
         if td is not None:
