@@ -10,7 +10,7 @@ import functools
 
 from gpuscope._gpu import device as _device
 from gpuscope._gpu import metric_lists as _lists
-from gpuscope._range_profiling.session import _properties
+from gpuscope._range_profiling.setup import _properties
 from gpuscope._results import build
 from gpuscope.cupti import host
 from gpuscope.cupti._types import ProfilerType

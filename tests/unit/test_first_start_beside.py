@@ -208,7 +208,7 @@ def test_the_config_made_without_the_availability_query_is_checked_against_the_d
 
     p, unchecked, calls = _unchecked_topdown(monkeypatch)
     assert keep._hosts == {}  # an unchecked config is not kept for other sessions
-    monkeypatch.setattr("gpuscope._range_profiling.session._properties",
+    monkeypatch.setattr("gpuscope._range_profiling.setup._properties",
                         lambda host, m: pytest.fail("metric properties asked of CUPTI again"))
     p._check_availability()
     assert calls == [0, 0] and not p._unchecked and p._availability is not None
