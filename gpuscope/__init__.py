@@ -86,6 +86,7 @@ _EXPORTS = {
     "replay": "gpuscope._range_profiling.session",
     "profile": "gpuscope._range_profiling.kernels",
     "open_dataset": "gpuscope._results.io",
+    "example_dataset": "gpuscope._results.examples",
     "save_dataset": "gpuscope._results.io",
     "UnbalancedRangeError": "gpuscope.errors",
     "MultiPassRangeError": "gpuscope.errors",

@@ -99,7 +99,13 @@ def _sol(ns):
     assert ns["passes"] == {"roofline": 5, "memory": 6, "occupancy": 1, "instructions": 6}  # the page's table
 
 
-CHECKS = {("sol.md", 1): _sol, ("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
+def _no_gpu(ns):
+    assert ns["ds"].sizes == {"range": 15} and ns["ts"].sizes == {"time": 18019}
+    assert set(ns["td"].kernel.values) == {"stream", "fma", "divergent"}
+    assert ns["ph"].sizes["phase_id"] >= 2 and ns["ph"]["phase_duration"].attrs["units"] == "ns"
+
+
+CHECKS = {("index.md", 0): _no_gpu, ("sol.md", 1): _sol, ("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
           ("report.md", 1): _report, ("report.md", 2): _compare}
 
 
@@ -108,7 +114,7 @@ def test_doc_snippet_runs_on_recordings(page, index, code, gpu, tmp_path, monkey
     if gpu:
         pytest.skip("needs a GPU (marked <!-- gpu -->); run on the device")
     monkeypatch.chdir(tmp_path)  # what a snippet writes goes there, not into the checkout
-    ns = {"gs_data": Path(gs.__file__).parent / "data"}
+    ns = {}  # a snippet defines every name it uses (gs.example_dataset opens the shipped recordings)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)  # the recording's coverage warning
         exec(compile(code, f"{page}[{index}]", "exec"), ns)
@@ -206,3 +212,82 @@ def test_sphinx_builds_without_warnings(tmp_path):
     api = (tmp_path / "html" / "api.html").read_text()
     assert "to_dataframe" in api and "open_dataset" in api
     shutil.rmtree(tmp_path / "html")
+
+
+# -- issue 53, item 5: docs that are true ------------------------------------------------------------------------
+
+def _headings(path: Path, deepest: int) -> set[str]:
+    """The anchors of *path*'s headings down to level *deepest*, as GitHub and MyST (the same rule) make them."""
+    from myst_parser.slugs import github_slugify
+
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {github_slugify(m.group(2)) for m in re.finditer(r"^(#{1,6}) (.+)$", text, re.M)
+            if len(m.group(1)) <= deepest}
+
+
+def test_every_anchor_leads_to_a_heading_on_github_and_in_sphinx():
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    deepest = int(re.search(r"myst_heading_anchors = (\d)", conf).group(1))  # Sphinx makes anchors this deep
+    broken = []
+    for page in DOCS:
+        for m in re.finditer(r"\]\(([\w./-]*\.md)?#([^)]+)\)", page.read_text()):
+            target = (page.parent / m.group(1)) if m.group(1) else page
+            if not target.exists() or m.group(2) not in _headings(target, deepest):
+                broken.append(f"{page.name}: {m.group(0)}")
+    assert broken == []
+
+
+def test_no_blank_line_breaks_a_table():
+    for page in DOCS:
+        lines = page.read_text().splitlines()
+        gaps = [i + 1 for i in range(1, len(lines) - 2)  # a row after the gap, not the header of another table
+                if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|")
+                and not re.match(r"\|\s*:?-", lines[i + 2])]
+        assert gaps == [], f"{page.name}: blank line inside a table at line(s) {gaps}"
+
+
+def test_the_topdown_set_has_its_pass_count_wherever_it_is_described():
+    passes = gs.count_passes("topdown", chip="GH100")
+    said = re.compile(r"(\d+) passes on an H100|(\d+) for `topdown`|`topdown` set, (\d+) passes|"
+                      r"`topdown` set \((\d+) passes|`topdown` set takes (\d+) passes")
+    for page in DOCS:
+        if page.name == "measurements.md":  # a record of what was measured at the time
+            continue
+        counts = [int(next(g for g in m.groups() if g)) for m in said.finditer(page.read_text())]
+        assert all(c == passes for c in counts), (page.name, counts)
+
+
+def test_the_merge_the_docs_show_is_silent():
+    import xarray as xr
+
+    shown = [m for page in DOCS for m in re.findall(r"xr\.merge\(\[[^`]*\)", page.read_text())]
+    assert shown and all("compat=" in m for m in shown), shown
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)  # the recording's known coverage warning
+        ds = gs.example_dataset("demo_launches")
+        td = gs.topdown(ds)
+        warnings.simplefilter("error")
+        merged = xr.merge([ds, td], compat="no_conflicts")
+    assert set(td.data_vars) <= set(merged.data_vars) and merged.sizes == ds.sizes
+
+
+def test_example_datasets_open_by_name_and_a_wrong_name_lists_them():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        assert gs.example_dataset("demo_launches").sizes == {"range": 15}
+        assert gs.example_dataset("demo_timeseries.nc").sizes == {"time": 18019}
+    with pytest.raises(ValueError, match="no example dataset named 'demo'.*'demo_launches'.*'demo_timeseries'"):
+        gs.example_dataset("demo")
+
+
+def test_the_quickstart_shows_rows_by_number():
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    block = text[text.index("      kernel  launch  grid_x"):]
+    rows = block.splitlines()[2:5]
+    assert [r.split()[0] for r in rows] == ["0", "1", "2"] and all(r.split()[1] == "saxpy" for r in rows)
+
+
+def test_a_reader_without_a_gpu_finds_where_to_start():
+    index = (ROOT / "docs" / "index.md").read_text()
+    start = index[index.index("## No GPU? Start here"):]
+    assert 'gs.example_dataset("demo_launches")' in start.split("##")[1]

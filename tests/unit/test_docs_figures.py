@@ -37,7 +37,7 @@ def blocks():
 
 def _run(page, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # what a snippet writes goes there, not into the checkout
-    ns = {"gs_data": Path(gs.__file__).parent / "data"}
+    ns = {}  # a snippet defines every name it uses (gs.example_dataset opens the shipped recordings)
     printed = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
         warnings.simplefilter("ignore", gs.GpuscopeWarning)  # the recording's coverage warning
