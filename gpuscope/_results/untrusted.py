@@ -63,19 +63,23 @@ def _refused(path, why: str) -> NotGpuscopeDataError:
 def _read_regular(path) -> bytes:
     """The bytes of the regular file at *path*; refused if it is not one. Opened without blocking: opening a FIFO
     for reading would wait for a writer, and reading a device may never end."""
+    _regular(path, os.stat(path).st_mode)  # a socket cannot even be opened
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(info.st_mode) else "a character device"
-                    if stat.S_ISCHR(info.st_mode) else "a block device" if stat.S_ISBLK(info.st_mode)
-                    else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
-            raise _refused(path, f"it is {kind}, not a file; gpuscope reads saved results only from regular files "
-                                 "(copy the data to a file first)")
+        _regular(path, os.fstat(fd).st_mode)  # what was opened, if the name changed meanwhile
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read()
     finally:
         os.close(fd)
+
+
+def _regular(path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+                else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise _refused(path, f"it is {kind}, not a file; gpuscope reads saved results only from regular files "
+                             "(copy the data to a file first)")
 
 
 def _has_signature(data: bytes) -> bool:

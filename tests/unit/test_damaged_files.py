@@ -1,9 +1,10 @@
 """Damaged files cannot hang, flood or crash the reader (gpuscope/_results/untrusted.py): a seeded corruption fuzz of
 the shipped recordings through ``gpuscope show``, and the damage each of its kinds stands for (a spin inside HDF5, a
-declared size beyond the file, a FIFO, a device, a file that is not HDF5), each refused with one line."""
+declared size beyond the file, a FIFO, a socket, a file that is not HDF5), each refused with one line."""
 
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -126,9 +127,11 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
                            "its results with gpuscope run -o FILE.nc or gpuscope.save_dataset.")
 
 
-def test_a_device_and_a_file_that_is_not_hdf5_are_refused(tmp_path):
-    with pytest.raises(NotGpuscopeDataError, match="/dev/null: it is a character device, not a file"):
-        gs.open_dataset("/dev/null")
+def test_a_socket_and_a_file_that_is_not_hdf5_are_refused(tmp_path):
+    with socket.socket(socket.AF_UNIX) as listening:  # a node that is not a file, made without root (as a device)
+        listening.bind(str(tmp_path / "socket.nc"))
+        with pytest.raises(NotGpuscopeDataError, match="socket.nc: it is a socket, not a file"):
+            gs.open_dataset(tmp_path / "socket.nc")
     text = tmp_path / "notes.nc"
     text.write_text("not a netCDF file\n")
     with pytest.raises(NotGpuscopeDataError, match=r"it is not a netCDF-4 \(HDF5\) file \(18 bytes, no HDF5 "
