@@ -21,7 +21,8 @@ def _open(path: str):
 
     try:
         ds = open_dataset(path)
-    except (FileNotFoundError, IsADirectoryError, NotGpuscopeDataError):  # their messages say it all
+    except (FileNotFoundError, IsADirectoryError, NotGpuscopeDataError, ChildProcessError):  # their messages say it
+        # all (ChildProcessError: the file's check could not run, which says nothing of the file)
         raise
     except (OSError, ValueError) as exc:
         raise NotGpuscopeDataError(
