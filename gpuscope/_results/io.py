@@ -303,8 +303,8 @@ def open_dataset(path: str | os.PathLike):
     FileNotFoundError
         No file at *path*.
     OSError
-        The file cannot be read (permissions), or no Python interpreter can be started for the check (set
-        ``GPUSCOPE_PYTHON``).
+        The file cannot be read (permissions); :class:`ChildProcessError` when no Python interpreter can be
+        started for the check, or one never gets ready (set ``GPUSCOPE_PYTHON``).
     gpuscope.errors.NotGpuscopeDataError
         Not a regular file (a FIFO or a device is refused, never waited on), not a netCDF-4 (HDF5) file, or one that
         HDF5 cannot read safely: the file is read whole by HDF5 in a child process first, with a deadline and a

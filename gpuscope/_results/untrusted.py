@@ -101,8 +101,10 @@ def read(path) -> bytes:
         past :func:`deadline_s`, crashes, or declares more data than the file can hold. The message names the file
         and what went wrong.
     OSError
-        The file cannot be opened or read (permissions), or the check cannot run (no Python interpreter to start
-        it: the message says to set ``GPUSCOPE_PYTHON``).
+        The file cannot be opened or read (permissions).
+    ChildProcessError
+        The check cannot run (no Python interpreter to start it, or one that never got ready: the message says to
+        set ``GPUSCOPE_PYTHON``); nothing is said of the file.
     """
     data = _read_regular(path)
     if not _has_signature(data):
@@ -198,18 +200,18 @@ def _check_in_child(data: bytes) -> str | None:
     try:
         argv = [_python.interpreter(), "-I", "-c", _CHILD, json.dumps(_python.sys_path()), json.dumps(task)]
     except OSError as exc:
-        raise OSError(f"gpuscope reads saved files in a child process, and cannot start one: {exc}") from None
+        raise ChildProcessError(f"gpuscope reads saved files in a child process, and cannot start one: {exc}") from None
     deadline = deadline_s(len(data))
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # no thread pools under the limit
     try:
         out = subprocess.run(argv, input=data, capture_output=True, timeout=deadline, env=env)
     except subprocess.TimeoutExpired as exc:
         if b'"ready"' not in (exc.stdout or b""):
-            raise OSError(f"the child process that reads saved files did not start within {deadline:.0f} s (is "
+            raise ChildProcessError(f"the child process that reads saved files did not start within {deadline:.0f} s (is "
                           f"{argv[0]} a working Python? {_python.ENV_VAR} names the interpreter to use)") from None
         return f"reading it did not finish in {deadline:.0f} s (in a child process, which was stopped)"
     except OSError as exc:
-        raise OSError(f"gpuscope reads saved files in a child process, and cannot start one: {exc}") from None
+        raise ChildProcessError(f"gpuscope reads saved files in a child process, and cannot start one: {exc}") from None
     if out.returncode == -signal.SIGKILL:
         return "the child process that reads it was killed (SIGKILL: out of memory?)"
     if out.returncode < 0:
@@ -217,8 +219,8 @@ def _check_in_child(data: bytes) -> str | None:
     try:
         answer = json.loads(out.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError, UnicodeDecodeError):
-        raise OSError(f"the child process that reads saved files exited with status {out.returncode} "
+        raise ChildProcessError(f"the child process that reads saved files exited with status {out.returncode} "
                       f"({out.stderr.decode(errors='replace')[-500:].strip()})") from None
     if "failed" in answer:
-        raise OSError(f"the child process that reads saved files could not start its work: {answer['failed']}")
+        raise ChildProcessError(f"the child process that reads saved files could not start its work: {answer['failed']}")
     return answer.get("error")

@@ -162,14 +162,18 @@ def test_a_sound_file_is_checked_once_and_read_from_the_checked_bytes(monkeypatc
 HANGS = "#!/bin/sh\nexec sleep 600\n"  # exec: the process killed at the deadline is the one that sleeps
 
 
-def test_a_hanging_gpuscope_python_is_not_blamed_on_the_file_or_the_image(tmp_path, monkeypatch):
+def test_a_hanging_gpuscope_python_is_not_blamed_on_the_file_or_the_image(tmp_path, monkeypatch, capsys):
     hangs = tmp_path / "python"
     hangs.write_text(HANGS)
     hangs.chmod(0o755)
     monkeypatch.setenv(_python.ENV_VAR, str(hangs))
     monkeypatch.setattr(untrusted, "BASE_DEADLINE_S", 2.0)
-    with pytest.raises(OSError, match=rf"did not start within 2 s \(is {hangs} a working Python\? GPUSCOPE_PYTHON"):
+    with pytest.raises(ChildProcessError, match=rf"did not start within 2 s \(is {hangs} a working Python\? "
+                                                 "GPUSCOPE_PYTHON"):
         gs.open_dataset(LAUNCHES)
+    code = cli.main(["show", str(LAUNCHES)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_FILE and "did not start within 2 s" in err and "is not a netCDF file" not in err
     monkeypatch.setattr(_images, "CHECK_TIMEOUT_S", 2.0)
     monkeypatch.setattr(_images, "_verdicts", {})
     image = np.load(ROOT / "tests/fixtures/pm/gh100_pm_default_counter_data.npz")["image"]
