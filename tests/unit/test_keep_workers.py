@@ -110,6 +110,9 @@ class FakeCupti:
     def initialize_counter_data(self, handle, image):
         self._check(handle, "CounterDataImageInitialize")
         self._give(handle, image)
+        # CUPTI writes its header here: an image handed over before any sample arrived evaluates as 0 samples.
+        # The recording's bytes stand in for it (counter_data_info below says no sample is in the image yet).
+        image[:] = self.image
         self.content[image.ctypes.data] = 0
         _images.trust(image, _images.Kind.PM_SAMPLING)
 
@@ -277,6 +280,27 @@ def _give_back_on_the_listeners_thread():
     t.start()
     t.join(BOUND)
     assert answered == [f"{_rendezvous.RELEASED} (the kept PM sampler)"]
+
+
+def test_an_image_handed_over_empty_before_the_stop_leaves_the_sampler_kept(cupti, monkeypatch):
+    """The race behind the flaky release tests (KeyError: 0 under load): when the decode thread expects a backlog
+    larger than the room left (a slow decode, a long gap between drains), it hands the image holding the samples
+    over and decodes into a fresh one, which the stop then hands over empty. CUPTI's initialised images carry its
+    header and evaluate as 0 samples; the simulated CUPTI left them zero, their evaluation failed, and the session
+    was not clean enough to keep. Forced here: the decode that delivers the samples says the image is full, and
+    the decode thread goes on into a fresh image, which nothing more arrives in."""
+    decode = cupti.decode
+
+    def fills_the_image(handle, image):
+        delivering = cupti.pending
+        result = decode(handle, image)
+        return pm.Decoded(stop_reason=pm.PmDecodeStopReason.COUNTER_DATA_FULL, overflow=False) if delivering else result
+
+    monkeypatch.setattr(pm, "decode", fills_the_image)
+    s = session(cupti)
+    assert s._decoder.errors == [] and s._decoder.handed_off == 2  # the samples' image, then an empty one
+    assert_recording_evaluated(s, cupti)
+    assert _keep.kept_devices() == [0]
 
 
 @pytest.mark.parametrize("how", ["gs.release", "another process asks", "exit"])
