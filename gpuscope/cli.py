@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "unit in the header; with --page details one row per kernel, "
                                                  "section and quantity with its unit; with --page raw every value "
                                                  "with its unit (gpuscope.to_dataframe)")
+    s.add_argument("-f", "--force", action="store_true", help="replace the --csv file if it exists")
     s.add_argument("--html", metavar="FILE.html",
                    help="also write the report as one self-contained HTML page (sortable tables, the Top-Down, the "
                         "details sections, the PM timeline or the source lines; opens offline): one FILE; needs "
@@ -207,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for Top-Down nodes and speed-of-light percentages (default 0.02: 2%% of the base, 2 points)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
     c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
+    c.add_argument("-f", "--force", action="store_true", help="replace the --csv file if it exists")
     c.add_argument("--html", metavar="FILE.html",
                    help="also write the comparison as one self-contained HTML page (needs the html extra)")
     c.add_argument("--fail-on", choices=("slower", "change"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from gpuscope._commands.exits import EXIT_CHANGED, EXIT_OK
-from gpuscope._commands.show import _open
+from gpuscope._commands.show import _open, csv_output, write_csv
 from gpuscope._util.terminal import printable
 
 
@@ -15,6 +15,7 @@ def _compare(args) -> int:
     from gpuscope._results.compare import compare
     from gpuscope.errors import GpuscopeWarning
 
+    csv_path = csv_output(args)
     base, new = _open(args.base), _open(args.new)
     mismatch = _device_mismatch(base, new)
     if mismatch:
@@ -26,10 +27,10 @@ def _compare(args) -> int:
         print(printable(result.to_text(all_rows=True)))
     else:
         print(printable(result))
-    if args.csv:
-        result.to_csv(args.csv)
+    if csv_path:
+        write_csv(csv_path, result.to_csv, args)
     if getattr(args, "html", None):
-        from gpuscope._results.html import compare_html
+        from gpuscope._results.html_pages import compare_html
 
         compare_html(result, args.html)
         print(printable(f"gpuscope compare: wrote {args.html}"), file=sys.stderr)

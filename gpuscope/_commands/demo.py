@@ -16,12 +16,14 @@ same analysis on recordings made with this command on an H100, shipped in ``gpus
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from gpuscope._commands.exits import EXIT_FILE
 from gpuscope._results.report_inputs import SHORT_NAMES
 from gpuscope._results.report_pm import _scaled
 from gpuscope._results.report_table import _PROSE, _width, _wrap
@@ -177,6 +179,7 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
 
     import gpuscope as gs
     from gpuscope._results.report import report
+    from gpuscope._util import outputs
     from gpuscope.metrics import topdown as td
 
     outdir.mkdir(parents=True, exist_ok=True)
@@ -219,20 +222,42 @@ def analyse(launches, series, outdir: Path, recorded: bool, out=None, width: int
       "(by user range and kernel name).", "\n")
     table("Top-Down per phase\n", report(per_phase))
 
-    launches_nc, series_nc = outdir / "launches.nc", outdir / "timeseries.nc"
-    gs.save_dataset(launches, launches_nc)
-    gs.save_dataset(series, series_nc)
+    def figure(fig):  # a figure's file, written as every output is (gpuscope/_util/outputs.py)
+        def fill(tmp: str) -> None:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+
+        return functools.partial(outputs.write, fill=fill)
+
     fig = per_kernel.gpuscope.plot.topdown(level=2)
     fig.axes[0].set_title(f"Top-Down level 2 per kernel ({where}, {attrs.get('chip', '')})")
-    fig.savefig(outdir / "topdown.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    topdown_fig = figure(fig)
     fig = ph.gpuscope.plot.timeline([v for v in series.data_vars if series[v].dims == ("time",)])
     fig.suptitle(f"PM sampling with detected phases ({where})", y=1.02)
-    fig.savefig(outdir / "timeline.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    files = {outdir / "topdown.png": topdown_fig, outdir / "timeline.png": figure(fig),
+             outdir / "launches.nc": functools.partial(gs.save_dataset, launches),
+             outdir / "timeseries.nc": functools.partial(gs.save_dataset, series)}
+    written, not_written = _write_files(files)
+    plt.close("all")
     (out or sys.stdout).write("\n")
-    w(f"wrote {outdir / 'topdown.png'}, {outdir / 'timeline.png'}, {launches_nc}, {series_nc}")
-    return {"verdicts": verdicts, "phases": n_phases, "segments": segments}
+    if written:
+        w(f"wrote {', '.join(map(str, written))}")
+    for line in not_written:
+        w(f"not written: {line}")
+    return {"verdicts": verdicts, "phases": n_phases, "segments": segments, "not_written": not_written}
+
+
+def _write_files(files: dict) -> tuple[list, list[str]]:
+    """Write each file (path -> ``write(path)``); one that cannot be written (a full disk, a link or a device at its
+    name) costs that file only. Returns the paths written and a line for each one that was not."""
+    written, failed = [], []
+    for path, write in files.items():
+        try:
+            write(path)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+        else:
+            written.append(path)
+    return written, failed
 
 
 def _segments(series, ph, n_phases: int):
@@ -300,8 +325,8 @@ def main(outdir: str = "gpuscope-demo", record_to: str | None = None, force_reco
             gs.save_dataset(_thin(series), Path(record_to) / RECORDED_SERIES.name)
     else:
         launches, series = gs.open_dataset(RECORDED_LAUNCHES), gs.open_dataset(RECORDED_SERIES)
-    analyse(launches, series, outdir, recorded=not live)
-    return 0
+    result = analyse(launches, series, outdir, recorded=not live)
+    return EXIT_FILE if result["not_written"] else 0
 
 
 def _numba_cuda() -> bool:

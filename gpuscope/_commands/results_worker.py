@@ -21,7 +21,9 @@ import pickle
 import subprocess
 import sys
 
-__all__ = ["ResultsWorker", "results", "EXIT_NOTHING_PROFILED", "EXIT_NOT_WRITTEN"]
+from gpuscope._commands.exits import EXIT_FILE
+
+__all__ = ["ResultsWorker", "results", "EXIT_NOTHING_PROFILED"]
 
 #: Exit status when the script succeeded but no launch or range was profiled (a filter that matched nothing).
 EXIT_NOTHING_PROFILED = 6
@@ -29,10 +31,6 @@ EXIT_NOTHING_PROFILED = 6
 #: What the worker imports while it waits for the session's data.
 _IMPORTS = ("gpuscope._results.report", "gpuscope._results.io", "gpuscope._results.build",
             "gpuscope._pm_sampling.multi", "gpuscope._range_profiling.session")
-
-
-#: Exit status when the script succeeded but ``-o`` or ``--trace`` could not be written (:data:`gpuscope.cli.EXIT_FILE`).
-EXIT_NOT_WRITTEN = 5
 
 
 def results(ds, request: dict, emit=None) -> tuple[int, list[tuple[str, str]]]:
@@ -60,7 +58,7 @@ def results(ds, request: dict, emit=None) -> tuple[int, list[tuple[str, str]]]:
         if emit is not None:
             emit(stage, lines, ok)
     nothing = EXIT_NOTHING_PROFILED if size == 0 else 0
-    return request["code"] or (EXIT_NOT_WRITTEN if failed else nothing), everything
+    return request["code"] or (EXIT_FILE if failed else nothing), everything
 
 
 def _report(ds, parts, size, request) -> tuple[bool, list]:
@@ -101,29 +99,21 @@ def _trace(ds, parts, size, request) -> tuple[bool, list]:
     path = request.get("trace")
     if not path or size == 0:
         return True, []
-    from gpuscope._results.trace import to_perfetto
-    from gpuscope._util import outputs
+    from gpuscope._results.trace import to_perfetto, write_trace
 
-    trace = to_perfetto(*parts)
     try:
-        outputs.write(path, lambda tmp: _dump(trace, tmp), overwrite=bool(request.get("force")))
+        write_trace(to_perfetto(*parts), path, overwrite=bool(request.get("force")))
     except OSError as exc:
         return False, [("err", _not_written(path, exc, "--trace", request))]
     return True, [("err", f"gpuscope run: wrote {path} (open it at https://ui.perfetto.dev)")]
 
 
-def _dump(trace: dict, tmp: str) -> None:
-    import json
-
-    with open(tmp, "w") as f:
-        json.dump(trace, f)
-
-
 def _not_written(path: str, exc: OSError, flag: str, request: dict) -> str:
     """The line that says a file of the run was not written, why, and what is still there."""
     why = exc.strerror or str(exc)
-    if isinstance(exc, FileExistsError):  # another run took the name while this one ran
-        why += f"; pass -f/--force to replace it, or give {flag} another name"
+    if isinstance(exc, FileExistsError):  # not there when the run started: another run took the name meanwhile
+        why = ("it was made by something else while the script ran, and gpuscope run does not overwrite it; pass "
+               f"-f/--force to replace it, or give {flag} another name")
     return (f"gpuscope run: error: {path} ({flag}) was not written: {why}. What was there is as it was"
             + ("; the report above is what was collected." if request.get("report") else "."))
 

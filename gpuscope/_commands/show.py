@@ -71,6 +71,7 @@ def _show(args) -> int:
         raise ValueError("--by groups the rows of the summary and details pages; --page raw lists every row as it "
                          "was recorded")
     options = {"by": args.by} if args.by else {}
+    csv_path = csv_output(args)
     html = getattr(args, "html", None)
     if html:
         _check_html(args)
@@ -97,11 +98,29 @@ def _show(args) -> int:
                 table = report(part, page=args.page, **options)
                 print(printable(table))
                 tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
-    if args.csv and tables:  # one table: with several files or devices, each row says which
+    if csv_path and tables:  # one table: with several files or devices, each row says which
         frame = next(iter(tables.values())) if len(tables) == 1 else (
             pd.concat(tables, names=["file", "device"]).reset_index(level=[0, 1]))
-        frame.to_csv(args.csv, index=False)
+        write_csv(csv_path, lambda tmp: frame.to_csv(tmp, index=False), args)
     return EXIT_OK
+
+
+def csv_output(args) -> str | None:
+    """The absolute path of ``--csv``, checked before anything is read (no link, a regular file, one that exists
+    only with ``-f``: :func:`gpuscope._util.outputs.check`); None without ``--csv``."""
+    from gpuscope._util import outputs
+
+    return outputs.check(args.csv, overwrite=getattr(args, "force", False), hint=_CSV_HINT) if args.csv else None
+
+
+def write_csv(path: str, fill, args) -> None:
+    """Write the ``--csv`` file with ``fill(tmp)`` (:func:`gpuscope._util.outputs.write`: complete or not at all)."""
+    from gpuscope._util import outputs
+
+    outputs.write(path, fill, overwrite=getattr(args, "force", False), hint=_CSV_HINT)
+
+
+_CSV_HINT = "pass -f/--force to replace it, or give --csv another name"
 
 
 def _check_html(args) -> None:
@@ -122,7 +141,8 @@ def _write_html(ds, path: str, options: dict) -> None:
     """The HTML page of *ds* at *path* (said on stderr, the report's tables going to stdout)."""
     import sys
 
-    from gpuscope._results.html import report_html
+    from gpuscope._results.html_pages import report_html
+    from gpuscope._results.report import report
 
-    report_html(ds, path, **options)
+    report_html(ds, path, report=report, **options)
     print(printable(f"gpuscope show: wrote {path}"), file=sys.stderr)

@@ -15,6 +15,7 @@ import numpy as np
 from gpuscope._results.io import _dataset_arg
 from gpuscope._results.sol_quantities import per_launch
 from gpuscope._schema import dataset as _dataset
+from gpuscope._util import outputs as _outputs
 from gpuscope._util import validate as _validate
 
 #: Top-Down level-1 nodes put in the args of a kernel or range slice when its Dataset allows Top-Down.
@@ -237,10 +238,17 @@ def _trace_kind(ds, position: str) -> str:
         "gpuscope.open_dataset")
 
 
-def _write(trace: dict, path) -> None:
-    if path is not None:
-        with open(path, "w") as f:
+def write_trace(trace: dict, path, *, overwrite: bool = True) -> None:
+    """Write *trace* as JSON at *path* (:func:`gpuscope._util.outputs.write`: no link followed, nothing but a regular
+    file replaced, complete or not at all; a file that exists only with *overwrite*); None writes nothing."""
+    if path is None:
+        return
+
+    def fill(tmp: str) -> None:
+        with open(tmp, "w") as f:
             json.dump(trace, f)
+
+    _outputs.write(path, fill, overwrite=overwrite)
 
 
 def to_perfetto(*datasets, path: str | os.PathLike | None = None) -> dict:
@@ -339,7 +347,7 @@ def to_perfetto(*datasets, path: str | os.PathLike | None = None) -> dict:
     if trace.hot_spots:
         out["otherData"]["pc_hot_spots"] = trace.hot_spots
         out["otherData"]["pc_hot_spots_unmatched"] = sorted(set(trace.hot_spots) - trace.hot_spots_used)
-    _write(out, path)
+    write_trace(out, path)
     return out
 
 
@@ -386,5 +394,5 @@ def to_chrome_trace(ds, path: str | os.PathLike | None = None, metrics=None) -> 
     trace = _Trace()
     _pm_events(trace, ds, names)
     out = trace.finish(int(ds.attrs["session_start_ns"]), ["pm_sampling"])
-    _write(out, path)
+    write_trace(out, path)
     return out

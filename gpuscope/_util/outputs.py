@@ -48,7 +48,7 @@ def check(path, *, overwrite: bool = True, hint: str = "") -> str:
     ------
     OSError
         *path* is a symbolic link (``ELOOP``; dangling or not), a folder (:class:`IsADirectoryError`), a device,
-        FIFO or socket (``EEXIST``), a file that exists while *overwrite* is false (:class:`FileExistsError`), or
+        FIFO or socket (``EINVAL``), a file that exists while *overwrite* is false (:class:`FileExistsError`), or
         its folder is missing (:class:`FileNotFoundError`) or not writable (:class:`PermissionError`). The error's
         ``filename`` is *path* as given and its ``strerror`` says what to do.
     """
@@ -68,7 +68,7 @@ def check(path, *, overwrite: bool = True, hint: str = "") -> str:
             raise IsADirectoryError(errno.EISDIR, "it is a folder: give a file name in it", os.fspath(path))
         kind = next((name for test, name in _KINDS if test(st.st_mode)), None)
         if kind is not None:
-            raise OSError(errno.EEXIST, f"it is a {kind}, not a regular file: gpuscope replaces only regular files; "
+            raise OSError(errno.EINVAL, f"it is a {kind}, not a regular file: gpuscope replaces only regular files; "
                                         "give the path of a file", os.fspath(path))
         if not overwrite:
             raise FileExistsError(errno.EEXIST, "it exists, and gpuscope does not overwrite it"
