@@ -52,7 +52,6 @@ PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cu
 outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
 kept here first.
 
-Sessions also start importing xarray on a thread (:func:`import_xarray_soon`); ``os.fork`` waits for that import.
 """
 
 from __future__ import annotations
@@ -60,12 +59,12 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import sys
 import threading
 import time
 import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
+from gpuscope._gpu.imports import import_xarray_soon, imports_done, results_elsewhere  # noqa: F401 (called through keep)
 from gpuscope._util import env as _env
 from gpuscope._util import launchers as _launchers
 from gpuscope._util.shield import run_shielded
@@ -73,8 +72,7 @@ from gpuscope.cupti import _api
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError
 
 __all__ = ["Kept", "HostSetup", "take", "reuse", "keep", "release", "kept_devices", "host_for", "enabled", "seconds",
-           "session_open", "session_closed", "answer", "retry_when_busy", "ask_holders", "detach_cupti", "DETACH_ENV",
-           "import_xarray_soon", "imports_done", "results_elsewhere"]
+           "session_open", "session_closed", "answer", "retry_when_busy", "ask_holders", "detach_cupti", "DETACH_ENV"]
 
 #: Seconds a range profiler is kept after its session (GPUSCOPE_KEEP; 0: never kept, "inf": until exit).
 ENV = "GPUSCOPE_KEEP"
@@ -617,91 +615,18 @@ def _quietly_close(obj) -> None:
         warnings.warn(f"gpuscope: closing {type(obj).__name__} failed: {exc}", GpuscopeWarning, stacklevel=3)
 
 
-_importer: threading.Thread | None = None
-_import_lock = threading.Lock()
-#: How long a fork waits for the background import of xarray (it takes 0.45-0.8 s); past that it forks, warned.
-FORK_WAIT_S = 30.0
-_fork = os.fork  # the os.fork that :func:`_fork_after_import` stands in front of while xarray is imported
-
-
-def import_xarray_soon() -> None:
-    """Import xarray on a background thread while a session runs (once per process): the first Dataset of a process
-    otherwise waits 0.45-0.8 s for it, and CUDA's and CUPTI's calls release the GIL, so most of it overlaps.
-
-    Until the import is done, ``os.fork`` waits for it (:func:`_fork_after_import`): a child forked meanwhile would
-    inherit the module locks that the importing thread holds, which no thread of the child ever releases, and hang at
-    its first ``import xarray`` (a DataLoader worker, a ``multiprocessing`` child started with fork)."""
-    global _importer, _fork
-    with _import_lock:
-        if _importer is not None or "xarray" in sys.modules or _imports_elsewhere:
-            return
-        _importer = threading.Thread(target=_import_xarray, name="gpuscope-import", daemon=True)
-        _fork, os.fork = os.fork, _fork_after_import
-        _importer.start()
-
-
-_imports_elsewhere = False  # results_elsewhere(): another process makes this process's Datasets
-
-
-def results_elsewhere(on: bool = True) -> None:
-    """While *on*, this process's session results are made in another process (``gpuscope run``'s results process,
-    :mod:`gpuscope._commands.results_worker`): sessions import no xarray in the background."""
-    global _imports_elsewhere
-    _imports_elsewhere = bool(on)
-
-
-def _import_xarray() -> None:
-    try:
-        import xarray  # noqa: F401
-    except Exception:  # the Dataset's own import raises it where the user sees it
-        pass
-    finally:
-        _put_fork_back()
-
-
-def _put_fork_back() -> None:
-    with _import_lock:
-        if os.fork is _fork_after_import:  # unless someone has wrapped it since: then ours only calls on
-            os.fork = _fork
-
-
-def _fork_after_import() -> int:
-    """``os.fork`` while gpuscope imports xarray in the background: the import is let finish first (at most
-    :data:`FORK_WAIT_S`), then the process forks. Not an at-fork handler: modules imported during the wait register
-    handlers whose after-fork half then runs without their before half, and handlers registered after gpuscope's
-    run before it (logging's holds the lock that the import's ``logging.getLogger`` calls need)."""
-    importer = _importer
-    if importer is not None and importer is not threading.current_thread():
-        importer.join(FORK_WAIT_S)
-        if importer.is_alive():  # e.g. this thread is itself importing a module that the import waits for
-            warnings.warn(f"gpuscope: os.fork() while xarray was still being imported in the background (waited "
-                          f"{FORK_WAIT_S:g} s); the child may hang at its first import of xarray.", GpuscopeWarning,
-                          stacklevel=2)
-    return _fork()
-
-
-def imports_done() -> None:
-    """Wait for :func:`import_xarray_soon` (sessions call it when they close: no thread outlives them)."""
-    importer = _importer
-    if importer is not None and importer is not threading.current_thread():
-        importer.join()
-
-
 def _forget_in_child() -> None:
     """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread or rendezvous
     listener the child's (its copy of the listener's socket is closed: the name ends with the parent), nor a kept PM
     sampler's evaluation workers (the child closes only its copies of their connections, and frees no image)."""
-    global _lock, _given_back, _import_lock, _importer, _listen_lock
-    _lock, _import_lock, _listen_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    global _lock, _given_back, _listen_lock
+    _lock, _listen_lock = threading.Lock(), threading.Lock()
     _given_back = threading.Condition(_lock)
     _under_way.clear()  # the parent's threads' releases
     for listener in _listeners.values():
         listener.forget()
     _listeners.clear()
     _sessions.clear()
-    _importer = None  # a fork that did not wait for it: its thread is not the child's
-    if os.fork is _fork_after_import:
-        os.fork = _fork
     for kept in _kept.values():
         _detach(kept)
         kept.timer = None  # the timer thread is the parent's

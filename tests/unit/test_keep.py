@@ -438,7 +438,7 @@ def test_xarray_is_imported_in_the_background_and_the_thread_ends():
 FORK_DURING_IMPORT = """
 import os, sys, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork while a thread runs
-from gpuscope._gpu import keep as _keep
+from gpuscope._gpu import imports as _imports, keep as _keep
 
 def child():
     import xarray
@@ -448,7 +448,7 @@ def child():
 _keep.import_xarray_soon()  # what every session start calls
 while "xarray" not in sys.modules:  # the import thread has begun xarray itself: its module lock is held
     time.sleep(0.0005)
-during = _keep._importer.is_alive()
+during = _imports._importer.is_alive()
 if sys.argv[1] == "os.fork":
     pid = os.fork()
     if pid == 0:
