@@ -179,3 +179,20 @@ def test_every_analysis_module_imports_first_in_a_fresh_interpreter():
         failed = [(m, err) for m, rc, err in pool.map(first_import, modules) if rc]
     assert len(modules) > 30
     assert not failed, failed
+
+
+#: Modules allowed past :data:`MAX_LINES`, each with the reason; the list only shrinks.
+LONG = {
+    "gpuscope.cupti._types": "the structs of CUPTI's headers: a table",
+    "gpuscope._range_profiling.modes": "issue 54: to be split along its seams once the changes under way land",
+    "gpuscope.cupti.callbacks": "issue 54: to be split along its seams once the changes under way land",
+    "gpuscope._gpu.keep": "issue 54: detach_cupti is the next seam; its callers and tests reach it through keep",
+}
+MAX_LINES = 600
+
+
+def test_modules_fit_in_a_head():
+    """A module over 600 lines is split along a seam that has a name (docs/design.md: modules stay under 600)."""
+    long = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    assert sorted(m for m, n in long.items() if n > MAX_LINES and m not in LONG) == []
+    assert sorted(m for m in LONG if long[m] <= MAX_LINES) == []  # split since: off the list
