@@ -4,7 +4,7 @@
 The page holds everything it needs, Plotly's JavaScript and DataTables' (through itables) inlined, so it opens
 from disk or as a CI artifact with no server and no network. Its tables are the report's own (sortable, filterable,
 each header with its unit); its figures are drawn from the same numbers (:mod:`gpuscope._results.html_figures`);
-the content of each kind of page is :mod:`gpuscope._results.html_pages`. Plotly and itables are the ``html`` extra.
+the content of each kind of page, and the entry points, are :mod:`gpuscope._results.html_pages`. Plotly and itables are the ``html`` extra.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 
 from gpuscope.errors import GpuscopeError
 
-__all__ = ["HTML_EXTRA", "HtmlExtraMissing", "Page", "compare_html", "report_html", "write_html"]
+__all__ = ["HTML_EXTRA", "HtmlExtraMissing", "Page", "write_html"]
 
 #: What installs the libraries the page is drawn with.
 HTML_EXTRA = "pip install 'gpuscope[html]'"
@@ -186,39 +186,3 @@ def write_html(text: str, path) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return path
-
-
-def report_html(ds, path=None, **options) -> str:
-    """The HTML report of a gpuscope Dataset (range results, PM sampling, PC sampling), written to *path* when
-    given. *options*: as :func:`gpuscope.report` takes them (``by``, ``top``, ``registers``, ``shared_memory``).
-
-    Returns
-    -------
-    str
-        The page.
-
-    Raises
-    ------
-    HtmlExtraMissing
-        Plotly or itables is missing (the ``html`` extra); an ImportError.
-    """
-    from gpuscope._results import html_pages
-    from gpuscope._results.report_inputs import _kind
-
-    kind = _kind(ds)
-    build = {"range": html_pages.range_page, "pm_sampling": html_pages.pm_page, "pc_sampling": html_pages.pc_page,
-             "topdown_by_phase": html_pages.table_page}[kind]
-    text = build(ds, **options).html()
-    if path is not None:
-        write_html(text, path)
-    return text
-
-
-def compare_html(result, path=None) -> str:
-    """The comparison page of a :func:`gpuscope.compare` result, written to *path* when given."""
-    from gpuscope._results import html_pages
-
-    text = html_pages.compare_page(result).html()
-    if path is not None:
-        write_html(text, path)
-    return text

@@ -2,7 +2,8 @@
 
 Every table is a :func:`gpuscope.report` (or :func:`gpuscope.compare`) result as the terminal prints it, and every
 figure is drawn from those tables or from the inputs the report reads (:func:`grouped_topdown` for the Top-Down per
-kernel, :func:`gpuscope.phases` for the phases, :func:`gpuscope.source` for the source lines).
+kernel, :func:`gpuscope.phases` for the phases, :func:`gpuscope.source` for the source lines). The report itself is
+given by the caller (*report*: :func:`gpuscope._results.report.report`), which imports this module to write a page.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from gpuscope._results import html_figures as figures
-from gpuscope._results.html import Page, advice, esc, table_frame
+from gpuscope._results.html import Page, advice, esc, table_frame, write_html
 
-__all__ = ["compare_page", "pc_page", "pm_page", "range_page", "table_page"]
+__all__ = ["compare_html", "compare_page", "pc_page", "pm_page", "range_page", "report_html", "table_page"]
 
 
 def _page(report, heading: str) -> Page:
@@ -40,10 +41,9 @@ _SECTION_FIGURES = {"speed of light": figures.roofline, "memory workload": figur
                     "occupancy": figures.occupancy, "instructions": figures.instructions}
 
 
-def range_page(ds, *, by: str | None = None, registers=None, shared_memory=None) -> Page:
+def range_page(ds, report, *, by: str | None = None, registers=None, shared_memory=None) -> Page:
     """Range results: the per-kernel table with the verdict, the Top-Down per kernel, the verdict of each launch,
     and per kernel (chosen in a list) its Top-Down hierarchy and the sections of the details page."""
-    from gpuscope._results.report import report
     from gpuscope._results.report_inputs import _finite
     from gpuscope._results.report_ranges import group_key
     from gpuscope._results.report_topdown import grouped_topdown, topdown_per_launch
@@ -102,10 +102,9 @@ def range_page(ds, *, by: str | None = None, registers=None, shared_memory=None)
     return page
 
 
-def pm_page(ds, *, by: str | None = None) -> Page:
+def pm_page(ds, report, *, by: str | None = None) -> Page:
     """PM sampling: the report per user range and per phase, and the timeline with the phases shaded and the
     ranges below (zoomable)."""
-    from gpuscope._results.report import report
     from gpuscope._results.report_inputs import SHORT_NAMES
     from gpuscope._schema.dataset import spans
     from gpuscope.metrics.phases import phases
@@ -149,9 +148,8 @@ def _source_table(table) -> tuple[pd.DataFrame, list[str]]:
     return frame, categories
 
 
-def pc_page(ds, *, top: int = 3) -> Page:
+def pc_page(ds, report, *, top: int = 3) -> Page:
     """PC sampling: the per-kernel report, and per kernel its source lines with their stalls beside the code."""
-    from gpuscope._results.report import report
     from gpuscope.metrics.source import source
 
     summary = report(ds, top=top)
@@ -177,9 +175,8 @@ def pc_page(ds, *, top: int = 3) -> Page:
     return page
 
 
-def table_page(ds) -> Page:
+def table_page(ds, report) -> Page:
     """A Dataset whose report is a table alone (the Top-Down per phase of gpuscope.dynamic)."""
-    from gpuscope._results.report import report
 
     summary = report(ds)
     page = _page(summary, "gpuscope report")
@@ -197,3 +194,37 @@ def compare_page(result) -> Page:
     page.table(frame.sort_values(["significant", "kernel"], ascending=[False, True], kind="stable"), "compare")
     page.notes(result.notes)
     return page
+
+
+def report_html(ds, path=None, *, report, **options) -> str:
+    """The HTML page of a gpuscope Dataset (range results, PM sampling, PC sampling), written to *path* when given.
+
+    *report* is :func:`gpuscope.report` (passed in: it imports this module for ``html=``); *options* as it takes
+    them (``by``, ``top``, ``registers``, ``shared_memory``).
+
+    Returns
+    -------
+    str
+        The page.
+
+    Raises
+    ------
+    gpuscope._results.html.HtmlExtraMissing
+        Plotly or itables is missing (the ``html`` extra); an ImportError.
+    """
+    from gpuscope._results.report_inputs import _kind
+
+    build = {"range": range_page, "pm_sampling": pm_page, "pc_sampling": pc_page,
+             "topdown_by_phase": table_page}[_kind(ds)]
+    text = build(ds, report, **options).html()
+    if path is not None:
+        write_html(text, path)
+    return text
+
+
+def compare_html(result, path=None) -> str:
+    """The comparison page of a :func:`gpuscope.compare` result, written to *path* when given."""
+    text = compare_page(result).html()
+    if path is not None:
+        write_html(text, path)
+    return text

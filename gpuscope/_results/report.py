@@ -125,9 +125,9 @@ def report(ds, page: str = "summary", *, html=None, **options) -> Report:
     if kind == "range" and options.get("by") and options["by"] not in ds.coords:
         raise ValueError(f"by={options['by']!r} is not a coordinate of the Dataset; coordinates: {list(ds.coords)}")
     if html is not None:
-        from gpuscope._results.html import report_html
+        from gpuscope._results.html_pages import report_html
 
-        report_html(ds, html, **options)
+        report_html(ds, html, report=report, **options)
     if kind == "range" and ds.sizes.get("range", 0) == 0:
         graphs = graph_note(ds)
         return _new(pd.DataFrame(index=pd.Index([], name="kernel")),

@@ -35,9 +35,14 @@ def sol_full(folder: str = "sol"):
 def datasets():
     """name -> (what the page is made from, the function that makes it)."""
     import gpuscope as gs
-    from gpuscope._results.html import compare_html, report_html
+    from gpuscope._results.html_pages import compare_html, report_html
+    from gpuscope._results.report import report
 
     data = Path(gs.__file__).parent / "data"
+
+    def page(ds, path):
+        return report_html(ds, path, report=report)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gs.GpuscopeWarning)
         if str(ROOT) not in sys.path:
@@ -45,10 +50,10 @@ def datasets():
         from tests.fixtures.pc import recording
 
         return {
-            "launches": (gs.open_dataset(data / "demo_launches.nc"), report_html),
-            "full": (sol_full(), report_html),
-            "timeline": (gs.open_dataset(data / "demo_timeseries.nc"), report_html),
-            "source": (recording.dataset(), report_html),
+            "launches": (gs.open_dataset(data / "demo_launches.nc"), page),
+            "full": (sol_full(), page),
+            "timeline": (gs.open_dataset(data / "demo_timeseries.nc"), page),
+            "source": (recording.dataset(), page),
             "compare": (gs.compare(sol_full("sol_h100"), sol_full()), compare_html),
         }
 

@@ -16,7 +16,7 @@ pytest.importorskip("plotly", reason="the HTML report needs the html extra: pip 
 pytest.importorskip("itables", reason="the HTML report needs the html extra: pip install -e '.[test]'")
 
 import gpuscope as gs  # noqa: E402
-from gpuscope._results import html  # noqa: E402
+from gpuscope._results import html, html_pages  # noqa: E402
 from gpuscope._results.report_table import _number, _percent  # noqa: E402
 
 DATA = Path(gs.__file__).parent / "data"
@@ -70,7 +70,7 @@ def test_hierarchy_values_are_the_reports(launches):
 def test_markup_in_names_is_shown_not_obeyed(launches, tmp_path):
     ds = launches.assign_coords(kernel=("range", np.where(launches["kernel"].values == "fma", "<b onclick=x>fma",
                                                            launches["kernel"].values)))
-    text = html.report_html(ds)
+    text = html_pages.report_html(ds, report=gs.report)
     assert "<b onclick=x>" not in text and "&lt;b onclick=x&gt;fma" in text
 
 
@@ -90,4 +90,4 @@ def test_show_and_compare_write_pages(launches, tmp_path, capsys):
 def test_without_the_extra_the_error_names_it(monkeypatch, launches):
     monkeypatch.setitem(sys.modules, "plotly", None)
     with pytest.raises(ImportError, match=r"gpuscope\[html\]"):
-        html.report_html(launches)
+        html_pages.report_html(launches, report=gs.report)
