@@ -1,9 +1,10 @@
 """Plots of Top-Down and phase results. matplotlib is imported inside each function, never at import time.
 
-Colours follow the hierarchy: every level-2 node has its own colour family (retire green, divergence orange,
-frontend fetch blue, decode grey, backend core red, backend memory purple) and level-3 nodes take shades of
-their parent's family spread as far apart as the family allows, so levels can be compared by colour. Ranges
-and phases share one palette: a phase that lies mostly in one user range takes that range's colour.
+Colours follow the hierarchy, in Okabe and Ito's colour-blind-safe palette: every level-2 node has its own colour
+(retire bluish green, divergence orange and yellow, frontend sky blue and blue, backend core vermillion, backend
+memory reddish purple), a level-1 node a darker one of its children's family, and level-3 nodes take shades of
+their parent's colour spread from darker to lighter, so levels can be compared by colour. The timeline draws
+user ranges in greys and phases in a palette of their own, so a range is never read as a phase.
 
 The plots are :mod:`gpuscope.metrics.plot_bars` (Top-Down bars and the hierarchy),
 :mod:`gpuscope.metrics.plot_timeline` (metrics over time, Top-Down per phase), :mod:`gpuscope.metrics.plot_roofline`
