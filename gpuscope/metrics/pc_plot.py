@@ -14,7 +14,8 @@ from gpuscope.metrics import topdown as _td
 from gpuscope.metrics.plot_bars import DPI, FONT, WIDTH
 from gpuscope.metrics.plot_colors import _OTHER_COLOR, _node_colors, node_words
 
-__all__ = ["CATEGORY_ORDER", "ISSUED_WORDS", "NEGLIGIBLE", "kernel_stalls", "line_stalls", "plot_kernel_stalls", "plot_line_stalls"]
+__all__ = ["CATEGORY_ORDER", "ISSUED_WORDS", "NEGLIGIBLE", "kernel_stalls", "line_stalls", "plot_kernel_stalls",
+           "plot_line_stalls"]
 #: Characters of a source line's text beside its bar (longer lines end in an ellipsis).
 _LINE_CHARS = 32
 

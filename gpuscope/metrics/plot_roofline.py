@@ -130,9 +130,9 @@ def roofline(ds: xr.Dataset, precision: str | None = None, *, by: str | None = "
                 ax.plot([xv], [rate[i]], marker=_MARKERS.get(lv, "o"), color=color, markersize=7,
                         markeredgecolor="black", markeredgewidth=0.5, linestyle="none")
         sep = "\n" if len(labels[i]) > 40 else ": "  # a long name on a line of its own, to stay in the figure
+        bound = _bound_text(str(one["bound"].values[i]), rate[i], xs, levels, bandwidth, peak)
         kernel_handles.append(plt.Line2D([], [], color=color, marker="o", linestyle="none", markersize=7,
-                                         label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, "
-                                               f"{_bound_text(str(one['bound'].values[i]), rate[i], xs, levels, bandwidth, peak)}"))
+                                         label=f"{labels[i]}{sep}{si(rate[i], 'FLOP/s')}, {bound}"))
     ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
     ax.tick_params(labelsize=FONT)
     ax.set_xlabel("Arithmetic intensity [FLOP/byte]", fontsize=FONT + 1)
