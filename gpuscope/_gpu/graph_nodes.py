@@ -320,22 +320,23 @@ def plan(copy: GraphCopy, stream: int) -> list:
             continue
         if kind == "CU_GRAPH_NODE_TYPE_KERNEL":
             p = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
-            if not int(p.kernelParams) and int(p.extra):
-                raise RuntimeError("a kernel node takes its arguments through 'extra'")
+            # arguments in kernelParams, or packed in one buffer through extra (cuBLAS's kernels, in the child graphs
+            # XLA records): both arrays are the node's own, valid while the node is (the driver's documentation)
+            args = (int(p.kernelParams), 0) if int(p.kernelParams) else (0, int(p.extra))
             # fresh handles: cuda.bindings' struct fields are views into the struct, gone with it
             function = driver.CUfunction(int(p.func) or int(p.kern))
             cluster = _cluster(node)
             if cluster is None:
                 steps.append((position, driver.cuLaunchKernel, (
                     function, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
-                    p.sharedMemBytes, s, int(p.kernelParams), 0), p))
+                    p.sharedMemBytes, s, *args), p))
             else:
                 config = driver.CUlaunchConfig()
                 config.gridDimX, config.gridDimY, config.gridDimZ = p.gridDimX, p.gridDimY, p.gridDimZ
                 config.blockDimX, config.blockDimY, config.blockDimZ = p.blockDimX, p.blockDimY, p.blockDimZ
                 config.sharedMemBytes, config.hStream = p.sharedMemBytes, s
                 config.attrs, config.numAttrs = [cluster], 1
-                steps.append((position, driver.cuLaunchKernelEx, (config, function, int(p.kernelParams), 0), p))
+                steps.append((position, driver.cuLaunchKernelEx, (config, function, *args), p))
         elif kind == "CU_GRAPH_NODE_TYPE_MEMSET":
             p = _check(driver.cuGraphMemsetNodeGetParams(node), "cuGraphMemsetNodeGetParams")
             if p.elementSize not in fill:
