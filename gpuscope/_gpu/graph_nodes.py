@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from gpuscope._gpu.device import _check
 
-__all__ = ["GraphCopy", "copy_of", "empty_exec", "errors", "plan", "run", "watch", "watching", "pause", "unkeep"]
+__all__ = ["GraphCopy", "copy_of", "empty_exec", "errors", "plan", "run", "watch", "pause", "unkeep"]
 
 #: Node types run one by one, and those run as nothing (their order is the stream's).
 _RUN = ("CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_MEMSET", "CU_GRAPH_NODE_TYPE_MEMCPY")
@@ -282,11 +282,6 @@ def pause(force: bool = False) -> bool:
         watcher, _watcher = _watcher, None
     watcher.close()
     return True
-
-
-def watching() -> bool:
-    """Whether gpuscope copies the graphs instantiated now (a session's, or :func:`watch` kept)."""
-    return _watcher is not None
 
 
 def copy_of(exec_handle: int) -> GraphCopy | None:

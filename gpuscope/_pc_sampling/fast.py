@@ -145,11 +145,10 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     ValueError
         A bad *period*, *levels* or *check* (before any GPU work).
     FastTopDownError
-        No kernel was seen by both halves; or *work* launched CUDA graphs (``cuGraphLaunch``) made before
-        :func:`gpuscope.watch_graphs`, whose kernels the range pass cannot run one by one (the message names the
-        kernels PC sampling saw). Graphs gpuscope copied are run node by node in the range pass.
+        No kernel was seen by both halves; or *work* launched CUDA graphs (``cuGraphLaunch``): PC sampling needs
+        CUPTI detached and the graph copies that run their nodes one by one need it attached (the message names
+        the kernels PC sampling saw, and what gives the graph kernels' Top-Down instead).
     """
-    from gpuscope._gpu import graph_nodes as _graph_nodes
     from gpuscope._pc_sampling import messages as _messages
     from gpuscope._pc_sampling import sampler as _pcsampling
     from gpuscope._range_profiling.session import _capacity
@@ -170,21 +169,15 @@ def profile_fast_topdown(work, *args, period: int = 2**10, device: int = 0, leve
     # where they were not counted, a first iteration sizes it.
     pcs, blocks = _pc_block(pc_sampler, period, device, work, args, kwargs)
     graphs = int(getattr(pcs, "graph_launches", 0) or 0)
-    if graphs and not _graph_nodes.watching():  # graphs made before gpuscope copied them: no range of their nodes
+    if graphs:
         raise FastTopDownError(_graph_message(graphs, pcs.dataset))
     counted = sum((getattr(pcs, "launches", None) or {}).values())
-    # a graph's kernel nodes are no launches of the PC block's count: a first iteration sizes the image then
-    sizing = {"max_ranges": _capacity(counted)} if counted and not graphs else {}
+    sizing = {"max_ranges": _capacity(counted)} if counted else {}
     with profiler(FAST_SET, mode="iteration", device=device, **sizing) as prof:
         for _ in range(prof.passes + (0 if sizing else 1)):
             prof.step()
             work(*args, **kwargs)
     pc, ranges = pcs.dataset, prof.dataset
-    not_replayed = sum(dict(ranges.attrs.get("graph_launches_not_replayed", {}) or {}).values()) if graphs else 0
-    if not_replayed:
-        warnings.warn(f"{not_replayed} CUDA graph launch(es) of the range pass ran as they were, so their kernels "
-                      f"have no IPC and are left out ({dict(ranges.attrs.get('graph_not_replayed_why', {}))}).",
-                      GpuscopeWarning, stacklevel=2)
     stalls = stall_percentages(pc)
     sampled = [str(k) for k in stalls["kernel"].values]
     rows = ranges.isel(range=[i for i, k in enumerate(ranges["kernel"].values) if str(k)])
@@ -264,10 +257,10 @@ def _graph_message(graphs: int, pc) -> str:
     seen = (f"this call's PC sampling saw {', '.join(sampled[:6])}{' and more' if len(sampled) > 6 else ''}"
             if sampled else "this call's PC sampling saw no kernel")
     return (f"work() launched {graph_launches_text(graphs)} (cuGraphLaunch: JAX's steps, "
-            "torch.cuda.CUDAGraph.replay, torch.compile mode='reduce-overhead', CuPy graphs) made before gpuscope "
-            "watched graphs. Fast Top-Down takes IPC from a range pass, which runs a graph's kernel nodes one by one "
-            "only where gpuscope copied the graph as it was made: call gpuscope.watch_graphs() before the graphs are "
-            "made (before JAX's first step, before torch.cuda.graph(...)) and call this again (docs/graphs.md). The "
-            f"stall reasons of each graph kernel are in gpuscope.pc_sample() around the same work ({seen}); a "
-            "gpuscope.range around each graph launch in gpuscope.Profiler(mode='user') gives the Top-Down of the "
-            "graph as one row (docs/range-profiling.md, 'CUDA graphs').")
+            "torch.cuda.CUDAGraph.replay, torch.compile mode='reduce-overhead', CuPy graphs). Fast Top-Down cannot "
+            "take them: its PC-sampling half needs CUPTI detached from the process, and running a graph's kernel "
+            "nodes one by one in its range half needs gpuscope's copies of the graphs, made while CUPTI is attached "
+            "(gpuscope.watch_graphs()); with both, PC sampling attributes none of the kernels. The Top-Down of each "
+            "graph kernel node is in gpuscope.Profiler('topdown', mode='kernel' or 'auto') with "
+            "gpuscope.watch_graphs() before the graphs are made (docs/graphs.md); the stall reasons of each graph "
+            f"kernel in gpuscope.pc_sample() around the same work ({seen}).")

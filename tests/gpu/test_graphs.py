@@ -184,20 +184,6 @@ def test_jax_steps_get_a_row_per_kernel_node():
     assert same
 
 
-def test_fast_topdown_of_a_graph_gpuscope_copied():
-    """Fast Top-Down (PC sampling + one range pass) on a captured CuPy graph: the range pass runs its kernel nodes
-    one by one, so both halves see them."""
-    gs.watch_graphs()
-    run = _captured()
-
-    def work():
-        run(times=2)
-
-    result = gs.profile_fast_topdown(work)
-    assert result.sizes["kernel"] >= 2, result["kernel"].values
-    assert np.isfinite(result["retire"].values).all()
-
-
 def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches():
     """A graph's kernels reach no launch callback, but their activity records and PC samples carry their names:
     PM sampling's execution table (kernels=True) and PC sampling's per-kernel stalls hold them."""

@@ -189,12 +189,9 @@ def test_fast_topdown_after_counter_sessions_detaches_cupti(recorded, cupti, bef
     assert result["kernel"].values.tolist() == ["fma", "stream"]
 
 
-def test_graph_launches_are_a_clear_error_naming_what_pc_sampling_saw(recorded, monkeypatch):  # noqa: F811
-    """Graphs made before gpuscope watched graphs cannot be run node by node in the range pass: fast Top-Down stops
-    after the PC block, names the kernels it sampled and says to call watch_graphs() first; no range pass."""
-    from gpuscope._gpu import graph_nodes
-
-    monkeypatch.setattr(graph_nodes, "watching", lambda: False)
+def test_graph_launches_are_a_clear_error_naming_what_pc_sampling_saw(recorded):  # noqa: F811
+    """Fast Top-Down cannot take a graph's kernels (PC sampling needs CUPTI detached, the graph copies need it
+    attached): it stops after the PC block, names the kernels it sampled and what gives their Top-Down instead."""
     _, pc = recorded
     calls = []
 
@@ -203,41 +200,14 @@ def test_graph_launches_are_a_clear_error_naming_what_pc_sampling_saw(recorded, 
         block.graph_launches = 10
         return block
 
-    with pytest.raises(_fast.FastTopDownError, match=r"launched 10 CUDA graph launches .*made before gpuscope "
-                                                     r"watched graphs.*gpuscope.watch_graphs\(\)") as caught:
+    with pytest.raises(_fast.FastTopDownError, match=r"launched 10 CUDA graph launches .*PC-sampling half needs "
+                                                     r"CUPTI detached") as caught:
         gs.profile_fast_topdown(lambda: calls.append("work"), pc_sampler=sampler,
                                 profiler=lambda *a, **kw: pytest.fail("no range pass for graph launches"))
     text = str(caught.value)
     assert "gpuscope.pc_sample()" in text and f"PC sampling saw {pc['kernel'].values[0]}" in text
-    assert "gpuscope.range around each graph launch" in text
+    assert "mode='kernel' or 'auto'" in text and "watch_graphs()" in text
     assert calls.count("work") == 1
-
-
-def test_graphs_gpuscope_copied_are_run_node_by_node_in_the_range_pass(recorded, monkeypatch):  # noqa: F811
-    """With the graphs watched (gs.watch_graphs() before they were made) the range pass has a row per kernel node:
-    fast Top-Down joins them as it joins eager launches. The image is sized by a first iteration (a graph's nodes
-    are no launches of the PC block's count), and graph launches the range pass ran as they were are said."""
-    from gpuscope._gpu import graph_nodes
-
-    monkeypatch.setattr(graph_nodes, "watching", lambda: True)
-    _, pc = recorded
-    ncu = _ncu_dataset()
-    ranges = _range_pass(ncu, ncu["kernel"].values)
-    ranges.attrs["graph_launches_not_replayed"] = {"unknown": 1}
-    ranges.attrs["graph_not_replayed_why"] = {"unknown": "instantiated before gpuscope watched graphs"}
-    calls = []
-
-    def sampler(**kw):
-        block = Half(pc, calls, launches={"_Z6streamPf": 3})
-        block.graph_launches = 2
-        return block
-
-    with pytest.warns(gs.GpuscopeWarning, match="1 CUDA graph launch.*ran as they were.*instantiated before"):
-        result = gs.profile_fast_topdown(lambda: calls.append("work"), pc_sampler=sampler,
-                                         profiler=lambda *a, **kw: Half(ranges, calls, set=a, **kw))
-    prof = [c for c in calls if isinstance(c, Half)][1]
-    assert "max_ranges" not in prof.kwargs and calls.count("step") == 2  # a sizing iteration, then the pass
-    assert sorted(result["kernel"].values.tolist()) == ["fma", "stream"]
 
 
 def test_a_pc_block_whose_small_buffer_filled_runs_again_with_cuptis(recorded):  # noqa: F811
