@@ -297,12 +297,13 @@ class PerLaunchModes(LaunchEntry):
                                  f"iterations on (their launches differ from the group before)" if completed else
                                  " The last, incomplete group was dropped") + ".")
             return None
-        if self._group_index > 0 and self.mode is Mode.AUTO:  # it repeated, but no launch was common to
-            # the iterations of any group (other threads' launches interleaved): auto mode's choice, not the user's
-            _warn(f"Auto mode profiled {self._group_index} pass group(s) of iterations and kept no launch: their "
-                  "iterations did not launch the same kernels (the warnings above say where; launches_unmatched, "
-                  "launches_concurrent). Launches of other threads interleave with the loop's: use mode='kernel', "
-                  "which profiles each launch on its own, or launch from one thread while the session runs.")
+        if self._group_index > 0:  # it repeated, but no launch was common to the iterations of any group (other
+            # threads' launches interleaved with the loop's): an empty result that says why, not "repeat the work"
+            _warn(f"{'Auto' if self.mode is Mode.AUTO else 'Iteration'} mode profiled {self._group_index} pass "
+                  "group(s) of iterations and kept no launch: their iterations did not launch the same kernels (the "
+                  "warnings above say where; launches_unmatched, launches_concurrent). Where launches of other "
+                  "threads interleave with the loop's, use mode='kernel', which profiles each launch on its own, or "
+                  "launch from one thread while the session runs.")
             return None
         return MultiPassRangeError(message)
 

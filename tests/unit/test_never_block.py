@@ -210,7 +210,7 @@ def test_a_launch_whose_exit_was_not_heard_frees_the_baton_and_is_counted():
     assert "1 launch whose call's exit was not heard" in unprofiled_note({"launches_exit_unheard": 1})
 
 
-def test_auto_mode_whose_iterations_never_matched_warns_instead_of_raising():
+def test_iterations_that_never_matched_warn_instead_of_raising():
     """Other threads' launches interleaved with every iteration of the loop auto mode found (H200: 8 threads of
     threads_stress.py): every pass group was collected and kept no launch. The session ends with no rows and says
     why, instead of raising MultiPassRangeError ("run the repeated work at least N times": it did)."""
@@ -224,5 +224,7 @@ def test_auto_mode_whose_iterations_never_matched_warns_instead_of_raising():
 
     with pytest.warns(gs.GpuscopeWarning, match="Auto mode profiled 3 pass group.*kept no launch.*mode='kernel'"):
         assert PerLaunchModes._incomplete_iterations(session(Mode.AUTO, 3)) is None
-    assert isinstance(PerLaunchModes._incomplete_iterations(session(Mode.ITERATION, 3)), gs.MultiPassRangeError)
-    assert isinstance(PerLaunchModes._incomplete_iterations(session(Mode.AUTO, 0)), gs.MultiPassRangeError)
+    with pytest.warns(gs.GpuscopeWarning, match="Iteration mode profiled 2 pass group"):  # H200, 8 threads
+        assert PerLaunchModes._incomplete_iterations(session(Mode.ITERATION, 2)) is None
+    for mode in (Mode.AUTO, Mode.ITERATION):  # too few iterations for one group: the user's to fix
+        assert isinstance(PerLaunchModes._incomplete_iterations(session(mode, 0)), gs.MultiPassRangeError)
