@@ -6,7 +6,8 @@ gpuscope dependencies):
     source tests/gpu/device_env.sh; python3 benchmarks/bench_graphs_vs_ncu.py --out $OUT/graphs
 
 Workloads, each in its own process: ``jax``, a jitted MLP training step (bf16 matmuls, Adam written out) with
-default XLA flags, so that after warm-up each step is one CUDA graph launch (XLA command buffers); ``torch``, a
+XLA's command buffers on (the default), so that after warm-up each step is one CUDA graph launch, and autotuning off
+(``--xla_gpu_autotune_level=0``: under ncu it compiles for minutes); ``torch``, a
 PyTorch MLP training step (bf16, capturable Adam) captured once with ``torch.cuda.graph`` and replayed;
 ``torch-eager``, the same step launched eagerly, kernel mode's cost per launch for comparison. After ``--warmup``
 steps, ``--steps`` steps are profiled:
@@ -133,6 +134,9 @@ def work(args):
     import os
 
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as gpuscope run sets it: no 75% reserve
+    # XLA's autotuning compiles and times candidates for minutes under ncu (its slow-compile alarm; ncu's run did not
+    # end within 150 s on the H200): the same fixed choice in every process, so the kernels compared are the same
+    os.environ.setdefault("XLA_FLAGS", "--xla_gpu_autotune_level=0")
     import gpuscope as gs
 
     if args.gpuscope and args.workload != "torch-eager":
