@@ -226,7 +226,7 @@ def _quality(covered: xr.Variable | None, spread: xr.Variable | None, arch: Arch
     stall = (arch.ipc_max - v["ipc_issued"]).clip(min=0)
     miss = abs(covered - 100.0)
     coverage = covered.copy()
-    coverage.attrs = {"units": "%", "description": "collected warp states as a share of warp-active cycles "
+    coverage.attrs = {"units": UNITS, "description": "collected warp states as a share of warp-active cycles "
                       "(100% when every stall share comes from executions that agree)"}
     out = {"warp_state_coverage": coverage}
     off, rule = miss, "|warp_state_coverage - 100%|"

@@ -51,7 +51,7 @@ def pass_spread(ds: xr.Dataset) -> xr.Variable | None:
     with np.errstate(invalid="ignore", divide="ignore"):
         spread = np.where(first > 0, 100.0 * (values.max(axis=0) - values.min(axis=0)) / first, np.nan)
     return xr.Variable(ds[names[0]].dims, spread, {
-        "units": "%", "anchors": names,
+        "units": "percent", "anchors": names,  # as every Dataset variable in percent (docs/report.md)
         "description": "spread of the active warp-cycles the stall passes counted, one counter per pass "
                        f"({', '.join(names)}), over the first's: how differently the passes ran"})
 

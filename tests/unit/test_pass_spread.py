@@ -50,7 +50,7 @@ def test_the_recording_holds_one_anchor_per_stall_pass(recorded):
     spread = topdown_checks.pass_spread(ds)
     values = np.stack([ds[a].values for a in ds.attrs["pass_anchors"]])
     np.testing.assert_allclose(spread.values, 100 * (values.max(0) - values.min(0)) / values[0])
-    assert spread.attrs["units"] == "%" and spread.attrs["anchors"] == ds.attrs["pass_anchors"]
+    assert spread.attrs["units"] == "percent" and spread.attrs["anchors"] == ds.attrs["pass_anchors"]
 
 
 def test_no_spread_without_anchors_of_separate_passes(recorded):

@@ -48,3 +48,13 @@ def test_the_top_down_per_phase_keeps_whole_nanoseconds(ph):
         per_phase = gs.dynamic(td, phases=ph)
     assert per_phase["phase_duration"].dtype == np.int64 and per_phase["phase_duration"].attrs["units"] == "ns"
     assert per_phase["time_in_phase"].dtype == np.int64 and per_phase["time_in_phase"].attrs["units"] == "ns"
+
+
+def test_a_top_down_dataset_spells_percent_one_way():
+    """Nodes said "percent" and warp_state_coverage "%" in the same Dataset (issue 53, item 4)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gs.GpuscopeWarning)
+        td = gs.topdown(gs.example_dataset("demo_launches"))
+    units = {n: td[n].attrs.get("units") for n in [*td.data_vars, *td.coords]}
+    assert "%" not in units.values()
+    assert units["warp_state_coverage"] == units["retire"] == "percent"
