@@ -169,6 +169,7 @@ def work(args):
         runtime.cudaProfilerStop()
         out["steps_s"] = time.perf_counter() - t0
     out["process_s"] = time.perf_counter() - t_process
+    print("SUMMARY " + json.dumps({k: v for k, v in out.items() if k != "rows"}), file=sys.stderr)
     print("RESULT " + json.dumps(out))
 
 
