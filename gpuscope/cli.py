@@ -70,7 +70,7 @@ def _run(args) -> int:
         exclude=_lists.split_list(args.exclude) if args.exclude else None,
         launch_skip=args.launch_skip, launch_count=args.launch_count,
         sample=_run.parse_sample(args.sample) if args.sample else None,
-        output=args.output, trace=args.trace, report=not args.no_report, device=args.device,
+        output=args.output, trace=args.trace, html=args.html, report=not args.no_report, device=args.device,
         kernel_times=args.kernel_times, force=args.force,
         nvtx=args.nvtx, nvtx_include=args.nvtx_include, nvtx_exclude=args.nvtx_exclude,
         pass_groups=None if args.pass_groups == "plan" else args.pass_groups,
@@ -166,8 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="never take NVTX ranges matching this pattern, nor those nested in them; repeatable; "
                         "implies --nvtx")
     r.add_argument("-o", "--output", metavar="FILE.nc", help="save the results (also when the script fails)")
-    r.add_argument("-f", "--force", action="store_true", help="overwrite the -o and --trace files if they exist")
+    r.add_argument("-f", "--force", action="store_true",
+                   help="overwrite the -o, --trace and --html files if they exist")
     r.add_argument("--trace", metavar="FILE.json", help="also write a Perfetto/Chrome trace of the results")
+    r.add_argument("--html", metavar="FILE.html",
+                   help="also write the report as one self-contained HTML page (the html extra: pip install "
+                        "'gpuscope[html]')")
     r.add_argument("--no-report", action="store_true", help="do not print the report")
     r.add_argument("--device", type=_devices, default=0, metavar="N|N,M|all",
                    help="GPU index (default 0); with --sample also a comma-separated list or 'all': every device "
@@ -190,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "unit in the header; with --page details one row per kernel, "
                                                  "section and quantity with its unit; with --page raw every value "
                                                  "with its unit (gpuscope.to_dataframe)")
-    s.add_argument("-f", "--force", action="store_true", help="replace the --csv file if it exists")
+    s.add_argument("-f", "--force", action="store_true", help="replace the --csv and --html files if they exist")
     s.add_argument("--html", metavar="FILE.html",
                    help="also write the report as one self-contained HTML page (sortable tables, the Top-Down, the "
                         "details sections, the PM timeline or the source lines; opens offline): one FILE; needs "
@@ -208,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for Top-Down nodes and speed-of-light percentages (default 0.02: 2%% of the base, 2 points)")
     c.add_argument("--all", action="store_true", help="print every row, not only time and significant ones")
     c.add_argument("--csv", metavar="FILE", help="also write every row as CSV (each row's unit in its unit column)")
-    c.add_argument("-f", "--force", action="store_true", help="replace the --csv file if it exists")
+    c.add_argument("-f", "--force", action="store_true", help="replace the --csv and --html files if they exist")
     c.add_argument("--html", metavar="FILE.html",
                    help="also write the comparison as one self-contained HTML page (needs the html extra)")
     c.add_argument("--fail-on", choices=("slower", "change"),

@@ -32,7 +32,7 @@ def _compare(args) -> int:
     if getattr(args, "html", None):
         from gpuscope._results.html_pages import compare_html
 
-        compare_html(result, args.html)
+        compare_html(result, args.html, overwrite=getattr(args, "force", False))
         print(printable(f"gpuscope compare: wrote {args.html}"), file=sys.stderr)
     if args.fail_on:
         flagged = result.flagged(args.fail_on)

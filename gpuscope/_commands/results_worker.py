@@ -38,7 +38,7 @@ def results(ds, request: dict, emit=None) -> tuple[int, list[tuple[str, str]]]:
     ``("out" | "err", text)`` in order.
 
     *request*: ``code`` (the script's status), ``report``, ``width``, ``sampled`` (PM sampling), ``filters`` (the
-    filters' text), ``output`` and ``trace`` (absolute paths, resolved before the script ran), ``force`` (replace
+    filters' text), ``output``, ``trace`` and ``html`` (absolute paths, resolved before the script ran), ``force`` (replace
     files that exist); ``done`` and ``failed``: the stages already done elsewhere (the results process, before it
     failed) and whether a write failed there. The stages run in the order of :data:`STAGES`, the report first:
     it is printed before anything is written, so a write that fails (a full disk) costs that file only, and the
@@ -108,6 +108,26 @@ def _trace(ds, parts, size, request) -> tuple[bool, list]:
     return True, [("err", f"gpuscope run: wrote {path} (open it at https://ui.perfetto.dev)")]
 
 
+def _html(ds, parts, size, request) -> tuple[bool, list]:
+    path = request.get("html")
+    if not path or size == 0:
+        return True, []
+    from gpuscope._results.html import HtmlExtraMissing
+    from gpuscope._results.html_pages import report_html
+    from gpuscope._results.report import report
+
+    if len(parts) > 1:
+        return False, [("err", f"gpuscope run: error: {path} (--html) was not written: a page shows one device; "
+                               "save with -o and make a page per device with gpuscope show --html.")]
+    try:
+        report_html(ds, path, report=report, overwrite=bool(request.get("force")))
+    except HtmlExtraMissing as exc:
+        return False, [("err", f"gpuscope run: error: {path} (--html) was not written: {exc}")]
+    except OSError as exc:
+        return False, [("err", _not_written(path, exc, "--html", request))]
+    return True, [("err", f"gpuscope run: wrote {path} (open it in a browser)")]
+
+
 def _not_written(path: str, exc: OSError, flag: str, request: dict) -> str:
     """The line that says a file of the run was not written, why, and what is still there."""
     why = exc.strerror or str(exc)
@@ -119,8 +139,8 @@ def _not_written(path: str, exc: OSError, flag: str, request: dict) -> str:
 
 
 #: The stages of :func:`results`, in order: the report before the writes that may fail.
-STAGES = ("report", "output", "trace")
-_STAGE_FUNCTIONS = {"report": _report, "output": _save, "trace": _trace}
+STAGES = ("report", "output", "trace", "html")
+_STAGE_FUNCTIONS = {"report": _report, "output": _save, "trace": _trace, "html": _html}
 
 
 class WorkerFailed(Exception):

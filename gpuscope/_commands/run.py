@@ -44,6 +44,7 @@ class RunOptions:
     sample: tuple | None = None  # (metrics, interval) for PM sampling
     output: str | None = None
     trace: str | None = None  # a Perfetto/Chrome trace of the results (gpuscope.to_perfetto)
+    html: str | None = None  # the report as one HTML page (gpuscope.report(ds, html=...))
     report: bool = True
     device: int | str | list = 0  # a list or "all": PM sampling on several devices (sample only)
     kernel_times: bool = False  # with sample: record kernel executions (gpuscope.sample(kernels=True))
@@ -130,14 +131,14 @@ def check_options(opts: RunOptions) -> None:
 
 
 def _output_paths(opts: RunOptions) -> dict:
-    """``{"output": ..., "trace": ...}``: the absolute paths of the run's files (None where not asked for), resolved
+    """``{"output": ..., "trace": ..., "html": ...}``: the absolute paths of the run's files (None where not asked for), resolved
     once before the script runs (a script that changes the current folder does not move them), each checked as
     :func:`gpuscope._util.outputs.check` does (no link, nothing but a regular file, no file that exists without
     ``force``)."""
     from gpuscope._util import outputs
 
     paths = {}
-    for key, flag in (("output", "-o"), ("trace", "--trace")):
+    for key, flag in (("output", "-o"), ("trace", "--trace"), ("html", "--html")):
         target = getattr(opts, key)
         try:
             paths[key] = outputs.check(target, overwrite=opts.force) if target else None
@@ -454,7 +455,8 @@ def _run(opts: RunOptions, profiler_factory, sampler_factory, out, worker) -> in
     if close_error is not None:
         print(f"gpuscope run: error: {close_error}", file=sys.stderr)
         return code or 4
-    request = {"code": code, "output": opts.output, "trace": opts.trace, "force": opts.force, "report": opts.report,
+    request = {"code": code, "output": opts.output, "trace": opts.trace, "html": opts.html, "force": opts.force,
+               "report": opts.report,
                "sampled": opts.sample is not None, "filters": _filters(opts)}
     printer = _Printer(out)
     if worker is not None:

@@ -94,7 +94,7 @@ def _show(args) -> int:
                 tables[(path, part.attrs.get("device_index", 0))] = to_dataframe(part)
             else:
                 if html:
-                    _write_html(part, html, options)
+                    _write_html(part, html, options, getattr(args, "force", False))
                 table = report(part, page=args.page, **options)
                 print(printable(table))
                 tables[(path, part.attrs.get("device_index", 0))] = table.with_units().reset_index()
@@ -137,12 +137,13 @@ def _check_html(args) -> None:
     libraries()
 
 
-def _write_html(ds, path: str, options: dict) -> None:
-    """The HTML page of *ds* at *path* (said on stderr, the report's tables going to stdout)."""
+def _write_html(ds, path: str, options: dict, force: bool) -> None:
+    """The HTML page of *ds* at *path* (said on stderr, the report's tables going to stdout); an existing file is
+    replaced only with -f."""
     import sys
 
     from gpuscope._results.html_pages import report_html
     from gpuscope._results.report import report
 
-    report_html(ds, path, report=report, **options)
+    report_html(ds, path, report=report, overwrite=force, **options)
     print(printable(f"gpuscope show: wrote {path}"), file=sys.stderr)

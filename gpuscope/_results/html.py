@@ -180,9 +180,11 @@ class Page:
                 f"<body><h1>{esc(self.title)}</h1>\n" + "\n".join(self.parts) + "\n</body></html>\n")
 
 
-def write_html(text: str, path) -> str:
-    """Write a page to *path* (replacing the file), and return the path."""
-    path = os.fspath(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+def write_html(text: str, path, overwrite: bool = True) -> str:
+    """Write a page to *path* as every output of gpuscope is written (:func:`gpuscope._util.outputs.write`: complete
+    or not there, no link followed, nothing but a regular file replaced, an existing one only with *overwrite*),
+    and return the absolute path."""
+    from gpuscope._util import outputs
+
+    return outputs.write_bytes(path, text.encode("utf-8"), overwrite=overwrite,
+                               hint="pass -f/--force to replace it, or give --html another name")

@@ -196,7 +196,7 @@ def compare_page(result) -> Page:
     return page
 
 
-def report_html(ds, path=None, *, report, **options) -> str:
+def report_html(ds, path=None, *, report, overwrite: bool = True, **options) -> str:
     """The HTML page of a gpuscope Dataset (range results, PM sampling, PC sampling), written to *path* when given.
 
     *report* is :func:`gpuscope.report` (passed in: it imports this module for ``html=``); *options* as it takes
@@ -218,13 +218,14 @@ def report_html(ds, path=None, *, report, **options) -> str:
              "topdown_by_phase": table_page}[_kind(ds)]
     text = build(ds, report, **options).html()
     if path is not None:
-        write_html(text, path)
+        write_html(text, path, overwrite)
     return text
 
 
-def compare_html(result, path=None) -> str:
-    """The comparison page of a :func:`gpuscope.compare` result, written to *path* when given."""
+def compare_html(result, path=None, overwrite: bool = True) -> str:
+    """The comparison page of a :func:`gpuscope.compare` result, written to *path* when given (an existing file
+    replaced only with *overwrite*)."""
     text = compare_page(result).html()
     if path is not None:
-        write_html(text, path)
+        write_html(text, path, overwrite)
     return text

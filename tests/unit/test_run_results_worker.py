@@ -254,3 +254,24 @@ def test_a_run_that_saves_warms_the_save_up_on_a_file_it_removes(tmp_path, monke
     _worker._warm(save=True)
     assert len(saved) == 1 and saved[0][1] == 1 and saved[0][0].startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []  # removed at once
+
+
+def test_run_html_writes_the_page_of_the_results_after_the_report(recorded, tmp_path, capsys, monkeypatch):
+    """gpuscope run --html: the report's page, written as the run's other files are (resolved before the script,
+    an existing file kept without -f, a failed write said and exit 5), in the results process and in the run."""
+    pytest.importorskip("plotly")
+    pytest.importorskip("itables")
+    for process in ("1", "0"):
+        monkeypatch.setenv(_run.RESULTS_PROCESS_VAR, process)
+        page = tmp_path / f"run{process}.html"
+        assert cli.main(["run", "--html", str(page), str(recorded)]) == 0
+        err = capsys.readouterr().err
+        assert f"wrote {page}" in err
+        text = page.read_text()
+        assert text.startswith("<!DOCTYPE html>") and "stream" in text and "fma" in text
+    page.write_text("mine")
+    assert cli.main(["run", "--html", str(page), str(recorded)]) != 0  # refused before the script ran
+    err = capsys.readouterr().err
+    assert page.read_text() == "mine" and "--html" in err and "script says hi" not in err
+    assert cli.main(["run", "-f", "--html", str(page), str(recorded)]) == 0
+    assert page.read_text().startswith("<!DOCTYPE html>")
