@@ -31,3 +31,23 @@ def pytest_cmdline_main(config):
     config.option.numprocesses = "auto"
     if config.option.dist == "no":
         config.option.dist = "loadfile"
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_is_keyboard_interrupt():
+    """Every test meets Ctrl-C as a terminal's user does: SIGINT raises KeyboardInterrupt in the main thread. A test
+    that runs after another one in the same worker process must not find SIGINT handled or blocked elsewise (the
+    tests that send Ctrl-C failed so under pytest-xdist, which runs many files in one process)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
