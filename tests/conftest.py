@@ -35,9 +35,10 @@ def pytest_cmdline_main(config):
 
 @pytest.fixture(autouse=True)
 def _ctrl_c_is_keyboard_interrupt():
-    """Every test meets Ctrl-C as a terminal's user does: SIGINT raises KeyboardInterrupt in the main thread. A test
-    that runs after another one in the same worker process must not find SIGINT handled or blocked elsewise (the
-    tests that send Ctrl-C failed so under pytest-xdist, which runs many files in one process)."""
+    """Every test meets Ctrl-C as a terminal's user does: SIGINT raises KeyboardInterrupt in the main thread, whatever
+    the suite was started from. A job started in the background (``cmd &``, ``nohup``, some CI runners) inherits
+    SIGINT ignored, and Python then leaves it ignored: the four tests that send Ctrl-C (test_faults,
+    test_keep_workers) failed so, serially and on xdist workers alike."""
     import signal
     import threading
 
