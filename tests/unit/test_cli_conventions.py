@@ -110,7 +110,7 @@ def test_show_prints_the_report_of_each_kind(capsys, tmp_path):
     assert str(gs.report(gs.open_dataset(_demo.RECORDED_LAUNCHES))) in out
 
 
-@pytest.mark.parametrize("content,needle", [(b"not a netcdf file", "is not a netCDF file that gpuscope can read"),
+@pytest.mark.parametrize("content,needle", [(b"not a netcdf file", "it is not a netCDF-4 (HDF5) file"),
                                            (None, "is not a gpuscope Dataset")])
 def test_show_refuses_other_files(capsys, tmp_path, content, needle):
     path = tmp_path / "other.nc"

@@ -114,9 +114,9 @@ gs.save_dataset(td, out / "td.nc")
 
 
 def run(*argv):
-    with contextlib.redirect_stdout(io.StringIO()) as text:
+    with contextlib.redirect_stdout(io.StringIO()) as text, contextlib.redirect_stderr(io.StringIO()) as notes:
         code = cli.main(list(argv))
-    return code, text.getvalue()
+    return code, text.getvalue(), notes.getvalue()
 
 
 runs = {"demo": run("demo", "--out", str(out / "demo")), "show": run("show", str(data / "demo_launches.nc")),
@@ -147,13 +147,13 @@ def test_analysis_and_the_demo_work_without_the_collection_stack(tmp_path):
     assert result["bound_by"]["stream"] == "backend_memory" and result["significant"] == 0
     assert result["phases"] >= 2 and result["hidden"] == []
     assert (tmp_path / "demo" / "topdown.png").stat().st_size > 0 and (tmp_path / "topdown.png").exists()
-    assert "No GPU: cuda-bindings is not installed, so gpuscope cannot reach the NVIDIA driver." in runs["demo"][1]
+    assert "No GPU: cuda-bindings is not installed, so gpuscope cannot reach the NVIDIA driver." in runs["demo"][2]
     assert "Top-Down per kernel" in runs["demo"][1] and "backend_memory" in runs["show"][1]
     # collection fails at once, naming the extra that brings what is missing
     assert set(result["collect"]) == {"Profiler", "sample", "pc_sample"}
     assert all("pip install '.[" in text for text in result["collect"].values()), result["collect"]
     # gpuscope check names what is missing and the extra that brings it (after CUPTI, which must load for that)
-    code, text = runs["check"]
+    code, text, _ = runs["check"]
     if code == 2:
         pytest.skip("no CUPTI that works on this machine (the offline extra's 13.1 does without a driver)")
     why = next(m["why"] for m in json.loads(text)["missing"] if m["what"] == "cuda-bindings")

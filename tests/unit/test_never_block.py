@@ -192,16 +192,22 @@ def test_a_launch_whose_exit_was_not_heard_frees_the_baton_and_is_counted():
     launch's exit is never heard. Before, its thread kept the baton for the rest of the session and every other
     thread's launch, graph launches too, ran unprofiled as 'concurrent'."""
     session = Session()
-    held = {}
+    held, entered, done = {}, threading.Event(), threading.Event()
 
-    def launch():
+    def launch():  # its thread lives on (a new thread may get a dead one's ident, which the baton would take back)
         held["token"] = session._on_enter(_launch("theirs"))
         held["thread"] = threading.get_ident()
+        entered.set()
+        done.wait(10)
 
-    _on_thread(launch)
+    holder = threading.Thread(target=launch)
+    holder.start()
+    entered.wait(10)
     assert session._baton.held and session._collector._in_flight is not None
     assert _on_thread(lambda: session._on_enter(_launch("b")))[0] is None  # refused while it is in flight
     session._on_lost(held["token"], held["thread"])  # the recorder gave it up at its resume
+    done.set()
+    holder.join()
     assert not session._baton.held and session._collector._in_flight is None
     mine = session._on_enter(_launch("c"))
     assert mine is not None and mine.token is not None

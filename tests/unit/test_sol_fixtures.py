@@ -146,7 +146,7 @@ def test_roofline_bounds():
     apart = abs(float(gemm[0].bytes.sel(level="L2") / gemm[1].bytes.sel(level="L2")) - 1)  # 4.5 %
     for rl in gemm:
         ceiling = float(rl.intensity.sel(level="L2") * rl.peak_bandwidth.sel(level="L2"))
-        assert abs(ceiling / float(rl.peak_flop_rate) - 1) < apart  # 3.0 % below (gpuscope), 1.0 % above (ncu)
+        assert abs(ceiling / float(rl.peak_flop_rate) - 1) < apart  # 3.0% below (gpuscope), 1.0% above (ncu)
     assert (ours[GEMM]["bound"], same[GEMM]["bound"]) == ("L2", "compute")
 
 
@@ -352,7 +352,8 @@ def test_roofline_chart_of_the_recording(tmp_path):
                                       "FP64 peak\n33.4 TFLOP/s"}
     ax = ds.gpuscope.plot.roofline("fp32").axes[0]
     assert set(_legend_texts(ax)) >= {"DeviceReduceKernel: 1.08 TFLOP/s, DRAM-bound",
-                                      "DeviceReduceSingleTileKernel: 1.57 GFLOP/s, L2-bound"}
+                                      "DeviceReduceSingleTileKernel: 1.57 GFLOP/s, 0.47% of its lowest ceiling "
+                                      "(L2): far below every roof"}  # one thread block: bound by no roof
     ax.figure.canvas.draw()
     frame, figure = ax.get_window_extent(), ax.figure.bbox
     ceilings, (kernels,) = ax.get_legend().get_window_extent(), ax.figure.legends  # outside the axes, in the figure
@@ -366,10 +367,10 @@ def test_memory_chart_of_the_recording(tmp_path):
     ds = recording("memory")[0]
     ax = ds.gpuscope.plot.memory_chart("stream").axes[0]
     texts = [t.get_text() for t in ax.texts]
-    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 68.2 % of its peak)"
+    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 68.2% of its peak)"
     assert {"ld 1.05 M inst\nst 524 k inst", "201 MB", "1.57 M req\nread 134 MB", "write 67.1 MB",
-            "hit 0.0 %\nbusy 14.7 %", "hit 33.3 %\nbusy 31.3 %", "busy 68.2 %"} <= set(texts)
+            "hit 0.0%\nbusy 14.7%", "hit 33.3%\nbusy 31.3%", "busy 68.2%"} <= set(texts)
     ax.figure.savefig(tmp_path / "memory_stream.png")
     ax = ds.gpuscope.plot.memory_chart("DeviceReduceKernel").axes[0]  # a C++ kernel by its function's name
-    assert ax.get_title() == "Memory chart: DeviceReduceKernel (busiest: DRAM, 88.8 % of its peak)"
+    assert ax.get_title() == "Memory chart: DeviceReduceKernel (busiest: DRAM, 88.8% of its peak)"
     assert "read 268 MB" in [t.get_text() for t in ax.texts]

@@ -129,9 +129,9 @@ def test_both_charts_draw_the_recording(tmp_path):
     roofline.savefig(tmp_path / "roofline.png")
     chart = recording("memory")[0].gpuscope.plot.memory_chart(select="stream")
     ax = chart.axes[0]
-    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 79.1 % of its peak)"
+    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 79.1% of its peak)"
     # the same program's requests and bytes as on the H200 (tests/unit/test_sol_fixtures.py), the H100's hit rates
     assert {"ld 1.05 M inst\nst 524 k inst", "201 MB", "1.57 M req\nread 134 MB", "write 67.1 MB",
-            "hit 0.0 %\nbusy 11.7 %", "hit 33.7 %\nbusy 29.8 %", "busy 79.1 %"} <= {t.get_text() for t in ax.texts}
+            "hit 0.0%\nbusy 11.7%", "hit 33.7%\nbusy 29.8%", "busy 79.1%"} <= {t.get_text() for t in ax.texts}
     chart.savefig(tmp_path / "memory_chart.png")
     assert (tmp_path / "roofline.png").stat().st_size > 10_000 and (tmp_path / "memory_chart.png").stat().st_size

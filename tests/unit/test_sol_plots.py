@@ -91,16 +91,16 @@ def test_memory_chart_puts_the_numbers_on_the_diagram(launches, tmp_path):
     texts = _texts(ax)
     # two stream launches combined: 2 x 2 GB read at L1/TEX, the hit rates and busy shares of the units
     assert "L1/TEX Cache" in texts and "Device Memory" in texts and "System Memory" in texts
-    assert "hit 25.0 %\nbusy 37.9 %" in texts  # busy: percent of the unit's peak, as the footnote says
-    assert "hit 50.0 %\nbusy 23.1 %" in texts
-    assert "busy 78.1 %" in texts
-    assert any("busy in\npercent of the unit's peak" in t for t in texts)
+    assert "hit 25.0%\nbusy 37.9%" in texts  # busy: percent of the unit's peak, as the footnote says
+    assert "hit 50.0%\nbusy 23.1%" in texts
+    assert "busy 78.1%" in texts
+    assert any("busy in\n% of the unit's peak" in t for t in texts)
     assert "30 M req\nread 3 GB" in texts and "write 2 GB" in texts  # L1/TEX <-> L2
     assert "read 3 GB" in texts and "write 2 GB" in texts  # L2 <-> DRAM
     assert "ld 30 M inst\nst 10 M inst" in texts  # the kernel's instructions that address global memory
     assert "40 M req" in texts and "6 GB" in texts  # global -> L1/TEX
     assert float(mw.busiest_share) == pytest.approx(78.125)
-    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 78.1 % of its peak)"
+    assert ax.get_title() == "Memory chart: stream (busiest: DRAM, 78.1% of its peak)"
     frames = {tuple(np.round(p.get_edgecolor()[:3], 3)) for p in ax.patches}
     assert (0.753, 0.224, 0.169) in frames  # the busiest unit's red frame
     ax.figure.savefig(tmp_path / "memory.png")
