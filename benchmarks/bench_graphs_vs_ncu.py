@@ -5,7 +5,8 @@ gpuscope dependencies):
 
     source tests/gpu/device_env.sh; python3 benchmarks/bench_graphs_vs_ncu.py --out $OUT/graphs
 
-Workloads, each in its own process: ``jax``, a jitted MLP training step (bf16 matmuls, Adam written out) with
+Workloads, each in its own process: ``jax``, the jitted MLP training step of ``tests/gpu/scripts/jax_mlp.py`` (bf16
+matmuls, Adam written out) with
 XLA's command buffers on (the default), so that after warm-up each step is one CUDA graph launch, and autotuning off
 (``--xla_gpu_autotune_level=0``: under ncu it compiles for minutes); ``torch``, a
 PyTorch MLP training step (bf16, capturable Adam) captured once with ``torch.cuda.graph`` and replayed;
@@ -47,42 +48,22 @@ STALL = "smsp__warp_issue_stalled_"
 
 # ---------------------------------------------------------------------------------------------------------- workloads
 def jax_step():
+    """tests/gpu/scripts/jax_mlp.py's training step (the script ``gpuscope run`` was measured on), on its data."""
     import jax
-    import jax.numpy as jnp
 
-    sizes = (512, 1024, 1024, 256)
-    key = jax.random.PRNGKey(0)
-    params = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        key, k = jax.random.split(key)
-        params.append((jax.random.normal(k, (a, b), jnp.float32) / np.sqrt(a), jnp.zeros((b,), jnp.float32)))
-    x = jax.random.normal(jax.random.PRNGKey(1), (2048, 512), jnp.float32)
-    y = jax.random.normal(jax.random.PRNGKey(2), (2048, 256), jnp.float32)
+    sys.path.insert(0, str(HERE.parent / "tests" / "gpu" / "scripts"))
+    import jax_mlp
 
-    def loss_fn(params, x, y):
-        h = x
-        for i, (w, b) in enumerate(params):
-            h = jnp.dot(h.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).astype(jnp.float32) + b
-            if i < len(params) - 1:
-                h = jax.nn.gelu(h)
-        return jnp.mean((h - y) ** 2)
-
-    @jax.jit
-    def step(params, m, v, t):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
-        m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-        v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        params = jax.tree_util.tree_map(
-            lambda p, m, v: p - lr * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps), params, m, v)
-        return params, m, v, loss
-
-    state = [params, jax.tree_util.tree_map(jnp.zeros_like, params),
-             jax.tree_util.tree_map(jnp.zeros_like, params), 0]
+    params = jax_mlp.init(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2048, 512), jax.numpy.float32)
+    y = jax.random.normal(jax.random.PRNGKey(2), (2048, 256), jax.numpy.float32)
+    zeros = jax.tree_util.tree_map(jax.numpy.zeros_like, params)
+    state = [params, zeros, zeros, 0]
 
     def run():
         state[3] += 1
-        state[0], state[1], state[2], loss = step(state[0], state[1], state[2], jnp.float32(state[3]))
+        state[0], state[1], state[2], loss = jax_mlp.step(state[0], state[1], state[2], jax.numpy.float32(state[3]),
+                                                          x, y)
         loss.block_until_ready()
 
     return run
