@@ -10,8 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-STEPS = int(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 30
-OUT = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
 
 
 def init(key, sizes=(512, 1024, 1024, 256)):
@@ -44,6 +42,8 @@ def step(params, m, v, t, x, y):
 
 
 def main():
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 30
+    out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
     key = jax.random.PRNGKey(0)
     params = init(key)
     m = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -51,12 +51,12 @@ def main():
     x = jax.random.normal(jax.random.PRNGKey(1), (2048, 512), jnp.float32)
     y = jax.random.normal(jax.random.PRNGKey(2), (2048, 256), jnp.float32)
     t0 = time.perf_counter()
-    for t in range(1, STEPS + 1):
+    for t in range(1, steps + 1):
         params, m, v, loss = step(params, m, v, jnp.float32(t), x, y)
     loss = float(loss)
-    print(f"loss {loss:.6f} after {STEPS} steps in {time.perf_counter() - t0:.2f} s")
-    if OUT:
-        np.save(OUT, np.concatenate([np.asarray(a).ravel() for p in params for a in p]))
+    print(f"loss {loss:.6f} after {steps} steps in {time.perf_counter() - t0:.2f} s")
+    if out:
+        np.save(out, np.concatenate([np.asarray(a).ravel() for p in params for a in p]))
 
 
 if __name__ == "__main__":
