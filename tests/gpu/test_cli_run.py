@@ -97,7 +97,9 @@ def test_compare_flags_nothing_between_two_runs_and_flags_the_slowed_kernel(runs
     assert slow.loc[("fma", "gpu_time_us"), "relative"] == pytest.approx(50, abs=10)  # percent of the base
     assert ("stream", "gpu_time_us") not in flagged.index
     shown = gpuscope("compare", folder / "base.nc", folder / "slow.nc", cwd=folder)
-    assert shown.returncode == 0 and "fma" in shown.stdout and "True" in shown.stdout
+    # only the differences larger than noise are shown (the significant column may not fit the terminal)
+    assert shown.returncode == 0 and "differences are larger than run-to-run noise" in shown.stdout
+    assert any(line.startswith("fma") and "gpu_time_us" in line for line in shown.stdout.splitlines())
 
 
 def test_failing_script_and_empty_filter(tmp_path):

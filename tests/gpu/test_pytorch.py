@@ -101,10 +101,10 @@ def test_pc_sampling_samples_the_kernels_of_graph_launches(graph):
 
 
 def test_fast_topdown_of_graph_launches_says_why_and_names_the_sampled_kernels(graph):
-    """Fast Top-Down takes IPC from a range pass, which does not see a graph's kernels: it stops after its PC block
-    with an error that says so and names what PC sampling saw."""
-    with pytest.raises(gs.FastTopDownError, match=r"launched 10 CUDA graph launches .*range profiler does not see "
-                                                  r"the kernels inside a graph.*PC sampling saw \w") as caught:
+    """Fast Top-Down cannot take a graph's kernels (its PC half needs CUPTI detached, the graph copies need it
+    attached): it stops after its PC block with an error that says so and names what PC sampling saw."""
+    with pytest.raises(gs.FastTopDownError, match=r"launched 10 CUDA graph launches .*PC-sampling half needs CUPTI "
+                                                  r"detached.*PC sampling saw \w") as caught:
         gs.profile_fast_topdown(lambda: [graph.replay() for _ in range(10)])
     assert "gpuscope.pc_sample()" in str(caught.value)
 
