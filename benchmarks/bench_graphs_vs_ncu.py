@@ -19,7 +19,8 @@ steps, ``--steps`` steps are profiled:
 - ``ncu --graph-profiling node --clock-control none --cache-control none`` with the set's stall shares and
   duration, between ``cudaProfilerStart`` and ``cudaProfilerStop`` around the same steps, twice.
 
-Rows are matched by kernel name and grid/block, in order of appearance. Per row: the largest difference over the
+Rows are matched by launch shape (grid, block) in order of appearance (ncu names kernels by their demangled
+signatures). Per row: the largest difference over the
 stall shares, on the shares over their sum (the Top-Down's measure) and raw, against ``ncu_1``; ``ncu_2`` against
 ``ncu_1`` is the yardstick; by ncu's duration bucket. Costs: the whole process of each tool, plain, and gpuscope's
 session per profiled kernel node against kernel mode's per eager launch. Writes ``graphs.json`` (every row), a CPU
@@ -257,26 +258,15 @@ def _dims(text):
 
 
 def match(ours, ref):
-    """Index pairs (ours, ref) matched by kernel name and launch shape, in order of appearance."""
-    def key(r):
-        return r["kernel"], tuple(r["grid"] or ()), tuple(r["block"] or ())
+    """Index pairs (ours, ref): the longest common run of launch shapes (grid, block) in order of appearance
+    (difflib), names aside: ncu names a kernel by its demangled signature, gpuscope by its short name."""
+    import difflib
 
-    pending = {}
-    for j, r in enumerate(ref):
-        pending.setdefault(key(r), []).append(j)
-    loose = {}
-    for j, r in enumerate(ref):
-        loose.setdefault(r["kernel"], []).append(j)
-    pairs, used = [], set()
-    for i, r in enumerate(ours):
-        cands = pending.get(key(r)) or [j for j in loose.get(r["kernel"], []) if j not in used]
-        while cands and cands[0] in used:
-            cands.pop(0)
-        if cands:
-            j = cands.pop(0)
-            used.add(j)
-            pairs.append((i, j))
-    return pairs
+    def shapes(rows):
+        return [(tuple(r["grid"] or ()), tuple(r["block"] or ())) for r in rows]
+
+    blocks = difflib.SequenceMatcher(a=shapes(ours), b=shapes(ref), autojunk=False).get_matching_blocks()
+    return [(b.a + k, b.b + k) for b in blocks for k in range(b.size)]
 
 
 def shares(rows, reasons, normalised):
