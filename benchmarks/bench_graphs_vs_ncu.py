@@ -218,9 +218,10 @@ def timed(cmd, name="", timeout=None):
     except subprocess.TimeoutExpired as exc:
         proc = subprocess.CompletedProcess(cmd, -9, _text(exc.stdout), _text(exc.stderr) + f"\n(timed out: {timeout} s)")
     wall = time.perf_counter() - t0
-    if LOG["dir"] is not None and name:
-        (LOG["dir"] / f"{name}.log").write_text(f"$ {' '.join(cmd)}\nrc {proc.returncode}, {wall:.1f} s\n"
-                                               f"{proc.stdout[-20000:]}\n--- stderr\n{proc.stderr[-20000:]}")
+    if LOG["dir"] is not None and name:  # one file for every child (the GPU machine brings few files back)
+        with open(LOG["dir"] / "children.log", "a") as f:
+            f.write(f"=== {name}\n$ {' '.join(cmd)}\nrc {proc.returncode}, {wall:.1f} s\n{proc.stdout[-5000:]}\n"
+                    f"--- stderr\n{proc.stderr[-20000:]}\n")
     print(f"[{time.perf_counter() - LOG['t0']:6.0f} s] {name or cmd[-1]}: rc {proc.returncode}, {wall:.1f} s",
           flush=True)
     return proc, wall
@@ -362,7 +363,8 @@ def print_table(results):
             line += f"; eager kernel mode {1e3 * e['session_s'] / max(len(e['rows']), 1):.0f} ms a launch"
         print(line)
         verdict = [r.get("consistent", np.nan) for r in g["rows"]]
-        print(f"{w:10s} duration gpuscope/ncu median {a['duration_ratio_median']:.3f}; with a verdict "
+        print(f"{w:10s} {a['matched']} of {a['ours']} rows matched to ncu's {a['ncu']}; duration gpuscope/ncu median "
+              f"{a['duration_ratio_median']:.3f}; with a verdict "
               f"{100 * np.nanmean(verdict) if verdict else float('nan'):.0f}% of rows; attrs {g['attrs']}")
 
 
