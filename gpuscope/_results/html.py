@@ -10,11 +10,11 @@ the content of each kind of page, and the entry points, are :mod:`gpuscope._resu
 from __future__ import annotations
 
 import html as _html
-import os
 
 import numpy as np
 import pandas as pd
 
+from gpuscope._results.report_table import _shorten
 from gpuscope.errors import GpuscopeError
 
 __all__ = ["HTML_EXTRA", "HtmlExtraMissing", "Page", "write_html"]
@@ -30,7 +30,7 @@ code, .code { font-family: ui-monospace, monospace; white-space: pre; }
 #kernel-picker { position: sticky; top: 0; background: #fff; padding: 0.5em 0; z-index: 10;
                  border-bottom: 1px solid #ddd; }
 select { font-size: 1em; max-width: 90%; }
-table.dataTable td:first-child { max-width: 28em; overflow-wrap: anywhere; }
+table.dataTable td:first-child { min-width: 14em; max-width: 28em; overflow-wrap: anywhere; }
 """
 
 #: Shows the chosen kernel's sections and hides the others (Plotly figures are resized once visible).
@@ -92,7 +92,8 @@ def rounded(value, percent: bool):
 
 def table_frame(report) -> pd.DataFrame:
     """A Report as the page's table: its index as columns, numbers rounded as the terminal prints them, every
-    header with its unit (``share [%]``, as the CSV file's); the advice, prose, is left to :func:`advice`."""
+    header with its unit (``share [%]``, as the CSV file's), a missing value as ``-``, row labels within
+    :data:`LABEL_WIDTH` characters; the advice, prose, is left to :func:`advice`."""
     units = report.units
     frame = pd.DataFrame(report).drop(columns=["advice"], errors="ignore")
     for col in frame.columns:
@@ -101,7 +102,20 @@ def table_frame(report) -> pd.DataFrame:
                                    index=frame.index, dtype=object)
     named = report.__class__(frame)
     named.attrs = dict(report.attrs)
-    return named.with_units().reset_index()
+    out = named.with_units().reset_index()
+    label = out.columns[0]  # a C++ template kernel's name runs to hundreds of characters: its middle cut out, as
+    # the terminal does, where the labels stay apart (the kernel sections below and --csv have them whole)
+    short = [_shorten(str(v), LABEL_WIDTH) for v in out[label]]
+    if len(set(short)) == len(set(map(str, out[label]))):
+        out[label] = short
+    for col in out.columns:  # a missing value as '-' (DataTables sorts the column as numbers still), not 'None'
+        if out[col].dtype == object:
+            out[col] = [("-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else v) for v in out[col]]
+    return out
+
+
+#: The longest row label a page's table shows (PyTorch's kernel names run to 400 characters)
+LABEL_WIDTH = 60
 
 
 def advice(report) -> str:

@@ -5,8 +5,10 @@ sections shown, and a screenshot of each page is not blank. Skipped, with the re
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
+
 import pytest
 
 pytest.importorskip("plotly", reason="the HTML report needs the html extra: pip install -e '.[test]'")
@@ -62,10 +64,16 @@ def test_sorting_a_table_orders_its_rows(driver, written):
     retire = headers.index("retire [%]")  # as recorded, neither ascending nor descending: 74.8, 2.6, 30.8
     original = [float(v) for v in _column(driver, "summary", retire)]
     assert original not in (sorted(original), sorted(original, reverse=True))
-    seen = []
+    seen, before = [], original
     for _ in range(2):  # a click orders the column one way, the next the other way
         driver.find_elements("css selector", "#table-summary thead th")[retire].click()
-        seen.append([float(v) for v in _column(driver, "summary", retire)])
+        deadline = time.monotonic() + 10  # the table redraws after the click: wait for the new order
+        while True:
+            now = [float(v) for v in _column(driver, "summary", retire)]
+            if now != before or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        seen.append(before := now)
     assert sorted(seen) == [sorted(original), sorted(original, reverse=True)]
 
 

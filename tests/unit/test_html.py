@@ -91,3 +91,33 @@ def test_without_the_extra_the_error_names_it(monkeypatch, launches):
     monkeypatch.setitem(sys.modules, "plotly", None)
     with pytest.raises(ImportError, match=r"gpuscope\[html\]"):
         html_pages.report_html(launches, report=gs.report)
+
+
+def test_long_kernel_names_are_cut_in_the_middle_and_missing_values_shown_as_a_dash(launches):
+    """A live PyTorch page (H200, --set full) showed each 400-character template name in a column 5 characters
+    wide and 'None' for every Top-Down column of a kernel without a verdict."""
+    long = "at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t<" \
+           "c10::BFloat16, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>::operator()(" \
+           "at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, c10::BFloat16, 4, 8> >"
+    ds = launches.assign_coords(kernel=("range", np.where(launches["kernel"].values == "fma", long,
+                                                           launches["kernel"].values)))
+    report = gs.report(ds)
+    report.loc[long, "retire"] = np.nan
+    frame = html.table_frame(report)
+    label = frame.columns[0]
+    cut = [k for k in frame[label] if "..." in k]
+    assert len(cut) == 1 and len(cut[0]) == html.LABEL_WIDTH
+    assert cut[0].startswith("at::native::reduce_kernel") and cut[0].endswith("4, 8> >")
+    row = frame[frame[label] == cut[0]].iloc[0]
+    assert row["retire [%]"] == "-" and "None" not in frame.astype(str).to_numpy().ravel().tolist()
+
+
+def test_an_existing_page_is_replaced_only_with_force(launches, tmp_path, capsys):
+    from gpuscope.cli import main
+
+    out = tmp_path / "show.html"
+    out.write_text("mine")
+    assert main(["show", str(DATA / "demo_launches.nc"), "--html", str(out)]) != 0
+    assert out.read_text() == "mine" and "-f/--force" in capsys.readouterr().err
+    assert main(["show", "-f", str(DATA / "demo_launches.nc"), "--html", str(out)]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
