@@ -1,6 +1,7 @@
 """Render the figures of the docs from the H100 recordings shipped with gpuscope.
 
-    python docs/figures/make_figures.py [OUT_DIR]     # default: docs/figures
+    python docs/figures/make_figures.py [OUT_DIR]          # default: docs/figures
+    python docs/figures/make_figures.py [OUT_DIR] --html   # also html_*.png: the HTML report's pages in Chromium
 
 Writes the PNGs that docs/topdown.md, phases.md, sol.md and pc-sampling.md show (FIGURES names them), from the
 recordings shipped with the package and those of tests/fixtures (the roofline and memory sets recorded on an H200,
@@ -82,5 +83,13 @@ def main(out: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent):
+    args = [a for a in sys.argv[1:] if a != "--html"]
+    target = Path(args[0]) if args else Path(__file__).parent
+    for p in main(target):
         print(p)
+    if "--html" in sys.argv[1:]:  # the pages of the shipped recordings, as tests/browser opens them
+        sys.path.insert(0, str(ROOT))
+        from tests.browser.pages import make_screenshots  # exits saying why where there is no Chromium
+
+        for p in make_screenshots(target):
+            print(p)

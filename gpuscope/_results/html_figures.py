@@ -30,6 +30,14 @@ def _css(rgba) -> str:
     return f"rgba({round(255 * r)},{round(255 * g)},{round(255 * b)},{a:g})"
 
 
+def _words(name: str) -> str:
+    """A Top-Down node or PC category in a reader's words, as the matplotlib figures' legends say it."""
+    from gpuscope.metrics.pc_plot import ISSUED_WORDS
+    from gpuscope.metrics.plot_colors import node_words
+
+    return ISSUED_WORDS if name == "issued" else node_words(name)
+
+
 def _node_colors(names) -> dict[str, str]:
     from gpuscope.metrics.plot_colors import _node_colors as colors
 
@@ -52,8 +60,8 @@ def topdown_bars(rows: dict[str, dict[str, float]], nodes: list[str]):
     colors = _node_colors(nodes)
     fig = go.Figure()
     for node in nodes:
-        fig.add_bar(name=node, orientation="h", y=kernels, x=[rows[k].get(node, np.nan) for k in kernels],
-                    marker_color=colors[node], hovertemplate=f"%{{y}}<br>{node}: %{{x:.1f}}%<extra></extra>")
+        fig.add_bar(name=_words(node), orientation="h", y=kernels, x=[rows[k].get(node, np.nan) for k in kernels],
+                    marker_color=colors[node], hovertemplate=f"%{{y}}<br>{_words(node)}: %{{x:.1f}}%<extra></extra>")
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="percent of the SM's peak issue rate [%]", range=[0, 100])
     fig.update_yaxes(autorange="reversed")
@@ -223,8 +231,8 @@ def source_lines(table: pd.DataFrame, categories: list[str], kernel: str):
     colors = _node_colors([c for c in categories if _is_node(c)])
     fig = go.Figure()
     for c in categories:
-        fig.add_bar(name=c, orientation="h", y=labels, x=table[c], marker_color=colors.get(c),
-                    hovertemplate=f"%{{y}}<br>{c}: %{{x}} samples<extra></extra>")
+        fig.add_bar(name=_words(c), orientation="h", y=labels, x=table[c], marker_color=colors.get(c),
+                    hovertemplate=f"%{{y}}<br>{_words(c)}: %{{x}} samples<extra></extra>")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed", tickfont={"family": "monospace"})
     fig.update_xaxes(title_text="PC samples")

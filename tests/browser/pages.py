@@ -124,16 +124,24 @@ def ready(driver, timeout: float = 120) -> None:
         " && Array.from(document.querySelectorAll('.plotly-graph-div')).every(p => p._fullLayout)"))
 
 
-if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "figures"
-    target.mkdir(parents=True, exist_ok=True)
+def make_screenshots(target: Path) -> list[Path]:
+    """html_<name>.png of every page into *target*, as docs/figures keeps them (a 64-colour palette, as
+    docs/figures/make_figures.py keeps its PNGs); nothing without Chromium."""
     import tempfile
 
     from PIL import Image
 
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, shot in screenshots(write(Path(tmp)), target).items():
-            with Image.open(shot) as image:  # a 64-colour palette, as docs/figures/make_figures.py keeps its PNGs
+        for shot in screenshots(write(Path(tmp)), target).values():
+            with Image.open(shot) as image:
                 small = image.convert("RGB").quantize(64, method=Image.Quantize.MEDIANCUT)
             small.save(shot, optimize=True)
-            print(shot)
+            written.append(shot)
+    return written
+
+
+if __name__ == "__main__":
+    for shot in make_screenshots(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "figures"):
+        print(shot)

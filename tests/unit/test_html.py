@@ -121,3 +121,9 @@ def test_an_existing_page_is_replaced_only_with_force(launches, tmp_path, capsys
     assert out.read_text() == "mine" and "-f/--force" in capsys.readouterr().err
     assert main(["show", "-f", str(DATA / "demo_launches.nc"), "--html", str(out)]) == 0
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_figures_legends_say_the_nodes_in_words(launches):
+    """As the matplotlib figures do (issue 53): 'backend memory', not 'backend_memory'."""
+    text = html_pages.report_html(launches, report=gs.report)
+    assert '"name":"backend memory"' in text.replace(": ", ":") and '"name":"backend_memory"' not in text
