@@ -572,8 +572,8 @@ class LaunchRecorder:
         ``on_lost(token, thread_ident)`` for a token whose call's exit was not heard: the recorder was paused
         while the call ran (another thread paused it), or a call nested in it exited first. Each call's exit is
         matched to its entry by CUPTI's correlation ID, so one lost exit never shifts the others; at
-        :meth:`resume`, the calls still pending from before the pause are given up (their exits, if they come,
-        are ignored).
+        :meth:`resume`, the launch calls still pending from before the pause are given up (their exits, if they
+        come, are ignored); graph launches are not (their exit runs the graph's nodes).
 
     Raises
     ------
@@ -651,11 +651,14 @@ class LaunchRecorder:
                 self._on_exit(token)
 
     def _give_up_pending(self) -> None:
-        """Every thread's calls entered before a pause: their exits may have come while paused, unheard."""
+        """Every thread's launch calls entered before a pause: their exits may have come while paused, unheard.
+        Graph launches are kept: the launch was handed an empty graph, and its exit runs the graph's nodes, so
+        that exit is waited for (a graph launch still in flight at the resume would otherwise lose its work)."""
         for thread, pending in list(self._stacks.items()):
-            entries, pending[:] = pending[:], []
-            for _, token, _graph in reversed(entries):
-                if token is not None:
+            entries = pending[:]
+            pending[:] = [entry for entry in entries if entry[2]]
+            for _, token, graph in reversed(entries):
+                if token is not None and not graph:
                     try:
                         self._on_lost(token, thread)
                     except Exception as exc:  # noqa: BLE001  never raise into the caller's resume

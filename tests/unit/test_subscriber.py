@@ -277,3 +277,20 @@ def test_calls_pending_across_a_pause_are_given_up_at_resume_on_every_thread(fak
     recorder.resume()
     assert len(lost) == 1  # once
     recorder.close()
+
+
+def test_a_graph_launch_pending_across_a_pause_is_kept_for_its_exit(fake):
+    """A graph launch was handed an empty graph at its entry and its nodes run at its exit: giving it up at the
+    resume would lose the graph's work where the call was still in flight. Its exit, heard after the resume, runs."""
+    exited, lost = [], []
+    recorder = callbacks.LaunchRecorder(lambda launch: None, lambda token: None, on_graph=lambda c, p: "nodes",
+                                        on_graph_exit=exited.append, on_lost=lambda t, th: lost.append(t))
+    data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_ENTER, correlationId=9)
+    recorder._on_callback(callbacks.CBID_cuGraphLaunch, ctypes.addressof(data))
+    recorder.pause()
+    recorder.resume()
+    assert lost == [] and exited == []
+    data.callbackSite = callbacks.CUPTI_API_EXIT
+    recorder._on_callback(callbacks.CBID_cuGraphLaunch, ctypes.addressof(data))
+    assert exited == ["nodes"]
+    recorder.close()
