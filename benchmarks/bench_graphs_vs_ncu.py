@@ -30,8 +30,6 @@ fixture ``graph_nodes_<workload>_gh100.npz`` (the session's rows beside ncu's) a
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import subprocess
 import sys
@@ -235,19 +233,10 @@ def run_ncu(ncu, metrics, cmd, name, timeout):
     full = [ncu, "--metrics", ",".join(metrics), "--graph-profiling", "node", "--csv", "--page", "raw",
             "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off", *cmd]
     proc, wall = timed(full, name, timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
-    table = list(csv.DictReader(io.StringIO("\n".join(lines))))[1:]  # the second row holds units
-    if not table:
-        raise RuntimeError(f"ncu gave no rows (rc {proc.returncode}): {proc.stderr[-800:]}")
-    rows = []
-    for r in table:
-        row = {"kernel": r["Kernel Name"], "grid": _dims(r.get("Grid Size")), "block": _dims(r.get("Block Size"))}
-        for m in metrics:
-            try:
-                row[m] = float(r[m].replace(",", ""))
-            except (KeyError, ValueError):
-                row[m] = float("nan")
-        rows.append(row)
+    from short_kernels import ncu_rows
+
+    rows = [{"kernel": r["Kernel Name"], "grid": _dims(r.get("Grid Size")), "block": _dims(r.get("Block Size")),
+             **values} for r, values in ncu_rows(proc, metrics)]
     return {"rows": rows, "wall_s": wall, "cmd": " ".join(full[:-len(cmd)] + ["python3", *cmd[1:]])}
 
 

@@ -135,20 +135,27 @@ def run_ncu(ncu, metrics, reps, extra=(), child=None):
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    rows = [{"kernel": r["Kernel Name"], **values} for r, values in ncu_rows(proc, metrics)]
+    return {"rows": rows, "wall_s": wall, "cmd": " ".join(cmd)}
+
+
+def ncu_rows(proc, metrics):
+    """``(csv row, {metric: value})`` of each result in the output of ``ncu --csv --page raw`` (*proc*: its
+    completed process); a metric ncu did not give is NaN. Raises RuntimeError where ncu gave no result."""
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('"')]
     table = list(csv.DictReader(io.StringIO("\n".join(lines))))[1:]  # the second row holds units
     if not table:
         raise RuntimeError(f"ncu gave no rows (rc {proc.returncode}): {proc.stderr[-800:]}")
-    rows = []
+    out = []
     for r in table:
-        row = {"kernel": r["Kernel Name"]}
+        values = {}
         for m in metrics:
             try:
-                row[m] = float(r[m].replace(",", ""))
+                values[m] = float(r[m].replace(",", ""))
             except (KeyError, ValueError):
-                row[m] = float("nan")
-        rows.append(row)
-    return {"rows": rows, "wall_s": wall, "cmd": " ".join(cmd)}
+                values[m] = float("nan")
+        out.append((r, values))
+    return out
 
 
 if __name__ == "__main__":
