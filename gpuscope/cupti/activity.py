@@ -7,8 +7,11 @@ kernel's start and end on the GPU on the CUPTI clock. CUPTI asks for buffers and
 callbacks, registered once per process; each open :class:`KernelRecords` gets what arrives while it is open (several
 may be open: PM sampling's ``kernels=True``, a range session naming the kernels of CUDA graph launches), all of it
 or the records its filter on the correlation ID keeps. Only the leading fields of ``CUpti_ActivityKernel*`` are
-read, which every version from ``CUpti_ActivityKernel4`` (CUDA 9) to ``CUpti_ActivityKernel10`` (CUPTI 13) lays out
-alike (the structs are packed).
+read, up to ``graphId``, which every version from ``CUpti_ActivityKernel6`` to ``CUpti_ActivityKernel11`` (CUPTI 13.1)
+lays out alike (the structs are packed; CUPTI 12.6 to 13.x deliver version 9 or later).
+
+A kernel that a CUDA graph launch ran carries CUPTI's IDs of the graph and of its kernel node (``graphId``,
+``graphNodeId``); a kernel launched on its own carries 0 in both.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL = 10
 CUPTI_ACTIVITY_FLAG_FLUSH_FORCED = 1
 CUPTI_ERROR_MAX_LIMIT_REACHED = 12
 
-#: Leading fields of CUpti_ActivityKernel4..10 (packed): kind (u32), cacheConfig (u8), sharedMemoryConfig (u8),
+#: Leading fields of CUpti_ActivityKernel6..11 (packed): kind (u32), cacheConfig (u8), sharedMemoryConfig (u8),
 #: registersPerThread (u16), partitionedGlobalCacheRequested/Executed (u32 x2), start, end, completed (u64 x3),
 #: deviceId, contextId, streamId (u32 x3), gridX..Z, blockX..Z (i32 x6), staticSharedMemory,
 #: dynamicSharedMemory (i32 x2), localMemoryPerThread, localMemoryTotal, correlationId (u32 x3), gridId (i64),
-#: name (const char*).
-KERNEL_RECORD_FORMAT = struct.Struct("<IBBHIIQQQIII6iiiIIIqQ")
-_KIND, _START, _END, _DEVICE, _CONTEXT, _STREAM, _GRID, _BLOCK, _REGISTERS, _CORRELATION, _NAME = (
-    0, 6, 7, 9, 10, 11, slice(12, 15), slice(15, 18), 3, 22, 24)
+#: name (const char*), reserved0 (void*), queued, submitted (u64 x2), launchType,
+#: isSharedMemoryCarveoutRequested, sharedMemoryCarveoutRequested, padding (u8 x4), sharedMemoryExecuted (u32),
+#: graphNodeId (u64, at byte 144), shmemLimitConfig (enum, u32), graphId (u32, at byte 156): 160 bytes.
+KERNEL_RECORD_FORMAT = struct.Struct("<IBBHIIQQQIII6iiiIIIqQQQQBBBBIQII")
+(_KIND, _START, _END, _DEVICE, _CONTEXT, _STREAM, _GRID, _BLOCK, _REGISTERS, _CORRELATION, _NAME, _GRAPH_NODE,
+ _GRAPH) = (0, 6, 7, 9, 10, 11, slice(12, 15), slice(15, 18), 3, 22, 24, 33, 35)
 
 _BUFFER_BYTES = 4 << 20  # per buffer CUPTI asks for: ~15,000 kernel records
 
@@ -83,11 +88,12 @@ def timestamp() -> int:
 
 class KernelRecord(tuple):
     """One kernel execution: ``(name, start_ns, end_ns, device, context, stream, grid, block, registers,
-    correlation)``; *name* is the symbol as the driver has it (mangled)."""
+    correlation, graph_id, graph_node_id)``; *name* is the symbol as the driver has it (mangled); *graph_id* and
+    *graph_node_id* are CUPTI's IDs of the graph and kernel node that ran it, 0 for a kernel launched on its own."""
 
     __slots__ = ()
     FIELDS = ("name", "start_ns", "end_ns", "device", "context", "stream", "grid", "block", "registers",
-              "correlation")
+              "correlation", "graph_id", "graph_node_id")
 
 
 def parse_kernel_records(buffer, offsets, name_at=ctypes.string_at, keep=None) -> list[tuple]:
@@ -107,7 +113,7 @@ def parse_kernel_records(buffer, offsets, name_at=ctypes.string_at, keep=None) -
         if name is None:
             name = names[address] = name_at(address).decode(errors="replace") if address else ""
         out.append(KernelRecord((name, f[_START], f[_END], f[_DEVICE], f[_CONTEXT], f[_STREAM], f[_GRID], f[_BLOCK],
-                                 f[_REGISTERS], f[_CORRELATION])))
+                                 f[_REGISTERS], f[_CORRELATION], f[_GRAPH], f[_GRAPH_NODE])))
     return out
 
 

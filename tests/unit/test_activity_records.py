@@ -10,7 +10,7 @@ import pytest
 
 from gpuscope.cupti import activity
 
-# The leading fields of CUpti_ActivityKernel4..10 as cupti_activity.h declares them (packed).
+# The leading fields of CUpti_ActivityKernel6..11 as cupti_activity.h declares them (packed), up to graphId.
 PREFIX = [
     ("kind", ctypes.c_uint32), ("cacheConfig", ctypes.c_uint8), ("sharedMemoryConfig", ctypes.c_uint8),
     ("registersPerThread", ctypes.c_uint16), ("partitionedGlobalCacheRequested", ctypes.c_uint32),
@@ -21,12 +21,24 @@ PREFIX = [
     ("staticSharedMemory", ctypes.c_int32), ("dynamicSharedMemory", ctypes.c_int32),
     ("localMemoryPerThread", ctypes.c_uint32), ("localMemoryTotal", ctypes.c_uint32),
     ("correlationId", ctypes.c_uint32), ("gridId", ctypes.c_int64), ("name", ctypes.c_void_p),
+    ("reserved0", ctypes.c_void_p), ("queued", ctypes.c_uint64), ("submitted", ctypes.c_uint64),
+    ("launchType", ctypes.c_uint8), ("isSharedMemoryCarveoutRequested", ctypes.c_uint8),
+    ("sharedMemoryCarveoutRequested", ctypes.c_uint8), ("padding", ctypes.c_uint8),
+    ("sharedMemoryExecuted", ctypes.c_uint32), ("graphNodeId", ctypes.c_uint64),
+    ("shmemLimitConfig", ctypes.c_uint32), ("graphId", ctypes.c_uint32),
 ]
 
 
 class Kernel(ctypes.Structure):
+    """A CUpti_ActivityKernel9 (CUPTI 12.x; 10 and 11 only add fields after it): the prefix gpuscope reads, then
+    the fields it does not."""
+
     _pack_ = 1
-    _fields_ = PREFIX + [("rest", ctypes.c_uint8 * 96)]  # queued, submitted, ... (not read)
+    _fields_ = PREFIX + [("rest", ctypes.c_uint8 * 48)]  # pAccessPolicyWindow, channelID, ... (not read)
+
+
+assert ctypes.sizeof(Kernel) == 208  # sizeof(CUpti_ActivityKernel9), measured with g++ against CUPTI 12.9's header
+assert (Kernel.graphNodeId.offset, Kernel.graphId.offset, Kernel.correlationId.offset) == (144, 156, 92)  # idem
 
 
 def _headers():
@@ -52,13 +64,13 @@ def test_the_prefix_matches_every_kernel_record_in_cuptis_headers():
                    for h in (header, header.with_name("cupti_activity_deprecated.h")) if h.is_file())
     versions = sorted({int(n) for n in re.findall(r"\} CUpti_ActivityKernel(\d+);", text)})
     assert versions and max(versions) >= 9, header
-    for version in (v for v in versions if v >= 4):  # CUDA 9 on: what CUPTI 12.6-13.x can deliver
+    for version in (v for v in versions if v >= 6):  # the first with graphId; CUPTI 12.6-13.x deliver 9 or later
         end = text.index(f"}} CUpti_ActivityKernel{version};")
         body = text[text.rindex("typedef struct PACKED_ALIGNMENT {", 0, end) : end].split("{", 1)[1]
         body = re.sub(r"union \{.*?\} cacheConfig;", "uint8_t cacheConfig;", body, flags=re.S)
         fields = re.findall(r"(\w+)\s*;", body)
         assert fields[: len(PREFIX)] == [name for name, _ in PREFIX], (header, version)
-    assert ctypes.sizeof(Kernel) - 96 == activity.KERNEL_RECORD_FORMAT.size == 112
+    assert ctypes.sizeof(Kernel) - 48 == activity.KERNEL_RECORD_FORMAT.size == 160
 
 
 def _record(**values):
@@ -72,17 +84,21 @@ def test_records_are_parsed_field_by_field_and_other_kinds_skipped():
     names = {0x1000: b"_Z6streamPf", 0x2000: b"fma"}
     buf = (
         _record(kind=10, start=100, end=250, deviceId=1, contextId=7, streamId=13, gridX=64, gridY=2, gridZ=1,
-                blockX=256, blockY=1, blockZ=1, registersPerThread=32, correlationId=99, name=0x1000)
+                blockX=256, blockY=1, blockZ=1, registersPerThread=32, correlationId=99, name=0x1000,
+                queued=90, submitted=95, sharedMemoryExecuted=1 << 16, shmemLimitConfig=1)
         + _record(kind=5, start=1, end=2, name=0x2000)  # a memcpy-like kind: not a kernel
-        + _record(kind=3, start=300, end=400, correlationId=100, name=0x2000)
+        + _record(kind=3, start=300, end=400, correlationId=100, name=0x2000, graphId=3, graphNodeId=(1 << 40) + 7)
     )
     size = ctypes.sizeof(Kernel)
     got = activity.parse_kernel_records(buf, [0, size, 2 * size], name_at=names.__getitem__)
     assert len(got) == 2
     first = dict(zip(activity.KernelRecord.FIELDS, got[0]))
     assert first == {"name": "_Z6streamPf", "start_ns": 100, "end_ns": 250, "device": 1, "context": 7, "stream": 13,
-                     "grid": (64, 2, 1), "block": (256, 1, 1), "registers": 32, "correlation": 99}
-    assert got[1][0] == "fma" and got[1][1:3] == (300, 400)
+                     "grid": (64, 2, 1), "block": (256, 1, 1), "registers": 32, "correlation": 99,
+                     "graph_id": 0, "graph_node_id": 0}  # launched on its own
+    second = dict(zip(activity.KernelRecord.FIELDS, got[1]))
+    assert second["name"] == "fma" and (second["start_ns"], second["end_ns"]) == (300, 400)
+    assert (second["graph_id"], second["graph_node_id"]) == (3, (1 << 40) + 7)  # a graph's kernel node
 
 
 class FakeActivity:
