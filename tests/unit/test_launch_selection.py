@@ -339,7 +339,7 @@ def test_an_empty_last_iteration_is_named_with_its_likely_cause():
     """``prof.step()`` at the end of each iteration (where torch.profiler wants it) begins an empty iteration after the
     last one; the warning of a group whose iterations differ says so and what to do."""
     from gpuscope._range_profiling.launches import _Group
-    from gpuscope._range_profiling.modes import _empty_last_iteration
+    from gpuscope._range_profiling.pass_groups import _empty_last_iteration
 
     a = _launch("a")
     empty_last = _Group(0, 1, passes=[[a], [a], []])
