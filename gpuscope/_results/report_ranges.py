@@ -22,7 +22,7 @@ DRAM_BYTES = (("dram__bytes_read.sum", "dram__bytes_write.sum"), ("dram__bytes_o
 
 #: What to do about launches without a verdict (the report's note; docs/topdown.md, "Launches without a verdict")
 NO_VERDICT_NEXT = (
-    "Next: a kernel's launches that have a verdict stand for it (gpuscope.topdown(ds) where consistent); "
+    "Next: a kernel's launches that have a verdict stand for it (gpuscope.topdown(ds) where decided); "
     "gpuscope.profile_fast_topdown(work) takes every kernel's stall shares from PC sampling, one pass with nothing "
     "to disagree; a longer run (more launches, or iteration mode over more iterations) gives each kernel more "
     "launches to draw on.")
@@ -40,6 +40,7 @@ def _no_verdict_label(nodes, rows) -> str:
         worst = cover[np.nanargmax(np.abs(cover - 100))]
         return f"no verdict: states cover {worst:.0f}%"
     return "no verdict: passes disagree"
+
 
 def group_key(ds) -> np.ndarray:
     """Per range, the row it belongs to: the kernel's readable name for launches (mangled symbols demangled), the
@@ -134,11 +135,20 @@ def _range_report(ds, *, by: str | None = None) -> Report:
                 if (spread > td.SPREAD_TOLERANCE).any():
                     why.append(f"stall passes whose active warp-cycles differ by up to {np.nanmax(spread):.0f}% "
                                f"(pass_spread over {td.SPREAD_TOLERANCE:g}%)")
+            close = " whose verdict does not lead the next node by more than that leaves uncertain" \
+                if "decided" in nodes.coords else ""
             notes.append(
                 f"{int(inconsistent.sum())} launch(es) left out of the Top-Down columns: "
-                + " or ".join(why or ["passes that disagree"])
-                + ", so no verdict is given for them (columns consistent and no_verdict of gpuscope.topdown"
+                + " or ".join(why or ["passes that disagree"]) + close
+                + ", so no verdict is given for them (columns decided and no_verdict of gpuscope.topdown"
                 + (f"; rows with none left: {', '.join(bad[:5])}" if bad else "") + "). " + NO_VERDICT_NEXT)
+        if "decided" in nodes.coords:
+            kept = nodes["decided"].values.astype(bool) & ~nodes["consistent"].values.astype(bool)
+            if kept.any():
+                notes.append(
+                    f"{int(kept.sum())} launch(es) whose passes disagree keep their verdict: it leads the next "
+                    "level-2 node by more than the disagreement leaves uncertain (decided, verdict_margin; a culprit "
+                    "that does not lead by as much shows as undecided).")
     throughput = [m for m in ds.data_vars if ds[m].dims == ("range",) and ".pct_of_peak" in m]
     for m in throughput:
         frame[SHORT_NAMES.get(m, m)] = per_group(ds[m].values, "mean")

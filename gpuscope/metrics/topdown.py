@@ -72,6 +72,7 @@ from gpuscope.metrics.topdown_aggregate import WEIGHT_METRICS, aggregate
 from gpuscope.metrics.topdown_checks import (COVERAGE_TOLERANCE, LEVEL_TOLERANCE, SPREAD_TOLERANCE, _check_coverage,
                                              check_levels, pass_spread, warp_state_coverage)
 from gpuscope.metrics.topdown_nodes import _BY_NAME, _IPC, FULL_SCALE, NODES, UNITS, Node, level_cut
+from gpuscope.metrics.topdown_verdict import verdict_coordinates
 
 __all__ = [
     "ARCHITECTURES",
@@ -243,25 +244,8 @@ def _quality(covered: xr.Variable | None, spread: xr.Variable | None, arch: Arch
     consistent.attrs = {"units": "bool", "description": f"warp_state_coverage within 100 +/- {COVERAGE_TOLERANCE:g}%"
                         + (f" and pass_spread at most {SPREAD_TOLERANCE:g}%" if spread is not None else "")
                         + ": the stall breakdown can be trusted; where False, no verdict is given"}
-    out.update(topdown_uncertainty=uncertainty, consistent=consistent, no_verdict=_no_verdict(covered, spread))
+    out.update(topdown_uncertainty=uncertainty, consistent=consistent)
     return out
-
-
-def _no_verdict(covered: xr.Variable, spread: xr.Variable | None) -> xr.Variable:
-    """Per range, why it has no verdict (``""`` where it has one): which check failed, by how much."""
-    cover = np.atleast_1d(np.asarray(covered, dtype=float))
-    apart = np.atleast_1d(np.asarray(spread, dtype=float)) if spread is not None else np.full(cover.shape, np.nan)
-    reasons = []
-    for c, a in zip(cover.ravel(), apart.ravel()):
-        why = []
-        if not abs(c - 100.0) <= COVERAGE_TOLERANCE:
-            why.append(f"warp states cover {c:.0f}% of warp-active cycles (not 100 +/- {COVERAGE_TOLERANCE:g}%)")
-        if a > SPREAD_TOLERANCE:
-            why.append(f"stall passes ran {a:.0f}% apart (pass_spread over {SPREAD_TOLERANCE:g}%)")
-        reasons.append("; ".join(why))
-    return xr.Variable(covered.dims, np.array(reasons, dtype=str).reshape(np.shape(covered)), {
-        "description": "why the range has no verdict (consistent False): which check failed and by how much; "
-                       "empty where it has one. Next steps: docs/topdown.md, 'Launches without a verdict'"})
 
 
 def _weight(ds: xr.Dataset) -> dict[str, xr.DataArray]:
@@ -341,6 +325,7 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         out[node.name] = da
     covered = warp_state_coverage(ds, table)
     coords = _quality(covered, pass_spread(ds), table, v)  # coordinates: data_vars stay the nodes
+    coords.update(verdict_coordinates(out, coords))
     coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {

@@ -57,7 +57,9 @@ def test_the_nodes_topdown_is_made_from_the_recorded_values(recorded):
     assert ok.mean() > 0.5 and dur[ok].sum() > 0.9 * dur.sum()  # recorded: 60% of the nodes, 97% of GPU time
     level1 = td["retire"] + td["divergence"] + td["frontend"] + td["backend"]
     np.testing.assert_allclose(level1.values, 100, atol=1e-6)
-    assert (td["no_verdict"].values[ok] == "").all() and (td["no_verdict"].values[~ok] != "").all()
+    decided = td["decided"].values.astype(bool)
+    assert (decided >= ok).all() and dur[decided].sum() >= dur[ok].sum()
+    assert (td["no_verdict"].values[decided] == "").all() and (td["no_verdict"].values[~decided] != "").all()
 
 
 def test_graph_rows_combine_the_nodes_of_each_launch(recorded):

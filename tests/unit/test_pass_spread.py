@@ -105,8 +105,8 @@ def test_report_gives_no_verdict_for_launches_whose_passes_differ(recorded):
         r = report(ds)
     note = next(n for n in r.notes if "left out of the Top-Down columns" in n)
     assert "pass_spread over 10%" in note
-    n_bad = int((~gs.topdown(ds, check="ignore")["consistent"].values.astype(bool)).sum())
-    assert note.startswith(f"{n_bad} launch(es)")
+    n_bad = int((~gs.topdown(ds, check="ignore")["decided"].values.astype(bool)).sum())
+    assert note.startswith(f"{n_bad} launch(es)") and n_bad >= 1
 
 
 def test_each_launch_without_a_verdict_says_why_and_the_report_says_what_to_do(recorded):
@@ -115,17 +115,19 @@ def test_each_launch_without_a_verdict_says_why_and_the_report_says_what_to_do(r
     what to do next."""
     ds = recorded[0]
     td = gs.topdown(ds, check="ignore")
-    ok = td["consistent"].values.astype(bool)
+    ok = td["decided"].values.astype(bool)
     why = td["no_verdict"].values
-    assert (why[ok] == "").all() and (why[~ok] != "").all() and (~ok).sum() > 5
+    assert (why[ok] == "").all() and (why[~ok] != "").all() and (~ok).sum() >= 1
     spread = td["pass_spread"].values
-    for text, s, c in zip(why[~ok], spread[~ok], td["warp_state_coverage"].values[~ok]):
+    for text, s, c, m, u in zip(why[~ok], spread[~ok], td["warp_state_coverage"].values[~ok],
+                                td["verdict_margin"].values[~ok], td["topdown_uncertainty"].values[~ok]):
         assert ("pass_spread over 10%" in text) == (s > 10)
         assert (f"ran {s:.0f}% apart" in text) == (s > 10)
         assert ("warp states cover" in text) == (abs(c - 100) > 5)
+        assert f"{m:.1f} points apart, within the {u:.1f} points" in text
     # a kernel all of whose launches lack a verdict: bound_by says why
     one = ds.isel(range=np.flatnonzero(~ok)[:3])
-    one = one.assign_coords(kernel=("range", ["k"] * 3))
+    one = one.assign_coords(kernel=("range", ["k"] * one.sizes["range"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         r = report(one)
@@ -160,3 +162,37 @@ def test_the_topdown_a_user_reads_is_as_close_to_ncus_as_ncu_is_to_itself_plus_a
     raw = np.median(np.abs(_ours(ds) - ncu1).max(axis=1)[dur < 10])
     raw_ncu = np.median(np.abs(ncu2 - ncu1).max(axis=1)[dur < 10])
     assert raw > raw_ncu + 1.3 and table[3]["< 10 us"]["ours"] < raw - 0.5  # 2.4 against 0.9; nodes 1.6
+
+
+def test_a_verdict_that_leads_by_more_than_the_passes_disagree_is_given(recorded):
+    """Issue 51: passes that disagree make the stall nodes uncertain by topdown_uncertainty points; a launch whose
+    level-2 verdict leads the next node by more keeps it (decided). On this recording (35 of 82 launches with
+    passes that disagree, mostly memory-bound elementwise kernels) 80 launches keep a verdict, 100% of the GPU
+    time, and every verdict equals ncu's on the same launch; 66 keep a culprit, every one ncu's too."""
+    from gpuscope._results.report_topdown import _verdict
+
+    ds = recorded[0]
+    f = np.load(FIXTURE)
+    ncu = xr.Dataset({str(m): ("range", f["ncu_1"][:, i]) for i, m in enumerate(f["ncu_metrics"])},
+                     attrs={"compute_capability": "9.0"})
+    td = gs.topdown(ds, check="ignore")
+    ours = td["decided"].values.astype(bool)
+    consistent = td["consistent"].values.astype(bool)
+    assert (ours >= consistent).all() and ours.sum() == 80 and consistent.sum() == 47
+    margin, unc = td["verdict_margin"].values, td["topdown_uncertainty"].values
+    assert (margin[ours & ~consistent] > unc[ours & ~consistent]).all()
+    assert (margin[~ours] <= unc[~ours]).all()
+    culprit = td["culprit_decided"].values.astype(bool)
+    assert (culprit <= ours).all() and culprit.sum() == 66
+    ref = gs.topdown(ncu, check="ignore")
+    names = list(td.data_vars)
+
+    def verdict(t, i):
+        return _verdict({n: float(t[n].values[i]) for n in names})[:2]
+
+    dur = recorded[3]
+    assert dur[ours].sum() / dur.sum() > 0.99 > dur[consistent].sum() / dur.sum()
+    for i in np.flatnonzero(ours):
+        mine, theirs = verdict(td, i), verdict(ref, i)
+        assert mine[0] == theirs[0]
+        assert not culprit[i] or mine[1] == theirs[1]
