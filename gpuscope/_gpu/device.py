@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 from gpuscope.errors import GpuscopeError, NoGpuError, install_hint
 
@@ -165,19 +166,19 @@ def memory_used_gib(index: int = 0) -> float:
 
 def process_memory_gib(index: int = 0) -> float | None:
     """Device memory this process holds on device *index*, in GiB, from NVML (``cuda.bindings.nvml``); None where
-    NVML cannot say (no NVML binding, or this process's id is not the one NVML sees, as in some containers)."""
-    import os
+    NVML cannot say (no NVML binding, or this process's id is not the one NVML sees, as in some containers).
 
-    try:
-        from cuda.bindings import nvml
-    except ImportError:
+    NVML is initialised at the first call of the process and left so, and each device's handle kept: the kernel-replay
+    cost check asks at the close of every multi-pass kernel-mode session, which otherwise paid NVML's initialisation
+    and shutdown each time (issue 52, item 14)."""
+    nvml = _nvml()
+    if nvml is None:
         return None
     try:
-        nvml.init_v2()
-    except Exception:
-        return None
-    try:
-        handle = nvml.device_get_handle_by_pci_bus_id_v2(device_info(index).pci_bus_id)
+        bus = bus_id(index)
+        handle = _nvml_handles.get(bus)
+        if handle is None:
+            handle = _nvml_handles[bus] = nvml.device_get_handle_by_pci_bus_id_v2(bus)
         infos = nvml.device_get_compute_running_processes_v3(handle)
         pid = os.getpid()
         for i in range(len(infos)):
@@ -186,11 +187,29 @@ def process_memory_gib(index: int = 0) -> float | None:
         return None
     except Exception:
         return None
-    finally:
+
+
+_nvml_process = None  # (pid, initialised): NVML is initialised once per process (a forked child does it again)
+_nvml_handles: dict[str, object] = {}  # PCI bus id -> NVML device handle, of that process
+
+
+def _nvml():
+    """``cuda.bindings.nvml``, initialised once per process; None where it is missing or refused to initialise."""
+    global _nvml_process
+    try:
+        from cuda.bindings import nvml
+    except ImportError:
+        return None
+    pid = os.getpid()
+    if _nvml_process is None or _nvml_process[0] != pid:
         try:
-            nvml.shutdown()
+            nvml.init_v2()
+            initialised = True
         except Exception:
-            pass
+            initialised = False
+        _nvml_process = (pid, initialised)
+        _nvml_handles.clear()
+    return nvml if _nvml_process[1] else None
 
 
 class PrimaryContext:

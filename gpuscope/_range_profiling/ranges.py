@@ -12,14 +12,19 @@ stamps times). The contract::
     listener.range_pop(path)    # on the popping thread, before the path leaves the stack; also on exceptions
 
 A listener that raises does not reach user code: its exception becomes a :class:`GpuscopeWarning` and the
-stack stays balanced. With no listener a range costs a list append, an NVTX push (a no-op unless a tool is
-attached) and their undoing.
+stack stays balanced. With no listener a range costs a list append, an NVTX push (only where a tool is attached)
+and their undoing.
 
 The NVTX ranges a session takes (``gpuscope.Profiler(nvtx=...)``, :mod:`gpuscope._range_profiling.nvtx`) enter
 the same stacks through :func:`push_for` and :func:`pop_for`: they name and nest like gpuscope ranges, are told
 to that session only, and emit no NVTX range of their own. gpuscope's own NVTX calls are marked (:func:`emitting`)
 so that the session hearing NVTX does not take them twice. The "gpuscope" NVTX domain is created at the first
-range, not at import: NVTX reads ``NVTX_INJECTION64_PATH`` at its first call, which may come after import.
+range, not at import: NVTX reads ``NVTX_INJECTION64_PATH`` at its first call, which may come after import. Ranges
+emit NVTX only where a tool is attached to the process (:data:`TOOL_VARIABLES` set, as Nsight Systems and Nsight
+Compute do). Without one, NVTX calls would reach nothing but gpuscope's own CUPTI, which ignores gpuscope's ranges:
+the ``nvtx`` package (0.2.17) also asks the CUDA driver for a tool at its first call
+(``cuNvtxGetInjectionInitializer`` of ``libcuda.so.1``), so a first range made inside a session, with that CUPTI
+attached, may route every later range through it (issue 52, item 13: ``probes/probe_cost_regressions.py``).
 """
 
 from __future__ import annotations
@@ -37,18 +42,24 @@ __all__ = ["range", "Range", "add_listener", "remove_listener", "current_path", 
 
 _local = threading.local()
 _UNSET = object()
-_DOMAIN = _UNSET  # the nvtx package's "gpuscope" domain, made at the first range (None: no nvtx package)
+_DOMAIN = _UNSET  # the nvtx package's "gpuscope" domain, made at the first range (None: no tool, or no nvtx package)
+
+#: Environment variables that attach a tool to the process: NVTX's own, and CUDA's (a tool injected into the driver
+#: may take NVTX through it). With neither set at the first range, gpuscope's ranges make no NVTX call.
+TOOL_VARIABLES = ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")
 
 
 def _domain():
     global _DOMAIN
     if _DOMAIN is _UNSET:
-        try:  # NVTX is optional at run time: without it ranges are still recorded by gpuscope's listeners
-            import nvtx as _nvtx
+        _DOMAIN = None
+        if any(os.environ.get(name) for name in TOOL_VARIABLES):
+            try:  # NVTX is optional at run time: without it ranges are still recorded by gpuscope's listeners
+                import nvtx as _nvtx
 
-            _DOMAIN = _nvtx.get_domain("gpuscope")
-        except Exception:  # pragma: no cover - depends on the environment
-            _DOMAIN = None
+                _DOMAIN = _nvtx.get_domain("gpuscope")
+            except Exception:  # pragma: no cover - depends on the environment
+                _DOMAIN = None
     return _DOMAIN
 
 

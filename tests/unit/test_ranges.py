@@ -1,6 +1,8 @@
 """gpuscope.range: paths, nesting, decorator use, listeners, exception safety (no GPU)."""
 
+import sys
 import threading
+import types
 
 import pytest
 
@@ -135,3 +137,54 @@ def test_public_name_is_lazy():
     import gpuscope
 
     assert gpuscope.range is _ranges.Range
+
+
+#: What attaches a tool to the process (Nsight Systems and Nsight Compute set them for the programs they run).
+TOOL_VARIABLES = ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")
+
+
+class FakeNvtx:
+    """The nvtx package's part that gpuscope.range uses, recording each call and whether it was marked as gpuscope's."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        module = types.ModuleType("nvtx")
+        module.get_domain = lambda name: self.calls.append(("domain", name, False)) or self
+        monkeypatch.setitem(sys.modules, "nvtx", module)
+        monkeypatch.setattr(_ranges, "_DOMAIN", _ranges._UNSET)  # as in a process that has made no range yet
+
+    def get_event_attributes(self, message):
+        return message
+
+    def push_range(self, attributes):
+        self.calls.append(("push", attributes, _ranges.emitting()))
+
+    def pop_range(self):
+        self.calls.append(("pop", None, _ranges.emitting()))
+
+
+def test_ranges_make_no_nvtx_call_where_no_tool_is_attached(monkeypatch, recorder):
+    """Without a tool, NVTX started inside a session could go to gpuscope's own CUPTI (issue 52, item 13)."""
+    for name in TOOL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    nvtx = FakeNvtx(monkeypatch)
+    with _ranges.range("step"):
+        with _ranges.range("fwd"):
+            pass
+    assert nvtx.calls == []
+    assert [e[:2] for e in recorder.events] == [("push", "step"), ("push", "step/fwd"), ("pop", "step/fwd"),
+                                               ("pop", "step")]
+
+
+@pytest.mark.parametrize("variable", TOOL_VARIABLES)
+def test_ranges_emit_nvtx_where_a_tool_is_attached(monkeypatch, variable):
+    for name in TOOL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "/opt/tool/libinjection.so")
+    nvtx = FakeNvtx(monkeypatch)
+    with _ranges.range("step"):
+        with _ranges.range("fwd"):
+            pass
+    assert nvtx.calls == [("domain", "gpuscope", False), ("push", "step", True), ("push", "step/fwd", True),
+                          ("pop", None, True), ("pop", None, True)]
+    assert not _ranges.emitting()
