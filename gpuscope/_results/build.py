@@ -19,6 +19,7 @@ from gpuscope._schema.dataset import (
     SHAPE_COORDS,
     SPAN_INDEX,
     SPAN_TABLE,
+    UNKNOWN_GRAPH,
     index,
     innermost_span,
     table_attrs,
@@ -179,11 +180,12 @@ def sample_coords(start_ns, end_ns, session_start_ns: int, table: dict, ranges=N
 def with_executions(ds, executions: dict):
     """*ds* (PM samples) with the kernel executions recorded while sampling (``gpuscope.sample(kernels=True)``).
 
-    *executions*: ``records`` (tuples as :class:`gpuscope.cupti.activity.KernelRecord`), ``dropped``,
-    ``errors``, ``other_devices``. The records with an end time become the execution table, one attr per column
-    of :data:`~gpuscope._schema.dataset.EXEC_TABLE` (``exec_kernel``, the name every Dataset of the process gives
-    the kernel, ``exec_kernel_qualname``, ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``,
-    ``exec_correlation``: 1-D arrays;
+    *executions*: ``records`` (tuples as :class:`gpuscope.cupti.activity.KernelRecord`; a tuple that ends before
+    its graph ids gives -1, unknown, there), ``dropped``, ``errors``, ``other_devices``. The records with an end
+    time become the execution table, one attr per column of :data:`~gpuscope._schema.dataset.EXEC_TABLE`
+    (``exec_kernel``, the name every Dataset of the process gives the kernel, ``exec_kernel_qualname``,
+    ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``, ``exec_correlation``,
+    ``exec_graph_id``, ``exec_graph_node_id``: 1-D arrays;
     :func:`~gpuscope._schema.dataset.kernel_executions` gives it as a DataFrame). Attrs: ``kernel_records`` (1)
     and the counts ``kernel_records_dropped``, ``kernel_records_incomplete`` (no end time: still running when
     flushed), ``kernel_records_other_devices``, ``kernel_record_errors``, then the table's columns.
@@ -201,6 +203,8 @@ def with_executions(ds, executions: dict):
         "exec_end_ns": [int(r[2]) for r in complete],
         "exec_stream": [int(r[5]) for r in complete],
         "exec_correlation": [int(r[9]) for r in complete],
+        "exec_graph_id": [int(r[10]) if len(r) > 10 else UNKNOWN_GRAPH for r in complete],
+        "exec_graph_node_id": [int(r[11]) if len(r) > 11 else UNKNOWN_GRAPH for r in complete],
     }
     return ds.assign_attrs({
         "kernel_records": 1,

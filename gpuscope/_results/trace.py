@@ -112,11 +112,14 @@ def _execution_events(trace: _Trace, ds, pid: int) -> None:
     table = _dataset.kernel_executions(ds)
     tids = {stream: trace.track(pid, f"GPU kernels (stream {stream})") for stream in sorted(set(table["stream"]))}
     hot = {k: trace.hot_args(k) for k in set(table["kernel"])}
-    for kernel, symbol, s, e, stream, corr in zip(table["kernel"].tolist(), table["symbol"].tolist(),
-                                                 table["start_ns"].tolist(), table["end_ns"].tolist(),
-                                                 table["stream"].tolist(), table["correlation"].tolist()):
+    for kernel, symbol, s, e, stream, corr, graph, node in zip(
+            table["kernel"].tolist(), table["symbol"].tolist(), table["start_ns"].tolist(), table["end_ns"].tolist(),
+            table["stream"].tolist(), table["correlation"].tolist(), table["graph_id"].tolist(),
+            table["graph_node_id"].tolist()):
+        ids = {"graph_id": graph, "graph_node_id": node} if graph > 0 else {}  # a CUDA graph's kernel node
         trace.events.append({"name": kernel, "ph": "X", "pid": pid, "tid": tids[stream], "ts": s,
-                             "dur": (e - s) / 1e3, "args": {"symbol": symbol, "correlation": corr, **hot[kernel]}})
+                             "dur": (e - s) / 1e3, "args": {"symbol": symbol, "correlation": corr, **ids,
+                                                            **hot[kernel]}})
 
 
 def _pc_hot_spots(pc, top: int = 3) -> dict:

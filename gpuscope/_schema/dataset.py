@@ -20,7 +20,9 @@ from gpuscope._schema.units import split_name, units_of
 #: the samples, so ``ds.to_dataframe()`` has one row per sample), and files hold them as netCDF groups
 #: (:data:`TABLE_GROUPS`); version 6 names each execution's kernel as every Dataset of the process names it
 #: (``exec_kernel``, short) and keeps its qualified name in the column ``exec_kernel_qualname`` (version 5's
-#: ``exec_kernel``).
+#: ``exec_kernel``). Version 6 later added the columns ``exec_graph_id`` and ``exec_graph_node_id``
+#: (:data:`GRAPH_COLUMNS`), which a reader that does not know them ignores; :func:`upgrade` gives tables written
+#: without them -1 (unknown) there.
 SCHEMA_VERSION = 6
 
 _CUPTI_NS = {"units": "ns", "clock": "cuptiGetTimestamp"}
@@ -46,11 +48,23 @@ EXEC_TABLE = {
     "exec_start_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's start on the GPU"}),
     "exec_end_ns": (np.int64, {**_CUPTI_NS, "description": "the kernel's end on the GPU"}),
     "exec_stream": (np.int64, {"description": "CUDA stream the kernel ran on (CUPTI's streamId)"}),
-    "exec_correlation": (np.int64, {"description": "CUPTI's correlation id of the launch call"}),
+    "exec_correlation": (np.int64, {"description": "CUPTI's correlation id of the launch call (the kernels of one "
+                                                   "CUDA graph launch share that call's)"}),
+    "exec_graph_id": (np.int64, {"description": "CUPTI's id of the CUDA graph that ran the kernel (graphId of its "
+                                                "activity record), 0 for a kernel launched on its own, -1 where "
+                                                "unknown (recorded before gpuscope read it)"}),
+    "exec_graph_node_id": (np.int64, {"description": "CUPTI's id of the graph's kernel node that ran the kernel "
+                                                     "(graphNodeId), 0 for a kernel launched on its own, -1 where "
+                                                     "unknown (recorded before gpuscope read it)"}),
 }
 
 #: The column of the execution table that versions 1 to 5 lacked (their ``exec_kernel`` held the qualified name).
 QUALNAME = "exec_kernel_qualname"
+
+#: The columns of the execution table that files written before gpuscope read CUPTI's graph ids lack; :func:`upgrade`
+#: fills them with this value (unknown), which no recorded execution has (CUPTI's ids are unsigned, 0 for none).
+GRAPH_COLUMNS = ("exec_graph_id", "exec_graph_node_id")
+UNKNOWN_GRAPH = -1
 
 #: Column names of the span and execution tables (Dataset attrs).
 SPAN_VARS = tuple(SPAN_TABLE)
@@ -108,11 +122,10 @@ def table_attrs(table: dict, columns: dict) -> dict:
 
 
 def _held(table: dict, columns: dict) -> dict:
-    """*table* without :data:`QUALNAME` where *columns* lack it (a table of schema 5 or older, whose
-    ``exec_kernel`` :func:`upgrade` names again)."""
-    if QUALNAME in columns or QUALNAME not in table:
-        return table
-    return {name: spec for name, spec in table.items() if name != QUALNAME}
+    """*table* without the columns an older gpuscope did not write where *columns* lack them: :data:`QUALNAME` (a
+    table of schema 5 or older, whose ``exec_kernel`` :func:`upgrade` names again) and :data:`GRAPH_COLUMNS`
+    (:func:`upgrade` fills them)."""
+    return {name: spec for name, spec in table.items() if name in columns or name not in (QUALNAME, *GRAPH_COLUMNS)}
 
 
 def table_columns(ds, table: dict) -> dict | None:
@@ -198,8 +211,8 @@ def kernel_executions(ds):
     per execution, with GPU start and end times on the samples' clock.
 
     The table is the Dataset's execution table: the attrs ``exec_kernel``, ``exec_kernel_qualname``,
-    ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream`` and ``exec_correlation``, one array per
-    column (:data:`EXEC_TABLE`).
+    ``exec_symbol``, ``exec_start_ns``, ``exec_end_ns``, ``exec_stream``, ``exec_correlation``,
+    ``exec_graph_id`` and ``exec_graph_node_id``, one array per column (:data:`EXEC_TABLE`).
 
     Parameters
     ----------
@@ -213,9 +226,12 @@ def kernel_executions(ds):
         Index ``execution``; columns ``kernel`` (its name, as the ``kernel`` coordinate of range results and PC
         samples of the same process), ``kernel_qualname`` (``module.function``), ``symbol`` (as the driver has
         it), ``start_ns``, ``end_ns`` (CUPTI timestamps), ``start``/``end`` (ns
-        from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream`` and
-        ``correlation`` (CUPTI's id of the launch call). Sorted by start. Of a combined Dataset, also ``rank``
-        or ``device`` (which one ran the kernel; times from ``attrs["time_origin_ns"]``).
+        from the session start, on the scale of the ``time`` coordinate), ``duration_ns``, ``stream``,
+        ``correlation`` (CUPTI's id of the launch call: the kernels of one CUDA graph launch share it),
+        ``graph_id`` and ``graph_node_id`` (CUPTI's ids of the graph and of its kernel node that ran the kernel; 0
+        for a kernel launched on its own, -1 in files recorded before gpuscope read them). Sorted by start. Of a
+        combined Dataset, also ``rank`` or ``device`` (which one ran the kernel; times from
+        ``attrs["time_origin_ns"]``).
 
     Raises
     ------
@@ -239,7 +255,7 @@ def kernel_executions(ds):
     table = table.sort_values("start_ns", kind="stable").reset_index(drop=True)
     table.index.name = "execution"
     first = ["kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
-             "correlation"]
+             "correlation", "graph_id", "graph_node_id"]
     return table[first + [c for c in table.columns if c not in first]]
 
 
@@ -290,9 +306,11 @@ def spans(ds):
 
 
 def _current(ds):
-    """*ds* in the current schema: a Dataset of an older one that was not read through gpuscope.open_dataset is
-    converted (:func:`upgrade`)."""
-    return ds if ds.attrs.get("gpuscope_schema") == SCHEMA_VERSION else upgrade(ds)
+    """*ds* in the current schema: a Dataset of an older one (or an execution table from before the graph ids) that
+    was not read through gpuscope.open_dataset is converted (:func:`upgrade`)."""
+    current = ds.attrs.get("gpuscope_schema") == SCHEMA_VERSION and (
+        not has_executions(ds) or all(name in ds.attrs for name in GRAPH_COLUMNS))
+    return ds if current else upgrade(ds)
 
 
 def _table_frame(ds, table: dict, prefix: str):
@@ -420,7 +438,8 @@ def upgrade(ds):
     the values move, none is recomputed except the per-sample span index of version 1, which is derived as
     :func:`gpuscope._results.build.sampling_dataset` derives it, the row numbers of range results, and the names
     of version 6, given within the file as a process gives them (:class:`~gpuscope._schema.names.KernelNames`:
-    short where that is unambiguous). Metric
+    short where that is unambiguous). Execution tables written before gpuscope read CUPTI's graph ids get
+    ``exec_graph_id`` and ``exec_graph_node_id`` of -1 (unknown: not recomputed, not guessed). Metric
     units written by an older gpuscope (``byte/second/second``, ``instruction/gpc_cycle/cycle``) are corrected
     with :func:`gpuscope._gpu.catalog.units_of`.
     """
@@ -456,8 +475,8 @@ def upgrade(ds):
 
 def _upgrade_tables(ds):
     """The span and execution tables of PM samples of schema version 1 to 5 as version 6 holds them (attrs of
-    1-D arrays; the execution table with :data:`QUALNAME`); those of version 5 and 6 as arrays where a reader gave
-    lists (netCDF attrs)."""
+    1-D arrays; the execution table with :data:`QUALNAME` and :data:`GRAPH_COLUMNS`, -1 where a file lacks them);
+    those of version 5 and 6 as arrays where a reader gave lists (netCDF attrs)."""
     if "span" in ds.variables and ds["span"].dims != ("span",):  # version 2: each sample's span index
         ds = ds.rename_vars({"span": SPAN_INDEX})
     if any(name in ds.data_vars for name in SPAN_VARS):  # version 1: the span table as data variables
@@ -474,20 +493,24 @@ def _upgrade_tables(ds):
         elif any(not isinstance(ds.attrs[name], np.ndarray) for name in table if name in ds.attrs):
             # version 2 (list attrs), or version 5 read by a netCDF reader that gives lists
             columns = {name: _as_list(ds.attrs.get(name, [])) for name in _columns(table)
-                       if name in ds.attrs or (name in table and name != QUALNAME)}
+                       if name in ds.attrs or (name in table and name not in (QUALNAME, *GRAPH_COLUMNS))}
             ds = ds.assign_attrs(table_attrs(_held(table, columns), columns))
     if SPAN_INDEX in ds.variables and ds.attrs.get("gpuscope_schema", 1) != SCHEMA_VERSION:
         ds[SPAN_INDEX].attrs = {**ds[SPAN_INDEX].attrs, **SAMPLE_SPAN_ATTRS}
     executions = table_columns(ds, EXEC_TABLE)
-    if executions is not None and QUALNAME not in executions:  # versions 1 to 5: exec_kernel held qualified names
+    if executions is None or all(name in executions for name in (QUALNAME, *GRAPH_COLUMNS)):
+        return ds
+    columns = dict(executions)
+    if QUALNAME not in executions:  # versions 1 to 5: exec_kernel held qualified names
         from gpuscope._schema.names import KernelNames
 
         names = KernelNames()
         qualnames = [str(q) for q in executions["exec_kernel"]]
-        columns = {**executions, "exec_kernel": [names.name(q) for q in qualnames], QUALNAME: qualnames}
-        ds.attrs = {k: v for k, v in ds.attrs.items() if k not in executions}  # the columns in the table's order
-        ds = ds.assign_attrs(table_attrs(EXEC_TABLE, columns))
-    return ds
+        columns.update({"exec_kernel": [names.name(q) for q in qualnames], QUALNAME: qualnames})
+    for name in GRAPH_COLUMNS:  # written before gpuscope read CUPTI's graph ids: unknown
+        columns.setdefault(name, np.full(len(executions["exec_start_ns"]), UNKNOWN_GRAPH, dtype=np.int64))
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in executions}  # the columns in the table's order
+    return ds.assign_attrs(table_attrs(EXEC_TABLE, columns))
 
 
 def to_dataframe(ds, metrics=None):

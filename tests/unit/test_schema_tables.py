@@ -1,9 +1,10 @@
 """Schema 6: the span and execution tables of PM samples as Dataset attrs (one 1-D array per column), so that
 every variable lies along the samples and ``ds.to_dataframe()`` has one row per sample; saved files hold the tables
 as netCDF groups; each execution's kernel named as range results and PC samples of the process name it
-(``exec_kernel``), its qualified name beside it (``exec_kernel_qualname``). Files of schemas 2 to 5 (tables in list
-attrs, or as coordinates along their own dims; ``exec_kernel`` qualified) converted
-exactly on load; the tables and the long format. Merges of the tables: test_ranks and test_multi_sampling."""
+(``exec_kernel``), its qualified name beside it (``exec_kernel_qualname``), CUPTI's graph and node ids
+(``exec_graph_id``, ``exec_graph_node_id``). Files of schemas 2 to 5 (tables in list attrs, or as coordinates along
+their own dims; ``exec_kernel`` qualified) and of schema 6 before the graph ids converted exactly on load (the ids
+-1, unknown); the tables and the long format. Merges of the tables: test_ranks and test_multi_sampling."""
 
 from pathlib import Path
 
@@ -30,23 +31,36 @@ def series():
     return gs.open_dataset(SERIES)
 
 
-def _records(ts, n=5):
-    """*n* kernel executions inside the recording's session, on two streams, one of them still running."""
+def _records(ts, n=5, graphs=False):
+    """*n* kernel executions inside the recording's session, on two streams, one of them still running; with
+    *graphs*, the stream kernels ran as the nodes 40 and 41 of CUDA graph 3 (one graph launch: one correlation id),
+    the others on their own; without, the records end before their graph ids (as an older gpuscope kept them)."""
     t0 = int(ts.attrs["session_start_ns"])
     out = [("_ZN8__main__6streamB2v1E" if i % 2 else "fma", t0 + 1000 * i, t0 + 1000 * i + 600, 0, 1, 7 + i % 2,
             (1, 1, 1), (1, 1, 1), 16, 100 + i) for i in range(n)]
+    if graphs:
+        out = [r[:9] + ((200, 3, 40 + i // 2) if i % 2 else (r[9], 0, 0)) for i, r in enumerate(out)]
     return out + [("fma", t0 + 9_000_000, 0, 0, 1, 7, (1, 1, 1), (1, 1, 1), 16, 99)]
 
 
-def _with_executions(ts, n=5):
-    return _results.with_executions(ts, {"records": _records(ts, n), "dropped": 1, "errors": [], "other_devices": 2})
+def _with_executions(ts, n=5, graphs=False):
+    return _results.with_executions(ts, {"records": _records(ts, n, graphs), "dropped": 1, "errors": [],
+                                         "other_devices": 2})
+
+
+def before_graph_ids(ds):
+    """*ds* (schema 6) as gpuscope wrote schema 6 before it read CUPTI's graph ids: no ``exec_graph_id`` and
+    ``exec_graph_node_id``."""
+    old = ds.copy()
+    old.attrs = {k: v for k, v in ds.attrs.items() if k not in _dataset.GRAPH_COLUMNS}
+    return old
 
 
 def as_schema5(ds):
     """*ds* (schema 6) as gpuscope wrote schemas 2 to 5: ``exec_kernel`` held the qualified name, and nothing
     beside it."""
-    old = ds.copy()
-    old.attrs = {**ds.attrs, "gpuscope_schema": 5}
+    old = before_graph_ids(ds)
+    old.attrs["gpuscope_schema"] = 5
     if "exec_kernel_qualname" in ds.attrs:
         old.attrs["exec_kernel"] = old.attrs.pop("exec_kernel_qualname")
     return old
@@ -135,9 +149,10 @@ def test_spans_and_executions_keep_their_frames(series):
     runs = gs.kernel_executions(ts)
     assert runs.index.name == "execution" and runs.columns.tolist() == [
         "kernel", "kernel_qualname", "symbol", "start_ns", "end_ns", "start", "end", "duration_ns", "stream",
-        "correlation"]
+        "correlation", "graph_id", "graph_node_id"]
     assert runs["start"].tolist() == [0, 1000, 2000, 3000, 4000] and (runs["duration_ns"] == 600).all()
     assert runs["stream"].tolist() == [7, 8, 7, 8, 7] and runs["correlation"].tolist() == [100, 101, 102, 103, 104]
+    assert (runs["graph_id"] == -1).all() and (runs["graph_node_id"] == -1).all()  # records without the ids
     # the phases of the samples carry the tables: by="kernels" finds the executions
     ph = gs.phases(ts, topdown=False)
     assert gs.kernel_executions(ph).equals(runs) and gs.spans(ph).equals(table)
@@ -183,6 +198,45 @@ def test_a_saved_file_holds_the_tables_as_groups(tmp_path, series):
     again = gs.open_dataset(tmp_path / "plain.nc")
     assert gs.spans(again).equals(gs.spans(ts)) and gs.kernel_executions(again).equals(gs.kernel_executions(ts))
     assert isinstance(again.attrs["exec_stream"], np.ndarray) and again.attrs["exec_stream"].dtype == np.int64
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUPTI's graph and node ids
+
+
+def test_graph_and_node_ids_are_columns_of_the_execution_table(tmp_path, series):
+    ts = _with_executions(series.isel(time=slice(0, 2000)), graphs=True)
+    runs = gs.kernel_executions(ts)
+    assert runs["kernel"].tolist() == ["fma", "stream", "fma", "stream", "fma"]
+    assert runs["graph_id"].tolist() == [0, 3, 0, 3, 0] and runs["graph_node_id"].tolist() == [0, 40, 0, 41, 0]
+    assert runs["correlation"].tolist() == [100, 200, 102, 200, 104]  # one graph launch ran both nodes
+    assert ts.attrs["exec_graph_id"].dtype == np.int64
+    gs.save_dataset(ts, tmp_path / "g.nc")
+    back = gs.open_dataset(tmp_path / "g.nc")
+    xr.testing.assert_identical(back, ts)
+    with xr.open_dataset(tmp_path / "g.nc", engine="h5netcdf", group="executions") as raw:
+        assert raw["exec_graph_node_id"].values.tolist() == [0, 40, 0, 41, 0]
+        assert "0 for a kernel launched on its own" in raw["exec_graph_id"].attrs["description"]
+
+
+@pytest.mark.filterwarnings("ignore:timestamps stay on each rank's CUPTI clock")
+@pytest.mark.parametrize("executions", [0, 5])
+def test_a_file_from_before_the_graph_ids_loads_with_them_unknown(tmp_path, series, executions):
+    """Schema 6 files written before gpuscope read CUPTI's graph ids lack the two columns: they load with -1 (unknown),
+    never 0 (which says "launched on its own"), and the tables still merge with current ones."""
+    ts = _with_executions(series.isel(time=slice(0, 2000)), executions, graphs=True)
+    old = before_graph_ids(ts)
+    gs.save_dataset(old, tmp_path / "old.nc")
+    with xr.open_dataset(tmp_path / "old.nc", engine="h5netcdf", group="executions") as raw:
+        assert not set(_dataset.GRAPH_COLUMNS) & set(raw.variables)
+    back = gs.open_dataset(tmp_path / "old.nc")
+    expected = ts.assign_attrs({name: np.full(executions, -1, dtype=np.int64) for name in _dataset.GRAPH_COLUMNS})
+    xr.testing.assert_identical(back, expected)
+    assert list(back.attrs).index("exec_graph_node_id") == list(back.attrs).index("exec_correlation") + 2
+    assert gs.kernel_executions(old).equals(gs.kernel_executions(back))  # in memory too
+    merged = gs.kernel_executions(gs.merge_ranks([back.assign_attrs(rank=0), ts.assign_attrs(rank=1)]))
+    by_rank = {rank: merged[merged["rank"] == rank]["graph_id"].tolist() for rank in (0, 1)}
+    assert by_rank == {0: [-1] * executions, 1: [0, 3, 0, 3, 0][:executions]}
 
 
 # ---------------------------------------------------------------------------------------------------------

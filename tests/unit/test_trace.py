@@ -235,7 +235,8 @@ def _pc_recording():
 
 def test_gpu_kernel_executions_get_a_track_per_stream_and_pc_hot_lines(series):
     t0 = int(series.attrs["session_start_ns"])
-    records = [(name, t0 + 1000 * i, t0 + 1000 * i + 800, 0, 1, 7 + (i % 2), (1, 1, 1), (1, 1, 1), 16, i)
+    records = [(name, t0 + 1000 * i, t0 + 1000 * i + 800, 0, 1, 7 + (i % 2), (1, 1, 1), (1, 1, 1), 16, i,
+                *((5, 60 + i) if name == "other" else (0, 0)))  # "other": a CUDA graph's kernel nodes
                for i, name in enumerate(["_ZN10benchmarks17bench_pc_sampling6streamB2v1E", "other"] * 3)]
     ts = _results.with_executions(series, {"records": records, "dropped": 0, "errors": []})
     pc = _pc_recording()
@@ -246,6 +247,8 @@ def test_gpu_kernel_executions_get_a_track_per_stream_and_pc_hot_lines(series):
     assert sorted({tracks[e["tid"]] for e in gpu}) == ["GPU kernels (stream 7)", "GPU kernels (stream 8)"]
     assert [e["name"] for e in gpu] == ["stream", "other"] * 3  # one name per kernel: the executions' and PC's
     assert [e["dur"] for e in gpu] == [0.8] * 6
+    assert [(e["args"].get("graph_id"), e["args"].get("graph_node_id")) for e in gpu] == [
+        (None, None), (5, 61), (None, None), (5, 63), (None, None), (5, 65)]  # graph ids on graph nodes only
     stream = [e for e in gpu if e["name"].endswith("stream")]
     hot = stream[0]["args"]["pc.hot_lines"]
     assert len(hot) == 3 and hot[0].startswith("bench_pc_sampling.py:30 ") and "long_scoreboard" in hot[0]
