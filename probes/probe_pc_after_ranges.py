@@ -27,7 +27,7 @@ _CASE = r"""
 import json, sys, time, ctypes
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpuscope as gs
-from gpuscope.cupti import _api, callbacks, activity
+from gpuscope.cupti import _api, activity, subscriber
 from bench_fast_topdown import Pair
 w = Pair()
 launch = w.k.launch
@@ -54,10 +54,10 @@ def finalize():
     t0 = time.perf_counter()
     gs.release()
     lib = _api.library().cdll
-    with callbacks._lock:
-        if callbacks._subscription:
-            rc_u = lib.cuptiUnsubscribe(ctypes.c_void_p(callbacks._subscription[0]))
-            callbacks._subscription.clear()
+    with subscriber._lock:
+        if subscriber._subscription:
+            rc_u = lib.cuptiUnsubscribe(ctypes.c_void_p(subscriber._subscription[0]))
+            subscriber._subscription.clear()
         else:
             rc_u = None
     lib.cuptiActivityFlushAll(1)

@@ -15,7 +15,7 @@ PRELUDE = """
 import ctypes, json, threading, warnings
 import gpuscope as gs
 from gpuscope._gpu import keep
-from gpuscope.cupti import _api, callbacks, profiler
+from gpuscope.cupti import _api, callbacks, profiler, subscriber
 from benchmarks import bench_pc_sampling as B
 ONE_PASS = ["smsp__inst_executed.sum", "sm__ctas_launched.sum"]
 work = B.Workload()
@@ -28,7 +28,7 @@ def session():
     return {m: float(ds[m].values.sum()) for m in ONE_PASS}
 
 finalizes = []  # (on the detaching thread, inside its call's exit callback)
-_api.observe(lambda name, seconds: finalizes.append([threading.get_ident() == MAIN, callbacks._exit_call is not None])
+_api.observe(lambda name, seconds: finalizes.append([threading.get_ident() == MAIN, subscriber._exit_call is not None])
              if name == "cuptiFinalize" else None)
 MAIN = threading.get_ident()
 """
@@ -93,12 +93,12 @@ def test_cupti_names_gpuscope_while_it_holds_the_subscriber():
     """What tells gpuscope that CUPTI still knows its subscriber: a second subscribe is refused, naming gpuscope."""
     got = _run("""
         profiler.initialize()  # holds the subscriber
-        status, who, handle, callback = callbacks._try_subscribe()
+        status, who, handle, callback = subscriber._try_subscribe()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             known = callbacks.known()
         profiler.deinitialize()
-        print(json.dumps({"status": status, "who": who, "known": known, "held": bool(callbacks._subscription)}))
+        print(json.dumps({"status": status, "who": who, "known": known, "held": bool(subscriber._subscription)}))
     """)
     assert got["status"] == 39 and "gpuscope" in got["who"], got
     assert got["known"] and not got["held"], got

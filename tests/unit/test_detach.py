@@ -11,7 +11,8 @@ import pytest
 
 from gpuscope._gpu import keep as _keep
 from gpuscope._gpu import modules as _modules
-from gpuscope.cupti import _api, activity, callbacks, profiler
+from gpuscope.cupti import _api, activity, callbacks, profiler, subscriber
+from gpuscope.cupti import finalize as _finalize
 
 from .test_keep import FakeContext, FakeProfiler
 from .test_subscriber import FakeCupti
@@ -54,14 +55,14 @@ def cupti(monkeypatch):
     monkeypatch.setattr(_api, "_attached", True)
     monkeypatch.delenv(_keep.DETACH_ENV, raising=False)  # on by default
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
-    monkeypatch.setattr(callbacks, "_f", model)
-    monkeypatch.setattr(callbacks, "_call_the_driver", model.cuCtxGetCurrent)
-    monkeypatch.setattr(callbacks, "_subscription", [])
-    monkeypatch.setattr(callbacks, "_open", set())
-    monkeypatch.setattr(callbacks, "_listening", ())
-    monkeypatch.setattr(callbacks, "_module_watchers", ())
-    monkeypatch.setattr(callbacks, "_nvtx_watchers", ())
-    monkeypatch.setattr(callbacks, "_holds", 0)
+    monkeypatch.setattr(subscriber, "_f", model)
+    monkeypatch.setattr(_finalize, "_call_the_driver", model.cuCtxGetCurrent)
+    monkeypatch.setattr(subscriber, "_subscription", [])
+    monkeypatch.setattr(subscriber, "_open", set())
+    monkeypatch.setattr(subscriber, "_listening", ())
+    monkeypatch.setattr(subscriber, "_module_watchers", ())
+    monkeypatch.setattr(subscriber, "_nvtx_watchers", ())
+    monkeypatch.setattr(subscriber, "_holds", 0)
     monkeypatch.setattr(activity, "_registered", [])
     monkeypatch.setattr(activity, "_sinks", ())
     monkeypatch.setattr(_modules, "_watcher", None)
@@ -110,7 +111,7 @@ def subscribed(cupti, monkeypatch, handle=0xABC) -> object:
     """gpuscope holding CUPTI's subscriber *handle*, which CUPTI knows; its C callback."""
     callback = object()
     cupti.model.holder = (handle, callback)
-    monkeypatch.setattr(callbacks, "_subscription", [handle, callback])
+    monkeypatch.setattr(subscriber, "_subscription", [handle, callback])
     return callback
 
 
@@ -124,7 +125,7 @@ def test_detach_finalizes_and_forgets_hosts_and_subscription(cupti, monkeypatch)
     assert cupti.calls == ["cuptiFinalize"]
     unsubscribed = [c[1] for c in cupti.model.calls if c[0] == "unsubscribe"]
     assert unsubscribed == [0xABC, 0x5EB]  # gpuscope's, then the one the finalize's own call was heard on
-    assert callbacks._subscription == [] and callback in callbacks._retired and activity._registered == []
+    assert subscriber._subscription == [] and callback in subscriber._retired and activity._registered == []
     assert host.closed == 1 and _keep._hosts == {}
     assert not _api.attached() and cupti.model.stale == []
     assert _keep.detach_cupti() == "not attached" and cupti.calls == ["cuptiFinalize"]
@@ -140,7 +141,7 @@ def test_an_open_session_refuses_and_nothing_is_dropped(cupti, monkeypatch):
         "gpuscope.Profiler or gpuscope.sample session not yet closed")
     assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
     assert _keep.kept_devices() == [] and profiler._init_count == 1
-    assert callbacks._subscription and cupti.model.holder is not None  # the open session's witness stays held
+    assert subscriber._subscription and cupti.model.holder is not None  # the open session's witness stays held
 
 
 def test_a_kept_profiler_is_released_and_never_counted_as_an_open_session(cupti):
@@ -204,8 +205,8 @@ def test_a_release_that_fails_half_way_gives_back_the_rest_and_the_detach_goes_o
 
 
 def test_an_open_launch_listener_refuses(cupti, monkeypatch):
-    monkeypatch.setattr(callbacks, "_open", {object()})
-    monkeypatch.setattr(callbacks, "_listening", tuple(callbacks._open))
+    monkeypatch.setattr(subscriber, "_open", {object()})
+    monkeypatch.setattr(subscriber, "_listening", tuple(subscriber._open))
     assert "launch recorder" in _keep.detach_cupti()
     assert cupti.calls == []
 
@@ -213,16 +214,16 @@ def test_an_open_launch_listener_refuses(cupti, monkeypatch):
 def test_a_paused_launch_recorder_refuses(cupti, monkeypatch):
     """An iteration-mode session between iterations has paused its recorder: it resumes on the subscription a
     detach would have dropped. It used to pass the check (only listening recorders counted)."""
-    monkeypatch.setattr(callbacks, "_open", {object()})
+    monkeypatch.setattr(subscriber, "_open", {object()})
     subscribed(cupti, monkeypatch)
     assert _keep.detach_cupti() == (
         "gpuscope is using CUPTI: 1 launch recorder(s) (a gpuscope.Profiler session in kernel, iteration or auto "
         "mode, or a pc_sample block) and 0 module watcher(s) are open")
-    assert cupti.calls == [] and callbacks._subscription[0] == 0xABC
+    assert cupti.calls == [] and subscriber._subscription[0] == 0xABC
 
 
 def test_a_module_watcher_other_than_gpuscopes_refuses(cupti, monkeypatch):
-    monkeypatch.setattr(callbacks, "_module_watchers", (object(),))
+    monkeypatch.setattr(subscriber, "_module_watchers", (object(),))
     assert "1 module watcher(s) are open" in _keep.detach_cupti()
     assert cupti.calls == []
 
@@ -300,7 +301,7 @@ def test_another_cupti_client_of_the_process_stops_the_detach_before_anything_is
 
 def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti):
     assert _keep.detach_cupti() == "detached"
-    assert cupti.model.calls[:2] == ["subscribe", ("unsubscribe", 0x5EB)] and callbacks._subscription == []
+    assert cupti.model.calls[:2] == ["subscribe", ("unsubscribe", 0x5EB)] and subscriber._subscription == []
     assert cupti.calls == ["cuptiFinalize"]
 
 
@@ -332,11 +333,11 @@ def test_only_the_detaching_threads_own_call_finalizes(cupti, monkeypatch):
         other.join()
         seen.append(list(cupti.calls))  # after another thread's call, entry and exit
         model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_ENTER)
-        callbacks._dispatch(None, DRIVER, callbacks.CBID_cuLaunchKernel, ctypes.addressof(exit_data))
+        subscriber._dispatch(None, DRIVER, callbacks.CBID_cuLaunchKernel, ctypes.addressof(exit_data))
         seen.append(list(cupti.calls))  # after the own call's entry and another function's exit
         model.call_back(DRIVER, CTX_GET_CURRENT, callbacks.CUPTI_API_EXIT)
 
-    monkeypatch.setattr(callbacks, "_call_the_driver", driver)
+    monkeypatch.setattr(_finalize, "_call_the_driver", driver)
     assert _keep.detach_cupti() == "detached"
     assert seen == [[], []] and cupti.calls == ["cuptiFinalize"] and cupti.threads == [threading.get_ident()]
 
@@ -346,7 +347,7 @@ def test_a_failed_finalize_in_the_callback_is_raised_by_the_detach(cupti):
     with pytest.raises(Exception, match="cuptiFinalize failed"):
         _keep.detach_cupti()
     assert cupti.sites == [callbacks.CUPTI_API_EXIT] and _api.attached()
-    assert cupti.model.holder is None and cupti.model.stale == [] and callbacks._exit_call is None
+    assert cupti.model.holder is None and cupti.model.stale == [] and subscriber._exit_call is None
 
 
 def test_what_the_finalize_raises_in_the_callback_is_raised_on_the_calling_thread(cupti):
@@ -358,17 +359,17 @@ def test_what_the_finalize_raises_in_the_callback_is_raised_on_the_calling_threa
 
     with pytest.raises(Boom, match="in the callback"):
         callbacks.finalize_at_api_exit(finalize)
-    assert cupti.model.holder is None and callbacks._exit_call is None  # unsubscribed before it
+    assert cupti.model.holder is None and subscriber._exit_call is None  # unsubscribed before it
 
 
 def test_no_callback_at_the_calls_exit_means_no_finalize(cupti, monkeypatch):
     """Where CUPTI does not call back, nothing is finalized (never outside a callback) and the subscriber goes
     back."""
-    monkeypatch.setattr(callbacks, "_call_the_driver", lambda: None)
+    monkeypatch.setattr(_finalize, "_call_the_driver", lambda: None)
     assert _keep.detach_cupti() == ("CUPTI did not call back at the exit of cuCtxGetCurrent, so cuptiFinalize was "
                                     "not called")
     assert cupti.calls == [] and _api.attached()
-    assert cupti.model.holder is None and cupti.model.enabled == set() and callbacks._subscription == []
+    assert cupti.model.holder is None and cupti.model.enabled == set() and subscriber._subscription == []
 
 
 def test_a_client_that_subscribes_after_the_check_stops_the_finalize(cupti, monkeypatch):
@@ -383,16 +384,16 @@ def test_after_the_finalize_the_subscriber_state_is_reset_and_set_up_afresh(cupt
     profiler.initialize()  # a session's, kept with its profiler, then given back by the detach
     keep_a_profiler()
     profiler.deinitialize()
-    before = callbacks._generation
+    before = subscriber._generation
     assert _keep.detach_cupti() == "detached"
-    assert callbacks._subscription == [] and callbacks._holds == 0 and callbacks._exit_call is None
+    assert subscriber._subscription == [] and subscriber._holds == 0 and subscriber._exit_call is None
     finalizing_handle, finalizing_callback = cupti.model.subscribed[-1]
-    assert finalizing_callback in callbacks._retired  # CUPTI's C callback: never freed
-    assert callbacks._generation > before
+    assert finalizing_callback in subscriber._retired  # CUPTI's C callback: never freed
+    assert subscriber._generation > before
     recorder = callbacks.LaunchRecorder(lambda launch: None)  # the next session subscribes afresh
-    assert callbacks._subscription[0] == cupti.model.holder[0] == finalizing_handle + 1
+    assert subscriber._subscription[0] == cupti.model.holder[0] == finalizing_handle + 1
     recorder.close()
-    assert cupti.model.stale == [] and callbacks._subscription == []
+    assert cupti.model.stale == [] and subscriber._subscription == []
 
 
 def test_a_cupti_call_that_fails_in_the_detach_is_said_not_raised(cupti, monkeypatch):

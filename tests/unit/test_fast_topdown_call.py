@@ -136,18 +136,18 @@ class HoldingSession(Half):
         self.recorder = object()
 
     def __enter__(self):
-        from gpuscope.cupti import callbacks
+        from gpuscope.cupti import subscriber
 
-        callbacks._open.add(self.recorder)
+        subscriber._open.add(self.recorder)
         return super().__enter__()
 
     def __exit__(self, *exc):
         from gpuscope._gpu import keep as _keep
-        from gpuscope.cupti import callbacks
+        from gpuscope.cupti import subscriber
 
         from .test_keep import FakeContext, FakeProfiler
 
-        callbacks._open.discard(self.recorder)
+        subscriber._open.discard(self.recorder)
         _keep.keep(0, _keep.Kept(("ctx", self.kwargs.get("mode")), 7, FakeContext(), FakeProfiler(), "c", "i"))
         return super().__exit__(*exc)
 

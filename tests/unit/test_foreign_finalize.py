@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from gpuscope._gpu import keep as _keep
-from gpuscope.cupti import _api, callbacks, profiler
+from gpuscope.cupti import _api, callbacks, profiler, subscriber
 from gpuscope.errors import GpuscopeWarning, ProfilerBusyError, cupti_error
 
 from .test_detach import cupti, keep_a_profiler  # noqa: F401 (fixture)
@@ -26,17 +26,17 @@ def test_a_subscriber_cupti_forgot_is_never_used_and_a_fresh_one_serves_what_is_
     """The module watcher holds gpuscope's subscriber for the rest of the process; after another client's
     cuptiFinalize a kernel-mode session enabled its launch callbacks on a handle CUPTI no longer knew."""
     watcher = callbacks.ModuleWatcher(lambda module_id, cubin: None)
-    stale = callbacks._subscription[0]
+    stale = subscriber._subscription[0]
     cupti.model.finalize_by_another_client()
     with pytest.warns(GpuscopeWarning, match=SAID) as record:
         recorder = callbacks.LaunchRecorder(lambda launch: None)
     assert said(record) == 1 and cupti.model.stale == []
-    fresh = callbacks._subscription[0]
+    fresh = subscriber._subscription[0]
     assert fresh != stale and cupti.model.holder[0] == fresh
     assert {RESOURCE, LAUNCH} <= cupti.model.enabled  # the open watcher hears module loads again
     recorder.close()
     watcher.close()
-    assert cupti.model.stale == [] and callbacks._subscription == [] and cupti.model.holder is None
+    assert cupti.model.stale == [] and subscriber._subscription == [] and cupti.model.holder is None
     assert ("unsubscribe", stale) not in cupti.model.calls
 
 
@@ -48,7 +48,7 @@ def test_after_a_finalize_and_another_clients_subscribe_the_next_session_is_told
     cupti.model.finalize_by_another_client(then_subscribes=then)
     with pytest.warns(GpuscopeWarning, match=SAID), pytest.raises(ProfilerBusyError, match="torch.profiler"):
         callbacks.LaunchRecorder(lambda launch: None)
-    assert callbacks._subscription == [] and cupti.model.stale == []
+    assert subscriber._subscription == [] and cupti.model.stale == []
     cupti.model.busy_with = None  # that client goes: the next session subscribes, and the watcher hears again
     recorder = callbacks.LaunchRecorder(lambda launch: None)
     assert {RESOURCE, LAUNCH} <= cupti.model.enabled
@@ -67,7 +67,7 @@ def test_a_probe_answered_not_initialized_means_cupti_was_finalized(cupti, monke
     monkeypatch.setattr(cupti.model, "cuptiSubscribe_v2", not_initialized)
     with pytest.warns(GpuscopeWarning, match=SAID):
         assert not callbacks.known()
-    assert callbacks._subscription == []
+    assert subscriber._subscription == []
     watcher.close()
     assert cupti.model.stale == []
 
@@ -128,12 +128,12 @@ def test_while_only_a_profiler_is_kept_the_subscriber_is_free_for_another_client
     """Held while gpuscope merely kept a profiler, the subscriber was taken from torch.profiler, whose Kineto then
     recorded no GPU event (H100, PyTorch 2.11: tests/gpu/test_pytorch.py). A session holds it while open."""
     kept = keep_a_profiler()
-    assert cupti.model.holder is None and callbacks._subscription == [] and callbacks._holds == 0
+    assert cupti.model.holder is None and subscriber._subscription == [] and subscriber._holds == 0
     assert kept.witness == 0 and _keep.kept_devices() == [0]
     profiler.initialize()  # the next session: it holds the subscriber while it is open
-    assert cupti.model.holder == tuple(callbacks._subscription) and callbacks._holds == 1
+    assert cupti.model.holder == tuple(subscriber._subscription) and subscriber._holds == 1
     profiler.deinitialize()
-    assert cupti.model.holder is None and callbacks._holds == 0 and profiler._init_count == 1  # the kept one's
+    assert cupti.model.holder is None and subscriber._holds == 0 and profiler._init_count == 1  # the kept one's
     assert _keep.release() == 1 and profiler._init_count == 0
 
 
@@ -141,9 +141,9 @@ def test_a_session_beside_the_one_that_keeps_keeps_the_subscriber(cupti):  # noq
     """A PM sampler open while a range session ends and keeps its profiler: the open one still holds it."""
     profiler.initialize()  # the PM sampler, open
     keep_a_profiler()  # the range session's, kept
-    assert cupti.model.holder is not None and callbacks._holds == 1
+    assert cupti.model.holder is not None and subscriber._holds == 1
     profiler.deinitialize()  # the PM sampler closes: only the kept one is left
-    assert cupti.model.holder is None and callbacks._holds == 0 and profiler._init_count == 1
+    assert cupti.model.holder is None and subscriber._holds == 0 and profiler._init_count == 1
 
 
 class _Refusing:

@@ -116,21 +116,21 @@ def test_each_reason_to_run_a_graph_as_it_is_is_counted(monkeypatch, why):
 
 @pytest.fixture
 def fake_cupti(monkeypatch):
-    from gpuscope.cupti import callbacks
+    from gpuscope.cupti import subscriber
 
     from tests.unit.test_subscriber import FakeCupti
 
     cupti = FakeCupti()
-    monkeypatch.setattr(callbacks, "_f", cupti)
+    monkeypatch.setattr(subscriber, "_f", cupti)
     for name, value in (("_subscription", []), ("_listening", ()), ("_module_watchers", ()), ("_open", set()),
                         ("_nvtx_watchers", ()), ("_holds", 0), ("_graph_watchers", ()), ("_graph_driver", frozenset()),
                         ("_graph_cbids", ((), ()))):
-        monkeypatch.setattr(callbacks, name, value)
+        monkeypatch.setattr(subscriber, name, value)
     return cupti
 
 
 def test_the_graph_watcher_hears_graphs_made_and_changed_and_gives_the_subscriber_back(fake_cupti, monkeypatch):
-    from gpuscope.cupti import callbacks
+    from gpuscope.cupti import callbacks, subscriber
     from gpuscope.cupti import graphs as cg
 
     monkeypatch.setattr(cg, "callback_ids", lambda names: {"cuGraphExecKernelNodeSetParams_v2": 692,
@@ -141,18 +141,18 @@ def test_the_graph_watcher_hears_graphs_made_and_changed_and_gives_the_subscribe
     assert {(3, 18), (3, 19), (1, 692), (1, 561)} <= fake_cupti.enabled
     graph = cg.GraphData(graph=0x6A, graphExec=0xE1)
     resource = cg._ResourceData(resourceDescriptor=ctypes.addressof(graph))
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_RESOURCE, 18, ctypes.addressof(resource))
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_RESOURCE, 19, ctypes.addressof(resource))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_RESOURCE, 18, ctypes.addressof(resource))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_RESOURCE, 19, ctypes.addressof(resource))
     params, status = cg.ExecNodeParams(0xE1, 0xA0, 0x1234), ctypes.c_int(0)
     data = callbacks.CUpti_CallbackData(callbackSite=callbacks.CUPTI_API_EXIT, functionParams=ctypes.addressof(params),
                                         functionReturnValue=ctypes.addressof(status))
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
     status.value = 1  # a call the driver refused changed nothing
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
     data.callbackSite = callbacks.CUPTI_API_ENTER  # nor does a call's entry
     status.value = 0
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_DRIVER_API, 692, ctypes.addressof(data))
     assert heard == [("created", 0xE1, 0x6A), ("gone", 0xE1),
                      ("cuGraphExecKernelNodeSetParams_v2", ctypes.addressof(params))]
     watcher.close()
-    assert not fake_cupti.enabled and callbacks._subscription == []  # nothing else held it
+    assert not fake_cupti.enabled and subscriber._subscription == []  # nothing else held it

@@ -13,7 +13,7 @@ import pytest
 
 from gpuscope._range_profiling import nvtx as _nvtx
 from gpuscope._range_profiling import ranges as _ranges
-from gpuscope.cupti import callbacks
+from gpuscope.cupti import callbacks, subscriber
 from gpuscope.cupti import nvtx as shim
 from gpuscope.errors import GpuscopeWarning, NvtxUnavailableError, SessionConflictError
 
@@ -126,10 +126,10 @@ def test_the_cbids_are_cuptis():  # cupti_nvtx_cbid.h
 @pytest.fixture
 def cupti(monkeypatch):
     fake = FakeCupti()
-    monkeypatch.setattr(callbacks, "_f", fake)
+    monkeypatch.setattr(subscriber, "_f", fake)
     for name, value in (("_subscription", []), ("_listening", ()), ("_module_watchers", ()), ("_open", set()),
                         ("_nvtx_watchers", ()), ("_holds", 0)):
-        monkeypatch.setattr(callbacks, name, value)
+        monkeypatch.setattr(subscriber, name, value)
     return fake
 
 
@@ -140,14 +140,14 @@ def test_an_nvtx_watcher_holds_the_subscriber_and_its_callbacks_while_open(cupti
     assert all(c[1] == 1 for c in cupti.calls[1:])
     message = PushA(b"step")
     data = NvtxData(b"nvtxRangePushA", ctypes.addressof(message), None)
-    callbacks._dispatch(None, callbacks.CUPTI_CB_DOMAIN_NVTX, shim.CBID_nvtxRangePushA, ctypes.addressof(data))
+    subscriber._dispatch(None, callbacks.CUPTI_CB_DOMAIN_NVTX, shim.CBID_nvtxRangePushA, ctypes.addressof(data))
     assert heard == [shim.NvtxCall("push", 0, "step")]
     with pytest.raises(RuntimeError, match="1 NVTX watcher"):
-        callbacks._before_detach()
+        subscriber._before_detach()
     watcher.close()
     watcher.close()
     assert [c[1] for c in cupti.calls if c[0] == "enable"].count(0) == len(shim.CBIDS)
-    assert cupti.calls[-1] == ("unsubscribe", 0x5EB) and callbacks._subscription == []
+    assert cupti.calls[-1] == ("unsubscribe", 0x5EB) and subscriber._subscription == []
 
 
 def test_a_failing_nvtx_callback_is_a_warning(cupti):

@@ -311,29 +311,29 @@ def test_a_kernel_that_ran_without_samples_is_named_even_when_cupti_counts_nothi
 def test_launch_recorders_share_the_callbacks(monkeypatch):
     """A Profiler session and a pc_sample block can both hear launches: CUPTI's launch callbacks are on while
     any recorder listens."""
-    from gpuscope.cupti import callbacks
+    from gpuscope.cupti import callbacks, subscriber
 
     calls = []
-    monkeypatch.setattr(callbacks, "_enable", lambda flag: calls.append(flag))
-    monkeypatch.setattr(callbacks, "_subscription", [1, None])
-    monkeypatch.setattr(callbacks, "_listening", ())
-    monkeypatch.setattr(callbacks, "_open", set())
+    monkeypatch.setattr(subscriber, "_enable", lambda flag: calls.append(flag))
+    monkeypatch.setattr(subscriber, "_subscription", [1, None])
+    monkeypatch.setattr(subscriber, "_listening", ())
+    monkeypatch.setattr(subscriber, "_open", set())
     unsubscribed = []
-    monkeypatch.setattr(callbacks._f, "cuptiUnsubscribe", lambda handle: unsubscribed.append(handle))
+    monkeypatch.setattr(subscriber._f, "cuptiUnsubscribe", lambda handle: unsubscribed.append(handle))
     heard = []
     a = callbacks.LaunchRecorder(lambda launch: heard.append("a"))
     b = callbacks.LaunchRecorder(lambda launch: heard.append("b"))
-    assert calls == [1] and callbacks._listening == (a, b)
+    assert calls == [1] and subscriber._listening == (a, b)
     a.pause()
-    assert callbacks._listening == (b,) and calls == [1]
+    assert subscriber._listening == (b,) and calls == [1]
     b.close()
     assert calls == [1, 0]
     a.resume()
-    assert calls == [1, 0, 1] and callbacks._listening == (a,)
+    assert calls == [1, 0, 1] and subscriber._listening == (a,)
     a.close()
     b.close()
-    assert calls == [1, 0, 1, 0] and callbacks._listening == () and not callbacks._open
-    assert unsubscribed == [1] and callbacks._subscription == []  # the last close gives the subscriber back
+    assert calls == [1, 0, 1, 0] and subscriber._listening == () and not subscriber._open
+    assert unsubscribed == [1] and subscriber._subscription == []  # the last close gives the subscriber back
 
 
 def test_the_message_says_whether_cupti_was_detached_when_the_block_started():

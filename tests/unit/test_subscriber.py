@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gpuscope.cupti import callbacks
+from gpuscope.cupti import callbacks, subscriber
 from gpuscope.errors import ProfilerBusyError, cupti_error
 
 
@@ -37,7 +37,7 @@ class FakeCupti:
         incumbent = self.busy_with or (b"CUPTI for gpuscope" if self.holder else None)
         if incumbent is not None:
             self.calls.append("subscribe refused")
-            p = ctypes.cast(params, ctypes.POINTER(callbacks._SubscriberParams)).contents
+            p = ctypes.cast(params, ctypes.POINTER(subscriber._SubscriberParams)).contents
             ctypes.memmove(p.oldSubscriberName, incumbent, len(incumbent) + 1)
             return 39
         self.calls.append("subscribe")
@@ -98,24 +98,24 @@ class FakeCupti:
 @pytest.fixture
 def fake(monkeypatch):
     cupti = FakeCupti()
-    monkeypatch.setattr(callbacks, "_f", cupti)
-    monkeypatch.setattr(callbacks, "_subscription", [])
-    monkeypatch.setattr(callbacks, "_listening", ())
-    monkeypatch.setattr(callbacks, "_module_watchers", ())
-    monkeypatch.setattr(callbacks, "_open", set())
-    monkeypatch.setattr(callbacks, "_nvtx_watchers", ())
-    monkeypatch.setattr(callbacks, "_holds", 0)
+    monkeypatch.setattr(subscriber, "_f", cupti)
+    monkeypatch.setattr(subscriber, "_subscription", [])
+    monkeypatch.setattr(subscriber, "_listening", ())
+    monkeypatch.setattr(subscriber, "_module_watchers", ())
+    monkeypatch.setattr(subscriber, "_open", set())
+    monkeypatch.setattr(subscriber, "_nvtx_watchers", ())
+    monkeypatch.setattr(subscriber, "_holds", 0)
     return cupti
 
 
 def test_the_subscriber_goes_back_when_the_last_listener_closes(fake):
     first = callbacks.LaunchRecorder(lambda launch: None)
     second = callbacks.LaunchRecorder(lambda launch: None)
-    assert fake.calls.count("subscribe") == 1 and callbacks._subscription
+    assert fake.calls.count("subscribe") == 1 and subscriber._subscription
     first.close()
     assert ("unsubscribe", 0x5EB) not in fake.calls  # the second still listens
     second.close()
-    assert ("unsubscribe", 0x5EB) in fake.calls and callbacks._subscription == []
+    assert ("unsubscribe", 0x5EB) in fake.calls and subscriber._subscription == []
     callbacks.LaunchRecorder(lambda launch: None).close()  # the next session subscribes again
     assert fake.calls.count("subscribe") == 2
 
@@ -123,16 +123,16 @@ def test_the_subscriber_goes_back_when_the_last_listener_closes(fake):
 def test_a_module_watcher_keeps_the_subscriber_until_it_closes(fake):
     watcher = callbacks.ModuleWatcher(lambda module_id, cubin: None)
     callbacks.LaunchRecorder(lambda launch: None).close()
-    assert callbacks._subscription
+    assert subscriber._subscription
     watcher.close()
-    assert callbacks._subscription == []
+    assert subscriber._subscription == []
 
 
 def test_another_client_is_named(fake):
     fake.busy_with = b"CUPTI for Kineto"
     with pytest.raises(ProfilerBusyError, match=r"torch.profiler.*\(CUPTI for Kineto\)|\(CUPTI for Kineto\).*torch"):
         callbacks.LaunchRecorder(lambda launch: None)
-    assert callbacks._subscription == [] and callbacks._open == set()
+    assert subscriber._subscription == [] and subscriber._open == set()
 
 
 def test_a_graph_launch_is_counted_and_is_no_kernel_launch(fake):
