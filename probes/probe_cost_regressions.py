@@ -263,7 +263,7 @@ def child_topdown(args, res: Results) -> None:
         (imported("gpuscope.cupti.graphs.GraphWatcher"), "_on_callback", "graph callbacks heard"),
         (imported("gpuscope.cupti.callbacks.LaunchRecorder"), "__init__", "launch recorder open"),
         (imported("gpuscope.cupti.callbacks.LaunchRecorder"), "close", "launch recorder close"),
-        (imported("gpuscope.cupti.callbacks"), "known", "subscriber known()"),
+        (imported("gpuscope.cupti.subscriber") or imported("gpuscope.cupti.callbacks"), "known", "subscriber known()"),
         (Profiler, "_on_enter", "launch entry callback"), (Profiler, "_on_exit", "launch exit callback"),
         (_launches, "capturing", "stream capture query"),
         (Profiler, "_configure", "configure (kept profiler)"), (Profiler, "_start_first", "first Start"),
