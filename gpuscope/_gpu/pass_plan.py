@@ -37,7 +37,9 @@ against CUPTI's kernel records of the program's own (median, H100, ``probes/prob
 tests/fixtures/range/replay_durations_gh100.npz): 1.62-1.65 times in the plan's first pass, 1.26-1.27 in its
 first stall pass, ncu 1.39-1.40; 10-50 us 1.48-1.53, 1.04-1.11 and 1.38-1.42; from 50 us on all within 5%.
 So on GH100 the ``topdown`` set's duration and elapsed cycles go with the anchor and ``smsp__cycles_active.sum``
-into the first stall pass: nearer the program's own, 7-9% below ncu's under 50 us where the first pass was 6-10%
+into the first stall pass (with other sets too, ``--set full`` included: the first stall pass keeps room for them
+while the other sets' counters fill the passes, so that their duration is not the first pass's, which made
+``--set full``'s durations 1.16 times ncu's and its IPC 0.87 times): nearer the program's own, 7-9% below ncu's under 50 us where the first pass was 6-10%
 above, and equal to ncu's from 50 us on (1.00 against 1.01-1.03), at no extra pass.
 
 Each group is one ``cuptiProfilerHostConfigAddMetrics`` call, which CUPTI schedules on its own and appends
@@ -115,6 +117,10 @@ _PER_CYCLE = re.compile(r"^(smsp__\w+)\.avg\.per_cycle_active$")
 _THREAD_RATIO = ("smsp__thread_inst_executed_per_inst_executed.ratio", "smsp__thread_inst_executed.sum",
                  "smsp__inst_executed.sum")
 _DURATION = "gpu__time_duration.sum"
+#: What the first stall pass takes with the plan's durations (``timed_later``): the launch's duration, its cycle
+#: counts and its clocks, which the replay's first pass (the launch as the program made it) runs slower than any
+#: later pass: durations, elapsed and active cycles, clock rates, and IPC-like rates over them.
+_TIMED = re.compile(r"^(gpu__time_duration|\w+__cycles_(elapsed|active))\.(sum|max|min|avg)(\.per_second)?$")
 #: Stall reasons in the order they take the stall passes: the ones that are large on short kernels first. Passes
 #: after the second run alike within a few percent, drifting (active warps of kernels under 10 us against ncu's:
 #: 1.00, 0.99, 0.96, then 0.91-0.92), so the early ones are the ones to spend on the reasons that weigh most.
@@ -256,14 +262,20 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
         elif m != ANCHOR and m not in own:  # the plan's own counters are placed below
             rest.append(m)
     others: list[str] = []  # for the spare room of the count and stall passes, else the last group
-    for m in rest:  # in the first pass where they fit
-        if one_pass([*first, m]):
+    counts = list(dict.fromkeys(counts))
+    timed: list[str] = []  # with timed_later, for the first stall pass: durations and cycle counts
+    if timed_later:
+        timed = [m for m in rest if _TIMED.match(m)] or ([_DURATION] if has(_DURATION) else [])
+        rest = [m for m in rest if m not in timed]
+    for m in rest:  # in the first pass where they fit (beside the counts, where the timed ones leave it to them)
+        if one_pass([*(counts if timed_later else ()), *first, m]):
             first.append(m)
         else:
             others.append(m)
+    if timed_later:
+        first = [*timed, *first]  # what the checks below ask of the first pass; the timed ones move out at the end
     if not first and has(_DURATION):
         first = [_DURATION]
-    counts = list(dict.fromkeys(counts))
     filler = [] if counts or not has(FILLER) else [FILLER]
     if not first or not (counts or filler) or not one_pass(counts or filler):
         return None
@@ -273,7 +285,8 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
     items = sorted(dict.fromkeys(items), key=lambda m: (m != CYCLES, rank.get(m, len(rank))))  # stable
     second = counts or filler  # the second pass: instruction counts (else a filler), no ratio
     warmup = [_stall(r) for r in WARMUP_REASONS if _stall(r) in items]
-    if (spread and warmup and has(WARMUP_ANCHOR) and one_pass(counts if timed_later else [*first, *counts])
+    if (spread and warmup and has(WARMUP_ANCHOR)
+            and one_pass([m for m in first if m not in timed] + counts if timed_later else [*first, *counts])
             and one_pass([WARMUP_ANCHOR, *warmup])):
         # the counts join the first pass; the second takes the warm-up reasons over a warp-active counter of its own
         first, second = [*first, *counts], [WARMUP_ANCHOR, *warmup]
@@ -285,9 +298,9 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
     else:
         warmup = []
     groups: list[list[str]] = []
-    for item in items:
-        for g in groups:
-            if one_pass([ANCHOR, *g, item]):
+    for item in items:  # the first stall group keeps room for the timed metrics (timed_later)
+        for k, g in enumerate(groups):
+            if one_pass([ANCHOR, *g, item, *(timed if k == 0 else ())]):
                 g.append(item)
                 break
         else:
@@ -305,17 +318,16 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
             second.append(m)
             continue
         for k, g in enumerate(groups):
-            if one_pass([*anchor_of(k), *g, m]):
+            if one_pass([*anchor_of(k), *g, m, *(timed if k == 0 else ())]):
                 g.append(m)
                 break
         else:
             several.append(m)
-    if timed_later:  # the first pass keeps the counts, the same in every execution, and nothing else
-        timed = [m for m in first if m not in counts]
+    if timed_later:  # the first pass keeps the counts and what needs no other pass's execution, not the timed ones
         if not groups or not one_pass([ANCHOR, *groups[0], *timed]):
             return False
         groups[0] += timed
-        first = [m for m in first if m in counts]
+        first = [m for m in first if m not in timed]
     stall_groups, anchors = [], []
     for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
         anchor = next(iter(anchor_of(k)), None)

@@ -63,7 +63,7 @@ def test_beside_topdown_memory_and_occupancy_it_takes_no_pass_more_on_gh100():
     base = gs.count_passes(["topdown", "memory", "occupancy"], chip="GH100")
     assert gs.count_passes("topdown", chip="GH100") == 7 and base == 8
     assert gs.count_passes(["topdown", "roofline-fp", "memory", "occupancy"], chip="GH100") == base
-    assert gs.count_passes(["topdown", "roofline", "memory", "occupancy"], chip="GH100") == 13
+    assert gs.count_passes(["topdown", "roofline", "memory", "occupancy"], chip="GH100") == 12
     assert gs.count_passes("roofline-fp", chip="GH100") == 2 < gs.count_passes("roofline", chip="GH100") == 5
 
 
