@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STALL_REASONS", "CUPTI_PREFIX", "pc_coords", "records_dataset", "sample_total", "source_map_attrs"]
+__all__ = ["STALL_REASONS", "CUPTI_PREFIX", "graph_nodes", "pc_coords", "records_dataset", "sample_total",
+           "source_map_attrs"]
 
 #: Prefix of every stall-reason name CUPTI gives; the Dataset's ``stall_reason`` dim drops it.
 CUPTI_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
@@ -97,7 +98,30 @@ def source_map_attrs(source_map) -> dict[str, str]:
             "functions_without_cubin": ", ".join(sorted(kernel_name(f) for f in source_map.without_cubin))}
 
 
-def records_dataset(records, reason_indices, reason_names, source_map, *, device_info=None, chip="", attrs=None):
+def graph_nodes(kernel_records) -> dict[str, list]:
+    """The CUDA graph kernel nodes that ran, from kernel activity records (tuples as
+    :class:`gpuscope.cupti.activity.KernelRecord`): one row per (graph id, node id), in the order they first ran,
+    with the kernel's symbol, the node's executions and their GPU time (of those with an end time). Kernels
+    launched on their own (graph id 0) are left out.
+
+    PC records carry no launch (continuous mode: ``correlationId`` 0) and no node, so this table is what ties a
+    kernel's samples to graph nodes: all of them, where one node ran the kernel.
+    """
+    rows: dict[tuple[int, int], list] = {}
+    for r in kernel_records:
+        if not r[10]:
+            continue
+        row = rows.setdefault((int(r[10]), int(r[11])), [str(r[0]), 0, 0])
+        row[1] += 1
+        if r[2] > r[1] > 0:
+            row[2] += int(r[2] - r[1])
+    return {"symbol": [row[0] for row in rows.values()], "graph_id": [g for g, _ in rows],
+            "node_id": [n for _, n in rows], "executions": [row[1] for row in rows.values()],
+            "gpu_ns": [row[2] for row in rows.values()]}
+
+
+def records_dataset(records, reason_indices, reason_names, source_map, *, device_info=None, chip="", attrs=None,
+                    launches=None, nodes=None):
     """Build the PC-sampling Dataset from raw records (:class:`gpuscope.cupti.pc_sampling.PCRecords`).
 
     Parameters
@@ -108,6 +132,11 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         CUPTI's stall-reason table (``cuptiPCSamplingGetStallReasons``).
     source_map : gpuscope._pc_sampling.source.SourceMap
         Maps PCs to file and line.
+    launches : dict, optional
+        Mangled name -> launch calls of the kernel in the block (a graph's kernel nodes are none); None where they
+        were not counted.
+    nodes : dict, optional
+        The graph kernel nodes that ran in the block (:func:`graph_nodes`); None where that is unknown.
 
     Returns
     -------
@@ -144,4 +173,5 @@ def records_dataset(records, reason_indices, reason_names, source_map, *, device
         "hardware_buffer_full": int(records.hardware_buffer_full),
     }
     extra = {**(attrs or {}), **source_map_attrs(source_map)}
-    return _results.pc_sampling_dataset(pcs, samples, not_issued, reasons, totals, device_info, chip, extra)
+    return _results.pc_sampling_dataset(pcs, samples, not_issued, reasons, totals, device_info, chip, extra,
+                                        launches=launches, nodes=nodes)

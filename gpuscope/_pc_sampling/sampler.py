@@ -19,7 +19,8 @@ import weakref
 import numpy as np
 
 from gpuscope._pc_sampling.messages import overflow_message, unattributed_message, unsampled_message
-from gpuscope._pc_sampling.records import records_dataset, sample_total
+from gpuscope._pc_sampling.records import graph_nodes, records_dataset, sample_total
+from gpuscope._range_profiling.graphs import GraphKernels
 from gpuscope.errors import GpuscopeError, GpuscopeWarning, SamplerBusyError
 
 __all__ = ["pc_sample", "PCSampler"]
@@ -71,9 +72,10 @@ def _get_data(ctx, buffer):
     return C.get_data(ctx, buffer)
 
 
-def _count_launches(ctx: int):
+def _count_launches(ctx: int, on_graph=None):
     """A launch recorder counting the launches on context *ctx* per kernel symbol, and the dict it fills (for the
-    blocks that name kernels which ran but got nothing: ``pc_sample``, ``source_counters``).
+    blocks that name kernels which ran but got nothing: ``pc_sample``, ``source_counters``); *on_graph* as
+    :class:`~gpuscope.cupti.callbacks.LaunchRecorder` takes it.
 
     Raises
     ------
@@ -88,7 +90,7 @@ def _count_launches(ctx: int):
         if launch.context == ctx:
             counts[launch.symbol] = counts.get(launch.symbol, 0) + 1
 
-    return callbacks.LaunchRecorder(on_launch), counts
+    return callbacks.LaunchRecorder(on_launch, on_graph=on_graph), counts
 
 
 def _synchronize(context) -> None:
@@ -151,6 +153,7 @@ class PCSampler:
         self.launches: dict[str, int] | None = None
         #: CUDA graph launches in the block (their kernels are sampled, but are no launches of their own)
         self.graph_launches = 0
+        self._graph_kernels = GraphKernels()  # their kernels' activity records: graph and node ids
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> PCSampler:
@@ -239,13 +242,35 @@ class PCSampler:
 
     def _track_launches(self) -> None:
         """Count the block's launches per kernel (CUPTI's launch callbacks), so that a kernel that ran but got no
-        samples is named even when CUPTI does not count its samples as unattributed (seen on the H100)."""
+        samples is named even when CUPTI does not count its samples as unattributed (seen on the H100), and hear
+        graph launches (:meth:`_on_graph`)."""
         try:
-            self._recorder, counts = _count_launches(self._context.handle)
+            self._recorder, counts = _count_launches(self._context.handle, on_graph=self._on_graph)
         except GpuscopeError as exc:  # another CUPTI subscriber (not gpuscope) holds the callbacks
             self.drain_errors.append(f"launches not counted: {exc}")
             return
         self.launches = counts
+
+    def _on_graph(self, correlation: int, params: int) -> None:
+        """At a graph launch's entry (CUPTI's callback, on the launching thread): open kernel activity records the
+        first time, keeping those of graph launches, for the graph and node ids of the kernels PC samples name.
+        PC records carry neither (nor the launch, in continuous mode). Never waits, never raises."""
+        recorder = self._recorder
+        if recorder is not None and self._graph_kernels.may_open():
+            self._graph_kernels.open(recorder.graph_correlations.__contains__)
+
+    def graph_nodes(self) -> tuple[dict | None, str]:
+        """The CUDA graph kernel nodes that ran on this device in the block
+        (:func:`gpuscope._pc_sampling.records.graph_nodes`; no row where no graph was launched), or None and why
+        they are not known."""
+        if self.launches is None:
+            return None, "launches were not heard (another CUPTI client holds the callbacks)"
+        if not self.graph_launches:
+            return graph_nodes([]), ""
+        records = self._graph_kernels.records
+        if records is None:
+            return None, self._graph_kernels.unavailable or "CUPTI's kernel activity records were not opened"
+        return graph_nodes([r for r in records if r[3] == self.device]), ""  # deviceId: the CUDA ordinal
 
     def _release(self) -> None:
         if self._buffer is not None:
@@ -257,6 +282,7 @@ class PCSampler:
             _quietly(self._recorder.close)
             self.graph_launches = self._recorder.graph_launches
             self._recorder = None
+        self._graph_kernels.close()  # flushed after close() synchronised: every kernel has its end time
         if self._context is not None:
             _quietly(self._context.close)
         with _active_lock:
@@ -411,8 +437,10 @@ class PCSampler:
             "drain_errors": "; ".join(self.drain_errors),
             "cupti_detach": self.cupti_detach,
         }
+        nodes, attrs["graph_ids_unavailable"] = self.graph_nodes()
         ds = records_dataset(self.records, self.reason_indices, self.reason_names, source_map,
-                             device_info=self.device_info, chip=chip, attrs=attrs)
+                             device_info=self.device_info, chip=chip, attrs=attrs, launches=self.launches,
+                             nodes=nodes)
         if ds.attrs["functions_without_lineinfo"]:
             warnings.warn(
                 "no source lines for " + ds.attrs["functions_without_lineinfo"]

@@ -44,6 +44,12 @@ class GraphKernels:
         #: why the kernels of graph launches are not named ("" while they may be)
         self.unavailable = "" if records else "iteration mode does not read them"
 
+    @property
+    def records(self) -> list | None:
+        """The records kept so far (:class:`gpuscope.cupti.activity.KernelRecord` tuples), or None where none are
+        read: never opened (no graph launch), or refused (:attr:`unavailable` says why)."""
+        return self._records.records if self._records is not None and not self.unavailable else None
+
     def may_open(self) -> bool:
         """Whether :meth:`open` would still try (not opened, not refused, not closed)."""
         return self._records is None and not self.unavailable and not self._closed
@@ -110,7 +116,7 @@ class GraphKernels:
         executions: dict[str, int] = {}
         gpu_ns: dict[str, int] = {}
         recorded = set()
-        for r in records.records if records is not None else ():
+        for r in self.records or ():
             name = kernel_name(r[0])
             executions[name] = executions.get(name, 0) + 1
             gpu_ns.setdefault(name, 0)

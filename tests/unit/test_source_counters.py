@@ -143,8 +143,8 @@ class _Ctx:
 class _Recorder:
     last = None
 
-    def __init__(self, on_enter):
-        self.on_enter, self.closed = on_enter, False
+    def __init__(self, on_enter, on_graph=None):
+        self.on_enter, self.on_graph, self.closed = on_enter, on_graph, False
         type(self).last = self
 
     def close(self):
