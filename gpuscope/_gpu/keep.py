@@ -34,9 +34,6 @@ is given back from the listener's thread (:func:`answer`), never while a session
 counters busy asks the holders and tries again once (:func:`retry_when_busy`). The listener ends when the process
 holds nothing of the GPU's any more (timer, :func:`release`, exit; a forked child closes its copy of the socket).
 
-Host-side objects (the profiler host object, config image and pass count per chip and metric list) are cached
-too (:func:`host_for`): they depend only on the chip and the metrics.
-
 Another CUPTI client of the process may call ``cuptiFinalize`` (torch.profiler's Kineto does at the end of a profile
 in some versions): CUPTI then forgets what is kept here. gpuscope holds CUPTI's callback subscriber while a session is
 open (:func:`gpuscope.cupti.profiler.initialize`), and lets go of it when only kept things are left
@@ -52,19 +49,23 @@ PC sampling starts from a CUPTI that has forgotten the process (:func:`detach_cu
 outside a PC block, so a kernel profiled by range profiling earlier got no samples. Detaching drops everything
 kept here first.
 
+What is kept, and how one kept profiler is let go of, is :mod:`gpuscope._gpu.kept`'s; the host objects per chip and
+metric list that sessions share, :mod:`gpuscope._gpu.hosts`'.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import threading
 import time
 import warnings
 
 from gpuscope._gpu import rendezvous as _rendezvous
+from gpuscope._gpu.hosts import HostSetup, host_for  # noqa: F401 (called through keep)
+from gpuscope._gpu.hosts import drop as _drop_hosts
 from gpuscope._gpu.imports import import_xarray_soon, imports_done, results_elsewhere  # noqa: F401 (called through keep)
+from gpuscope._gpu.kept import Kept, abandon, forget, let_go
 from gpuscope._util import env as _env
 from gpuscope._util import launchers as _launchers
 from gpuscope._util.shield import run_shielded
@@ -88,7 +89,6 @@ _kept: dict[int, Kept] = {}
 _under_way: list[tuple[int, int]] = []  # (device, thread) of each release taken out of _kept and not yet ended
 #: How long :func:`take`, :func:`release` and :func:`detach_cupti` wait for a release under way on another thread.
 RELEASE_WAIT_S = 60.0
-_hosts: dict[tuple, HostSetup] = {}
 _warned: set[str] = set()  # GPUSCOPE_KEEP values already warned about: once each, not at every session
 _sessions: dict[int, list[str]] = {}  # device -> what each session open on it is ("range profiling", "PM sampling")
 _listeners: dict[int, _rendezvous.Listener] = {}  # device -> the rendezvous listener while its counters are held
@@ -129,44 +129,6 @@ def enabled() -> bool:
     return seconds() > 0
 
 
-@dataclasses.dataclass
-class Kept:
-    """An enabled, stopped range profiler (or PM sampler) with its configuration and re-initialised images."""
-
-    key: tuple  # everything the configuration depends on (context, metrics, modes, sizes)
-    context_id: int  # the context's unique id: a context destroyed and made again at the same address differs
-    context: object  # the retained PrimaryContext (released with the profiler)
-    profiler: object  # gpuscope.cupti.range_profiler.RangeProfiler, or a PM sampling object (its close() does all)
-    config: object
-    image: object  # the range profiler's counter-data image, or the PM sampler's ImagePool (with its workers)
-    timer: object = None  # releases it when idle too long
-    witness: int = 0  # profiler.lend_witness() when kept: 0 (nothing vouches), None (another client subscribed)
-
-
-@dataclasses.dataclass
-class HostSetup:
-    """What the host API gives for a chip and metric list: the host object (for evaluation), config image, passes
-    and each metric's properties."""
-
-    host: object
-    config: object
-    passes: int
-    properties: dict
-
-
-def host_for(device: int, chip: str, metrics: tuple, make) -> HostSetup:
-    """The cached :class:`HostSetup` for *chip* and *metrics*, made by ``make()`` the first time (one per device:
-    sessions on several devices at once evaluate on their own host objects)."""
-    key = (device, chip, tuple(metrics))
-    with _lock:
-        setup = _hosts.get(key)
-    if setup is None:
-        setup = make()
-        with _lock:
-            setup = _hosts.setdefault(key, setup)
-    return setup
-
-
 def take(device: int, key: tuple, context_id: int) -> Kept | None:
     """The kept profiler of *device* if its configuration is *key* on the same live context and it can still serve
     (a PM sampler's evaluation workers all alive: its ``usable()``), else None (whatever was kept is released first:
@@ -192,7 +154,7 @@ def take(device: int, key: tuple, context_id: int) -> Kept | None:
     if kept is not None:
         _listen(device)
     if same and not _callbacks.held(kept.witness):  # another client finalized CUPTI: the profiler is gone
-        _forget(kept)
+        forget(kept)
         return None
     return kept if same else None
 
@@ -300,9 +262,9 @@ def _give_back(device: int, kept: Kept, alive: bool = True, quiet: bool = False)
     where no thread may start."""
     try:
         if threading.current_thread() is threading.main_thread() and not quiet:
-            run_shielded(_release, kept, alive, quiet)
+            run_shielded(let_go, kept, alive, quiet)
         else:
-            _release(kept, alive=alive, quiet=quiet)
+            let_go(kept, alive=alive, quiet=quiet)
     finally:
         with _given_back:
             _under_way.remove((device, threading.get_ident()))
@@ -338,65 +300,6 @@ def kept_devices() -> list[int]:
         return sorted(_kept)
 
 
-def _release(kept: Kept, alive: bool = True, quiet: bool = False) -> None:
-    """Disable *kept*'s profiler, then de-initialise and let go of the context, each step tried whatever failed
-    before it (a profiler that cannot be disabled is never touched again)."""
-    from gpuscope.cupti import callbacks, profiler
-
-    if kept.timer is not None:
-        kept.timer.cancel()
-    if not callbacks.held(kept.witness):  # another client finalized CUPTI: its profiler is gone with it
-        _forget(kept)
-        return
-    errors = []
-    if alive:
-        try:
-            kept.context.make_current()  # the release may run on the timer's thread
-            kept.profiler.close()
-        except Exception as exc:
-            errors.append(exc)
-            _detach(kept)
-    else:  # its context is gone, and CUPTI's state with it: do not touch the profiler
-        _detach(kept)
-    for step in (lambda: profiler.deinitialize(kept=True), kept.context.close):
-        try:
-            step()
-        except Exception as exc:
-            errors.append(exc)
-    if errors and not quiet:  # cleanup never raises
-        warnings.warn(f"gpuscope: releasing the kept {_what(kept)} failed: {'; '.join(map(str, errors))}",
-                      GpuscopeWarning, stacklevel=3)
-
-
-def _detach(kept: Kept) -> None:
-    abandon(kept.profiler)
-
-
-def abandon(profiler) -> None:
-    """Make sure nothing ever disables *profiler* (a range profiler disables itself when collected; a PM sampling
-    object keeps its images for good and stops its evaluation workers: its ``detach()``): its context is gone, its
-    disable failed, or CUPTI forgot it."""
-    finalizer = getattr(profiler, "_finalizer", None)
-    if finalizer is not None:
-        finalizer.detach()
-    detach = getattr(profiler, "detach", None)
-    if detach is not None:
-        detach()
-
-
-def _forget(kept: Kept) -> None:
-    """Let go of *kept* after CUPTI forgot it: its profiler and the CUPTI profiler initialisation it held are
-    never touched again (they are gone); its context, the driver's, is let go of."""
-    if kept.timer is not None:
-        kept.timer.cancel()
-    _detach(kept)
-    try:
-        kept.context.close()
-    except Exception as exc:  # cleanup never raises
-        warnings.warn(f"gpuscope: letting go of the kept profiler's context failed: {exc}", GpuscopeWarning,
-                      stacklevel=3)
-
-
 def _after_cupti_forgot() -> None:
     """After ``cuptiFinalize`` (gpuscope's detach, or another client's: :func:`gpuscope.cupti._api.
     finalized_elsewhere`): drop what is kept without a CUPTI call, as CUPTI forgot it. Host objects stay: the host
@@ -405,7 +308,7 @@ def _after_cupti_forgot() -> None:
         gone = list(_kept.items())
         _kept.clear()
     for _, kept in gone:
-        _forget(kept)
+        forget(kept)
     for device, _ in gone:
         _listen(device)
 
@@ -445,11 +348,7 @@ def answer(device: int) -> str:
         return _rendezvous.NOTHING_KEPT
     _give_back(device, kept)
     _listen(device)
-    return f"{_rendezvous.RELEASED} (the kept {_what(kept)})"
-
-
-def _what(kept: Kept) -> str:
-    return "PM sampler" if kept.key[:1] == ("pm",) else "range profiler"
+    return f"{_rendezvous.RELEASED} (the kept {kept.kind})"
 
 
 def _listen(device: int) -> None:
@@ -575,22 +474,12 @@ def detach_cupti() -> str:
     if other is not None:
         return _callbacks.other_client_refusal(other)
 
-    def drop_hosts():  # host objects belong to the CUPTI that is going away
-        from gpuscope._gpu import metric_lists as _lists
-
-        with _lock:
-            hosts = list(_hosts.values())
-            _hosts.clear()
-        for setup in hosts:
-            _quietly_close(setup.host)
-        _lists.forget_hosts()
-
     watching = _modules.pause()
     try:
         for _ in range(2):  # a session closing on another thread may keep its profiler between release and detach
             release()
             try:
-                _api.detach(prepare=drop_hosts, call_site=_callbacks.finalize_at_api_exit)
+                _api.detach(prepare=_drop_hosts, call_site=_callbacks.finalize_at_api_exit)
                 return "detached"
             except _callbacks.NotFinalized as exc:
                 return str(exc)
@@ -608,13 +497,6 @@ def detach_cupti() -> str:
     return f"gpuscope is using CUPTI: {refused}"
 
 
-def _quietly_close(obj) -> None:
-    try:
-        obj.close()
-    except Exception as exc:  # cleanup never raises
-        warnings.warn(f"gpuscope: closing {type(obj).__name__} failed: {exc}", GpuscopeWarning, stacklevel=3)
-
-
 def _forget_in_child() -> None:
     """After ``os.fork``: the parent's profiler is not the child's to disable, nor its import thread or rendezvous
     listener the child's (its copy of the listener's socket is closed: the name ends with the parent), nor a kept PM
@@ -628,7 +510,7 @@ def _forget_in_child() -> None:
     _listeners.clear()
     _sessions.clear()
     for kept in _kept.values():
-        _detach(kept)
+        abandon(kept.profiler)
         kept.timer = None  # the timer thread is the parent's
     _kept.clear()
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from gpuscope._gpu import hosts as _hosts
 from gpuscope._gpu import keep as _keep
 from gpuscope._gpu import modules as _modules
 from gpuscope.cupti import _api, activity, callbacks, profiler, subscriber
@@ -66,7 +67,7 @@ def cupti(monkeypatch):
     monkeypatch.setattr(activity, "_registered", [])
     monkeypatch.setattr(activity, "_sinks", ())
     monkeypatch.setattr(_modules, "_watcher", None)
-    monkeypatch.setattr(_keep, "_hosts", {})
+    monkeypatch.setattr(_hosts, "_hosts", {})
     monkeypatch.setattr(_keep, "_kept", {})
     monkeypatch.setattr(_keep, "_listeners", {})
     monkeypatch.setattr(_keep, "_start_listener", lambda device: None)  # no rendezvous (tests/unit/test_keep.py)
@@ -120,13 +121,13 @@ def test_detach_finalizes_and_forgets_hosts_and_subscription(cupti, monkeypatch)
     monkeypatch.setattr(activity, "_registered", ["requested", "completed"])
     monkeypatch.setattr(activity._f, "cuptiActivityFlushAll", lambda flag: 0)
     host, setup = _host()
-    _keep._hosts[(0, "GH100", ("m",))] = setup
+    _hosts._hosts[(0, "GH100", ("m",))] = setup
     assert _keep.detach_cupti() == "detached"
     assert cupti.calls == ["cuptiFinalize"]
     unsubscribed = [c[1] for c in cupti.model.calls if c[0] == "unsubscribe"]
     assert unsubscribed == [0xABC, 0x5EB]  # gpuscope's, then the one the finalize's own call was heard on
     assert subscriber._subscription == [] and callback in subscriber._retired and activity._registered == []
-    assert host.closed == 1 and _keep._hosts == {}
+    assert host.closed == 1 and _hosts._hosts == {}
     assert not _api.attached() and cupti.model.stale == []
     assert _keep.detach_cupti() == "not attached" and cupti.calls == ["cuptiFinalize"]
 
@@ -135,11 +136,11 @@ def test_an_open_session_refuses_and_nothing_is_dropped(cupti, monkeypatch):
     profiler.initialize()  # a gpuscope.Profiler made, not yet closed
     keep_a_profiler(device=1)  # given back, though the detach is then refused
     host, setup = _host()
-    _keep._hosts[(0, "GH100", ("m",))] = setup
+    _hosts._hosts[(0, "GH100", ("m",))] = setup
     assert _keep.detach_cupti() == (
         "gpuscope is using CUPTI: 1 user(s) of the CUPTI profiler are open (cuptiProfilerInitialize): a "
         "gpuscope.Profiler or gpuscope.sample session not yet closed")
-    assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_keep._hosts) == 1 and _api.attached()
+    assert "cuptiFinalize" not in cupti.calls and host.closed == 0 and len(_hosts._hosts) == 1 and _api.attached()
     assert _keep.kept_devices() == [] and profiler._init_count == 1
     assert subscriber._subscription and cupti.model.holder is not None  # the open session's witness stays held
 
@@ -292,11 +293,11 @@ def test_another_cupti_client_of_the_process_stops_the_detach_before_anything_is
     (issue 36 item 5). The refusal comes before gpuscope gives anything back (host objects, the module watcher)."""
     cupti.model.busy_with = holder
     host, setup = _host()
-    _keep._hosts[(0, "GH100", ("m",))] = setup
+    _hosts._hosts[(0, "GH100", ("m",))] = setup
     text = _keep.detach_cupti()
     assert text.startswith("another CUPTI client of this process holds CUPTI's subscriber") and said in text
     assert "cuptiFinalize" not in cupti.calls and _api.attached()
-    assert cupti.model.calls == ["subscribe refused"] and host.closed == 0 and len(_keep._hosts) == 1
+    assert cupti.model.calls == ["subscribe refused"] and host.closed == 0 and len(_hosts._hosts) == 1
 
 
 def test_a_free_subscriber_is_asked_for_and_given_back_at_once(cupti):

@@ -184,14 +184,14 @@ def test_a_refused_availability_query_on_the_thread_profiles_nothing_and_says_so
 def _unchecked_topdown(monkeypatch):
     """A Profiler as the constructor leaves it with the first Start beside the code: the ``topdown`` plan's host
     and config made offline (GH100) without the availability image; CUPTI's query answered with the H100's."""
-    from gpuscope._gpu import keep, metric_lists
+    from gpuscope._gpu import hosts, metric_lists
     from gpuscope._range_profiling.session import Profiler
 
     from .test_host import _fake_pm_availability
 
     calls = []
     _fake_pm_availability(monkeypatch, calls)
-    monkeypatch.setattr(keep, "_hosts", {})
+    monkeypatch.setattr(hosts, "_hosts", {})
     p = Profiler.__new__(Profiler)
     p.device, p.chip, p.max_depth, p._notes = 0, "GH100", 1, {}
     plan = metric_lists.consistent_plan(tuple(metric_lists.resolution("topdown", "GH100", "range").metrics), "GH100")
@@ -204,10 +204,10 @@ def _unchecked_topdown(monkeypatch):
 
 
 def test_the_config_made_without_the_availability_query_is_checked_against_the_devices_answer(monkeypatch):
-    from gpuscope._gpu import keep
+    from gpuscope._gpu import hosts, keep
 
     p, unchecked, calls = _unchecked_topdown(monkeypatch)
-    assert keep._hosts == {}  # an unchecked config is not kept for other sessions
+    assert hosts._hosts == {}  # an unchecked config is not kept for other sessions
     monkeypatch.setattr("gpuscope._range_profiling.setup._properties",
                         lambda host, m: pytest.fail("metric properties asked of CUPTI again"))
     p._check_availability()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuscope._gpu import hosts as _hosts
 from gpuscope._gpu import keep as _keep
 from gpuscope._gpu import rendezvous as _rendezvous
 from gpuscope._range_profiling import session as _session
@@ -129,7 +130,7 @@ def test_env_switches_keeping_off(monkeypatch):
 
 
 def test_host_setup_is_made_once_per_device_chip_and_metrics(monkeypatch):
-    monkeypatch.setattr(_keep, "_hosts", {})
+    monkeypatch.setattr(_hosts, "_hosts", {})
     made = []
 
     def make():

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuscope._gpu import device as _device
-from gpuscope._gpu import keep
+from gpuscope._gpu import hosts, keep
 from gpuscope._range_profiling.session import Profiler
 from gpuscope.cupti import _lib, profiler
 from gpuscope.errors import GpuscopeWarning, NoGpuError
@@ -63,7 +63,7 @@ def device(monkeypatch):
     monkeypatch.setattr(profiler, "deinitialize", lambda kept=False: call("deinitialize"))
     monkeypatch.setattr(profiler, "chip_name", lambda index: "GH100")
     monkeypatch.setattr(profiler, "_pm_availability", {})
-    monkeypatch.setattr(keep, "_hosts", {})
+    monkeypatch.setattr(hosts, "_hosts", {})
     _fake_pm_availability(monkeypatch)
     return state
 
@@ -72,7 +72,7 @@ def test_the_constructor_returns_before_cuda_initialises_and_makes_the_same_sess
     made = Profiler("topdown", mode="kernel")  # on the caller's thread
     made.close()
     device.calls.clear()
-    keep._hosts.clear()
+    hosts._hosts.clear()
     profiler._pm_availability.clear()
     device.slow = 0.3
     t = time.perf_counter()
