@@ -68,16 +68,50 @@ class Work:
         self.cuda.synchronize()
 
 
-def workload(reps: int, profile_start: bool):
-    work = Work()
+class TransformerWork:
+    """One training step of a transformer encoder layer (d=512, 8 heads, bf16 autocast, SDPA, fused AdamW, batch
+    16 x 256 tokens; ``tests/gpu/scripts/torch_step.py``'s): cuBLAS ``nvjet`` GEMMs of 10-60 us among short
+    elementwise kernels, the step of issue 51's measurements."""
+
+    def __init__(self):
+        import torch
+
+        torch.manual_seed(0)
+        self.torch = torch
+        self.layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True,
+                                                      dropout=0.0).cuda()
+        self.opt = torch.optim.AdamW(self.layer.parameters(), lr=1e-4, fused=True)
+        self.x = torch.randn(16, 256, 512, device="cuda")
+
+    def step(self):
+        self.opt.zero_grad(set_to_none=True)
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
+            loss = self.layer(self.x).float().pow(2).mean()
+        loss.backward()
+        self.opt.step()
+        self.torch.cuda.synchronize()
+
+
+WORKLOADS = {"short": Work, "transformer": TransformerWork}
+
+
+def workload(reps: int, profile_start: bool, name: str = "short"):
+    work = WORKLOADS[name]()
     work.step()
     work.step()
     if profile_start:
-        work.cp.cuda.runtime.profilerStart()
+        _cudart().cudaProfilerStart()
     for _ in range(reps):
         work.step()
     if profile_start:
-        work.cp.cuda.runtime.profilerStop()
+        _cudart().cudaProfilerStop()
+
+
+def _cudart():
+    """The CUDA runtime for cudaProfilerStart/Stop (PyTorch's, where CuPy is not used)."""
+    import torch
+
+    return torch.cuda.cudart()
 
 
 class ImageTap:
@@ -164,4 +198,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="the child that run_ncu profiles")
     ap.add_argument("mode", choices=["workload"])
     ap.add_argument("--reps", type=int, default=2)
-    workload(ap.parse_args().reps, profile_start=True)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
+    args = ap.parse_args()
+    workload(args.reps, profile_start=True, name=args.workload)
