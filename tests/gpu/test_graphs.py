@@ -148,7 +148,10 @@ def test_a_torch_cuda_graph_replay_is_profiled_node_by_node():
     assert ds.attrs["launches_captured"] >= 2  # the capture's own launches recorded nodes, ran nothing
 
 
-def test_jax_steps_get_a_row_per_kernel_node():
+def _jax_step(watch: bool):
+    """jax and a warm JAX training step (tests/gpu/scripts/jax_mlp.py: compiled, autotuned, its CUDA graphs made):
+    ``step()`` runs the fourth step from the same state and returns its outputs. *watch*: gs.watch_graphs() first,
+    so that gpuscope copies the graphs JAX makes."""
     import os
     import sys
 
@@ -159,7 +162,8 @@ def test_jax_steps_get_a_row_per_kernel_node():
     sys.path.insert(0, str(Path(__file__).parent / "scripts"))
     import jax_mlp
 
-    gs.watch_graphs()  # before JAX makes its graphs (the first steps)
+    if watch:
+        gs.watch_graphs()  # before JAX makes its graphs (the first steps)
     key = jax.random.PRNGKey(0)
     params = jax_mlp.init(key)
     m = jax.tree_util.tree_map(jax.numpy.zeros_like, params)
@@ -170,9 +174,14 @@ def test_jax_steps_get_a_row_per_kernel_node():
     for t in range(1, 4):  # warm-up: compiled, autotuned, its graphs instantiated
         state = jax_mlp.step(*state, jax.numpy.float32(t), x, y)[:3]
     jax.block_until_ready(state)
-    plain = jax_mlp.step(*state, jax.numpy.float32(4), x, y)
+    return jax, lambda: jax_mlp.step(*state, jax.numpy.float32(4), x, y)
+
+
+def test_jax_steps_get_a_row_per_kernel_node():
+    jax, step = _jax_step(watch=True)
+    plain = step()
     with gs.Profiler("topdown", mode="kernel") as prof:
-        profiled = jax_mlp.step(*state, jax.numpy.float32(4), x, y)
+        profiled = step()
         jax.block_until_ready(profiled)
     same = all(np.array_equal(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(profiled)))
@@ -184,18 +193,147 @@ def test_jax_steps_get_a_row_per_kernel_node():
     assert same
 
 
-def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches():
+def _ids_hold_together(runs):
+    """Every execution of an execution table recorded now has its graph ids (never -1, unknown), and a kernel has a
+    graph id exactly where it has a node id (CUPTI: 0 in both for a kernel launched on its own)."""
+    assert (runs["graph_id"] >= 0).all() and (runs["graph_node_id"] >= 0).all()
+    assert ((runs["graph_id"] == 0) == (runs["graph_node_id"] == 0)).all()
+
+
+def _launches_ran_the_same_nodes(graph, launches):
+    """*graph*: the executions of one CUDA graph's kernel nodes. Each of its *launches* (one correlation id each)
+    ran every kernel node once, the same nodes each time, all of one graph."""
+    nodes = graph.groupby("correlation")["graph_node_id"].apply(sorted)
+    assert len(nodes) == launches, graph[["kernel", "correlation", "graph_id", "graph_node_id"]]
+    first = nodes.iloc[0]
+    assert len(first) >= 2 and len(set(first)) == len(first) and all(n == first for n in nodes), nodes
+    assert graph["graph_id"].nunique() == 1
+
+
+def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches_with_their_graph_and_node_ids():
     """A graph's kernels reach no launch callback, but their activity records and PC samples carry their names:
-    PM sampling's execution table (kernels=True) and PC sampling's per-kernel stalls hold them."""
+    PM sampling's execution table (kernels=True) and PC sampling's per-kernel stalls hold them, with CUPTI's ids of
+    the graph and of the node that ran them; the fill kernels that run() launches on its own have none (0)."""
     run = _captured()
     run(times=1)
     with gs.sample("pm-default", "100us", kernels=True) as pm:
         run(times=20)
     execs = gs.kernel_executions(pm.dataset)
-    graph_kernels = execs[execs["kernel"].str.contains("multiply|add")]
+    _ids_hold_together(execs)
+    in_graph = execs["kernel"].str.contains("multiply|add")
+    graph_kernels = execs[in_graph]
     assert len(graph_kernels) >= 3 * 20, execs["kernel"].value_counts()
+    assert (graph_kernels["graph_id"] > 0).all() and (execs[~in_graph]["graph_id"] == 0).all()
+    _launches_ran_the_same_nodes(graph_kernels, 20)  # three kernel nodes per launch
     with gs.pc_sample() as pcs:
         run(times=200)
-    names = [str(k) for k in pcs.dataset["kernel"].values]
+    ds = pcs.dataset
+    names = [str(k) for k in ds["kernel"].values]
     assert any("multiply" in k for k in names) and any("add" in k for k in names), names
-    assert pcs.graph_launches == 200
+    assert pcs.graph_launches == 200 and ds.attrs["graph_ids_unavailable"] == ""
+    assert ds.sizes["graph_node"] == 3 and (ds.node_executions.values == 200).all(), ds.node_executions.values
+    assert ds.node_graph_id.values.min() > 0 and len(set(ds.node_graph_id.values.tolist())) == 1
+    assert ds.node_id.values.min() > 0
+    multiply = [k for k in names if "multiply" in k]
+    adds = [k for k in names if "add" in k]
+    assert ds.kernel_graph_nodes.sel(kernel=multiply).values.tolist() == [1]  # one node: its samples are that node's
+    assert ds.kernel_graph_node_id.sel(kernel=multiply).item() in ds.node_id.values.tolist()
+    assert int(ds.kernel_graph_nodes.sel(kernel=adds).sum()) == 2  # the two add nodes (one kernel or two)
+    assert (ds.kernel_launches.sel(kernel=multiply + adds) == 0).all()  # no launch call of their own
+    assert (ds.kernel_graph_id.sel(kernel=multiply + adds) == ds.node_graph_id.values[0]).all()
+
+
+def _torch_graph():
+    """torch, a captured PyTorch graph (a GEMM, ReLU, an add: several kernel nodes) made without gpuscope watching,
+    and its input."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2048, 2048, device="cuda")
+    w = torch.randn(2048, 2048, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up before the capture (cuBLAS handle and workspace)
+        for _ in range(2):
+            torch.relu(x @ w) + 1
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.relu(x @ w) + 1
+    torch.cuda.synchronize()
+    return torch, g, x
+
+
+def test_pm_executions_of_a_torch_graph_carry_its_graph_and_node_ids():
+    torch, g, x = _torch_graph()
+    y = torch.sin(x)  # compiled and loaded before the session
+    torch.cuda.synchronize()
+    with gs.sample("pm-default", "100us", kernels=True) as pm:
+        torch.sin(x, out=y)  # a launch of its own, before the replays
+        torch.cuda.synchronize()
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        torch.sin(x, out=y)  # and one after
+        torch.cuda.synchronize()
+    runs = gs.kernel_executions(pm.dataset)
+    print(runs[["kernel", "correlation", "graph_id", "graph_node_id"]].to_string())
+    _ids_hold_together(runs)
+    graph = runs[runs["graph_id"] > 0]
+    _launches_ran_the_same_nodes(graph, 3)
+    alone = runs[(runs["start_ns"] < graph["start_ns"].min()) | (runs["start_ns"] > graph["end_ns"].max())]
+    assert len(alone) >= 2 and (alone["graph_id"] == 0).all() and (alone["graph_node_id"] == 0).all()
+    if hasattr(g, "raw_cuda_graph_exec"):  # PyTorch 2.7 on: which of CUPTI's ids is graphId? (printed, not assumed)
+        from gpuscope.cupti.graphs import graph_exec_id
+
+        print("graphId", int(graph["graph_id"].iloc[0]), "cuptiGetGraphExecId",
+              graph_exec_id(int(g.raw_cuda_graph_exec())))
+
+
+def test_pc_samples_of_a_torch_graph_say_which_node_ran_each_kernel():
+    torch, g, x = _torch_graph()
+    y = torch.sin(x)
+    torch.cuda.synchronize()
+    with gs.pc_sample() as pcs:
+        for _ in range(50):
+            g.replay()
+            torch.sin(x, out=y)  # launch calls of their own
+        torch.cuda.synchronize()
+    ds = pcs.dataset
+    print(ds[["kernel_launches", "kernel_graph_nodes", "kernel_graph_id", "kernel_graph_node_id"]].to_dataframe())
+    assert pcs.graph_launches == 50 and ds.attrs["graph_ids_unavailable"] == ""
+    assert ds.sizes["graph_node"] >= 2 and (ds.node_executions.values == 50).all(), ds.node_executions.values
+    graph_id = int(ds.node_graph_id.values[0])
+    assert graph_id > 0 and (ds.node_graph_id.values == graph_id).all() and ds.node_id.values.min() > 0
+    nodes = ds.kernel_graph_nodes.values
+    sampled = ds.kernel.values[nodes > 0]
+    assert sampled.size >= 1, "no kernel of the graph was sampled"  # the GEMM at least
+    assert (ds.kernel_graph_id.sel(kernel=sampled) == graph_id).all()
+    assert (ds.kernel_launches.sel(kernel=sampled) == 0).all()
+    one = ds.kernel_graph_node_id.sel(kernel=ds.kernel.values[nodes == 1]).values
+    assert set(one.tolist()) <= set(ds.node_id.values.tolist()) and (one > 0).all()
+    alone = ds.kernel.values[ds.kernel_launches.values >= 50]  # sin
+    assert alone.size == 1, ds.kernel_launches.to_series()
+    assert int(ds.kernel_graph_nodes.sel(kernel=alone[0])) == 0 and int(ds.kernel_graph_id.sel(kernel=alone[0])) == 0
+    assert int(ds.kernel_graph_node_id.sel(kernel=alone[0])) == 0
+
+
+def test_jax_steps_give_pm_executions_and_pc_samples_their_graph_and_node_ids():
+    """JAX runs its step as CUDA graphs (XLA command buffers): PM executions and PC samples of a step, without
+    gpuscope.watch_graphs(), carry CUPTI's graph and node ids."""
+    jax, step = _jax_step(watch=False)
+    with gs.sample("pm-default", "100us", kernels=True) as pm:
+        jax.block_until_ready(step())
+    runs = gs.kernel_executions(pm.dataset)
+    _ids_hold_together(runs)
+    graph = runs[runs["graph_id"] > 0]
+    print("jax step:", len(runs), "executions,", len(graph), "in", graph["graph_id"].nunique(), "graphs,",
+          graph["correlation"].nunique(), "graph launches")
+    assert len(graph) >= 5
+    with gs.pc_sample() as pcs:
+        for _ in range(5):
+            jax.block_until_ready(step())
+    ds = pcs.dataset
+    print(ds[["kernel_launches", "kernel_graph_nodes", "kernel_graph_id", "kernel_graph_node_id"]].to_dataframe())
+    assert pcs.graph_launches >= 5 and ds.attrs["graph_ids_unavailable"] == ""
+    assert ds.sizes["graph_node"] >= 5 and ds.node_graph_id.values.min() > 0 and ds.node_id.values.min() > 0
+    assert (ds.kernel_graph_nodes.values > 0).any()
+    assert ((ds.kernel_graph_nodes.values > 0) == (ds.kernel_graph_id.values != 0)).all()
