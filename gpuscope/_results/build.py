@@ -25,6 +25,7 @@ from gpuscope._schema.dataset import (
     table_attrs,
 )
 from gpuscope._schema.labels import string_labels
+from gpuscope._schema.pc_kernels import GRAPH_NODE_COORDS, KERNEL_LAUNCH_COORDS
 
 # ---------------------------------------------------------------------------------------------------------
 # PM sampling: a time series
@@ -238,11 +239,13 @@ def pc_sampling_dataset(pcs: dict, samples, samples_not_issued, reasons: dict, t
       ``cupti_name``, ``description``, ``category`` (Top-Down node: frontend_fetch, frontend_decode,
       backend_core, backend_memory; ``issued`` for selected/not_selected; ``other``).
     * kernel coords: ``kernel_qualname`` (the qualified name: ``module.function``, ``ns::kernel<float>``),
-      ``kernel_mangled_name``, and from *launches* and *nodes* (:func:`_kernel_launch_coords`) ``kernel_launches``,
-      ``kernel_graph_nodes``, ``kernel_graph_id``, ``kernel_graph_node_id``.
+      ``kernel_mangled_name``, and from *launches* and *nodes* the coords of
+      :data:`~gpuscope._schema.pc_kernels.KERNEL_LAUNCH_COORDS` (``kernel_launches``, ``kernel_graph_nodes``,
+      ``kernel_graph_id``, ``kernel_graph_node_id``).
     * dim ``graph_node`` where *nodes* has a row (the CUDA graph kernel nodes that ran in the block, from
-      :func:`gpuscope._pc_sampling.records.graph_nodes`): coords ``node_kernel`` (as ``kernel`` names it),
-      ``node_graph_id``, ``node_id`` (CUPTI's ids), ``node_executions``, ``node_gpu_ns``.
+      :func:`gpuscope._pc_sampling.records.graph_nodes`): coords ``node_kernel`` (as ``kernel`` names it) and
+      :data:`~gpuscope._schema.pc_kernels.GRAPH_NODE_COORDS` (``node_graph_id``, ``node_id``: CUPTI's ids,
+      ``node_executions``, ``node_gpu_ns``).
     * attrs: device and versions, ``kind="pc_sampling"``, ``total_samples`` (delivered + dropped + non-user:
       every sample accounted for), ``cupti_total_samples`` (CUPTI's own counter, an undercount on CUPTI 13.0),
       ``dropped_samples``, ``non_user_kernel_samples`` (samples CUPTI could not attribute to a kernel: no
@@ -295,41 +298,18 @@ def pc_sampling_dataset(pcs: dict, samples, samples_not_issued, reasons: dict, t
     return xr.Dataset(data_vars, coords=coords, attrs=all_attrs)
 
 
-#: The per-kernel coords of PC samples that say how each kernel ran in the block: name -> description.
-KERNEL_LAUNCH_COORDS = {
-    "kernel_launches": "launch calls of the kernel in the block (a CUDA graph's kernel nodes are none), -1 where "
-                       "they were not counted",
-    "kernel_graph_nodes": "CUDA graph kernel nodes that ran the kernel in the block (dim graph_node), 0 where none "
-                          "did, -1 where unknown",
-    "kernel_graph_id": "CUPTI's id of the graph whose nodes ran the kernel, 0 where no graph node did, -1 where "
-                       "several graphs did or unknown",
-    "kernel_graph_node_id": "CUPTI's id of the one graph kernel node that ran the kernel (all its samples are that "
-                            "node's when kernel_launches is 0), 0 where none did, -1 where several did (PC samples "
-                            "carry no node: they cannot be split among them) or unknown",
-}
-
-#: The table of graph kernel nodes of PC samples (dim ``graph_node``): coord -> (key of the nodes table, attrs).
-GRAPH_NODE_COORDS = {
-    "node_graph_id": ("graph_id", {"description": "CUPTI's id of the CUDA graph (graphId of the kernel's activity "
-                                                  "records)"}),
-    "node_id": ("node_id", {"description": "CUPTI's id of the graph's kernel node (graphNodeId)"}),
-    "node_executions": ("executions", {"description": "executions of the node in the block"}),
-    "node_gpu_ns": ("gpu_ns", {"units": "ns", "description": "GPU time of those executions"}),
-}
-
-
 def _kernel_launch_coords(kernels: list[str], launches: dict | None, nodes: dict | None) -> dict:
-    """The coords of :data:`KERNEL_LAUNCH_COORDS` for *kernels* (their names in the process), and the
-    ``graph_node`` table where *nodes* has rows (see :func:`pc_sampling_dataset`). Launches and nodes, keyed by
-    symbol, meet the kernels by name, as every Dataset of the process names them."""
+    """The coords of :data:`~gpuscope._schema.pc_kernels.KERNEL_LAUNCH_COORDS` for *kernels* (their names in the
+    process), and the ``graph_node`` table where *nodes* has rows (see :func:`pc_sampling_dataset`). Launches and
+    nodes, keyed by symbol, meet the kernels by name, as every Dataset of the process names them."""
     from gpuscope._schema.names import kernel_name
 
     counts: dict[str, int] = {}
     for symbol, n in (launches or {}).items():
         counts[kernel_name(symbol)] = counts.get(kernel_name(symbol), 0) + int(n)
-    count = [-1 if launches is None else counts.get(k, 0) for k in kernels]
+    count = [UNKNOWN_GRAPH if launches is None else counts.get(k, 0) for k in kernels]
     if nodes is None:
-        unknown = [-1] * len(kernels)
+        unknown = [UNKNOWN_GRAPH] * len(kernels)
         per_kernel = {"kernel_graph_nodes": unknown, "kernel_graph_id": unknown, "kernel_graph_node_id": unknown}
     else:
         rows: dict[str, list[int]] = {}
@@ -339,8 +319,9 @@ def _kernel_launch_coords(kernels: list[str], launches: dict | None, nodes: dict
         graphs = [{nodes["graph_id"][i] for i in m} for m in mine]
         per_kernel = {
             "kernel_graph_nodes": [len(m) for m in mine],
-            "kernel_graph_id": [0 if not g else g.copy().pop() if len(g) == 1 else -1 for g in graphs],
-            "kernel_graph_node_id": [0 if not m else nodes["node_id"][m[0]] if len(m) == 1 else -1 for m in mine],
+            "kernel_graph_id": [0 if not g else next(iter(g)) if len(g) == 1 else UNKNOWN_GRAPH for g in graphs],
+            "kernel_graph_node_id": [0 if not m else nodes["node_id"][m[0]] if len(m) == 1 else UNKNOWN_GRAPH
+                                     for m in mine],
         }
     coords = {name: ("kernel", np.asarray(values, dtype=np.int64), {"description": KERNEL_LAUNCH_COORDS[name]})
               for name, values in {"kernel_launches": count, **per_kernel}.items()}

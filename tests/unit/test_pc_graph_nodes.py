@@ -58,7 +58,8 @@ RECORDS = [
 def test_graph_nodes_are_one_row_per_node_in_the_order_they_first_ran():
     nodes = _pcrecords.graph_nodes(_parsed(RECORDS))
     assert nodes == {"symbol": [ONE, TWO, TWO, SHARED, SHARED], "graph_id": [3, 3, 3, 3, 4],
-                     "node_id": [40, 41, 42, 43, 50], "executions": [2, 2, 2, 2, 1], "gpu_ns": [200, 200, 200, 200, 100]}
+                     "node_id": [40, 41, 42, 43, 50], "executions": [2, 2, 2, 2, 1],
+                     "gpu_ns": [200, 200, 200, 200, 100]}
     assert _pcrecords.graph_nodes(_parsed([_kernel(PLAIN, 1, 7)])) == {  # launched on its own: no node
         "symbol": [], "graph_id": [], "node_id": [], "executions": [], "gpu_ns": []}
 
