@@ -1,4 +1,4 @@
-"""What profiling sessions keep between them in a process: the enabled range profiler or PM sampler, host objects.
+"""What profiling sessions keep between them in a process: the enabled range profiler or PM sampler, and when it goes.
 
 Measured on an H100 with CUPTI 13.0 (``probes/probe_session_keep.py``, docs/measurements.md):
 
