@@ -42,7 +42,7 @@ class LaunchEntry:
     # What every launch callback reads, made with the session (or at first use, for a session assembled in a test)
     @functools.cached_property
     def _baton(self):
-        return _launches.Baton()  # which thread is inside a profiled launch (taken without waiting)
+        return _launches.Baton()  # which thread is inside a profiled launch (a bounded wait, none after one ran out)
 
     @functools.cached_property
     def _gates(self):
@@ -59,8 +59,9 @@ class LaunchEntry:
     def _on_enter(self, launch):
         """A launch's entry (CUPTI's callback, on the launching thread, inside the driver): never waits on anything
         another launching thread can hold (:mod:`gpuscope._range_profiling.launches`, "Never blocking the program").
-        The baton is taken without waiting and held to the launch's exit; a launch that finds it held, or comes
-        while the first Start is still under way on another thread, runs unprofiled and is counted."""
+        The baton is taken with a bounded wait (none once a wait ran out) and held to the launch's exit; a launch
+        that still finds it held, or comes while the first Start is still under way on another thread, runs
+        unprofiled and is counted."""
         if self._first_thread is not None or self._first_error is not None:
             ready = self._first_ready(threading.get_ident() == self._thread)
             if ready is None:  # the first Start is still under way beside the code
@@ -73,7 +74,7 @@ class LaunchEntry:
                 self._collector.other_context += 1
             return None
         baton = self._baton
-        if not baton.take():
+        if not baton.take(0.0 if baton.timed_out else _launches.BATON_WAIT_S):
             self._unsafe["concurrent"] += 1
             self._behind[baton.what] += 1  # what the holder is launching: said with the count
             if self._collector is not None:
@@ -144,6 +145,8 @@ class LaunchEntry:
         thread's launch in flight, the first Start under way), and which rows were dropped for it."""
         notes = {f"launches_{k}": int(v) for k, v in self._unsafe.items() if v}
         self._notes.update(notes)
+        if self._baton.timed_out:  # a launch waited BATON_WAIT_S for another's: later ones did not wait
+            self._notes["baton_wait_timed_out_s"] = _launches.BATON_WAIT_S
         if self._behind:  # the launches in flight that others found: names CUPTI's replay was busy with
             self._notes["launches_concurrent_behind"] = {_readable(k) or "(a graph launch)": int(n)
                                                          for k, n in self._behind.most_common(5)}
@@ -151,7 +154,10 @@ class LaunchEntry:
             from gpuscope._results.report_inputs import unprofiled_note
 
             _warn(f"gpuscope ran launches unprofiled rather than block the program: {unprofiled_note(notes)}. "
-                  "Launching from one thread while the session runs profiles every launch "
+                  + (f"A launch waited {_launches.BATON_WAIT_S:g} s for another thread's profiled launch to end "
+                     "(the program holds something across its launches that the launch in flight needed), so "
+                     "later launches did not wait. " if self._baton.timed_out else "")
+                  + "Launching from one thread while the session runs profiles every launch "
                   "(docs/graphs.md, 'Threads').")
 
     def _on_graph(self, correlation: int, params: int = 0) -> None:

@@ -28,8 +28,11 @@ framework's own locks (XLA compiles and autotunes on threads of its own, which l
 the main thread waits for them). A lock held from a launch's entry to its exit, waited for at the next launch's entry,
 deadlocked such a program (a JAX step under ``gpuscope run``: an XLA thread waited in the launch callback for the lock
 while its holder's launch waited inside the driver). So the session's :class:`Baton` is taken at a launch's entry
-*without waiting* and given back at its exit: the holder's launch reaches CUPTI with nothing of another thread's in
-between, and a launch that finds the baton taken runs unprofiled at once. CUPTI still makes it a range where the
+with a *bounded* wait (:data:`BATON_WAIT_S`) and given back at its exit: the holder's launch reaches CUPTI with
+nothing of another thread's in between. Threads that launch independently (eight threads each launching a kernel)
+wait their turn and are all profiled; where one wait runs out, the program holds something across its launches that
+the holder needs, and from then on the session's launches take the baton without waiting: a launch that finds it
+taken runs unprofiled at once (a JAX step pays one wait, then runs on). CUPTI still makes it a range where the
 profiler is started, so it is recorded as a placeholder (``concurrent``), its range dropped, and the holder whose launch
 it overlapped is marked ``overlapped`` (CUPTI's order of the two is not known): both are counted and reported, never
 mislabelled. The collectors below take no lock of their own: their caller holds the baton.
@@ -44,15 +47,19 @@ from dataclasses import dataclass, field
 from gpuscope._range_profiling.filters import KernelFilter
 from gpuscope._schema.names import KernelNames, kernel_names, short_name
 
-__all__ = ["Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay",
+#: Seconds a launch waits at its entry for another thread's profiled launch to end (a kernel replay of the ``full``
+#: set took up to 0.5 s a launch on an H200), before the session stops waiting for the baton (module docstring).
+BATON_WAIT_S = 2.0
+
+__all__ = ["BATON_WAIT_S", "Baton", "HostGates", "capturing", "HOST_WAITING", "Selected", "KernelReplay", "IterationReplay",
            "matched_prefix", "stop_for"]
 
 
 class Baton:
-    """Which thread is inside a profiled launch: taken at the launch's entry without waiting, given back at its exit.
+    """Which thread is inside a profiled launch: taken at the launch's entry, given back at its exit.
 
-    :meth:`take` never waits: a launch that finds the baton held by another thread runs unprofiled (module
-    docstring). The holder may take it again (a graph launch whose nodes are launched from its callback, or a
+    :meth:`take` waits at most *wait* seconds: a launch that still finds the baton held by another thread runs
+    unprofiled (module docstring); :attr:`timed_out` counts the waits that ran out. The holder may take it again (a graph launch whose nodes are launched from its callback, or a
     launch whose last exit was never heard: the recorder was paused meanwhile); it is free again once given back as
     often as taken. :meth:`reset` frees it at a session's close, where no launch of the session is in flight.
     """
@@ -63,16 +70,23 @@ class Baton:
         self.depth = 0
         self.what = ""  # what the holder took it for (a kernel's symbol), for the counts of refusals
         self.refused = 0  # takes refused: launches that found another thread's launch in flight
+        self.timed_out = 0  # waits that ran out
 
-    def take(self) -> bool:
+    def take(self, wait: float = 0.0) -> bool:
         me = threading.get_ident()
         if self.holder == me:
             self.depth += 1
             return True
-        if self._lock.acquire(blocking=False):
+        if self._lock.acquire(blocking=False) or (wait > 0 and self._wait(wait)):
             self.holder, self.depth = me, 1
             return True
         self.refused += 1
+        return False
+
+    def _wait(self, wait: float) -> bool:
+        if self._lock.acquire(timeout=wait):
+            return True
+        self.timed_out += 1
         return False
 
     def give(self) -> None:

@@ -1,6 +1,8 @@
-"""Launch callbacks never wait on another launching thread (launches.Baton): a launch that finds another thread's
-profiled launch in flight, or the first Start still under way, runs unprofiled at once and is counted; the rows that
-CUPTI's order cannot tell apart are dropped, never mislabelled (pure logic, no GPU)."""
+"""Launch callbacks never wait indefinitely on another launching thread (launches.Baton): a launch that finds another
+thread's profiled launch in flight waits a bounded time for it (its turn, where the holder ends), then runs
+unprofiled and is counted, and once a wait ran out the session's launches no longer wait; one that comes while the
+first Start is still under way runs unprofiled at once; the rows that CUPTI's order cannot tell apart are dropped,
+never mislabelled (pure logic, no GPU)."""
 
 import threading
 import time
@@ -22,8 +24,9 @@ from tests.unit.test_launch_selection import CTX, FakeRangeProfiler, KernelRows,
 
 @pytest.fixture(autouse=True)
 def _no_capture(monkeypatch):
-    """No driver here: no stream is being captured."""
+    """No driver here: no stream is being captured; a short bounded wait for the baton."""
     monkeypatch.setattr(launches, "capturing", lambda stream: False)
+    monkeypatch.setattr(launches, "BATON_WAIT_S", 0.2)
 
 
 def _on_thread(fn):
@@ -56,6 +59,48 @@ def test_the_baton_is_never_waited_for():
     assert baton.take()
 
 
+def test_a_wait_for_the_baton_is_bounded_and_ends_at_the_holders_exit():
+    baton = Baton()
+    assert baton.take()
+    taken, seconds = _on_thread(lambda: baton.take(0.3))  # the holder never gives it back meanwhile
+    assert not taken and 0.25 < seconds < 2 and baton.timed_out == 1
+    baton.give()
+    held = threading.Event()
+
+    def holder():  # another thread's launch, which ends while this one waits
+        baton.take()
+        held.set()
+        time.sleep(0.1)
+        baton.give()
+
+    threading.Thread(target=holder).start()
+    held.wait(5)
+    taken, seconds = _on_thread(lambda: baton.take(5.0))
+    assert taken and seconds < 4 and baton.timed_out == 1  # its turn: taken by the thread that waited
+
+
+def test_launches_of_independent_threads_wait_their_turn_and_all_become_rows():
+    """Eight threads each launch while another thread's profiled launch is in flight; each launch exits (its
+    replay done) a little later: every launch waits its turn and is profiled, none runs unprofiled."""
+    session = Session()
+    done = []
+
+    def launch(k):
+        token = session._on_enter(_launch(f"k{k}"))
+        time.sleep(0.01)  # CUPTI replaying it
+        session._on_exit(token)
+        done.append(token is not None)
+
+    threads = [threading.Thread(target=launch, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert done == [True] * 8 and not session._unsafe and session._baton.timed_out == 0
+    assert sorted(s.symbol for s in session._collector.selected) == [f"k{k}" for k in range(8)]
+    assert not any(s.concurrent or s.overlapped for s in session._collector.selected)
+
+
 class Session(KernelRows):
     """KernelRows with the session's launch entry and exit (``PerLaunchModes._on_enter``/``_on_exit``)."""
 
@@ -71,9 +116,13 @@ def test_a_launch_during_another_threads_profiled_launch_runs_at_once_and_is_not
     from gpuscope.cupti import range_profiler
 
     session = Session()
-    first = session._on_enter(_launch("a"))  # in flight: CUPTI is replaying it
+    first = session._on_enter(_launch("a"))  # in flight, and it will not end while "b" waits (a deadlock)
     token, seconds = _on_thread(lambda: session._on_enter(_launch("b")))
-    assert token is None and seconds < 1
+    assert token is None and seconds < 1 and session._baton.timed_out == 1  # waited BATON_WAIT_S (0.2 s here)
+    assert _on_thread(lambda: session._on_enter(_launch("b2")))[1] < 0.1  # once one wait ran out, none waits
+    session._unsafe["concurrent"] -= 1
+    session._collector.selected.pop()
+    session._collector.concurrent -= 1
     session._on_exit(first)
     second = session._on_enter(_launch("c"))
     session._on_exit(second)
