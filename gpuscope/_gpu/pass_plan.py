@@ -110,6 +110,10 @@ WARMUP_SCALE = 50.0
 WARMUP_REASONS = ("misc", "sleeping", "tex_throttle")
 #: The denominator of the per-cycle-active rates (IPC): cycles in which an SMSP had a warp active.
 CYCLES = "smsp__cycles_active.sum"
+#: Whether the other sets' counters (``--set full``) may fill the stall passes' spare room; where False they go to the
+#: second pass or to the last group that CUPTI schedules, after the stall passes (a measurement's switch:
+#: ``probes/probe_full_spread.py``).
+PACK_STALL_PASSES = True
 #: Collected in the second lead group when no instruction count is asked for: a pass that holds no ratio.
 FILLER = "smsp__inst_executed.sum"
 _STALL = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
@@ -317,7 +321,7 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
         if one_pass([*second, m]):
             second.append(m)
             continue
-        for k, g in enumerate(groups):
+        for k, g in enumerate(groups if PACK_STALL_PASSES else ()):
             if one_pass([*anchor_of(k), *g, m, *(timed if k == 0 else ())]):
                 g.append(m)
                 break
