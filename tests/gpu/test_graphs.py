@@ -223,7 +223,12 @@ def test_pm_and_pc_sampling_name_the_kernels_of_graph_launches_with_their_graph_
     in_graph = execs["kernel"].str.contains("multiply|add")
     graph_kernels = execs[in_graph]
     assert len(graph_kernels) >= 3 * 20, execs["kernel"].value_counts()
-    assert (graph_kernels["graph_id"] > 0).all() and (execs[~in_graph]["graph_id"] == 0).all()
+    assert (graph_kernels["graph_id"] > 0).all()
+    # run()'s fill kernels ran on their own (0); the memset and memcpy nodes may run as kernels of the driver's,
+    # then with the graph's id, once per launch each (an H200 run in a fresh process: two such per launch)
+    extra = execs[~in_graph & (execs["graph_id"] > 0)]
+    assert len(extra) % 20 == 0 and set(extra["graph_id"]) <= set(graph_kernels["graph_id"]), extra
+    assert (execs[~in_graph & (execs["graph_id"] == 0)]["graph_node_id"] == 0).all()
     _launches_ran_the_same_nodes(graph_kernels, 20)  # three kernel nodes per launch
     with gs.pc_sample() as pcs:
         run(times=200)
