@@ -119,6 +119,8 @@ _EXPORTS = {
     "to_dataframe": "gpuscope._schema.dataset",
     "spans": "gpuscope._schema.dataset",
     "kernel_executions": "gpuscope._schema.dataset",
+    "datatree": "gpuscope._results.tree",
+    "from_datatree": "gpuscope._results.tree",
     # the answer at the end of a run
     "report": "gpuscope._results.report",
     "Report": "gpuscope._results.report_table",
