@@ -105,8 +105,14 @@ def _no_gpu(ns):
     assert ns["ph"].sizes["phase_id"] >= 2 and ns["ph"]["phase_duration"].attrs["units"] == "ns"
 
 
+def _datatree(ns):
+    assert ns["spans"].sizes == {"span": 3} and ns["frame"]["span_path"].tolist() == ["stream", "fma", "divergent"]
+    assert len(ns["tree"].to_dataset().to_dataframe()) == 18019  # the root: one row per sample
+    assert ns["back"].identical(ns["ts"])
+
+
 CHECKS = {("index.md", 0): _no_gpu, ("sol.md", 1): _sol, ("multi-gpu.md", 1): _multi_gpu, ("trace.md", 0): _trace, ("phases.md", 0): _phases, ("phases.md", 1): _phase_topdown, ("topdown.md", 0): _topdown, ("metrics.md", 0): _metrics,
-          ("report.md", 1): _report, ("report.md", 2): _compare}
+          ("report.md", 1): _report, ("report.md", 2): _compare, ("pm-sampling.md", 1): _datatree}
 
 
 @pytest.mark.parametrize("page, index, code, gpu", list(snippets()))
