@@ -179,9 +179,10 @@ def save_dataset(ds, path: str | os.PathLike, *, overwrite: bool = True) -> None
     dicts. The span and execution tables of PM samples (Dataset attrs in memory) are stored as the netCDF groups
     ``spans`` and ``executions``, one variable per column along ``span`` / ``execution``
     (:data:`gpuscope._schema.dataset.TABLE_GROUPS`): ``xr.open_datatree(path)`` shows the samples and the tables
-    (the nodes of :func:`gpuscope.datatree`), ``xr.open_dataset(path)`` the samples. String variables of dtype object (the per-sample ``range`` of PM
-    samples, ``span_path`` and ``exec_kernel`` of their tables) are stored as integer codes with their distinct
-    strings in the attr ``gpuscope_strings`` (JSON), so a long range name is stored once.
+    (the nodes of :func:`gpuscope.datatree`), ``xr.open_dataset(path)`` the samples. String variables of dtype
+    object (the per-sample ``range`` of PM samples, ``span_path`` and ``exec_kernel`` of their tables) are stored
+    as integer codes with their distinct strings in the attr ``gpuscope_strings`` (JSON), so a long range name is
+    stored once.
 
     Parameters
     ----------
