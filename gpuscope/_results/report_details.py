@@ -177,7 +177,8 @@ def _occupancy(combined, launches, key, k) -> list[tuple]:
         for var, quantity, unit in (("theoretical_occupancy", "theoretical occupancy", "%"),
                                     ("theoretical_warps", "theoretical warps per SM", "warp"),
                                     ("blocks_per_sm", "blocks per SM", "block"), ("limited_by", "limited by", ""),
-                                    ("registers", "registers per thread", "register"),
+                                    ("registers_allocated", "registers per thread", "register"),
+                                    ("registers", "registers in use", "register"),
                                     ("shared_memory_config", "shared memory per SM", "byte"),
                                     ("waves_per_sm", "waves per SM", "wave")):
             values = launches[var].values[rows]

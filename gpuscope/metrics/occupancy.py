@@ -433,8 +433,12 @@ def occupancy(ds: xr.Dataset, registers=None, shared_memory=None, limits=None, d
     out = xr.Dataset({
         "threads_per_block": row_var(threads, "thread", "threads per block"),
         "grid_blocks": row_var(grid, "block", "blocks in the grid"),
-        "registers": row_var(regs, "register/thread", "registers per thread (given, or as the session recorded "
-                             "them)"),
+        "registers": row_var(regs, "register/thread", "registers per thread the code uses (given, or as the "
+                             "session recorded them from the driver)"),
+        "registers_allocated": row_var(np.ceil(np.asarray(regs, dtype=float) * WARP_SIZE / REGISTER_UNIT)
+                                       * REGISTER_UNIT / WARP_SIZE, "register/thread",
+                                       f"registers per thread the SM allocates: the used ones rounded up to its unit "
+                                       f"of {REGISTER_UNIT} a warp (ncu's launch__registers_per_thread)"),
         "shared_memory": row_var(smem, "byte/block", "shared memory per block, static and dynamic (given, or as the "
                                  "session recorded it)"),
         "shared_memory_config": row_var(configured, "byte", "shared memory the driver configured an SM with for the "

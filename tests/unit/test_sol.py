@@ -243,6 +243,10 @@ def test_occupancy_of_launches_waves_and_tail():
     np.testing.assert_allclose(out.tail_utilization, [100 * 64 / 1056, 100 * 136 / 792])
     np.testing.assert_allclose(out.threads_per_block, [256, 256])
     np.testing.assert_allclose(out.shared_memory_config, [32 << 10, 32 << 10])  # 8 and 6 KiB needed
+    # the registers the SM allocates, as ncu reports them (launch__registers_per_thread): 256 a warp, 8 a thread
+    out30 = gs.occupancy(ds, registers={"stream": 30, "fma": 40})
+    np.testing.assert_allclose(out30.registers, [30, 40])
+    np.testing.assert_allclose(out30.registers_allocated, [32, 40])
     # the same from a DataArray per launch, and shared memory that limits the second launch
     regs = xr.DataArray([16, 40], dims="range")
     smem = xr.DataArray([0, 100_000], dims="range")
