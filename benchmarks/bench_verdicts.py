@@ -47,13 +47,17 @@ SECTIONS = ("sm__throughput.avg.pct_of_peak_sustained_elapsed",
             "smsp__inst_executed.sum", "dram__bytes_read.sum", "gpu__time_duration.sum", "sm__cycles_elapsed.max")
 
 
+#: Steps an auto-mode session runs beyond --reps: the loop is found after three repeats, then one step per pass.
+AUTO_STEPS = 12
+
+
 def collect(work, reps, metrics, mode):
     """A session's rows: every metric, and gs.topdown's quality coordinates of each launch."""
     import gpuscope as gs
 
     t0 = time.perf_counter()
     with gs.Profiler(metrics=metrics, mode=mode) as prof:
-        for _ in range(reps + (prof.passes + 1 if mode == "iteration" else 0)):
+        for _ in range(reps + (prof.passes + 1 if mode == "iteration" else 0) + (AUTO_STEPS if mode == "auto" else 0)):
             work.step()
             if mode == "iteration":
                 prof.step()
@@ -98,6 +102,20 @@ def verdict_table(results, topdown_metrics):
     for name, res in results.items():
         rows = res.get("rows")
         if not rows or name == "ncu_1" or name.startswith("ncu_full"):
+            continue
+        if name.startswith("auto"):  # its rows are the loop's iterations as found (no launch order to pair with
+            # ncu's): the verdict rates, weighted by its own durations
+            own = np.array([r.get("gpu__time_duration.sum", np.nan) for r in rows])
+            entry = {"launches": len(rows), "wall_s": res.get("wall_s"), "passes": res.get("passes")}
+            for flag in ("decided", "consistent", "culprit_decided"):
+                if flag in rows[0]:
+                    ok = np.array([bool(r[flag]) for r in rows])
+                    entry[f"{flag}_time"] = float(np.nansum(own[ok]) / np.nansum(own))
+                    entry[f"{flag}_launches"] = float(ok.mean())
+            if "pass_spread" in rows[0]:
+                sp = np.array([r["pass_spread"] for r in rows])
+                entry["spread_median"], entry["spread_p90"] = float(np.nanmedian(sp)), float(np.nanpercentile(sp, 90))
+            table[name] = entry
             continue
         n = min(len(rows), len(ref))
         if len(rows) > len(ref):
@@ -183,6 +201,7 @@ def run_workload(name, args, out):
     run("kernel_topdown", lambda: collect(work, args.reps, topdown, "kernel"))
     run("kernel_full", lambda: collect(work, 1, "full", "kernel"))
     run("iteration_topdown", lambda: collect(work, 1, topdown, "iteration"))
+    run("auto_topdown", lambda: collect(work, 0, topdown, "auto"))
     gs.release()  # the kept profiler would make ncu's child wait for the counters
     child = [str(Path(__file__).resolve().parent / "short_kernels.py"), "workload", "--workload", name]
     for k in (1, 2):
