@@ -48,7 +48,7 @@ class SessionClose:
                 self._notes.update(self._nvtx.notes())
             if self._recorder is not None:
                 self._recorder.close()  # no launch callback from here on
-                self._baton.reset()  # a launch whose exit was not heard holds it no more
+                self._baton.close()  # a launch whose exit was not heard holds it no more, none waits for it
                 self._note_graph_launches(self._recorder.graph_launches)
             if self.mode_used is Mode.KERNEL:
                 self._stop_kernel_pass()

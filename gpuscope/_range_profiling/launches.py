@@ -71,13 +71,17 @@ class Baton:
         self.what = ""  # what the holder took it for (a kernel's symbol), for the counts of refusals
         self.refused = 0  # takes refused: launches that found another thread's launch in flight
         self.timed_out = 0  # waits that ran out
+        self.closed = False  # the session closed: a launch still waiting for the baton then runs unprofiled
 
     def take(self, wait: float = 0.0) -> bool:
         me = threading.get_ident()
         if self.holder == me:
             self.depth += 1
             return True
-        if self._lock.acquire(blocking=False) or (wait > 0 and self._wait(wait)):
+        if not self.closed and (self._lock.acquire(blocking=False) or (wait > 0 and self._wait(wait))):
+            if self.closed:  # taken after the session's close freed it: the session is gone
+                self._lock.release()
+                return False
             self.holder, self.depth = me, 1
             return True
         self.refused += 1
@@ -101,6 +105,11 @@ class Baton:
         paused meanwhile), so it will never give it back."""
         if self.holder == thread:
             self.reset()
+
+    def close(self) -> None:
+        """The session's close: no launch takes the baton from here on (one still waiting for it gives up)."""
+        self.closed = True
+        self.reset()
 
     def reset(self) -> None:
         if self.holder is not None:

@@ -79,6 +79,17 @@ def test_a_wait_for_the_baton_is_bounded_and_ends_at_the_holders_exit():
     assert taken and seconds < 4 and baton.timed_out == 1  # its turn: taken by the thread that waited
 
 
+def test_a_launch_waiting_for_the_baton_when_the_session_closes_runs_unprofiled():
+    baton = Baton()
+    assert baton.take()
+    timer = threading.Timer(0.1, baton.close)  # the session closes while another thread's launch waits
+    timer.start()
+    taken, seconds = _on_thread(lambda: baton.take(5.0))
+    timer.join()
+    assert not taken and seconds < 4 and baton.holder is None
+    assert not _on_thread(lambda: baton.take(1.0))[0]  # and none takes it after the close
+
+
 def test_launches_of_independent_threads_wait_their_turn_and_all_become_rows():
     """Eight threads each launch while another thread's profiled launch is in flight; each launch exits (its
     replay done) a little later: every launch waits its turn and is profiled, none runs unprofiled."""
