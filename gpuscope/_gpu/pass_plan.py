@@ -276,12 +276,10 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
             first.append(m)
         else:
             others.append(m)
-    if timed_later:
-        first = [*timed, *first]  # what the checks below ask of the first pass; the timed ones move out at the end
-    if not first and has(_DURATION):
+    if not first and not timed and has(_DURATION):
         first = [_DURATION]
     filler = [] if counts or not has(FILLER) else [FILLER]
-    if not first or not (counts or filler) or not one_pass(counts or filler):
+    if not (first or timed) or not (counts or filler) or not one_pass(counts or filler):
         return None
     if timed_later and not counts:
         return False
@@ -290,7 +288,7 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
     second = counts or filler  # the second pass: instruction counts (else a filler), no ratio
     warmup = [_stall(r) for r in WARMUP_REASONS if _stall(r) in items]
     if (spread and warmup and has(WARMUP_ANCHOR)
-            and one_pass([m for m in first if m not in timed] + counts if timed_later else [*first, *counts])
+            and one_pass([*first, *counts])
             and one_pass([WARMUP_ANCHOR, *warmup])):
         # the counts join the first pass; the second takes the warm-up reasons over a warp-active counter of its own
         first, second = [*first, *counts], [WARMUP_ANCHOR, *warmup]
@@ -331,7 +329,6 @@ def _plan(metrics, has, one_pass, spread: bool, timed_later: bool) -> PassPlan |
         if not groups or not one_pass([ANCHOR, *groups[0], *timed]):
             return False
         groups[0] += timed
-        first = [m for m in first if m not in timed]
     stall_groups, anchors = [], []
     for k, g in enumerate(groups):  # packed with ANCHOR in each: a warp-active counter fits beside every group
         anchor = next(iter(anchor_of(k)), None)
