@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_stalls_vs_ncu import BUCKETS, shares, topdown_nodes  # noqa: E402
+from bench_stalls_vs_ncu import BUCKETS, shares, topdown_nodes, verdicts  # noqa: E402
 from short_kernels import WORKLOADS, run_ncu  # noqa: E402
 
 #: Section values compared with ncu's (``full``): percentages in points, the others in percent of ncu's.
@@ -84,10 +84,22 @@ def _nodes(rows, metrics):
     return topdown_nodes({m: np.array([r.get(m, np.nan) for r in rows], dtype=float) for m in metrics})
 
 
-def _verdict(level2):
-    names, values = level2
-    keep = [i for i, n in enumerate(names) if n != "retire"]
-    return [names[keep[j]] for j in np.nanargmax(np.where(np.isfinite(values[:, keep]), values[:, keep], -np.inf), 1)]
+def _rates(rows, weights, agrees=None) -> dict:
+    """The verdict rates of a run's *rows*: the share of *weights* (GPU time) and of launches that are ``decided``,
+    ``consistent`` and ``culprit_decided``, each flag's agreement with ncu where *agrees* (per row) is given, and
+    ``pass_spread``'s median and p90."""
+    entry = {}
+    for flag in ("decided", "consistent", "culprit_decided"):
+        if flag in rows[0]:
+            ok = np.array([bool(r[flag]) for r in rows])
+            entry[f"{flag}_time"] = float(np.nansum(weights[ok]) / np.nansum(weights))
+            entry[f"{flag}_launches"] = float(ok.mean())
+            if agrees is not None:
+                entry[f"verdict_agrees_{flag}"] = float(agrees[ok].mean()) if ok.any() else None
+    if "pass_spread" in rows[0]:
+        sp = np.array([r["pass_spread"] for r in rows])
+        entry["spread_median"], entry["spread_p90"] = float(np.nanmedian(sp)), float(np.nanpercentile(sp, 90))
+    return entry
 
 
 def verdict_table(results, topdown_metrics):
@@ -97,25 +109,17 @@ def verdict_table(results, topdown_metrics):
         return {}
     dur = np.array([r["gpu__time_duration.sum"] for r in ref]) / 1e3
     base2, base_sh = _nodes(ref, topdown_metrics)[2], shares(ref)
-    base_verdict = _verdict(base2)
+    base_verdict = verdicts(ref, topdown_metrics)
     table = {}
     for name, res in results.items():
         rows = res.get("rows")
         if not rows or name == "ncu_1" or name.startswith("ncu_full"):
             continue
+        entry = {"launches": len(rows), "wall_s": res.get("wall_s"), "passes": res.get("passes")}
         if name.startswith("auto"):  # its rows are the loop's iterations as found (no launch order to pair with
             # ncu's): the verdict rates, weighted by its own durations
             own = np.array([r.get("gpu__time_duration.sum", np.nan) for r in rows])
-            entry = {"launches": len(rows), "wall_s": res.get("wall_s"), "passes": res.get("passes")}
-            for flag in ("decided", "consistent", "culprit_decided"):
-                if flag in rows[0]:
-                    ok = np.array([bool(r[flag]) for r in rows])
-                    entry[f"{flag}_time"] = float(np.nansum(own[ok]) / np.nansum(own))
-                    entry[f"{flag}_launches"] = float(ok.mean())
-            if "pass_spread" in rows[0]:
-                sp = np.array([r["pass_spread"] for r in rows])
-                entry["spread_median"], entry["spread_p90"] = float(np.nanmedian(sp)), float(np.nanpercentile(sp, 90))
-            table[name] = entry
+            table[name] = {**entry, **_rates(rows, own)}
             continue
         n = min(len(rows), len(ref))
         if len(rows) > len(ref):
@@ -124,19 +128,10 @@ def verdict_table(results, topdown_metrics):
         mine2 = _nodes(rows, topdown_metrics)[2]
         node_diff = np.nanmax(np.abs(mine2[1] - base2[1][:n]), axis=1)
         share_diff = np.nanmax(np.abs(shares(rows) - base_sh[:n]), axis=1)
-        verdict = _verdict(mine2)
+        verdict = verdicts(rows, topdown_metrics)
         agrees = np.array([verdict[i] == base_verdict[i] for i in range(n)])
         w = dur[:n]
-        entry = {"launches": n, "wall_s": res.get("wall_s"), "passes": res.get("passes")}
-        for flag in ("decided", "consistent", "culprit_decided"):
-            if flag in rows[0]:
-                ok = np.array([bool(r[flag]) for r in rows])
-                entry[f"{flag}_time"] = float(w[ok].sum() / w.sum())
-                entry[f"{flag}_launches"] = float(ok.mean())
-                entry[f"verdict_agrees_{flag}"] = float(agrees[ok].mean()) if ok.any() else None
-        if "pass_spread" in rows[0]:
-            sp = np.array([r["pass_spread"] for r in rows])
-            entry["spread_median"], entry["spread_p90"] = float(np.nanmedian(sp)), float(np.nanpercentile(sp, 90))
+        entry.update(launches=n, **_rates(rows, w, agrees))
         entry["verdict_agrees_all"] = float(agrees.mean())
         own = np.array([r.get("gpu__time_duration.sum", np.nan) for r in rows]) / 1e3
         for label, lo, hi in BUCKETS:
