@@ -19,6 +19,7 @@ from gpuscope.cupti import activity
 from gpuscope.cupti import pc_sampling as C
 from gpuscope.cupti.pc_sampling import PCRecords
 from tests.unit.test_activity_records import FakeActivity, Kernel, _record
+from tests.unit.test_pc_sampling import _Buffer, _Context
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pc"
 PREFIX = _pcrecords.CUPTI_PREFIX
@@ -126,26 +127,6 @@ def test_the_recorded_fixture_has_no_launch_in_its_pc_records():
 
 # ---------------------------------------------------------------------------------------------------------
 # a block: activity records opened at its first graph launch
-
-
-class _Context:
-    handle = 1
-
-    def make_current(self):
-        pass
-
-    def close(self):
-        pass
-
-
-class _Buffer:
-    remaining_pcs = 0
-
-    def __init__(self, records):
-        self.records = records
-
-    def take(self):
-        return self.records
 
 
 class _Recorder:
