@@ -360,3 +360,28 @@ def test_jax_steps_give_pm_executions_and_pc_samples_their_graph_and_node_ids():
     assert ds.sizes["graph_node"] >= 5 and ds.node_graph_id.values.min() > 0 and ds.node_id.values.min() > 0
     assert (ds.kernel_graph_nodes.values > 0).any()
     assert ((ds.kernel_graph_nodes.values > 0) == (ds.kernel_graph_id.values != 0)).all()
+
+
+def test_gpuscope_run_on_an_unmodified_jax_script_ends_and_profiles_every_kernel_node_of_its_steps(tmp_path):
+    """Issue 50: ``gpuscope run`` (auto mode, the default) on an unmodified JAX training script, default XLA flags:
+    XLA compiles and autotunes on its own threads while the main thread waits, then runs each step as a CUDA graph.
+    The run ends well within its deadline (it once hung for good), and every kernel node of the step's graph has
+    rows with the Top-Down."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("jax")
+    script = Path(__file__).parent / "scripts" / "jax_mlp.py"
+    out = tmp_path / "jax.nc"
+    done = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--set", "topdown", "-o", out, script, "30"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0
+    ds = gs.open_dataset(out)
+    nodes = ds.isel(range=ds["graph_launch"].values >= 0)
+    per_node = {int(n) for n in nodes["graph_node"].values}
+    print("jax run:", ds.sizes["range"], "rows,", nodes.sizes["range"], "of graph nodes,", len(per_node), "nodes")
+    assert len(per_node) >= 20  # the step's graph: 27-30 kernel nodes on the H200 (docs/measurements.md)
+    shares = gs.topdown(nodes)
+    assert np.isfinite(shares["retire"].values).mean() > 0.95
