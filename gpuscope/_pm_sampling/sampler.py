@@ -354,6 +354,8 @@ class Sampler(SamplerResults):
         from gpuscope.cupti import pm_sampling as pm
 
         def stop_sampling():
+            if self._recorder is not None:
+                self._recorder.anchor()  # the range stamps' last link to the CUPTI clock
             self.stop_ns = activity.timestamp()  # no sample can be expected after this
             pm.stop(self._handle)
             self.stop_call_ns = activity.timestamp() - self.stop_ns

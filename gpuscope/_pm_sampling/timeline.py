@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -69,23 +70,63 @@ def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None 
 
 
 class RangeRecorder:
-    """A ``gpuscope.range`` listener that stamps pushes and pops with the CUPTI clock."""
+    """A ``gpuscope.range`` listener that stamps pushes and pops with the CUPTI clock.
 
-    def __init__(self, timestamp):
+    A push or pop reads the host's ``time.perf_counter_ns`` (tens of ns), not CUPTI's clock (``cuptiGetTimestamp``
+    through ctypes: about 1.5 us, paid twice a range inside the user's loop: issue 52, item 13). The host times go to
+    the CUPTI clock through *anchors*, pairs of the two clocks read together: one when the recorder is made, one
+    when a push or pop comes :attr:`ANCHOR_EVERY_NS` or more after the last anchor, and one at :meth:`spans`. A
+    time takes the offset between the clocks interpolated between the anchors around it (the nearest anchor's
+    outside them), so a drift of the host clock against CUPTI's (NTP slews ``CLOCK_MONOTONIC`` by at most
+    500 ppm) moves a stamp by at most 5 us.
+    """
+
+    #: Host ns between anchors (at most): a range entered after this long reads CUPTI's clock once more.
+    ANCHOR_EVERY_NS = 10_000_000
+
+    def __init__(self, timestamp, host_clock=time.perf_counter_ns):
         self._timestamp = timestamp
-        self.events: list[tuple[int, bool, str, int]] = []  # (ns, is_push, path, thread id)
+        self._host = host_clock
+        self.events: list[tuple[int, bool, str, int]] = []  # (host ns, is_push, path, thread id)
+        self.anchors: list[tuple[int, int]] = []  # (host ns, CUPTI ns)
+        self._next_anchor = 0
+        self.anchor()
+
+    def anchor(self) -> None:
+        """Read both clocks together (the host's around CUPTI's, their midpoint kept)."""
+        before = self._host()
+        cupti = self._timestamp()
+        after = self._host()
+        self.anchors.append(((before + after) // 2, cupti))
+        self._next_anchor = after + self.ANCHOR_EVERY_NS
 
     def range_push(self, path: str) -> None:
-        self.events.append((self._timestamp(), True, path, threading.get_ident()))
+        now = self._host()
+        self.events.append((now, True, path, threading.get_ident()))
+        if now >= self._next_anchor:
+            self.anchor()
 
     def range_pop(self, path: str) -> None:
-        self.events.append((self._timestamp(), False, path, threading.get_ident()))
+        now = self._host()
+        self.events.append((now, False, path, threading.get_ident()))
+        if now >= self._next_anchor:
+            self.anchor()
 
-    def spans(self, open_until_ns: int, already_open: Iterable[str] = ()) -> list[Span]:
-        """Pair pushes with pops per thread; ranges still open end at *open_until_ns*."""
+    def to_cupti(self, host_ns) -> np.ndarray:
+        """Host times (ns, ``host_clock``'s) on the CUPTI clock, through the anchors."""
+        anchors = np.array(sorted(self.anchors), dtype=np.int64).reshape(-1, 2)
+        host_ns = np.asarray(host_ns, dtype=np.int64)
+        offset = np.interp(host_ns, anchors[:, 0], anchors[:, 1] - anchors[:, 0])
+        return host_ns + np.rint(offset).astype(np.int64)
+
+    def spans(self, open_until_ns: int) -> list[Span]:
+        """Pair pushes with pops per thread, on the CUPTI clock; ranges still open end at *open_until_ns* (CUPTI
+        clock). Reads no clock (it may come after CUPTI has let go of the process): the sampler anchors at Stop."""
+        events = list(self.events)
+        times = self.to_cupti([e[0] for e in events]).tolist() if events else []
         stacks: dict[int, list[tuple[str, int]]] = {}
         spans = []
-        for t, is_push, path, thread in self.events:
+        for t, (_, is_push, path, thread) in zip(times, events):
             stack = stacks.setdefault(thread, [])
             if is_push:
                 stack.append((path, t))

@@ -69,8 +69,8 @@ def emitting() -> bool:
 
 
 def _emit(push: bool, path: str = "") -> None:
-    domain = _domain()
-    if domain is None:
+    domain = _DOMAIN if _DOMAIN is not _UNSET else _domain()
+    if domain is None:  # no tool attached: the common case costs this test only
         return
     _local.emitting = True
     try:
@@ -80,6 +80,8 @@ def _emit(push: bool, path: str = "") -> None:
             domain.pop_range()
     finally:
         _local.emitting = False
+
+
 _listeners: tuple = ()
 _listeners_lock = threading.Lock()
 
@@ -118,10 +120,11 @@ def listeners() -> tuple:
 
 
 def _stack() -> list:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
+    try:
+        stack = _local.stack
+    except AttributeError:
         stack = _local.stack = []
-    while stack and getattr(stack[-1].owner, "stale", False):  # left by a session that has closed (push_for)
+    while stack and getattr(stack[-1][1], "stale", False):  # left by a session that has closed (push_for)
         stack.pop()
     return stack
 
@@ -129,7 +132,7 @@ def _stack() -> list:
 def current_path() -> str | None:
     """The innermost open range path of the calling thread, or None outside every range."""
     stack = _stack()
-    return stack[-1].path if stack else None
+    return stack[-1][0] if stack else None
 
 
 def _notify(targets, method: str, path: str) -> None:
@@ -144,37 +147,40 @@ def _notify(targets, method: str, path: str) -> None:
             )
 
 
-class _Entry:
-    """One open range on a thread's stack: its path, who opened it, whom it told, and whether it emitted NVTX."""
-
-    __slots__ = ("path", "owner", "notified", "nvtx")
-
-    def __init__(self, path, owner, notified, nvtx=True):
-        self.path, self.owner, self.notified, self.nvtx = path, owner, notified, nvtx
+# One open range on a thread's stack is a tuple (path, owner, notified, nvtx): its path, who opened it, the listeners
+# it told, and whether it emitted NVTX. A tuple, not an object: a range is entered in user loops (a class with
+# __slots__ cost 0.3 us more a range).
 
 
 def _push(owner, name: str, targets=None) -> str:
     stack = _stack()
-    path = f"{stack[-1].path}/{name}" if stack else name
-    emit = targets is None
-    targets = _listeners if emit else tuple(t for t in targets if t in _listeners)
-    stack.append(_Entry(path, owner, targets, emit))
-    if emit:
-        _emit(True, path)
+    path = f"{stack[-1][0]}/{name}" if stack else name
+    if targets is None:  # a gpuscope range: every listener, and NVTX where a tool is attached
+        targets = _listeners
+        stack.append((path, owner, targets, True))
+        if _DOMAIN is not None:
+            _emit(True, path)
+    else:
+        targets = tuple(t for t in targets if t in _listeners)
+        stack.append((path, owner, targets, False))
     if targets:
         _notify(targets, "range_push", path)
     return path
 
 
 def _pop_entry(stack: list) -> None:
-    entry = stack[-1]
+    path, _, notified, nvtx = stack[-1]
+    if not notified:  # no listener was told: nothing can raise
+        stack.pop()
+        if nvtx and _DOMAIN is not None:
+            _emit(False)
+        return
     try:
-        if entry.notified:
-            live = _listeners
-            _notify([item for item in entry.notified if item in live], "range_pop", entry.path)
+        live = _listeners
+        _notify([item for item in notified if item in live], "range_pop", path)
     finally:
         stack.pop()
-        if entry.nvtx:
+        if nvtx and _DOMAIN is not None:
             _emit(False)
 
 
@@ -200,7 +206,7 @@ def discard(owner) -> bool:
     """Take *owner*'s range off the calling thread's stack, telling no listener; whether it was there."""
     stack = _stack()
     for i in builtins.range(len(stack) - 1, -1, -1):
-        if stack[i].owner is owner:
+        if stack[i][1] is owner:
             del stack[i]
             return True
     return False
@@ -208,17 +214,20 @@ def discard(owner) -> bool:
 
 def _pop(owner) -> None:
     stack = _stack()
-    if stack and stack[-1].owner is owner:
-        _pop_entry(stack)
+    if stack and stack[-1][1] is owner:
+        if stack[-1][2]:
+            _pop_entry(stack)
+        elif stack.pop()[3] and _DOMAIN is not None:  # no listener told: _pop_entry's first branch, inlined
+            _emit(False)
         return
-    depth = next((i for i in reversed(builtins.range(len(stack))) if stack[i].owner is owner), None)
+    depth = next((i for i in reversed(builtins.range(len(stack))) if stack[i][1] is owner), None)
     if depth is None:
         raise UnbalancedRangeError(
             f"{owner!r} was exited on a thread where it is not open "
             f"(open here: {current_path()!r}). Enter and exit a range on the same thread, with `with` or as a "
             "decorator."
         )
-    inner = [entry.path for entry in stack[depth + 1 :]]
+    inner = [entry[0] for entry in stack[depth + 1 :]]
     while len(stack) > depth:  # close the inner ones too, so the stack stays consistent
         _pop_entry(stack)
     raise UnbalancedRangeError(
@@ -270,20 +279,21 @@ class Range:
     __slots__ = ("name", "replay", "__weakref__")
 
     def __new__(cls, name="", *, replay: bool = False):
-        if callable(name) and not isinstance(name, str):  # bare decorator: @gpuscope.range
-            return cls(name.__qualname__, replay=replay)(name)
-        return super().__new__(cls)
-
-    def __init__(self, name: str = "", *, replay: bool = False):
-        if not isinstance(name, str):
-            raise TypeError(f"a range name must be a str, not {type(name).__name__} ({name!r})")
+        # validated here, with no __init__: one Python call less for every range a loop enters
+        if name.__class__ is not str:
+            if callable(name):  # bare decorator: @gpuscope.range
+                return cls(name.__qualname__, replay=replay)(name)
+            if not isinstance(name, str):
+                raise TypeError(f"a range name must be a str, not {type(name).__name__} ({name!r})")
         if not name or "/" in name or "\0" in name:
             raise ValueError(
                 f"invalid range name {name!r}: use a non-empty name without '/' or NUL characters; nest ranges "
                 "to make paths such as 'step/fwd'"
             )
+        self = object.__new__(cls)
         self.name = name
-        self.replay = bool(replay)
+        self.replay = True if replay else False
+        return self
 
     def __repr__(self):
         return f"gpuscope.range({self.name!r})"

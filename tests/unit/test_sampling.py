@@ -141,14 +141,43 @@ def test_innermost_range_nested_and_threads():
 
 
 def test_range_recorder_pairs_per_thread_and_closes_open_ranges():
-    clock = iter(range(100, 200, 10))
-    rec = _sampling._RangeRecorder(lambda: next(clock))
-    rec.range_push("a")  # 100
-    rec.range_push("a/b")  # 110
-    rec.range_pop("a/b")  # 120
-    rec.range_push("a/c")  # 130, never popped
-    spans = rec.spans(open_until_ns=500)
-    assert [(s.path, s.start_ns, s.end_ns) for s in spans] == [("a", 100, 500), ("a/b", 110, 120), ("a/c", 130, 500)]
+    host = iter(range(100, 200, 10))
+    rec = _sampling._RangeRecorder(lambda: 1000, host_clock=lambda: next(host))  # anchor (100+110)//2=105 -> 1000
+    rec.range_push("a")  # 120
+    rec.range_push("a/b")  # 130
+    rec.range_pop("a/b")  # 140
+    rec.range_push("a/c")  # 150, never popped
+    spans = rec.spans(open_until_ns=5000)
+    assert [(s.path, s.start_ns, s.end_ns) for s in spans] == [("a", 1015, 5000), ("a/b", 1025, 1035),
+                                                               ("a/c", 1045, 5000)]
+
+
+def test_range_recorder_reads_the_cupti_clock_only_at_its_anchors_and_follows_a_drift():
+    """A range's push and pop read the host clock; CUPTI's is read when the recorder is made, after
+    ANCHOR_EVERY_NS and at Stop (issue 52, item 13: cuptiGetTimestamp cost 1.5 us a push). Between anchors a stamp
+    takes the offset interpolated, so a host clock running 400 ppm fast against CUPTI's is followed."""
+    now = [0]
+    cupti_reads = []
+
+    def cupti():
+        cupti_reads.append(now[0])
+        return 5_000_000 + now[0] * 10_000 // 10_004  # the host clock runs 400 ppm fast
+
+    rec = _sampling._RangeRecorder(cupti, host_clock=lambda: now[0])
+    for t in range(0, 50_000_000, 100_000):  # a range every 100 us for 50 ms
+        now[0] = t
+        rec.range_push("step")
+        now[0] = t + 50_000
+        rec.range_pop("step")
+    now[0] = 50_000_000
+    rec.anchor()  # Stop
+    assert cupti_reads == list(range(0, 50_000_001, rec.ANCHOR_EVERY_NS))  # made, every 10 ms, Stop: not 1,000
+    spans = rec.spans(open_until_ns=0)
+    truth = [5_000_000 + (t * 10_000 // 10_004) for t in range(0, 50_000_000, 100_000)]
+    assert len(spans) == 500
+    # without anchors the drift would reach 20 us at 50 ms; between anchors 10 ms apart it stays within 1 ns a
+    # sample of the linear truth
+    assert max(abs(s.start_ns - t) for s, t in zip(spans, truth)) <= 2
 
 
 def test_count_lost_from_gaps():
