@@ -10,8 +10,9 @@ Python), with two ``gpuscope.range`` a step ("step" and "step/inner") or none, s
 each ``--seconds`` long and interleaved ``--reps`` times in one process:
 
 - ``plain``: no ranges, no session; ``ranges``: the ranges, no session (what a range costs by itself);
-- ``PM``: inside ``gs.sample("pm-fast", interval="20us")``, without ranges; ``PM, ranges``: with them;
-- ``PM, ranges, decode 50 ms``: the same, the decode thread waking every 50 ms instead of 10.
+- ``PM``: inside ``gs.sample("pm-fast", interval="20us")`` (its default decode period), without ranges;
+  ``PM, ranges``: with them;
+- ``PM, ranges, decode 10 ms`` and ``50 ms``: the same, the decode thread waking every 10 or 50 ms.
 
 Prints, per case, the median time a step and the median over the reps of its difference from ``plain`` and (for
 the sampled cases with ranges) from ``ranges`` of the same rep: the sampler's own cost on a loop that has ranges.
@@ -72,8 +73,9 @@ def cupy_loop(gs):
     return loop
 
 
-CASES = (("plain", False, False, None), ("ranges", False, True, None), ("PM", True, False, 0.01),
-         ("PM, ranges", True, True, 0.01), ("PM, ranges, decode 50 ms", True, True, 0.05))
+CASES = (("plain", False, False, None), ("ranges", False, True, None), ("PM", True, False, None),
+         ("PM, ranges", True, True, None), ("PM, ranges, decode 10 ms", True, True, 0.01),
+         ("PM, ranges, decode 50 ms", True, True, 0.05))
 
 
 def run(seconds: float, reps: int) -> dict:
@@ -86,10 +88,11 @@ def run(seconds: float, reps: int) -> dict:
     for rep in range(reps):
         for name, pm, ranges, period in CASES:
             if pm:
-                with gs.sample("pm-fast", interval="20us", decode_period=period) as s:
+                options = {} if period is None else {"decode_period": period}
+                with gs.sample("pm-fast", interval="20us", **options) as s:
                     us = loop(seconds, ranges)
                 decoder = s._decoder
-                row = {"samples": int(s.dataset.sizes["time"]), "lost": int(s.lost_samples),
+                row = {"decode_period_s": s.decode_period, "samples": int(s.dataset.sizes["time"]), "lost": int(s.lost_samples),
                        "decode_us_per_sample": round(decoder.decode_seconds / max(1, decoder.decoded_samples) * 1e6, 2)}
             else:
                 us, row = loop(seconds, ranges), {}

@@ -88,6 +88,7 @@ class RangeRecorder:
         self._timestamp = timestamp
         self._host = host_clock
         self.events: list[tuple[int, bool, str, int]] = []  # (host ns, is_push, path, thread id)
+        self._append = self.events.append
         self.anchors: list[tuple[int, int]] = []  # (host ns, CUPTI ns)
         self._next_anchor = 0
         self.anchor()
@@ -100,15 +101,15 @@ class RangeRecorder:
         self.anchors.append(((before + after) // 2, cupti))
         self._next_anchor = after + self.ANCHOR_EVERY_NS
 
-    def range_push(self, path: str) -> None:
+    def range_push(self, path: str, _ident=threading.get_ident) -> None:
         now = self._host()
-        self.events.append((now, True, path, threading.get_ident()))
+        self._append((now, True, path, _ident()))
         if now >= self._next_anchor:
             self.anchor()
 
-    def range_pop(self, path: str) -> None:
+    def range_pop(self, path: str, _ident=threading.get_ident) -> None:
         now = self._host()
-        self.events.append((now, False, path, threading.get_ident()))
+        self._append((now, False, path, _ident()))
         if now >= self._next_anchor:
             self.anchor()
 

@@ -176,8 +176,8 @@ def _pop_entry(stack: list) -> None:
             _emit(False)
         return
     try:
-        live = _listeners
-        _notify([item for item in notified if item in live], "range_pop", path)
+        live = _listeners  # those told and still registered (all of them, unless the registry changed since)
+        _notify(notified if notified is live else [item for item in notified if item in live], "range_pop", path)
     finally:
         stack.pop()
         if nvtx and _DOMAIN is not None:
