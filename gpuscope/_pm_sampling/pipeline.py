@@ -69,12 +69,13 @@ class Pipeline:
 
     def __init__(self, handle: int, chip: str, metrics: Sequence[str], availability, *, samples_per_image: int,
                  pool_size: int, evaluators: int, period_s: float, interval_ns: int = 0, clock=None,
-                 evaluate_in: str = "thread", images: ImagePool | None = None, hold=None):
+                 evaluate_in: str = "thread", images: ImagePool | None = None, hold=None, on_drain=None):
         from gpuscope.cupti import host
         from gpuscope.cupti import pm_sampling as pm
         from gpuscope.cupti._types import ProfilerType
 
         self._pm = pm
+        self._on_drain = on_drain  # called by the decode thread after each periodic drain (the range stamps' anchors)
         self._pid = os.getpid()  # a forked child must not touch this pipeline: its threads and workers are not its own
         self.handle = handle
         self.metrics = list(metrics)
@@ -193,6 +194,11 @@ class Pipeline:
         while not self._stop.wait(max(0.0, self.period_s - (time.perf_counter() - started))):
             started = time.perf_counter()
             self.drain()
+            if self._on_drain is not None:
+                try:
+                    self._on_drain()
+                except Exception as exc:  # keep the thread alive; reported in the result
+                    self.errors.append(f"after a drain: {type(exc).__name__}: {exc}")
 
     def _hand_off(self, wait: bool = False) -> None:
         """Queue the current image for evaluation (the discard image: count and empty it) and take a free one,

@@ -277,6 +277,7 @@ class Sampler(SamplerResults):
         if self.image_pool is None:
             image_bytes = pm.counter_data_size(self._handle, self.metrics, samples_per_image)
             self.image_pool = default_image_pool(samples_per_image, self.interval_ns, image_bytes)
+        self._recorder = _RangeRecorder(activity.timestamp)
         self._decoder = _Pipeline(
             self._handle,
             self.chip,
@@ -290,14 +291,14 @@ class Sampler(SamplerResults):
             interval_ns=self.interval_ns,
             images=images,
             hold=self._object.hold,
+            on_drain=self._recorder.anchor,
         )
         self._object.evaluation = self._decoder._backend  # closed with the sampling object, before its disable
         self.evaluate_in, self.image_pool = self._decoder.evaluate_in, self._decoder.pool_size
         if self._decoder.pool_note:
             warnings.warn(f"gpuscope PM sampling: {self._decoder.pool_note}.", GpuscopeWarning, stacklevel=4)
-        self._recorder = _RangeRecorder(activity.timestamp)
         self._open_at_start = [p for p in [_ranges.current_path()] if p]
-        _ranges.add_listener(self._recorder)
+        _ranges.add_stamp_log(self._recorder.log)
         if self.kernels:
             self._context.make_current()
             self._kernel_records = activity.KernelRecords()
@@ -400,7 +401,7 @@ class Sampler(SamplerResults):
 
         steps = []
         if self._recorder is not None:
-            steps.append(("remove range listener", lambda: _ranges.remove_listener(self._recorder)))
+            steps.append(("remove range stamp log", lambda: _ranges.remove_stamp_log(self._recorder.log)))
         if self._kernel_records is not None and self._kernel_records._open:
             steps.append(("kernel activity records", self._close_kernel_records))
         started = getattr(self, "_started", False)

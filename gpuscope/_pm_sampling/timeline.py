@@ -4,7 +4,6 @@ open at each sample, and samples that never arrived."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Sequence
 
@@ -70,27 +69,25 @@ def count_lost(start_ns, end_ns, interval_ns: float, session_end_ns: int | None 
 
 
 class RangeRecorder:
-    """A ``gpuscope.range`` listener that stamps pushes and pops with the CUPTI clock.
+    """User ranges as PM sampling saw them: the stamp log of :func:`gpuscope._range_profiling.ranges.add_stamp_log`
+    (register :attr:`log`), on the CUPTI clock.
 
-    A push or pop reads the host's ``time.perf_counter_ns`` (tens of ns), not CUPTI's clock (``cuptiGetTimestamp``
-    through ctypes: about 1.5 us, paid twice a range inside the user's loop: issue 52, item 13). The host times go to
-    the CUPTI clock through *anchors*, pairs of the two clocks read together: one when the recorder is made, one
-    when a push or pop comes :attr:`ANCHOR_EVERY_NS` or more after the last anchor, and one at :meth:`spans`. A
-    time takes the offset between the clocks interpolated between the anchors around it (the nearest anchor's
-    outside them), so a drift of the host clock against CUPTI's (NTP slews ``CLOCK_MONOTONIC`` by at most
-    500 ppm) moves a stamp by at most 5 us.
+    A range's push and pop are stamped with the host's ``time.perf_counter_ns`` (tens of ns), not CUPTI's clock
+    (``cuptiGetTimestamp`` through ctypes, about 1.5 us), and logged without a listener's dispatch: both ran inside
+    the user's loop, twice a range (issue 52, item 13). The host times go to the CUPTI clock through *anchors*,
+    pairs of the two clocks read together: one when the recorder is made, one at each drain of the decode thread
+    (:meth:`anchor`, every 10-50 ms) and one at Stop. A time takes the offset between the clocks interpolated
+    between the anchors around it (the nearest anchor's outside them), so the host clock's drift against CUPTI's
+    (NTP slews ``CLOCK_MONOTONIC`` by at most 500 ppm) moves a stamp by at most 500 ppm of half the time between
+    anchors (12.5 us at 50 ms; 0 where the two clocks run at one rate).
     """
-
-    #: Host ns between anchors (at most): a range entered after this long reads CUPTI's clock once more.
-    ANCHOR_EVERY_NS = 10_000_000
 
     def __init__(self, timestamp, host_clock=time.perf_counter_ns):
         self._timestamp = timestamp
         self._host = host_clock
         self.events: list[tuple[int, bool, str, int]] = []  # (host ns, is_push, path, thread id)
-        self._append = self.events.append
+        self.log = self.events.append
         self.anchors: list[tuple[int, int]] = []  # (host ns, CUPTI ns)
-        self._next_anchor = 0
         self.anchor()
 
     def anchor(self) -> None:
@@ -99,19 +96,6 @@ class RangeRecorder:
         cupti = self._timestamp()
         after = self._host()
         self.anchors.append(((before + after) // 2, cupti))
-        self._next_anchor = after + self.ANCHOR_EVERY_NS
-
-    def range_push(self, path: str, _ident=threading.get_ident) -> None:
-        now = self._host()
-        self._append((now, True, path, _ident()))
-        if now >= self._next_anchor:
-            self.anchor()
-
-    def range_pop(self, path: str, _ident=threading.get_ident) -> None:
-        now = self._host()
-        self._append((now, False, path, _ident()))
-        if now >= self._next_anchor:
-            self.anchor()
 
     def to_cupti(self, host_ns) -> np.ndarray:
         """Host times (ns, ``host_clock``'s) on the CUPTI clock, through the anchors."""
@@ -121,8 +105,9 @@ class RangeRecorder:
         return host_ns + np.rint(offset).astype(np.int64)
 
     def spans(self, open_until_ns: int) -> list[Span]:
-        """Pair pushes with pops per thread, on the CUPTI clock; ranges still open end at *open_until_ns* (CUPTI
-        clock). Reads no clock (it may come after CUPTI has let go of the process): the sampler anchors at Stop."""
+        """Pair pushes with pops per thread, on the CUPTI clock (a pop without its push, logged after the push
+        came, is left out); ranges still open end at *open_until_ns* (CUPTI clock). Reads no clock (it may come
+        after CUPTI has let go of the process): the sampler anchors at Stop."""
         events = list(self.events)
         times = self.to_cupti([e[0] for e in events]).tolist() if events else []
         stacks: dict[int, list[tuple[str, int]]] = {}

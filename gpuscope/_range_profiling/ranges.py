@@ -13,7 +13,8 @@ stamps times). The contract::
 
 A listener that raises does not reach user code: its exception becomes a :class:`GpuscopeWarning` and the
 stack stays balanced. With no listener a range costs a list append, an NVTX push (only where a tool is attached)
-and their undoing.
+and their undoing. A *stamp log* (:func:`add_stamp_log`, PM sampling's) is cheaper than a listener: it gets a
+tuple of the host clock, push or pop, path and thread at every push and pop.
 
 The NVTX ranges a session takes (``gpuscope.Profiler(nvtx=...)``, :mod:`gpuscope._range_profiling.nvtx`) enter
 the same stacks through :func:`push_for` and :func:`pop_for`: they name and nest like gpuscope ranges, are told
@@ -33,12 +34,13 @@ import builtins
 import functools
 import os
 import threading
+import time
 import warnings
 
 from gpuscope.errors import GpuscopeWarning, UnbalancedRangeError
 
 __all__ = ["range", "Range", "add_listener", "remove_listener", "current_path", "listeners", "push_for", "pop_for",
-           "discard", "emitting"]
+           "discard", "emitting", "add_stamp_log", "remove_stamp_log"]
 
 _local = threading.local()
 _UNSET = object()
@@ -104,10 +106,44 @@ def remove_listener(listener) -> None:
         _listeners = tuple(item for item in _listeners if item is not listener)
 
 
+#: The stamp logs: functions that take ``(time.perf_counter_ns(), is_push, path, thread id)`` at every push and pop
+#: of a gpuscope range (``list.append`` of PM sampling's range recorder). Cheaper than a listener, as a range inside
+#: a sampled loop must be: no method lookup, no exception guard (appending to a list does not fail).
+_stamp_logs: tuple = ()
+
+
+def add_stamp_log(log) -> None:
+    """Register *log* (a callable taking one tuple, such as a list's ``append``): every gpuscope range's push and
+    pop from now on calls it with ``(time.perf_counter_ns(), is_push, path, threading.get_ident())``. Ranges taken
+    from NVTX by a session (:func:`push_for`) are not logged."""
+    global _stamp_logs
+    with _listeners_lock:
+        if log not in _stamp_logs:
+            _stamp_logs = (*_stamp_logs, log)
+
+
+def remove_stamp_log(log) -> None:
+    """Unregister a stamp log (no error if it is not registered)."""
+    global _stamp_logs
+    with _listeners_lock:
+        _stamp_logs = tuple(item for item in _stamp_logs if item != log)
+
+
+_now = time.perf_counter_ns  # the stamp logs' clock (a name of this module's, for the tests)
+
+
+def _stamp(is_push: bool, path: str) -> None:
+    stamp = (_now(), is_push, path, threading.get_ident())
+    for log in _stamp_logs:
+        log(stamp)
+
+
 def _forget_listeners_in_child() -> None:
-    """After ``os.fork`` the child starts with no listeners: the parent's sessions and samplers are not its own."""
-    global _listeners, _listeners_lock
+    """After ``os.fork`` the child starts with no listeners nor stamp logs: the parent's sessions and samplers are
+    not its own."""
+    global _listeners, _listeners_lock, _stamp_logs
     _listeners = ()
+    _stamp_logs = ()
     _listeners_lock = threading.Lock()
 
 
@@ -160,6 +196,8 @@ def _push(owner, name: str, targets=None) -> str:
         stack.append((path, owner, targets, True))
         if _DOMAIN is not None:
             _emit(True, path)
+        if _stamp_logs:
+            _stamp(True, path)
     else:
         targets = tuple(t for t in targets if t in _listeners)
         stack.append((path, owner, targets, False))
@@ -170,6 +208,8 @@ def _push(owner, name: str, targets=None) -> str:
 
 def _pop_entry(stack: list) -> None:
     path, _, notified, nvtx = stack[-1]
+    if nvtx and _stamp_logs:  # a gpuscope range (push_for's emit no NVTX and are not logged)
+        _stamp(False, path)
     if not notified:  # no listener was told: nothing can raise
         stack.pop()
         if nvtx and _DOMAIN is not None:
@@ -215,9 +255,9 @@ def discard(owner) -> bool:
 def _pop(owner) -> None:
     stack = _stack()
     if stack and stack[-1][1] is owner:
-        if stack[-1][2]:
+        if stack[-1][2] or _stamp_logs:
             _pop_entry(stack)
-        elif stack.pop()[3] and _DOMAIN is not None:  # no listener told: _pop_entry's first branch, inlined
+        elif stack.pop()[3] and _DOMAIN is not None:  # nothing to tell: _pop_entry's first branch, inlined
             _emit(False)
         return
     depth = next((i for i in reversed(builtins.range(len(stack))) if stack[i][1] is owner), None)

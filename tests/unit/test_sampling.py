@@ -143,19 +143,25 @@ def test_innermost_range_nested_and_threads():
 def test_range_recorder_pairs_per_thread_and_closes_open_ranges():
     host = iter(range(100, 200, 10))
     rec = _sampling._RangeRecorder(lambda: 1000, host_clock=lambda: next(host))  # anchor (100+110)//2=105 -> 1000
-    rec.range_push("a")  # 120
-    rec.range_push("a/b")  # 130
-    rec.range_pop("a/b")  # 140
-    rec.range_push("a/c")  # 150, never popped
+    rec.log((120, True, "a", 1))
+    rec.log((125, True, "x", 2))
+    rec.log((130, True, "a/b", 1))
+    rec.log((135, False, "y", 2))  # popped on thread 2: x
+    rec.log((140, False, "a/b", 1))
+    rec.log((150, True, "a/c", 1))  # never popped
+    rec.log((160, False, "z", 3))  # a pop whose push came before the recorder: left out
     spans = rec.spans(open_until_ns=5000)
-    assert [(s.path, s.start_ns, s.end_ns) for s in spans] == [("a", 1015, 5000), ("a/b", 1025, 1035),
-                                                               ("a/c", 1045, 5000)]
+    assert [(s.path, s.thread, s.start_ns, s.end_ns) for s in spans] == [
+        ("a", 1, 1015, 5000), ("x", 2, 1020, 1030), ("a/b", 1, 1025, 1035), ("a/c", 1, 1045, 5000)]
 
 
-def test_range_recorder_reads_the_cupti_clock_only_at_its_anchors_and_follows_a_drift():
-    """A range's push and pop read the host clock; CUPTI's is read when the recorder is made, after
-    ANCHOR_EVERY_NS and at Stop (issue 52, item 13: cuptiGetTimestamp cost 1.5 us a push). Between anchors a stamp
-    takes the offset interpolated, so a host clock running 400 ppm fast against CUPTI's is followed."""
+def test_ranges_reach_the_stamp_log_on_the_host_clock_and_the_recorder_follows_a_drift(monkeypatch):
+    """PM sampling's recorder is a stamp log of gs.range (issue 52, item 13: a listener's dispatch and
+    cuptiGetTimestamp cost 1.5 us a push inside the user's loop): a push and a pop append the host clock, CUPTI's
+    is read only at the anchors; between them a stamp takes the offset interpolated, so a host clock running
+    400 ppm fast against CUPTI's is followed."""
+    from gpuscope._range_profiling import ranges as _ranges
+
     now = [0]
     cupti_reads = []
 
@@ -163,20 +169,25 @@ def test_range_recorder_reads_the_cupti_clock_only_at_its_anchors_and_follows_a_
         cupti_reads.append(now[0])
         return 5_000_000 + now[0] * 10_000 // 10_004  # the host clock runs 400 ppm fast
 
+    monkeypatch.setattr(_ranges, "_now", lambda: now[0])
     rec = _sampling._RangeRecorder(cupti, host_clock=lambda: now[0])
-    for t in range(0, 50_000_000, 100_000):  # a range every 100 us for 50 ms
-        now[0] = t
-        rec.range_push("step")
-        now[0] = t + 50_000
-        rec.range_pop("step")
-    now[0] = 50_000_000
-    rec.anchor()  # Stop
-    assert cupti_reads == list(range(0, 50_000_001, rec.ANCHOR_EVERY_NS))  # made, every 10 ms, Stop: not 1,000
-    spans = rec.spans(open_until_ns=0)
+    _ranges.add_stamp_log(rec.log)
+    try:
+        for t in range(0, 50_000_000, 100_000):  # a range every 100 us for 50 ms, anchors every 10 ms
+            now[0] = t
+            with _ranges.range("step"):
+                now[0] = t + 50_000
+            if (t + 100_000) % 10_000_000 == 0:
+                rec.anchor()  # the decode thread's drain
+        with _ranges.range("outer"):  # pushed and popped after the log is removed: only its push is there
+            _ranges.remove_stamp_log(rec.log)
+    finally:
+        _ranges.remove_stamp_log(rec.log)
+    assert _ranges._stamp_logs == ()
+    assert len(cupti_reads) == 6  # made, and five drains: not one a range
+    spans = rec.spans(open_until_ns=99)
     truth = [5_000_000 + (t * 10_000 // 10_004) for t in range(0, 50_000_000, 100_000)]
-    assert len(spans) == 500
-    # without anchors the drift would reach 20 us at 50 ms; between anchors 10 ms apart it stays within 1 ns a
-    # sample of the linear truth
+    assert [s.path for s in spans] == ["step"] * 500 + ["outer"] and spans[-1].end_ns == 99
     assert max(abs(s.start_ns - t) for s, t in zip(spans, truth)) <= 2
 
 
