@@ -36,9 +36,8 @@ def sample(metrics="pm-default", interval="100us", device: int | str | Sequence[
     hardware_buffer_size : int, optional
         Bytes of device memory CUPTI uses as the hardware sample buffer (default 512 MiB; 1 MiB to 1 TiB).
     decode_period : float, optional
-        Seconds between decodes by the background thread (0.001 to 60: each decode reads every sample waiting,
-        so a shorter period would only spin the thread). Default: 30% of the time an image's samples take, 10 to
-        50 ms (30 ms at 20 µs): each decode takes the GIL from your threads a few times.
+        Seconds between decodes by the background thread (default 0.01; 0.001 to 60: each decode reads every
+        sample waiting, so a shorter period would only spin the thread).
     samples_per_image : int, optional
         Capacity of each counter-data image (default: 100 ms of samples, 256 to 8,192; 2 to 2**20). An image is handed to the
         evaluators before a decode could fill it: a decode that fills its image loses the samples beyond it.

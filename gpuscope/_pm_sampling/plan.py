@@ -18,7 +18,6 @@ __all__ = [
     "suggest_interval_us",
     "default_image_pool",
     "default_samples_per_image",
-    "default_decode_period",
     "single_pass_groups",
     "check_single_pass",
     "MIN_INTERVAL_NS",
@@ -55,17 +54,6 @@ def default_samples_per_image(interval_ns: int) -> int:
     on GH100, pm-fast ~6.4 KB). A decode must fit in one image, and a decode under load reads up to a few tens of
     ms of samples."""
     return int(min(max(100e6 / max(interval_ns, 1), 256), 8_192))
-
-
-def default_decode_period(interval_ns: int, samples_per_image: int) -> float:
-    """Seconds between the decode thread's drains: 30% of the time an image's samples take, within 10 to 50 ms
-    (10 ms where the interval is unknown: a clock trigger). Each drain takes the GIL from the user's threads a few
-    times; draining every 10 ms cost a launch-bound CuPy loop with ranges 15 points more than every 50 ms (issue 52,
-    item 13: ``benchmarks/bench_pm_launch_bound.py``), and the backlog a drain meets (1,500 samples at 20 us)
-    still fits its image three times over."""
-    if not interval_ns:
-        return 0.01
-    return min(max(0.3 * samples_per_image * interval_ns / 1e9, 0.01), 0.05)
 
 
 #: Shortest interval gpuscope accepts for the time trigger (ns). Shorter intervals are rejected up front:

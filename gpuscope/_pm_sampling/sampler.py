@@ -30,7 +30,6 @@ from gpuscope._pm_sampling.plan import (
     check_single_pass,
     choose_trigger,
     default_image_pool,
-    default_decode_period,
     default_samples_per_image,
     parse_interval,
 )
@@ -85,7 +84,7 @@ class Sampler(SamplerResults):
         device: int = 0,
         *,
         hardware_buffer_size: int = 512 << 20,
-        decode_period: float | None = None,
+        decode_period: float = 0.01,
         samples_per_image: int | None = None,
         image_pool: int | None = None,
         evaluators: int = 2,
@@ -97,15 +96,12 @@ class Sampler(SamplerResults):
         device = _validate.integer(device, "device", minimum=0, maximum=MAX_DEVICE)
         hardware_buffer_size = _validate.integer(hardware_buffer_size, "hardware_buffer_size", minimum=1 << 20,
                                                  maximum=MAX_HARDWARE_BUFFER)
-        if decode_period is not None:
-            decode_period = _validate.finite_positive_float(decode_period, "decode_period",
-                                                            maximum=MAX_DECODE_PERIOD_S)
-        if decode_period is not None and decode_period < MIN_DECODE_PERIOD_S:
+        decode_period = _validate.finite_positive_float(decode_period, "decode_period", maximum=MAX_DECODE_PERIOD_S)
+        if decode_period < MIN_DECODE_PERIOD_S:
             raise ValueError(
                 f"decode_period must be at least {MIN_DECODE_PERIOD_S:g} s; got {decode_period!r}. Each decode takes "
                 "every sample waiting in the hardware buffer, so decoding more often loses nothing less; it only "
-                "keeps the decode thread spinning and takes the GIL from your threads. Use 0.001 to 60 (default: "
-                "10-50 ms, from the interval)."
+                "keeps the decode thread spinning and takes the GIL from your threads. Use 0.001 to 60 (default 0.01)."
             )
         if unit == "ns" and value < MIN_INTERVAL_NS:
             raise ValueError(
@@ -129,7 +125,7 @@ class Sampler(SamplerResults):
         self._requested_metrics = metrics
         self.device = int(device)
         self.hardware_buffer_size = int(hardware_buffer_size)
-        self.decode_period = None if decode_period is None else float(decode_period)  # None: set at the start
+        self.decode_period = float(decode_period)
         self._samples_per_image = samples_per_image
         self.metrics: list[str] = []
         self.trigger: Trigger | None = None
@@ -247,8 +243,6 @@ class Sampler(SamplerResults):
         self.device_info = info
         trigger = PmTriggerMode.GPU_TIME_INTERVAL if self.trigger is Trigger.TIME else PmTriggerMode.GPU_SYSCLK_INTERVAL
         samples_per_image = self._samples_per_image or default_samples_per_image(self.interval_ns)
-        if self.decode_period is None:
-            self.decode_period = default_decode_period(self.interval_ns, samples_per_image)
         # an earlier session's sampler, configured the same way, is taken back with its image pool and evaluation
         # workers; anything else kept is released first (a kept range profiler holds the counters: HARDWARE_BUSY)
         self._key = ("pm", self._context.handle, tuple(self.metrics), self.hardware_buffer_size, self._hw_interval,

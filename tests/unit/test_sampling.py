@@ -268,16 +268,3 @@ def test_chrome_trace(tmp_path):
     with pytest.raises(ValueError, match="PM sampling"):
         _trace.to_chrome_trace(xr.Dataset())
 
-
-def test_the_default_decode_period_follows_the_interval():
-    """30% of an image's time within 10-50 ms (issue 52, item 13: draining every 10 ms took the GIL from a
-    launch-bound loop more often than it needs); the backlog a drain meets fits its image three times over."""
-    from gpuscope._pm_sampling.plan import default_decode_period, default_samples_per_image
-
-    periods = {us: default_decode_period(us * 1000, default_samples_per_image(us * 1000)) for us in (1, 5, 20, 100)}
-    assert periods == pytest.approx({1: 0.01, 5: 0.01229, 20: 0.03, 100: 0.03}, rel=1e-3)
-    assert default_decode_period(0, 1000) == 0.01  # a clock trigger: the interval is not known in time
-    for us, period in periods.items():
-        if period > 0.01:
-            assert period * 1e6 / us * 3 <= default_samples_per_image(us * 1000) * 1.01
-    assert gs_sample(decode_period=0.02).decode_period == 0.02
