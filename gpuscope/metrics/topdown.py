@@ -325,7 +325,8 @@ def topdown(ds: xr.Dataset, levels=(1, 2, 3), arch=None, *, check: str = "warn")
         out[node.name] = da
     covered = warp_state_coverage(ds, table)
     coords = _quality(covered, pass_spread(ds), table, v)  # coordinates: data_vars stay the nodes
-    coords.update(verdict_coordinates(out, coords))
+    absent = [stall_metric(r) for r in table.optional_stall_reasons if stall_metric(r) not in ds]
+    coords.update(verdict_coordinates(out, coords, absent))
     coords.update(_weight(ds))
     result = xr.Dataset(out, coords=ds.coords).assign_coords(coords)
     result.attrs = {

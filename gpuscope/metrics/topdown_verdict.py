@@ -15,6 +15,8 @@ every one equal to ncu's, and a culprit on 66, every one equal to ncu's (``docs/
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import xarray as xr
 
@@ -37,11 +39,12 @@ def _lead(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order[:, 0], lead
 
 
-def verdict_coordinates(nodes: dict, quality: dict) -> dict[str, xr.Variable]:
+def verdict_coordinates(nodes: dict, quality: dict, absent: Sequence[str] = ()) -> dict[str, xr.Variable]:
     """The coordinates ``verdict_margin``, ``culprit_margin``, ``decided``, ``culprit_decided`` and ``no_verdict``
     from *nodes* (node name -> DataArray, percent of peak) and *quality* (the coordinates ``consistent``,
     ``topdown_uncertainty``, ``warp_state_coverage``, ``pass_spread`` where collected). Empty where *quality* has no
-    ``consistent`` (the Dataset lacks the warp states that are no stall)."""
+    ``consistent`` (the Dataset lacks the warp states that are no stall). *absent*: the architecture's optional
+    stall metrics the Dataset lacks, which ``no_verdict`` names where the warp states fall short."""
     if "consistent" not in quality:
         return {}
     consistent = quality["consistent"]
@@ -72,13 +75,13 @@ def verdict_coordinates(nodes: dict, quality: dict) -> dict[str, xr.Variable]:
         "culprit_decided": as_var(culprit_decided, {"units": "bool", "description": "the range's culprit is given: "
                                                     "consistent, or it leads its siblings by more than "
                                                     "topdown_uncertainty"}),
-        "no_verdict": as_var(_reasons(~decided, quality, margin, uncertainty), {
+        "no_verdict": as_var(_reasons(~decided, quality, margin, uncertainty, absent), {
             "description": "why the range has no verdict (decided False): which check failed and by how much; "
                            "empty where it has one. Next steps: docs/topdown.md, 'Launches without a verdict'"}),
     }
 
 
-def _reasons(undecided, quality, margin, uncertainty) -> np.ndarray:
+def _reasons(undecided, quality, margin, uncertainty, absent=()) -> np.ndarray:
     cover = np.ravel(np.asarray(quality["warp_state_coverage"], dtype=float))
     spread = quality.get("pass_spread")
     apart = np.ravel(np.asarray(spread, dtype=float)) if spread is not None else np.full(cover.shape, np.nan)
@@ -89,7 +92,9 @@ def _reasons(undecided, quality, margin, uncertainty) -> np.ndarray:
             continue
         why = []
         if not abs(cover[i] - 100.0) <= COVERAGE_TOLERANCE:
-            why.append(f"warp states cover {cover[i]:.0f}% of warp-active cycles (not 100 +/- {COVERAGE_TOLERANCE:g}%)")
+            why.append(f"warp states cover {cover[i]:.0f}% of warp-active cycles (not 100 +/- {COVERAGE_TOLERANCE:g}%)"
+                       + (f": collect {' and '.join(absent)} too, the stall reason that holds the rest of a "
+                          "warpgroup-MMA kernel's (one more pass)" if absent and cover[i] < 100.0 else ""))
         if apart[i] > SPREAD_TOLERANCE:
             why.append(f"stall passes ran {apart[i]:.0f}% apart (pass_spread over {SPREAD_TOLERANCE:g}%)")
         if np.isfinite(margin[i]):
