@@ -411,44 +411,12 @@ def old_domain():
 
 def cupy_loop(gs):
     """``loop(seconds, ranges) -> us per step``: 4 CuPy launches a step on 64 KiB arrays, with ("step", then "inner"
-    inside it) or without ranges, synchronised every 64 steps."""
-    import cupy as cp
+    inside it) or without ranges, synchronised every 64 steps (benchmarks/bench_pm_launch_bound.py's loop, which
+    grew out of this one)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_pm_launch_bound import cupy_loop as loop
 
-    x = cp.ones(1 << 14, cp.float32)
-    y = cp.empty_like(x)
-    device = cp.cuda.Device()
-
-    def first():
-        cp.multiply(x, 0.5, out=y)
-        cp.add(y, 0.5, out=x)
-
-    def second():
-        cp.multiply(x, 2.0, out=y)
-        cp.subtract(y, x, out=x)
-
-    def loop(seconds: float, ranges: bool) -> float:
-        steps = 0
-        began = time.perf_counter()
-        end = began + seconds
-        while True:
-            if ranges:
-                for _ in range(64):
-                    with gs.range("step"):
-                        first()
-                        with gs.range("inner"):
-                            second()
-            else:
-                for _ in range(64):
-                    first()
-                    second()
-            device.synchronize()
-            steps += 64
-            now = time.perf_counter()
-            if now >= end:
-                return (now - began) / steps * 1e6
-
-    loop(0.2, False)  # CuPy compiles its kernels
-    return loop
+    return loop(gs)
 
 
 def numba_loop():
