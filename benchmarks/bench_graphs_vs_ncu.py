@@ -169,7 +169,7 @@ def rows_of(ds):
     import gpuscope as gs
 
     td = gs.topdown(ds, check="ignore")
-    for c in ("consistent", "pass_spread"):
+    for c in ("consistent", "decided", "pass_spread"):
         if c in td.coords:
             for row, v in zip(rows, td[c].values):
                 row[c] = float(v)
@@ -351,10 +351,19 @@ def print_table(results):
             e = res["eager_kernel_mode"]
             line += f"; eager kernel mode {1e3 * e['session_s'] / max(len(e['rows']), 1):.0f} ms a launch"
         print(line)
-        verdict = [r.get("consistent", np.nan) for r in g["rows"]]
+        rates = {}
+        for c in ("decided", "consistent"):  # decided: the report's verdict; consistent: the passes agree
+            flags = np.array([r.get(c, np.nan) for r in g["rows"]], dtype=float)
+            time = np.array([r["gpu__time_duration.sum"] for r in g["rows"]], dtype=float)
+            known = np.isfinite(flags)
+            if known.any():
+                share = 100 * time[known][flags[known] > 0].sum() / time[known].sum()
+                rates[c] = f"{100 * flags[known].mean():.0f}% of rows, {share:.0f}% of GPU time"
+            else:
+                rates[c] = "-"
         print(f"{w:10s} {a['matched']} of {a['ours']} rows matched to ncu's {a['ncu']}; duration gpuscope/ncu median "
-              f"{a['duration_ratio_median']:.3f}; with a verdict "
-              f"{100 * np.nanmean(verdict) if verdict else float('nan'):.0f}% of rows; attrs {g['attrs']}")
+              f"{a['duration_ratio_median']:.3f}; with a verdict (decided) {rates['decided']}; passes agreeing "
+              f"(consistent) {rates['consistent']}; attrs {g['attrs']}")
 
 
 if __name__ == "__main__":
