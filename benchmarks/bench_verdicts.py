@@ -266,8 +266,8 @@ def main():
     tables = {}
     for name in args.workloads.split(","):
         tables[name] = run_workload(name, args, out)
-    for name, (verdicts, sections) in tables.items():
-        print_tables(name, verdicts, sections)
+    for name, (rates, sections) in tables.items():
+        print_tables(name, rates, sections)
 
 
 if __name__ == "__main__":

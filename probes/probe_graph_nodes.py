@@ -13,7 +13,6 @@ program's own launch made a no-op, with the outputs unchanged? And what do JAX a
 import ctypes
 import json
 import sys
-import threading
 from collections import Counter
 from ctypes import POINTER, Structure, c_char_p, c_int, c_uint32, c_void_p
 
